@@ -1,0 +1,38 @@
+"""The per-request length record: numbers and labels only, never prompt or completion text.
+
+One `LengthRecord` is made for every request to the two admitted routes.  It is
+written as one JSON line (see `proxy.lengthlog`) and read back by
+`proxy.report`; the field names are that file format, so renaming one is a
+format change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Action = Literal["pass", "clamped", "rejected", "upstream_error"]
+
+
+@dataclass
+class LengthRecord:
+    ts: float                                   # unix time the request arrived
+    model: str | None                           # the served model name the request resolved to
+    endpoint: Literal["chat", "completions"]
+    stream: bool = False
+    n: int = 1                                  # choices requested
+    max_model_len: int | None = None
+    prompt_tokens: int | None = None            # headroom's own count (sum over prompts for a batch)
+    upstream_prompt_tokens: int | None = None   # usage.prompt_tokens as the upstream reported it
+    requested_max_tokens: int | None = None     # what the client asked for (None: not sent)
+    granted_max_tokens: int | None = None       # what was forwarded (None: nothing set)
+    completion_tokens: int | None = None        # usage.completion_tokens (all choices)
+    finish_reasons: list[str] = field(default_factory=list)
+    action: Action = "pass"
+    status: int = 0                             # HTTP status sent to the client
+    error_code: str | None = None               # headroom's error code when status >= 400
+    latency_ms: float | None = None             # arrival to last byte sent
+    ttfb_ms: float | None = None                # arrival to first body byte (streams)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
