@@ -1,0 +1,554 @@
+"""The ASGI application: admission for the two generation routes, pass-through for the rest.
+
+Request path for `POST /v1/chat/completions` and `POST /v1/completions`:
+read the body (bounded) → parse JSON once → resolve the model and its
+`max_model_len` (proxy.limits) → count prompt tokens (proxy.counting) →
+decide (proxy.admission, pure) → forward the client's bytes unchanged, or the
+body with only the limit fields rewritten (proxy.forward) → relay the answer
+as it arrives, mapping upstream errors (proxy.upstream_errors) → one length
+record (proxy.record) per request.
+
+Every other path and method is relayed untouched: method, path, query, body
+streamed, headers minus hop-by-hop ones, status and body back as they came.
+
+This is a plain ASGI callable rather than a Starlette router because the hot
+path only needs the raw scope, and every layer skipped is CPU saved per
+request (issue 6); Starlette still serves headroom's own pages (proxy.live).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import aiohttp
+
+from . import errors
+from .admission import Decision, decide, read_requested_limit
+from .config import Config
+from .counting import PromptCounter
+from .errors import HeadroomError
+from .forward import Upstream, forwardable
+from .limits import ModelRegistry
+from .record import LengthRecord
+from .upstream_errors import explain_upstream_error, is_length_failure, parse_upstream_error
+
+log = logging.getLogger("headroom")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+ADMITTED = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+LOCAL_PATHS = frozenset({"/metrics", "/stats", "/dashboard"})   # headroom's own pages
+OPEN_PATHS = LOCAL_PATHS | {"/health", "/ping", "/version"}       # no API key needed
+MAX_ERROR_BODY = 1024 * 1024      # how much of an upstream error body is read
+MAX_BUFFERED_PASSTHROUGH = 1024 * 1024  # larger pass-through request bodies are streamed
+
+
+class HeadroomApp:
+    def __init__(self, config: Config, recorder: Any | None = None) -> None:
+        self.config = config
+        up = config.upstream
+        self.upstream = Upstream(
+            up.url,
+            connect_timeout=up.connect_timeout,
+            timeout=up.timeout,
+            max_connections=up.max_connections,
+            api_key=up.api_key,
+        )
+        self.registry = ModelRegistry(config, lambda: self.upstream.get_json("/v1/models"))
+        self.counter = PromptCounter(config, self.registry, self.upstream)
+        self.registry.on_change.append(self._models_changed)
+        if recorder is None:
+            from .live import Recorder
+
+            recorder = Recorder(config)
+        self.recorder = recorder
+        self._local = recorder.asgi_app() if hasattr(recorder, "asgi_app") else None
+        self._background: set[asyncio.Task[Any]] = set()
+        self._api_keys = [k.encode() for k in config.server.api_keys]
+
+    # -- lifecycle --------------------------------------------------------------
+
+    async def startup(self) -> None:
+        await self.upstream.start()
+        if hasattr(self.recorder, "start"):
+            self.recorder.start()
+        self.registry.start()
+
+    async def shutdown(self) -> None:
+        await self.registry.stop()
+        for task in list(self._background):
+            task.cancel()
+        await self.upstream.close()
+        if hasattr(self.recorder, "close"):
+            self.recorder.close()
+
+    def _models_changed(self, models: dict[str, Any]) -> None:
+        self.counter.forget_dirs()
+        task = asyncio.ensure_future(self.counter.preload(list(models)))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            path = scope["path"]
+            endpoint = ADMITTED.get(path)
+            if endpoint is not None and scope["method"] == "POST":
+                await self._admitted(scope, receive, send, endpoint)
+            elif path in LOCAL_PATHS and self._local is not None:
+                await self._local(scope, receive, send)
+            else:
+                await self._passthrough(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as exc:  # pragma: no cover - reported to the server
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # -- the admitted routes ----------------------------------------------------
+
+    async def _admitted(self, scope: Scope, receive: Receive, send: Send, endpoint: str) -> None:
+        started = time.perf_counter()
+        record = LengthRecord(ts=time.time(), model=None, endpoint=endpoint)  # type: ignore[arg-type]
+        info_headers: list[tuple[bytes, bytes]] = []
+        try:
+            self._check_auth(scope)
+            body = await _read_body(receive, self.config.server.max_body_bytes, scope)
+            request = _parse_json_object(body)
+            record.stream = request.get("stream") is True
+            n = request.get("n")
+            record.n = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+            model = await self._resolve_model(request)
+            record.model = model
+            limit = read_requested_limit(request, endpoint)  # type: ignore[arg-type]
+            record.requested_max_tokens = limit.value
+            info = self.registry.get(model)
+            max_model_len = info.max_model_len if info else None
+            record.max_model_len = max_model_len
+            if max_model_len is None:
+                # No limit known (a config-less model whose card lacks one): relay untouched.
+                decision = Decision("pass", limit.value, limit.value)
+                prompt_total = None
+            else:
+                count = await self.counter.count(model, endpoint, request, len(body))  # type: ignore[arg-type]
+                prompt_total = count.total
+                record.prompt_tokens = prompt_total
+                decision = decide(
+                    count.per_prompt,
+                    max_model_len,
+                    limit,
+                    self.config.policy_for(model),
+                    endpoint=endpoint,  # type: ignore[arg-type]
+                    model=model,
+                )
+            info_headers = _headroom_headers(prompt_total, max_model_len, decision)
+            record.action = decision.action
+            record.granted_max_tokens = decision.granted
+            if decision.error is not None:
+                raise decision.error
+            out_body = body if decision.rewrite is None else _rewrite(request, decision.rewrite)
+        except HeadroomError as err:
+            if not info_headers:
+                info_headers = [(b"x-headroom-action", b"rejected")]
+            record.action = "rejected"
+            await self._send_error(send, err, info_headers, record)
+            self._finish(record, started)
+            return
+
+        work = self._forward_admitted(scope, send, out_body, record, info_headers, started, decision)
+        await _until_disconnect(receive, work, on_disconnect=lambda: setattr(record, "error_code", "client_disconnected"))
+        self._finish(record, started)
+
+    async def _forward_admitted(
+        self,
+        scope: Scope,
+        send: Send,
+        body: bytes,
+        record: LengthRecord,
+        info_headers: list[tuple[bytes, bytes]],
+        started: float,
+        decision: Decision,
+    ) -> None:
+        # We read usage and finish reasons from the answer, so ask for it uncompressed.
+        headers = forwardable(scope["headers"], frozenset({"accept-encoding"}))
+        headers.append(("content-length", str(len(body))))
+        try:
+            response = await self.upstream.send("POST", _path_qs(scope), headers, body)
+        except HeadroomError as err:
+            record.action = "upstream_error"
+            await self._send_error(send, err, info_headers, record)
+            return
+
+        if response.status >= 400:
+            raw = await self.upstream.read_body(response, MAX_ERROR_BODY)
+            failure = parse_upstream_error(response.status, raw, response.headers.get("content-type"))
+            err = explain_upstream_error(
+                failure,
+                upstream=self.upstream.base_url,
+                prompt_tokens=record.prompt_tokens,
+                max_model_len=record.max_model_len,
+                requested_max_tokens=record.requested_max_tokens,
+                granted_max_tokens=record.granted_max_tokens,
+            )
+            record.action = "upstream_error"
+            if is_length_failure(failure):
+                record.error_code = "upstream_length_error"
+            await self._send_error(send, err, info_headers, record)
+            return
+
+        out_headers = _response_headers(response.raw_headers) + info_headers
+        content_type = response.headers.get("content-type", "")
+        if content_type.startswith("text/event-stream"):
+            await self._relay_stream(send, response, out_headers, record, started)
+            return
+
+        try:
+            payload = await self.upstream.read_body(response)
+        except HeadroomError as err:
+            record.action = "upstream_error"
+            await self._send_error(send, err, info_headers, record)
+            return
+        out_headers.append((b"content-length", str(len(payload)).encode()))
+        record.status = response.status
+        await send({"type": "http.response.start", "status": response.status, "headers": out_headers})
+        await send({"type": "http.response.body", "body": payload, "more_body": False})
+        _read_usage(payload, record)
+
+    async def _relay_stream(
+        self,
+        send: Send,
+        response: aiohttp.ClientResponse,
+        headers: list[tuple[bytes, bytes]],
+        record: LengthRecord,
+        started: float,
+    ) -> None:
+        """Relay SSE bytes as they arrive; a failure after the start becomes an error event."""
+        record.status = response.status
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        scanner = SSEScanner(record)
+        failure: HeadroomError | None = None
+        try:
+            async for chunk in response.content.iter_any():
+                if record.ttfb_ms is None:
+                    record.ttfb_ms = (time.perf_counter() - started) * 1000
+                scanner.feed(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except asyncio.CancelledError:
+            response.close()
+            raise
+        except Exception as exc:
+            mapped = self.upstream.map_exception(exc, phase="streaming the response")
+            failure = mapped if isinstance(mapped, HeadroomError) else errors.upstream_broken(
+                self.upstream.base_url, f"{type(exc).__name__}: {exc}"
+            )
+        finally:
+            response.release()
+        if failure is None and not scanner.done:
+            failure = errors.upstream_broken(
+                self.upstream.base_url, "the stream ended without its final 'data: [DONE]' event"
+            )
+        tail = b""
+        if failure is not None:
+            record.action = "upstream_error"
+            record.error_code = str(failure.code)
+            tail = (b"\n\n" if not scanner.at_boundary else b"") + failure.sse_event()
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    # -- pass-through -------------------------------------------------------------
+
+    async def _passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            if scope["path"] not in OPEN_PATHS:
+                self._check_auth(scope)
+            headers = forwardable(scope["headers"])
+            length = _content_length(scope)
+            body: bytes | AsyncIterator[bytes] | None
+            if length is not None and length <= MAX_BUFFERED_PASSTHROUGH:
+                body = await _read_body(receive, MAX_BUFFERED_PASSTHROUGH, scope)
+                headers.append(("content-length", str(len(body))))
+            elif length is None and not _has_body(scope):
+                body = None
+            else:
+                body = _stream_body(receive)
+            response = await self.upstream.send(scope["method"], _path_qs(scope), headers, body)
+        except HeadroomError as err:
+            await send({"type": "http.response.start", "status": err.status,
+                        "headers": _error_headers(err, [])})
+            await send({"type": "http.response.body", "body": err.body_bytes(), "more_body": False})
+            return
+
+        async def relay() -> None:
+            out = _response_headers(response.raw_headers)
+            if "content-length" in response.headers:
+                out.append((b"content-length", response.headers["content-length"].encode()))
+            await send({"type": "http.response.start", "status": response.status, "headers": out})
+            try:
+                async for chunk in response.content.iter_any():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except asyncio.CancelledError:
+                response.close()
+                raise
+            except Exception as exc:  # mid-body failure: nothing sane to add to an unknown format
+                log.warning("pass-through %s %s broke mid-body: %s", scope["method"], scope["path"], exc)
+                response.close()
+            finally:
+                response.release()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        await _until_disconnect(receive, relay())
+
+    # -- helpers --------------------------------------------------------------------
+
+    def _check_auth(self, scope: Scope) -> None:
+        if not self._api_keys:
+            return
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                if scheme.lower() == b"bearer":
+                    token = token.strip()
+                    if any(hmac.compare_digest(token, key) for key in self._api_keys):
+                        return
+        raise errors.unauthorized()
+
+    async def _resolve_model(self, request: dict[str, Any]) -> str:
+        model = request.get("model")
+        if model is not None and not isinstance(model, str):
+            raise errors.invalid_field("model", "must be a string naming a served model", model)
+        if not self.registry.loaded:
+            await self.registry.refresh()
+            if not self.registry.loaded:
+                cause = self.registry.last_exception
+                if isinstance(cause, HeadroomError):
+                    raise cause
+                raise errors.no_model_known(self.upstream.base_url)
+        if model is None or model == "":
+            default = self.registry.default_model()
+            if default is None:
+                raise errors.no_model_known(self.upstream.base_url)
+            return default
+        if self.registry.get(model) is None:
+            await self.registry.refresh_for_unknown()
+            if self.registry.get(model) is None:
+                raise errors.model_not_found(model, self.registry.names)
+        return model
+
+    async def _send_error(
+        self, send: Send, err: HeadroomError, info_headers: list[tuple[bytes, bytes]], record: LengthRecord
+    ) -> None:
+        record.status = err.status
+        if record.error_code is None:
+            record.error_code = str(err.code) if err.code is not None else None
+        body = err.body_bytes()
+        headers = _error_headers(err, info_headers)
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": err.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    def _finish(self, record: LengthRecord, started: float) -> None:
+        record.latency_ms = (time.perf_counter() - started) * 1000
+        try:
+            self.recorder.record(record)
+        except Exception:  # recording must never fail a request
+            log.exception("could not record a request's length figures")
+
+
+# ---------------------------------------------------------------------------
+# Small pure helpers
+# ---------------------------------------------------------------------------
+
+class SSEScanner:
+    """Reads usage, finish reasons and the [DONE] marker out of relayed SSE bytes.
+
+    Only lines that can carry a value are JSON-parsed (vLLM's compact JSON says
+    `"finish_reason":null` / `"usage":null` on every other chunk), so relaying
+    costs a substring search per chunk, not a parse.
+    """
+
+    def __init__(self, record: LengthRecord) -> None:
+        self.record = record
+        self.done = False
+        self.at_boundary = True
+        self._partial = b""
+
+    def feed(self, chunk: bytes) -> None:
+        data = self._partial + chunk if self._partial else chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        if len(self._partial) > 4 * 1024 * 1024:   # a line that never ends: stop buffering it
+            self._partial = b""
+        self.at_boundary = data.endswith(b"\n\n")
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                self.done = True
+                continue
+            wants_usage = b'"usage"' in payload and b'"usage":null' not in payload
+            wants_finish = b'"finish_reason"' in payload and b'"finish_reason":null' not in payload
+            if wants_usage or wants_finish:
+                _read_usage(payload, self.record, streaming=True)
+
+
+def _read_usage(payload: bytes, record: LengthRecord, streaming: bool = False) -> None:
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return
+    if not isinstance(data, dict):
+        return
+    usage = data.get("usage")
+    if isinstance(usage, dict):
+        if isinstance(usage.get("prompt_tokens"), int):
+            record.upstream_prompt_tokens = usage["prompt_tokens"]
+        if isinstance(usage.get("completion_tokens"), int):
+            record.completion_tokens = usage["completion_tokens"]
+    choices = data.get("choices")
+    if isinstance(choices, list):
+        for choice in choices:
+            if isinstance(choice, dict) and isinstance(choice.get("finish_reason"), str):
+                record.finish_reasons.append(choice["finish_reason"])
+
+
+def _headroom_headers(prompt: int | None, max_model_len: int | None, d: Decision) -> list[tuple[bytes, bytes]]:
+    headers = [(b"x-headroom-action", d.action.encode())]
+    if prompt is not None:
+        headers.append((b"x-headroom-prompt-tokens", str(prompt).encode()))
+    if max_model_len is not None:
+        headers.append((b"x-headroom-max-model-len", str(max_model_len).encode()))
+    if d.requested is not None:
+        headers.append((b"x-headroom-requested-max-tokens", str(d.requested).encode()))
+    if d.granted is not None:
+        headers.append((b"x-headroom-granted-max-tokens", str(d.granted).encode()))
+    return headers
+
+
+def _error_headers(err: HeadroomError, info: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    headers = [(b"content-type", b"application/json")]
+    headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in err.headers.items()]
+    return headers + info
+
+
+def _response_headers(raw: Any) -> list[tuple[bytes, bytes]]:
+    pairs = forwardable(raw)
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in pairs]
+
+
+def _rewrite(request: dict[str, Any], fields: dict[str, int] | Any) -> bytes:
+    updated = dict(request)
+    updated.update(fields)
+    return json.dumps(updated, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def _parse_json_object(body: bytes) -> dict[str, Any]:
+    if not body.strip():
+        raise errors.invalid_json("the body is empty")
+    try:
+        value = json.loads(body)
+    except UnicodeDecodeError:
+        raise errors.invalid_json("it is not UTF-8 text") from None
+    except RecursionError:
+        raise errors.invalid_json("it is nested too deeply") from None
+    except ValueError as exc:
+        raise errors.invalid_json(str(exc)) from None
+    if not isinstance(value, dict):
+        raise errors.body_not_object(
+            {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(value), "null")
+        )
+    return value
+
+
+def _path_qs(scope: Scope) -> str:
+    path = scope.get("raw_path") or scope["path"].encode()
+    if isinstance(path, bytes):
+        path = path.decode("latin-1")
+    qs = scope.get("query_string") or b""
+    return path + ("?" + qs.decode("latin-1") if qs else "")
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def _has_body(scope: Scope) -> bool:
+    return any(name == b"transfer-encoding" for name, _ in scope["headers"])
+
+
+async def _read_body(receive: Receive, limit: int, scope: Scope) -> bytes:
+    declared = _content_length(scope)
+    if declared is not None and declared > limit:
+        raise errors.body_too_large(declared, limit)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise asyncio.CancelledError()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise errors.body_too_large(size, limit)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _stream_body(receive: Receive) -> AsyncIterator[bytes]:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        chunk = message.get("body", b"")
+        if chunk:
+            yield chunk
+        if not message.get("more_body", False):
+            return
+
+
+async def _until_disconnect(
+    receive: Receive, work: Awaitable[None], on_disconnect: Callable[[], None] | None = None
+) -> None:
+    """Run `work`, cancelling it as soon as the client disconnects.
+
+    Cancelling closes the upstream connection, which makes vLLM abort the
+    generation and free its KV-cache blocks.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(receive())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+            if on_disconnect is not None:
+                on_disconnect()
+        watcher.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

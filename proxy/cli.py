@@ -1,0 +1,145 @@
+"""`headroom` command line: serve, count, report, plan, check-config.
+
+Sub-commands other than `serve` live beside the code they drive
+(`proxy.count_cli`, `proxy.report_cli`, `proxy.plan_cli`), each exposing
+`register(subparsers)`; this module only assembles them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from typing import Sequence
+
+from . import __version__
+from .config import Config, ConfigError, load_config
+
+SUBCOMMAND_MODULES = ("proxy.count_cli", "proxy.report_cli", "proxy.plan_cli")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="headroom",
+        description=(
+            "An OpenAI-compatible proxy in front of vLLM that counts prompt tokens exactly and "
+            "rewrites the completion limit instead of letting a context-length rejection reach the app."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"headroom {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    serve = sub.add_parser(
+        "serve",
+        help="run the proxy",
+        description="Run the proxy. Point the openai client's base_url at http://HOST:PORT/v1.",
+    )
+    serve.add_argument("--config", metavar="FILE", help="TOML configuration (see config/headroom.toml)")
+    serve.add_argument("--upstream", metavar="URL", help="the vLLM server, e.g. http://127.0.0.1:8000")
+    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (default 8100)")
+    serve.add_argument("--length-log", metavar="FILE", help="append one JSON line of length figures per request")
+    serve.add_argument(
+        "--upstream-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="first-byte and idle-between-chunks timeout for the upstream (default 900)",
+    )
+    serve.add_argument("--margin-tokens", type=int, metavar="N", help="safety margin kept free when clamping")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(func=run_serve)
+
+    check = sub.add_parser(
+        "check-config", help="validate a configuration file and print the effective settings"
+    )
+    check.add_argument("file", metavar="FILE")
+    check.set_defaults(func=run_check_config)
+
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # a sub-command whose module is not installed
+            continue
+        module.register(sub)
+    return parser
+
+
+def serve_overrides(args: argparse.Namespace) -> dict[str, object]:
+    return {
+        "upstream.url": args.upstream,
+        "server.host": args.host,
+        "server.port": args.port,
+        "length_log.path": args.length_log,
+        "upstream.timeout": args.upstream_timeout,
+        "policy.margin_tokens": args.margin_tokens,
+        "logging.level": args.log_level,
+    }
+
+
+def summary(config: Config) -> str:
+    lines = [
+        f"headroom {__version__}",
+        f"  listen     http://{config.server.host}:{config.server.port}/v1",
+        f"  upstream   {config.upstream.url} (connect {config.upstream.connect_timeout:g} s, "
+        f"first byte/idle {config.upstream.timeout:g} s)",
+        f"  policy     {config.policy.on_overflow}, margin {config.policy.margin_tokens} tokens"
+        + (f" + {config.policy.margin_fraction:.1%} of the prompt" if config.policy.margin_fraction else "")
+        + f", min completion {config.policy.min_completion_tokens}",
+        f"  length log {config.length_log.path or 'off'}",
+        f"  api keys   {len(config.server.api_keys) or 'none (open)'}",
+    ]
+    for name, model in config.models.items():
+        parts = [f"{k}={v}" for k, v in vars(model).items() if v is not None]
+        lines.append(f"  model      {name}: {', '.join(parts) or 'no overrides'}")
+    return "\n".join(lines)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config, overrides=serve_overrides(args))
+    except ConfigError as exc:
+        print(f"headroom: configuration error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=config.logging.level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    print(summary(config), file=sys.stderr, flush=True)
+
+    import uvicorn
+
+    from .app import HeadroomApp
+
+    app = HeadroomApp(config)
+    uvicorn.run(
+        app,
+        host=config.server.host,
+        port=config.server.port,
+        log_level=config.logging.level,
+        access_log=False,          # access lines would carry paths only, but keep logs quiet by default
+        server_header=False,       # relay the upstream's own Server and Date headers
+        date_header=False,
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+def run_check_config(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.file, env={})
+    except ConfigError as exc:
+        print(f"{args.file}: {exc}", file=sys.stderr)
+        return 1
+    print(f"{args.file}: OK")
+    print(summary(config))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

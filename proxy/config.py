@@ -1,0 +1,298 @@
+"""Configuration: defaults < TOML file < HEADROOM_* environment < command-line flags.
+
+The schema is the dataclasses below; `config/headroom.toml` documents every
+key.  Loading validates every value against its field's type and rejects an
+unknown key with the closest valid name, so a typo in a deployed file fails at
+start-up instead of silently doing nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from .admission import Policy
+
+MiB = 1024 * 1024
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or of the wrong type; the message names the key."""
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8100
+    max_body_bytes: int = 32 * MiB          # larger bodies get 413
+    api_keys: list[str] = field(default_factory=list)  # inbound keys; empty = no auth
+
+
+@dataclass
+class UpstreamConfig:
+    url: str = "http://127.0.0.1:8000"
+    connect_timeout: float = 5.0
+    # First byte and idle gap between stream chunks.  A non-streamed request
+    # sends nothing until the whole generation is done: 32k tokens at 40 tok/s
+    # is ~800 s, so the default stays above that.
+    timeout: float = 900.0
+    models_refresh_interval: float = 60.0
+    api_key: str | None = None             # replaces the client's Authorization when set
+    max_connections: int = 1024
+
+
+@dataclass
+class PolicyConfig:
+    margin_tokens: int = 16
+    margin_fraction: float = 0.0
+    min_completion_tokens: int = 1
+    on_overflow: Literal["clamp", "reject"] = "clamp"
+    default_max_tokens: int | None = None
+    max_tokens_ceiling: int | None = None
+
+
+@dataclass
+class ModelConfig:
+    """Per-model overrides; unset fields fall back to the upstream / [policy]."""
+
+    max_model_len: int | None = None
+    tokenizer: str | None = None
+    margin_tokens: int | None = None
+    margin_fraction: float | None = None
+    min_completion_tokens: int | None = None
+    on_overflow: Literal["clamp", "reject"] | None = None
+    default_max_tokens: int | None = None
+    max_tokens_ceiling: int | None = None
+
+
+@dataclass
+class TokenizersConfig:
+    cache_size: int = 8
+    hf_home: str | None = None
+    # Bodies larger than this are counted in a worker thread so one long
+    # prompt cannot stall the event loop for everyone else.
+    offload_above_bytes: int = 16 * 1024
+
+
+@dataclass
+class LengthLogConfig:
+    path: str | None = None
+    max_bytes: int = 100 * MiB
+    backups: int = 5
+
+
+@dataclass
+class MetricsConfig:
+    buckets: list[float] | None = None
+    window: int = 10000                    # records kept per model for /stats
+
+
+@dataclass
+class LoggingConfig:
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    json: bool = False
+    log_text: bool = False                 # never log prompt/completion text unless set
+
+
+@dataclass
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    models: dict[str, ModelConfig] = field(default_factory=dict)
+    tokenizers: TokenizersConfig = field(default_factory=TokenizersConfig)
+    length_log: LengthLogConfig = field(default_factory=LengthLogConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def policy_for(self, model: str | None) -> Policy:
+        """The admission policy for one model: [policy] with [models."name"] overrides."""
+        base = dataclasses.asdict(self.policy)
+        override = self.models.get(model or "")
+        if override is not None:
+            for key in base:
+                value = getattr(override, key, None)
+                if value is not None:
+                    base[key] = value
+        return Policy(**base)
+
+
+# ---------------------------------------------------------------------------
+# Loading and validation
+# ---------------------------------------------------------------------------
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build the effective configuration; raises ConfigError naming the key on any bad value.
+
+    `overrides` are dotted keys from command-line flags (`{"upstream.url": ...}`).
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"configuration file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"configuration file {path} is not valid TOML: {exc}") from None
+    config = _build(Config, data, "")
+    for dotted, raw in _env_overrides(os.environ if env is None else env).items():
+        _set_dotted(config, dotted, raw, from_text=True, source="environment variable HEADROOM_"
+                    + dotted.replace(".", "_").upper())
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            _set_dotted(config, dotted, value, from_text=False, source=f"flag for {dotted}")
+    _check_semantics(config)
+    return config
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"'{prefix.rstrip('.') or 'top level'}' must be a table, got {_kind(data)}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in names:
+            raise ConfigError(_unknown_key(prefix + key, key, names, prefix))
+        kwargs[key] = _convert(hints[key], value, prefix + key)
+    return cls(**kwargs)
+
+
+def _convert(hint: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, key + ".")
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(inner[0], value, key)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"'{key}' must be one of {', '.join(map(repr, args))}, got {value!r}")
+        return value
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"'{key}' must be a table, got {_kind(value)}")
+        return {str(k): _convert(args[1], v, f'{key}."{k}"') for k, v in value.items()}
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"'{key}' must be a list, got {_kind(value)}")
+        return [_convert(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"'{key}' must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"'{key}' must be a whole number, got {value!r}")
+        if value < 0:
+            raise ConfigError(f"'{key}' must not be negative, got {value}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"'{key}' must be a number, got {value!r}")
+        if value < 0:
+            raise ConfigError(f"'{key}' must not be negative, got {value}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"'{key}' must be a string, got {value!r}")
+        return value
+    raise ConfigError(f"'{key}': unsupported type {hint}")  # pragma: no cover - schema bug
+
+
+def _parse_text(hint: Any, text: str, key: str) -> Any:
+    """Turn an environment variable's text into a value of the field's type."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if text == "" or text.lower() == "none":
+            return None
+        return _parse_text([a for a in args if a is not type(None)][0], text, key)
+    if hint is bool:
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"'{key}' must be true or false, got {text!r}")
+    if hint is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"'{key}' must be a whole number, got {text!r}") from None
+    if hint is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"'{key}' must be a number, got {text!r}") from None
+    if origin is list:
+        return [_parse_text(args[0], part.strip(), key) for part in text.split(",") if part.strip()]
+    return text
+
+
+def _env_overrides(env: Mapping[str, str]) -> dict[str, str]:
+    """HEADROOM_<SECTION>_<KEY> → "section.key" for every scalar key of every section."""
+    found: dict[str, str] = {}
+    for section in dataclasses.fields(Config):
+        if section.name == "models":
+            continue
+        for fld in dataclasses.fields(section.default_factory()):  # type: ignore[misc]
+            name = f"HEADROOM_{section.name}_{fld.name}".upper()
+            if name in env:
+                found[f"{section.name}.{fld.name}"] = env[name]
+    return found
+
+
+def _set_dotted(config: Config, dotted: str, value: Any, *, from_text: bool, source: str) -> None:
+    section_name, key = dotted.split(".", 1)
+    section = getattr(config, section_name)
+    hint = typing.get_type_hints(type(section))[key]
+    try:
+        parsed = _parse_text(hint, value, dotted) if from_text else value
+        setattr(section, key, _convert(hint, parsed, dotted))
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (from {source})") from None
+
+
+def _check_semantics(config: Config) -> None:
+    url = config.upstream.url
+    if not (url.startswith("http://") or url.startswith("https://")):
+        raise ConfigError(f"'upstream.url' must start with http:// or https://, got {url!r}")
+    if config.policy.min_completion_tokens < 1:
+        raise ConfigError("'policy.min_completion_tokens' must be at least 1")
+    if not 0 <= config.policy.margin_fraction < 1:
+        raise ConfigError(f"'policy.margin_fraction' must be in [0, 1), got {config.policy.margin_fraction}")
+    if not 0 < config.server.port < 65536:
+        raise ConfigError(f"'server.port' must be 1–65535, got {config.server.port}")
+    for name, model in config.models.items():
+        if model.max_model_len is not None and model.max_model_len < 1:
+            raise ConfigError(f"'models.\"{name}\".max_model_len' must be at least 1")
+        if model.tokenizer is not None and not (Path(model.tokenizer) / "tokenizer.json").is_file():
+            raise ConfigError(
+                f"'models.\"{name}\".tokenizer' = {model.tokenizer!r} is not a directory holding tokenizer.json"
+            )
+
+
+def _unknown_key(full: str, key: str, valid: list[str], prefix: str) -> str:
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys here: {', '.join(valid)}"
+    return f"unknown configuration key '{full}'{hint}"
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__

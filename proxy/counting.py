@@ -1,0 +1,165 @@
+"""Prompt-token counting for a request, wherever the tokenizer lives.
+
+Per model, the tokenizer directory is, in order: the config's
+`models."name".tokenizer`; the `root` that `/v1/models` reports when it is a
+readable local directory (vLLM and headroom sharing a volume); a Hugging Face
+cache snapshot found by the model id or `root`; a LoRA adapter's base model's
+tokenizer.  Nothing is downloaded.  A model with no local tokenizer is counted
+by the upstream itself (`POST /tokenize`, which answers with vLLM's exact count
+and does not enforce the length limit).
+
+Loading a tokenizer takes ~0.5 s and large prompts take milliseconds to
+encode, so both run in a worker thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from tokenizer_cache import CountError, ModelTokenizer, TokenizerCache, find_tokenizer_dir
+
+from . import errors
+from .config import Config
+from .forward import Upstream
+from .limits import ModelInfo, ModelRegistry
+
+log = logging.getLogger("headroom.counting")
+
+Endpoint = Literal["chat", "completions"]
+
+
+@dataclass(frozen=True)
+class Count:
+    per_prompt: list[int]
+    source: Literal["local", "upstream"]
+
+    @property
+    def total(self) -> int:
+        return sum(self.per_prompt)
+
+
+class PromptCounter:
+    def __init__(self, config: Config, registry: ModelRegistry, upstream: Upstream) -> None:
+        self._config = config
+        self._registry = registry
+        self._upstream = upstream
+        self._cache = TokenizerCache(max_entries=config.tokenizers.cache_size)
+        self._dirs: dict[str, Path | None] = {}
+        self._hf_home = config.tokenizers.hf_home or os.environ.get("HF_HOME")
+
+    # -- where each model's tokenizer is -------------------------------------
+
+    def tokenizer_dir(self, model: str) -> Path | None:
+        if model in self._dirs:
+            return self._dirs[model]
+        found = self._resolve(model, seen=set())
+        self._dirs[model] = found
+        return found
+
+    def _resolve(self, model: str, seen: set[str]) -> Path | None:
+        seen.add(model)
+        override = self._config.models.get(model)
+        if override is not None and override.tokenizer:
+            return Path(override.tokenizer)
+        info: ModelInfo | None = self._registry.get(model)
+        root = info.root if info else None
+        found = find_tokenizer_dir(model, root, self._hf_home)
+        if found is None and info is not None and info.parent and info.parent not in seen:
+            found = self._resolve(info.parent, seen)
+        return found
+
+    def forget_dirs(self) -> None:
+        """Called when the upstream's model list changes: roots may have moved."""
+        self._dirs.clear()
+
+    async def tokenizer(self, model: str) -> ModelTokenizer | None:
+        directory = self.tokenizer_dir(model)
+        if directory is None:
+            return None
+        try:
+            return await asyncio.to_thread(self._cache.get, directory)
+        except (OSError, ValueError) as exc:
+            log.warning("cannot load the tokenizer of %s from %s: %s", model, directory, exc)
+            self._dirs[model] = None
+            return None
+
+    async def preload(self, models: list[str]) -> None:
+        """Load every served model's tokenizer once, before the first request needs it."""
+        for model in models:
+            tok = await self.tokenizer(model)
+            log.info(
+                "model %s: tokenizer %s",
+                model,
+                tok.source_dir if tok is not None else "not found locally; counting via upstream /tokenize",
+            )
+
+    # -- counting -------------------------------------------------------------
+
+    async def count(self, model: str, endpoint: Endpoint, body: dict[str, Any], body_size: int) -> Count:
+        tok = await self.tokenizer(model)
+        if tok is None:
+            return await self._count_upstream(model, endpoint, body)
+        fn = tok.count_chat if endpoint == "chat" else tok.count_completion
+        try:
+            if body_size > self._config.tokenizers.offload_above_bytes:
+                result = await asyncio.to_thread(fn, body)
+            else:
+                result = fn(body)
+        except CountError as exc:
+            raise errors.invalid_prompt(exc.message, getattr(exc, "param", None) or _prompt_param(endpoint)) from None
+        per_prompt = [result] if isinstance(result, int) else list(result)
+        return Count(per_prompt, "local")
+
+    async def _count_upstream(self, model: str, endpoint: Endpoint, body: dict[str, Any]) -> Count:
+        """Ask vLLM's /tokenize for the count (exact; it does not enforce max_model_len)."""
+        if endpoint == "chat":
+            keys = ("messages", "tools", "add_generation_prompt", "continue_final_message",
+                    "chat_template_kwargs", "add_special_tokens", "chat_template", "documents")
+            payloads = [{"model": model, **{k: body[k] for k in keys if k in body}}]
+        else:
+            prompt = body.get("prompt")
+            prompts = prompt if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else [prompt]
+            payloads = []
+            for p in prompts:
+                if isinstance(p, list):
+                    payloads.append(len(p))  # token ids count as they are
+                else:
+                    payloads.append({"model": model, "prompt": p,
+                                     "add_special_tokens": body.get("add_special_tokens", True)})
+        counts: list[int] = []
+        for payload in payloads:
+            if isinstance(payload, int):
+                counts.append(payload)
+                continue
+            status, answer = await self._upstream.post_json("/tokenize", payload)
+            if status == 200 and isinstance(answer, dict) and isinstance(answer.get("count"), int):
+                counts.append(answer["count"])
+                continue
+            message = _message_of(answer) or f"HTTP {status}"
+            if 400 <= status < 500:
+                raise errors.invalid_prompt(
+                    f"The upstream could not tokenize this request: {message}", _prompt_param(endpoint)
+                )
+            raise errors.upstream_not_ready(self._upstream.base_url, status, f"/tokenize failed: {message}")
+        return Count(counts, "upstream")
+
+
+def _prompt_param(endpoint: Endpoint) -> str:
+    return "messages" if endpoint == "chat" else "prompt"
+
+
+def _message_of(answer: Any) -> str | None:
+    if isinstance(answer, dict):
+        err = answer.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return err["message"]
+        if isinstance(answer.get("message"), str):
+            return answer["message"]
+        if isinstance(answer.get("detail"), str):
+            return answer["detail"]
+    return None

@@ -1,0 +1,163 @@
+"""Which models the upstream serves and each one's `max_model_len`.
+
+The source is the upstream's own `GET /v1/models` (vLLM lists every served
+model with `max_model_len`; LoRA adapters are listed without it and inherit
+their base model's, named in `parent`).  Config overrides win.  The list is
+fetched at start-up, retried in the background until the upstream answers
+(vLLM takes tens of seconds to minutes to load), refreshed on an interval, and
+refreshed at once (coalesced) when a request names a model not seen yet.
+
+`parse_models` is pure; `ModelRegistry` owns the I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Mapping
+
+from .config import Config
+
+log = logging.getLogger("headroom.limits")
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    max_model_len: int | None          # None: unknown (no card value and no override)
+    root: str | None = None            # vLLM's `root`: the local path or hub id it loaded
+    parent: str | None = None          # the base model of a LoRA adapter
+    source: str = "upstream"           # where max_model_len came from: upstream | config | parent
+
+
+def parse_models(payload: Any, overrides: Mapping[str, Any] | None = None) -> dict[str, ModelInfo]:
+    """Turn a `/v1/models` JSON body into ModelInfo per model id (ignores malformed cards)."""
+    cards = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(cards, list):
+        raise ValueError("the /v1/models answer has no 'data' list")
+    raw: dict[str, dict[str, Any]] = {}
+    for card in cards:
+        if isinstance(card, dict) and isinstance(card.get("id"), str):
+            raw[card["id"]] = card
+    result: dict[str, ModelInfo] = {}
+    for name, card in raw.items():
+        mml = card.get("max_model_len")
+        mml = mml if isinstance(mml, int) and not isinstance(mml, bool) and mml > 0 else None
+        parent = card.get("parent") if isinstance(card.get("parent"), str) else None
+        source = "upstream"
+        if mml is None and parent in raw:
+            pm = raw[parent].get("max_model_len")
+            if isinstance(pm, int) and pm > 0:
+                mml, source = pm, "parent"
+        root = card.get("root") if isinstance(card.get("root"), str) else None
+        result[name] = ModelInfo(name, mml, root, parent, source)
+    for name, override in (overrides or {}).items():
+        value = getattr(override, "max_model_len", None)
+        if value is not None:
+            base = result.get(name)
+            result[name] = ModelInfo(
+                name, value, base.root if base else None, base.parent if base else None, "config"
+            )
+    return result
+
+
+Fetch = Callable[[], Awaitable[Any]]
+
+
+class ModelRegistry:
+    """The served models, kept fresh from the upstream; safe to query from any request."""
+
+    def __init__(self, config: Config, fetch_models: Fetch) -> None:
+        self._config = config
+        self._fetch = fetch_models
+        self._models: dict[str, ModelInfo] = {}
+        self._order: list[str] = []
+        self._loaded = False
+        self._refreshing: asyncio.Task[bool] | None = None
+        self._last_attempt = 0.0
+        self._task: asyncio.Task[None] | None = None
+        self.last_error: str | None = None
+        self.last_exception: BaseException | None = None
+        self.on_change: list[Callable[[dict[str, ModelInfo]], None]] = []
+
+    @property
+    def loaded(self) -> bool:
+        return self._loaded
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._order)
+
+    def get(self, name: str) -> ModelInfo | None:
+        return self._models.get(name)
+
+    def default_model(self) -> str | None:
+        """The model vLLM uses when a request names none: its first served (base) model."""
+        for name in self._order:
+            if self._models[name].parent is None:
+                return name
+        return self._order[0] if self._order else None
+
+    async def refresh(self) -> bool:
+        """Fetch /v1/models now (concurrent callers share one fetch); True when it succeeded."""
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self._refresh_once())
+        return await asyncio.shield(self._refreshing)
+
+    async def refresh_for_unknown(self, min_interval: float = 2.0) -> bool:
+        """Refresh because a request named an unknown model, at most once per interval."""
+        if time.monotonic() - self._last_attempt < min_interval and self._refreshing is not None:
+            if not self._refreshing.done():
+                return await asyncio.shield(self._refreshing)
+            return False
+        return await self.refresh()
+
+    async def _refresh_once(self) -> bool:
+        self._last_attempt = time.monotonic()
+        try:
+            payload = await self._fetch()
+            models = parse_models(payload, self._config.models)
+        except Exception as exc:  # any failure leaves the previous list in place
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            self.last_exception = exc
+            log.warning("could not read the upstream's /v1/models: %s", self.last_error)
+            return False
+        self.last_error = None
+        self.last_exception = None
+        changed = models != self._models
+        self._models = models
+        self._order = list(models)
+        self._loaded = True
+        if changed:
+            for name, info in models.items():
+                log.info("model %s: max_model_len=%s (%s)", name, info.max_model_len, info.source)
+            for callback in self.on_change:
+                callback(models)
+        return True
+
+    def start(self) -> None:
+        """Start the background loop: retry quickly until loaded, then refresh on the interval."""
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def _loop(self) -> None:
+        delay = 0.5
+        while True:
+            ok = await self.refresh()
+            if ok:
+                delay = 0.5
+                await asyncio.sleep(self._config.upstream.models_refresh_interval)
+            else:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)

@@ -1,0 +1,24 @@
+"""Shared test fixtures: where ../shared is, and the real-vLLM tier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+MODELS = SHARED / "models"
+CAPTURES = SHARED / "vllm" / "captures"
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    if not SHARED.is_dir():
+        pytest.fail(f"the shared data folder is missing: expected {SHARED}")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def qwen3_dir(shared_dir: Path) -> Path:
+    return MODELS / "Qwen--Qwen3-8B"

@@ -1,0 +1,67 @@
+"""Run an ASGI app under a real uvicorn server on 127.0.0.1, in a background thread.
+
+End-to-end tests need real sockets (the official `openai` client talks HTTP).
+The server binds port 0 and reports the port the kernel chose, and start-up is
+awaited through an event set by uvicorn's own start-up hook — no sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from typing import Any, Iterator
+
+import uvicorn
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = threading.Event()
+        self.port: int | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        for server in self.servers:
+            for sock in server.sockets:
+                self.port = sock.getsockname()[1]
+        self.ready.set()
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any, *, lifespan: str = "on", **uvicorn_kwargs: Any) -> Iterator[str]:
+    """Serve `app` until the block ends; yields its base URL, e.g. "http://127.0.0.1:41234"."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(
+        app,
+        lifespan=lifespan,
+        log_level="warning",
+        access_log=False,
+        server_header=False,
+        date_header=False,
+        **uvicorn_kwargs,
+    )
+    server = _Server(config)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(server.serve(sockets=[sock]))
+        except BaseException as exc:  # pragma: no cover - surfaced below
+            errors.append(exc)
+            server.ready.set()
+
+    thread = threading.Thread(target=run, name="uvicorn-test-server", daemon=True)
+    thread.start()
+    if not server.ready.wait(timeout=30) or errors:
+        raise RuntimeError(f"test server did not start: {errors}")
+    try:
+        yield f"http://127.0.0.1:{server.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
