@@ -1,5 +1,26 @@
 """Tokenizer loading and caching, chat-template rendering and prompt-token counting.
 
 Counts prompt tokens exactly as vLLM does, from a model directory holding
-`tokenizer.json` + `tokenizer_config.json` (+ `chat_template.jinja`).
+`tokenizer.json` + `tokenizer_config.json` (+ `chat_template.jinja`), with only
+`tokenizers` and `jinja2`:
+
+    tokenizer = TokenizerCache().get(find_tokenizer_dir("Qwen/Qwen3-8B", root=None))
+    tokenizer.count_chat({"messages": [{"role": "user", "content": "Hi"}]})
+
+Everything else lives in private modules; import from here.
 """
+
+from ._cache import TokenizerCache
+from ._chat import UnsupportedContent
+from ._errors import CountError
+from ._locate import find_tokenizer_dir
+from ._model import ModelTokenizer, load_model_tokenizer
+
+__all__ = [
+    "CountError",
+    "ModelTokenizer",
+    "TokenizerCache",
+    "UnsupportedContent",
+    "find_tokenizer_dir",
+    "load_model_tokenizer",
+]

@@ -1,0 +1,168 @@
+"""`headroom count`: count a request's prompt tokens offline, as vLLM would.
+
+    headroom count --tokenizer DIR [--endpoint chat|completions] [FILE|-]
+    headroom count --jsonl CASES.jsonl --models-root DIR
+
+The first form prints `{"prompt_tokens": N}` (plus `"per_prompt"` for a
+completions request with several prompts), or `{"error": {...}}` with exit
+code 1 for a request vLLM would refuse; unreadable input exits 2.  The second
+reads corpus-format lines (`id`, `model_dir`, `endpoint`, `request`) and prints
+one result line per case, loading each tokenizer once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+from typing import Any, TextIO
+
+from tokenizer_cache import CountError, ModelTokenizer, TokenizerCache, load_model_tokenizer
+
+EXIT_OK = 0
+EXIT_REJECTED = 1
+EXIT_BAD_INPUT = 2
+
+
+def register(subparsers: Any) -> None:
+    """Add the `count` sub-command to an argparse subparsers object."""
+    parser = subparsers.add_parser(
+        "count",
+        help="count a request's prompt tokens exactly as vLLM would",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tokenizer", metavar="DIR", help="model directory holding tokenizer.json")
+    parser.add_argument(
+        "--endpoint",
+        choices=("chat", "completions"),
+        help="request kind (default: chat if the body has 'messages', completions if it has 'prompt')",
+    )
+    parser.add_argument("input", nargs="?", default="-", metavar="FILE|-", help="request body (default: stdin)")
+    parser.add_argument("--jsonl", metavar="FILE", help="corpus-format cases, one JSON object per line")
+    parser.add_argument("--models-root", metavar="DIR", help="directory the cases' model_dir is relative to")
+
+
+def _emit(out: TextIO, obj: dict[str, Any]) -> None:
+    out.write(json.dumps(obj, ensure_ascii=False) + "\n")
+
+
+def _endpoint_of(body: dict[str, Any], given: str | None) -> str | None:
+    if given:
+        return given
+    if "messages" in body:
+        return "chat"
+    if "prompt" in body:
+        return "completions"
+    return None
+
+
+def count_request(tokenizer: ModelTokenizer, endpoint: str, body: Any) -> dict[str, Any]:
+    """The result object for one request body (raises CountError on rejection)."""
+    if endpoint == "chat":
+        return {"prompt_tokens": tokenizer.count_chat(body)}
+    per_prompt = tokenizer.count_completion(body)
+    result: dict[str, Any] = {"prompt_tokens": sum(per_prompt)}
+    if len(per_prompt) > 1:
+        result["per_prompt"] = per_prompt
+    return result
+
+
+def _run_single(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if not args.tokenizer:
+        err.write("headroom count: --tokenizer DIR is required (or use --jsonl with --models-root)\n")
+        return EXIT_BAD_INPUT
+    try:
+        text = sys.stdin.read() if args.input == "-" else pathlib.Path(args.input).read_text(encoding="utf-8")
+        body = json.loads(text)
+    except (OSError, UnicodeDecodeError) as exc:
+        err.write(f"headroom count: cannot read {args.input}: {exc}\n")
+        return EXIT_BAD_INPUT
+    except ValueError as exc:
+        err.write(f"headroom count: {args.input} is not valid JSON: {exc}\n")
+        return EXIT_BAD_INPUT
+    if not isinstance(body, dict):
+        err.write("headroom count: the request body must be a JSON object\n")
+        return EXIT_BAD_INPUT
+    endpoint = _endpoint_of(body, args.endpoint)
+    if endpoint is None:
+        err.write("headroom count: cannot tell the endpoint (no 'messages' or 'prompt'); pass --endpoint\n")
+        return EXIT_BAD_INPUT
+    try:
+        tokenizer = load_model_tokenizer(args.tokenizer)
+    except (OSError, ValueError) as exc:
+        err.write(f"headroom count: {exc}\n")
+        return EXIT_BAD_INPUT
+    try:
+        _emit(out, count_request(tokenizer, endpoint, body))
+    except CountError as exc:
+        _emit(out, {"error": {"message": exc.message, "param": exc.param}})
+        return EXIT_REJECTED
+    return EXIT_OK
+
+
+def _case_result(cache: TokenizerCache, root: pathlib.Path, line: str, number: int) -> dict[str, Any]:
+    try:
+        case = json.loads(line)
+    except ValueError as exc:
+        return {"id": None, "line": number, "error": f"malformed line: {exc}"}
+    if not isinstance(case, dict):
+        return {"id": None, "line": number, "error": "malformed line: not a JSON object"}
+    case_id = case.get("id")
+    model_dir, request = case.get("model_dir"), case.get("request")
+    if not isinstance(model_dir, str) or not isinstance(request, dict):
+        return {"id": case_id, "error": "malformed line: needs 'model_dir' (string) and 'request' (object)"}
+    endpoint = _endpoint_of(request, case.get("endpoint"))
+    if endpoint not in ("chat", "completions"):
+        return {"id": case_id, "error": f"malformed line: unknown endpoint {case.get('endpoint')!r}"}
+    try:
+        tokenizer = cache.get(root / model_dir)
+    except (OSError, ValueError) as exc:
+        return {"id": case_id, "error": f"cannot load tokenizer: {exc}"}
+    try:
+        return {"id": case_id, **count_request(tokenizer, endpoint, request)}
+    except CountError as exc:
+        return {"id": case_id, "error": exc.message}
+
+
+def _run_jsonl(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if not args.models_root:
+        err.write("headroom count: --jsonl needs --models-root DIR\n")
+        return EXIT_BAD_INPUT
+    root = pathlib.Path(args.models_root)
+    cache = TokenizerCache(max_entries=64)
+    try:
+        handle = sys.stdin if args.jsonl == "-" else open(args.jsonl, encoding="utf-8")
+    except OSError as exc:
+        err.write(f"headroom count: cannot read {args.jsonl}: {exc}\n")
+        return EXIT_BAD_INPUT
+    with handle:
+        for number, line in enumerate(handle, start=1):
+            if line.strip():
+                _emit(out, _case_result(cache, root, line, number))
+    return EXIT_OK
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point for the parsed `count` sub-command; returns the exit code."""
+    if args.jsonl:
+        return _run_jsonl(args, sys.stdout, sys.stderr)
+    return _run_single(args, sys.stdout, sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m proxy.count_cli …`, the same as `headroom count …`."""
+    parser = argparse.ArgumentParser(prog="headroom count", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""TokenizerCache (bounded LRU, one load per directory) and find_tokenizer_dir."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from tokenizer_cache import ModelTokenizer, TokenizerCache, find_tokenizer_dir
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+PHI3_MINI = SHARED / "models" / "microsoft--Phi-3-mini-4k-instruct"
+
+
+class FakeLoader:
+    """Records every load; returns a distinct object per call."""
+
+    def __init__(self) -> None:
+        self.loaded: list[Path] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, directory: Path):
+        with self.lock:
+            self.loaded.append(directory)
+        return object()
+
+
+def test_cache_returns_the_same_object_for_the_same_directory(tmp_path):
+    loader = FakeLoader()
+    cache = TokenizerCache(loader=loader)
+    first = cache.get(tmp_path)
+    assert cache.get(str(tmp_path)) is first
+    assert cache.get(tmp_path / "sub" / "..") is first  # keyed by resolved path
+    assert loader.loaded == [tmp_path.resolve()]
+
+
+def test_cache_is_bounded_and_evicts_least_recently_used(tmp_path):
+    loader = FakeLoader()
+    cache = TokenizerCache(max_entries=2, loader=loader)
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    cache.get(a)
+    cache.get(b)
+    cache.get(a)  # a is now most recent
+    cache.get(c)  # evicts b
+    assert len(cache) == 2
+    assert a in cache and c in cache and b not in cache
+    cache.get(b)
+    assert loader.loaded == [a, b, c, b]
+
+
+def test_failed_load_is_not_cached_and_is_retried(tmp_path):
+    calls = []
+
+    def flaky(directory: Path):
+        calls.append(directory)
+        if len(calls) == 1:
+            raise FileNotFoundError("no tokenizer.json")
+        return "ok"
+
+    cache = TokenizerCache(loader=flaky)
+    with pytest.raises(FileNotFoundError):
+        cache.get(tmp_path)
+    assert cache.get(tmp_path) == "ok"
+    assert len(calls) == 2
+
+
+def test_concurrent_first_use_loads_once(tmp_path):
+    threads_count = 8
+    started = threading.Barrier(threads_count + 1)
+    release = threading.Event()
+    loads: list[Path] = []
+
+    def slow_loader(directory: Path):
+        loads.append(directory)
+        assert release.wait(timeout=10), "test never released the loader"
+        return object()
+
+    cache = TokenizerCache(loader=slow_loader)
+    results: list[object] = []
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        started.wait(timeout=10)
+        try:
+            results.append(cache.get(tmp_path))
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(threads_count)]
+    for thread in threads:
+        thread.start()
+    started.wait(timeout=10)  # every worker is about to call get()
+    release.set()
+    for thread in threads:
+        thread.join(timeout=10)
+
+    assert not errors
+    assert len(loads) == 1
+    assert len(results) == threads_count
+    assert all(result is results[0] for result in results)
+
+
+def test_concurrent_first_use_shares_a_load_failure(tmp_path):
+    started = threading.Barrier(5)
+    release = threading.Event()
+
+    def failing_loader(directory: Path):
+        release.wait(timeout=10)
+        raise ValueError("broken tokenizer.json")
+
+    cache = TokenizerCache(loader=failing_loader)
+    outcomes: list[str] = []
+
+    def worker() -> None:
+        started.wait(timeout=10)
+        try:
+            cache.get(tmp_path)
+            outcomes.append("loaded")
+        except ValueError:
+            outcomes.append("ValueError")
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    started.wait(timeout=10)
+    release.set()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert outcomes == ["ValueError"] * 4
+
+
+def test_cache_loads_a_real_tokenizer_directory(tmp_path):
+    model_dir = tmp_path / "phi3"
+    shutil.copytree(PHI3_MINI, model_dir)
+    cache = TokenizerCache()
+    tokenizer = cache.get(model_dir)
+    assert isinstance(tokenizer, ModelTokenizer)
+    assert tokenizer.source_dir == model_dir.resolve()
+    assert cache.get(model_dir) is tokenizer
+    assert tokenizer.count_completion({"prompt": "Hello"}) == [1]
+
+
+# ---------------------------------------------------------------------------
+# find_tokenizer_dir
+# ---------------------------------------------------------------------------
+
+def make_snapshot(hub: Path, repo_dir: str, revision: str, mtime: float, with_tokenizer: bool = True) -> Path:
+    """A snapshot the way huggingface_hub lays it out: files are symlinks into blobs/."""
+    repo = hub / repo_dir
+    blobs = repo / "blobs"
+    blobs.mkdir(parents=True, exist_ok=True)
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    if with_tokenizer:
+        blob = blobs / f"tok-{revision}"
+        blob.write_text("{}", encoding="utf-8")
+        (snapshot / "tokenizer.json").symlink_to(os.path.relpath(blob, snapshot))
+    (snapshot / "config.json").write_text("{}", encoding="utf-8")
+    os.utime(snapshot, (mtime, mtime))
+    return snapshot
+
+
+def test_root_directory_with_tokenizer_wins(tmp_path):
+    root = tmp_path / "local"
+    root.mkdir()
+    (root / "tokenizer.json").write_text("{}", encoding="utf-8")
+    hub = tmp_path / "hf" / "hub"
+    make_snapshot(hub, "models--Qwen--Qwen3-8B", "abc", 1_000)
+    assert find_tokenizer_dir("Qwen/Qwen3-8B", str(root), hf_home=str(tmp_path / "hf")) == root.resolve()
+
+
+def test_hf_cache_newest_snapshot_with_tokenizer_is_used(tmp_path):
+    hub = tmp_path / "hf" / "hub"
+    make_snapshot(hub, "models--Qwen--Qwen3-8B", "old", 1_000)
+    newest = make_snapshot(hub, "models--Qwen--Qwen3-8B", "new", 2_000)
+    make_snapshot(hub, "models--Qwen--Qwen3-8B", "newer-but-empty", 3_000, with_tokenizer=False)
+    assert find_tokenizer_dir("Qwen/Qwen3-8B", None, hf_home=str(tmp_path / "hf")) == newest
+
+
+def test_root_that_names_a_repo_is_looked_up_in_the_cache(tmp_path):
+    hub = tmp_path / "hf" / "hub"
+    snapshot = make_snapshot(hub, "models--deepseek-ai--DeepSeek-V3.1", "r1", 1_000)
+    found = find_tokenizer_dir("served-name", "deepseek-ai/DeepSeek-V3.1", hf_home=str(tmp_path / "hf"))
+    assert found == snapshot
+
+
+def test_hf_home_defaults_to_the_environment(tmp_path, monkeypatch):
+    hub = tmp_path / "env-hf" / "hub"
+    snapshot = make_snapshot(hub, "models--org--name", "r1", 1_000)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "env-hf"))
+    assert find_tokenizer_dir("org/name", None) == snapshot
+
+
+def test_nothing_found_is_none(tmp_path):
+    hub = tmp_path / "hf" / "hub"
+    make_snapshot(hub, "models--org--name", "r1", 1_000, with_tokenizer=False)
+    assert find_tokenizer_dir("org/name", None, hf_home=str(tmp_path / "hf")) is None
+    assert find_tokenizer_dir("org/other", str(tmp_path / "missing"), hf_home=str(tmp_path / "hf")) is None

@@ -1,0 +1,78 @@
+"""A bounded, thread-safe LRU of loaded ModelTokenizers.
+
+Loading a tokenizer costs about half a second and tens of MB, so each model
+directory is loaded once and kept; the bound keeps a proxy that sees many
+model names from growing without limit.  Concurrent first requests for the
+same directory wait for one load instead of each loading their own copy;
+different directories load in parallel (the lock is not held while loading).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future
+from typing import Callable
+
+from ._model import ModelTokenizer, load_model_tokenizer
+
+Loader = Callable[[pathlib.Path], ModelTokenizer]
+
+
+class TokenizerCache:
+    """`get(directory)` → the ModelTokenizer for that directory, loaded at most once while cached."""
+
+    def __init__(self, max_entries: int = 8, *, loader: Loader = load_model_tokenizer) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be at least 1")
+        self.max_entries = max_entries
+        self._loader = loader
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[pathlib.Path, ModelTokenizer] = OrderedDict()
+        self._loading: dict[pathlib.Path, Future[ModelTokenizer]] = {}
+
+    def get(self, directory: str | os.PathLike) -> ModelTokenizer:
+        key = pathlib.Path(directory).expanduser().resolve()
+        with self._lock:
+            cached = self._entries.get(key)
+            if cached is not None:
+                self._entries.move_to_end(key)
+                return cached
+            pending = self._loading.get(key)
+            owner = pending is None
+            if owner:
+                pending = Future()
+                self._loading[key] = pending
+        assert pending is not None
+        if not owner:
+            return pending.result()  # re-raises the loader's exception
+        try:
+            model = self._loader(key)
+        except BaseException as exc:
+            with self._lock:
+                del self._loading[key]
+            pending.set_exception(exc)
+            raise
+        with self._lock:
+            self._entries[key] = model
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+            del self._loading[key]
+        pending.set_result(model)
+        return model
+
+    def __contains__(self, directory: str | os.PathLike) -> bool:
+        key = pathlib.Path(directory).expanduser().resolve()
+        with self._lock:
+            return key in self._entries
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()

@@ -1,0 +1,489 @@
+"""Turn an OpenAI chat request into what vLLM hands the chat template.
+
+Pure functions, no tokenizer and no template: request JSON in, validated plain
+data out.  Each rule names where vLLM does the same thing (vLLM 0.32/0.33,
+vllm/entrypoints/chat_utils.py — `_parse_chat_message_content`,
+`_postprocess_messages` — the chat request model in
+vllm/entrypoints/openai/chat_completion/protocol.py, and
+vllm/renderers/hf.py `resolve_chat_template_kwargs`); the corpus README
+(shared/corpus/README.md) restates them.
+
+A field of the wrong type raises `CountError` naming the field, never a bare
+Python exception: the proxy answers such a request with a 400 like vLLM does.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping
+
+from ._errors import CountError
+
+ContentFormat = Literal["string", "openai"]
+
+# Part types whose payload is text, and the key holding it
+# (vLLM's MM_PARSER_MAP entries that return text).
+_TEXT_PART_KEYS = {
+    "text": "text",
+    "input_text": "text",
+    "output_text": "text",
+    "refusal": "refusal",
+    "thinking": "thinking",
+}
+# Part types that carry media: counting them needs the model's multimodal processor.
+_MEDIA_PART_TYPES = frozenset(
+    {
+        "image_url",
+        "input_image",
+        "image_pil",
+        "image_embeds",
+        "audio_url",
+        "input_audio",
+        "audio_embeds",
+        "video_url",
+        "prompt_embeds",
+    }
+)
+_MEDIA_KEYS = ("image_url", "image_pil", "image_embeds", "audio_embeds", "prompt_embeds", "audio_url",
+               "input_audio", "video_url")
+
+# transformers' `apply_chat_template` named parameters: accepted as
+# chat_template_kwargs even when the template never reads them
+# (vLLM `_get_hf_base_chat_template_params`), but consumed by
+# apply_chat_template rather than passed on to the template.
+_APPLY_CHAT_TEMPLATE_PARAMS = frozenset(
+    {
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+# Keys vLLM refuses in chat_template_kwargs (`resolve_chat_template_kwargs`).
+_FORBIDDEN_KWARGS = ("chat_template", "tokenize")
+
+# pydantic's lax bool parsing, which vLLM's request model uses.
+_TRUE_STRINGS = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE_STRINGS = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
+class UnsupportedContent(CountError):
+    """The request is valid but holds media (images, audio, video) that a text
+    tokenizer cannot count; only the model's multimodal processor can."""
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """The request-level switches that steer rendering and encoding."""
+
+    add_generation_prompt: bool
+    continue_final_message: bool
+    add_special_tokens: bool
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def _bad_type(param: str, expected: str, value: Any) -> CountError:
+    return CountError(f"'{param}' must be {expected}, got {_type_name(value)}.", param=param)
+
+
+def _as_bool(body: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = body.get(key, default)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in _TRUE_STRINGS:
+            return True
+        if lowered in _FALSE_STRINGS:
+            return False
+    raise _bad_type(key, "a boolean", value)
+
+
+def chat_options(body: Mapping[str, Any]) -> ChatOptions:
+    """Read and check the flags; the two rejections vLLM makes before rendering."""
+    add_generation_prompt = _as_bool(body, "add_generation_prompt", True)
+    continue_final_message = _as_bool(body, "continue_final_message", False)
+    if continue_final_message and add_generation_prompt:
+        # vLLM's request validator refuses both set explicitly; with only
+        # continue_final_message set, add_generation_prompt stays true and
+        # transformers refuses the pair: a 400 either way.
+        raise CountError(
+            "continue_final_message and add_generation_prompt are not compatible. Use "
+            "continue_final_message when you want the model to continue the final message, and "
+            "add_generation_prompt when you want to add a header that will prompt it to start a "
+            "new assistant message instead. (add_generation_prompt defaults to true: send "
+            '"add_generation_prompt": false with "continue_final_message": true.)',
+            param="continue_final_message",
+        )
+    return ChatOptions(
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        add_special_tokens=_as_bool(body, "add_special_tokens", False),
+    )
+
+
+def check_no_request_template(body: Mapping[str, Any]) -> None:
+    """vLLM refuses a request-supplied chat template unless started with
+    --trust-request-chat-template (not the default)."""
+    if body.get("chat_template") is not None:
+        raise CountError(
+            "Chat template is passed with request, but --trust-request-chat-template is not set. "
+            "Refused request with untrusted chat template.",
+            param="chat_template",
+        )
+
+
+# ---------------------------------------------------------------------------
+# Tools
+# ---------------------------------------------------------------------------
+
+def parse_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """Tools as vLLM's pydantic model dumps them:
+    `{"type": "function", "function": {"name", "description", "parameters"}}`,
+    in that key order, unknown keys dropped, missing ones null."""
+    tools = body.get("tools")
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise _bad_type("tools", "an array of tool objects", tools)
+    if not tools:
+        raise CountError(
+            "'tools' is an empty array; omit 'tools' or list at least one tool.", param="tools"
+        )
+    return [_parse_tool(tool, f"tools[{i}]") for i, tool in enumerate(tools)]
+
+
+def _parse_tool(tool: Any, where: str) -> dict[str, Any]:
+    if not isinstance(tool, dict):
+        raise _bad_type(where, "an object", tool)
+    kind = tool.get("type", "function")
+    if kind != "function":
+        raise CountError(f"'{where}.type' must be \"function\", got {json.dumps(kind)}.", param="tools")
+    function = tool.get("function")
+    if not isinstance(function, dict):
+        raise _bad_type(f"{where}.function", "an object", function)
+    name = function.get("name")
+    if not isinstance(name, str):
+        raise _bad_type(f"{where}.function.name", "a string", name)
+    description = function.get("description")
+    if description is not None and not isinstance(description, str):
+        raise _bad_type(f"{where}.function.description", "a string", description)
+    parameters = function.get("parameters")
+    if parameters is not None and not isinstance(parameters, dict):
+        raise _bad_type(f"{where}.function.parameters", "an object", parameters)
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": parameters},
+    }
+
+
+# ---------------------------------------------------------------------------
+# Messages
+# ---------------------------------------------------------------------------
+
+def parse_messages(
+    body: Mapping[str, Any], content_format: ContentFormat, template_knows_developer: bool
+) -> list[dict[str, Any]]:
+    """The conversation vLLM passes to the template, built from `body["messages"]`."""
+    messages = body.get("messages")
+    if messages is None:
+        raise CountError("'messages' is required for a chat request.", param="messages")
+    if not isinstance(messages, list):
+        raise _bad_type("messages", "an array of message objects", messages)
+    if not messages:
+        raise CountError("'messages' is empty: send at least one message.", param="messages")
+    conversation = [
+        _parse_message(message, f"messages[{i}]", content_format) for i, message in enumerate(messages)
+    ]
+    if not template_knows_developer:
+        conversation = _developer_as_system(conversation, content_format)
+    return conversation
+
+
+def _parse_message(message: Any, where: str, content_format: ContentFormat) -> dict[str, Any]:
+    if not isinstance(message, dict):
+        raise _bad_type(where, "an object", message)
+    role = message.get("role")
+    if not isinstance(role, str):
+        raise _bad_type(f"{where}.role", "a string", role)
+
+    content = _parse_content(message.get("content"), f"{where}.content", content_format)
+    result: dict[str, Any] = {"role": role, "content": content}
+
+    if role == "assistant":
+        tool_calls = message.get("tool_calls")
+        if tool_calls is not None:
+            parsed_calls = _parse_tool_calls(tool_calls, f"{where}.tool_calls")
+            if parsed_calls:  # an empty list is dropped: templates take the plain path
+                result["tool_calls"] = parsed_calls
+        reasoning = message.get("reasoning")
+        if reasoning is not None:
+            if not isinstance(reasoning, str):
+                raise _bad_type(f"{where}.reasoning", "a string", reasoning)
+            # vLLM copies it under both names for templates old and new.
+            result["reasoning"] = reasoning
+            result["reasoning_content"] = reasoning
+    elif role == "tool":
+        if "tool_call_id" in message:
+            tool_call_id = message["tool_call_id"]
+            if tool_call_id is not None and not isinstance(tool_call_id, str):
+                raise _bad_type(f"{where}.tool_call_id", "a string", tool_call_id)
+            result["tool_call_id"] = tool_call_id
+        if isinstance(content, list):
+            result["content"] = _flatten_tool_content(content)
+
+    name = message.get("name")
+    if isinstance(name, str):
+        result["name"] = name
+    return result
+
+
+def _parse_content(content: Any, where: str, content_format: ContentFormat) -> Any:
+    """`string`: one string ("\\n"-joined non-empty texts); `openai`: a list of text parts."""
+    if content is None:
+        parts: list[Any] = []
+    elif isinstance(content, str):
+        if content_format == "string":
+            return content
+        return [{"type": "text", "text": content}]
+    elif isinstance(content, list):
+        parts = content
+    else:
+        raise _bad_type(where, "a string, an array of content parts or null", content)
+
+    parsed = [_parse_part(part, f"{where}[{i}]") for i, part in enumerate(parts)]
+    if content_format == "openai":
+        return [part for part in parsed if part is not None]
+    # vLLM drops skipped and empty parts before joining.
+    texts = []
+    for part in parsed:
+        if part is not None:
+            text = part["text"] if part["type"] == "text" else part["name"]
+            if text:
+                texts.append(text)
+    return "\n".join(texts)
+
+
+def _parse_part(part: Any, where: str) -> dict[str, Any] | None:
+    """One content part as the OpenAI-form dict, or None when vLLM skips it."""
+    if isinstance(part, str):
+        return {"type": "text", "text": part}
+    if not isinstance(part, dict):
+        raise _bad_type(where, "a content-part object or a string", part)
+    kind = part.get("type")
+    if kind is None or part.get("uuid") is not None:
+        for key in _MEDIA_KEYS:
+            if key in part:
+                raise _media(where, key)
+        if "tool_reference" in part:
+            return _tool_reference(part.get("tool_reference"), where)
+        raise CountError(f"Missing 'type' field in content part '{where}'.", param="type")
+    if not isinstance(kind, str):
+        raise CountError(f"Invalid 'type' field in content part '{where}'.", param="type")
+    if kind in _TEXT_PART_KEYS:
+        text = part.get(_TEXT_PART_KEYS[kind])
+        if text is None:
+            return None  # vLLM logs and skips a text part without text
+        if not isinstance(text, str):
+            raise _bad_type(f"{where}.{_TEXT_PART_KEYS[kind]}", "a string", text)
+        return {"type": "text", "text": text}
+    if kind == "tool_reference":
+        return _tool_reference(part.get("name"), where)
+    if kind in _MEDIA_PART_TYPES:
+        raise _media(where, kind)
+    supported = ", ".join(sorted(set(_TEXT_PART_KEYS) | _MEDIA_PART_TYPES | {"tool_reference"}))
+    raise CountError(
+        f"Unsupported chat content part type: {kind!r} in '{where}'. Supported types: {supported}.",
+        param="type",
+    )
+
+
+def _tool_reference(name: Any, where: str) -> dict[str, Any]:
+    if not isinstance(name, str):
+        raise _bad_type(f"{where}.name", "a string", name)
+    return {"type": "tool_reference", "name": name}
+
+
+def _media(where: str, kind: str) -> UnsupportedContent:
+    return UnsupportedContent(
+        f"'{where}' is a {kind} part; headroom counts text only and cannot count media tokens "
+        "without the model's multimodal processor.",
+        param="messages",
+    )
+
+
+def _flatten_tool_content(parts: list[dict[str, Any]]) -> Any:
+    """Tool results always reach the template as one string (vLLM normalises
+    Claude Code / Cursor style part lists), unless they hold tool references."""
+    if any(part.get("type") != "text" for part in parts):
+        return parts
+    return "\n".join(part.get("text", "") for part in parts)
+
+
+def _parse_tool_calls(tool_calls: Any, where: str) -> list[dict[str, Any]]:
+    """Copies of the calls with `arguments` parsed to an object (vLLM `_postprocess_messages`);
+    an empty list is dropped so templates take the plain assistant path."""
+    if not isinstance(tool_calls, list):
+        raise _bad_type(where, "an array of tool calls", tool_calls)
+    parsed = []
+    for i, call in enumerate(tool_calls):
+        at = f"{where}[{i}]"
+        if not isinstance(call, dict):
+            raise CountError("assistant tool_calls entries must be objects.", param="tool_calls")
+        function = call.get("function")
+        if call.get("type", "function") != "function" or not isinstance(function, dict):
+            raise CountError(
+                f"'{at}': chat completions only support assistant tool_calls of type 'function' "
+                "with a 'function' object.",
+                param="tool_calls",
+            )
+        name = function.get("name")
+        if not isinstance(name, str):
+            raise _bad_type(f"{at}.function.name", "a string", name)
+        new_call = dict(call)
+        new_function = dict(function)
+        new_function["arguments"] = _parse_arguments(function.get("arguments"))
+        new_call["function"] = new_function
+        parsed.append(new_call)
+    return parsed
+
+
+def _parse_arguments(arguments: Any) -> dict[str, Any]:
+    """The JSON-string arguments as an object; empty, invalid or non-object JSON → {}."""
+    if isinstance(arguments, dict):
+        return arguments
+    if isinstance(arguments, str) and arguments:
+        try:
+            value = json.loads(arguments)
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+    return {}
+
+
+def _developer_as_system(conversation: list[dict[str, Any]], content_format: ContentFormat) -> list[dict[str, Any]]:
+    """For templates that never mention "developer": developer messages become
+    system messages; if that leaves a system message anywhere but first, or
+    more than one, all system messages merge into one first message ("\\n\\n")."""
+    if not any(message["role"] == "developer" for message in conversation):
+        return conversation
+    converted = [
+        {**message, "role": "system"} if message["role"] == "developer" else message
+        for message in conversation
+    ]
+    system_at = [i for i, message in enumerate(converted) if message["role"] == "system"]
+    if system_at == [0]:
+        return converted
+    systems = [converted[i] for i in system_at]
+    merged: dict[str, Any] = {"role": "system", "content": _join_contents(systems, content_format)}
+    rest = [message for message in converted if message["role"] != "system"]
+    return [merged, *rest]
+
+
+def _join_contents(messages: list[dict[str, Any]], content_format: ContentFormat) -> Any:
+    texts = []
+    for message in messages:
+        content = message["content"]
+        if isinstance(content, list):
+            content = "".join(part.get("text", "") for part in content if part.get("type") == "text")
+        texts.append(content or "")
+    joined = "\n\n".join(texts)
+    if content_format == "openai":
+        return [{"type": "text", "text": joined}]
+    return joined
+
+
+# ---------------------------------------------------------------------------
+# Template variables
+# ---------------------------------------------------------------------------
+
+def template_kwargs(body: Mapping[str, Any], options: ChatOptions) -> dict[str, Any]:
+    """`chat_template_kwargs` merged with the request-level fields that override them.
+
+    Request-level `add_generation_prompt`, `continue_final_message`,
+    `documents` and `reasoning_effort` win over chat_template_kwargs of the same
+    name; `reasoning_effort` also sets `enable_thinking` (effort != "none")
+    unless chat_template_kwargs sets it; null values are dropped.
+    """
+    raw = body.get("chat_template_kwargs")
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise _bad_type("chat_template_kwargs", "an object", raw)
+    forbidden = [key for key in _FORBIDDEN_KWARGS if key in raw]
+    if forbidden:
+        raise CountError(
+            f"Found unexpected chat template kwargs from request: {set(forbidden)}",
+            param="chat_template_kwargs",
+        )
+    documents = body.get("documents")
+    if documents is not None:
+        if not isinstance(documents, list) or not all(isinstance(d, dict) for d in documents):
+            raise _bad_type("documents", "an array of objects", documents)
+    reasoning_effort = body.get("reasoning_effort")
+    if reasoning_effort is not None and not isinstance(reasoning_effort, str):
+        raise _bad_type("reasoning_effort", "a string", reasoning_effort)
+
+    merged = {key: value for key, value in raw.items() if value is not None}
+    overrides = {
+        "add_generation_prompt": options.add_generation_prompt,
+        "continue_final_message": options.continue_final_message,
+        "documents": documents,
+        "reasoning_effort": reasoning_effort,
+    }
+    merged.update({key: value for key, value in overrides.items() if value is not None})
+    if reasoning_effort is not None and raw.get("enable_thinking") is None:
+        merged["enable_thinking"] = reasoning_effort != "none"
+    return merged
+
+
+def split_kwargs(
+    kwargs: dict[str, Any], template_variables: frozenset[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(apply_chat_template's own parameters, extra template variables).
+
+    vLLM keeps a kwarg only if the template reads it or apply_chat_template
+    names it (`resolve_chat_template_kwargs`); the named ones are consumed by
+    apply_chat_template, the rest become template variables.
+    """
+    named: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        if key in _APPLY_CHAT_TEMPLATE_PARAMS:
+            named[key] = value
+        elif key in template_variables:
+            extra[key] = value
+    if "conversation" in named or "messages" in extra:
+        raise CountError(
+            "chat_template_kwargs may not set 'conversation' or 'messages'; send them as 'messages'.",
+            param="chat_template_kwargs",
+        )
+    return named, extra

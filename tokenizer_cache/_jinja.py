@@ -1,0 +1,90 @@
+"""Chat-template compilation in transformers' jinja environment.
+
+transformers renders chat templates in an `ImmutableSandboxedEnvironment` with
+`trim_blocks`, `lstrip_blocks`, the loop-controls extension, its own `tojson`
+filter (no HTML escaping, `ensure_ascii=False`), and the globals
+`raise_exception` and `strftime_now` (transformers/utils/chat_template_utils.py,
+`_compile_jinja_template`).  vLLM renders through that function, so the same
+environment here produces the same text.  The `{% generation %}` block tag
+(used by templates that mark assistant spans for training masks) is accepted
+and renders its body unchanged, as transformers does when no mask is asked for.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.parser
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class _GenerationBlock(jinja2.ext.Extension):
+    """`{% generation %}…{% endgeneration %}`: renders the body as is."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        call = self.call_method("_render_body")
+        return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+    def _render_body(self, caller: Any) -> str:
+        return caller()
+
+
+def _raise_exception(message: Any) -> None:
+    # Templates call this to refuse a conversation; transformers raises a TemplateError.
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | str | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # Same signature and result as transformers' override of jinja's tojson
+    # (which would HTML-escape and sort keys).
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+def make_environment() -> ImmutableSandboxedEnvironment:
+    """A fresh environment configured exactly like transformers' chat-template one."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[_GenerationBlock, jinja2.ext.loopcontrols],
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+_ENV = make_environment()
+
+
+def environment() -> ImmutableSandboxedEnvironment:
+    """The shared environment (stateless once configured, safe to share across threads)."""
+    return _ENV
+
+
+def compile_template(source: str) -> jinja2.Template:
+    """Compile once per model; raises jinja2.TemplateSyntaxError on a broken template."""
+    return _ENV.from_string(source)
+
+
+def parse_template(source: str) -> jinja2.nodes.Template:
+    """The template's AST (for content-format detection and variable discovery)."""
+    return _ENV.parse(source)

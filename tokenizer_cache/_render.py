@@ -1,0 +1,74 @@
+"""Render a conversation with a compiled chat template, as transformers does.
+
+Any failure inside the template (its own `raise_exception`, a type error such
+as concatenating a dict to a string, a sandbox violation) becomes a
+`CountError`: vLLM wraps the same exceptions into an HTTP 400.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import SecurityError
+
+from ._errors import CountError
+
+
+def render(
+    template: jinja2.Template,
+    variables: dict[str, Any],
+    *,
+    continue_final_message: bool,
+) -> str:
+    """Render; with `continue_final_message`, cut right after the final message's content."""
+    try:
+        text = template.render(**variables)
+    except SecurityError as exc:
+        raise CountError(f"The chat template tried an operation its sandbox forbids: {exc}") from exc
+    except jinja2.TemplateError as exc:
+        raise CountError(f"The chat template refused the conversation: {exc}") from exc
+    except RecursionError as exc:
+        raise CountError("The chat template recursed too deeply while rendering.") from exc
+    except Exception as exc:  # the template's own errors: TypeError, KeyError, ...
+        raise CountError(f"The chat template failed while rendering: {exc}") from exc
+    if continue_final_message:
+        text = cut_after_final_message(text, variables["messages"][-1].get("content"))
+    return text
+
+
+def cut_after_final_message(rendered: str, final_content: Any) -> str:
+    """transformers' rule (`render_jinja_template`): find the final message's
+    stripped text at its last occurrence and cut right after it, keeping the
+    message's own trailing whitespace only if the template kept it too."""
+    final = final_content
+    if isinstance(final, (list, tuple)):
+        for block in reversed(final):
+            if isinstance(block, dict) and "text" in block:
+                final = block["text"]
+                break
+        else:
+            raise CountError(
+                "continue_final_message is set but we could not find any text to continue in the "
+                "final message!",
+                param="continue_final_message",
+            )
+    if not isinstance(final, str):
+        raise CountError(
+            "continue_final_message is set but the final message has no text content.",
+            param="continue_final_message",
+        )
+    stripped = final.strip()
+    if stripped not in rendered:
+        raise CountError(
+            "continue_final_message is set but the final message does not appear in the chat after "
+            "applying the chat template! This can happen if the chat template deletes portions of the "
+            "final message. Please verify the chat template and final message in your chat to ensure "
+            "they are compatible.",
+            param="continue_final_message",
+        )
+    at = rendered.rindex(stripped)
+    kept = final.lstrip()
+    if rendered[at : at + len(kept)] == final:
+        return rendered[: at + len(kept)]
+    return rendered[: at + len(stripped)]
