@@ -1,0 +1,220 @@
+"""proxy.live: percentiles, histograms, the recent window, the Recorder and its routes."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from starlette.applications import Starlette
+from starlette.testclient import TestClient
+
+from proxy.lengthlog import LengthLog
+from proxy.live import (
+    DISPLAY_EDGES,
+    Recorder,
+    dashboard_html,
+    histogram,
+    percentile,
+    recommend_max_model_len,
+)
+from proxy.record import LengthRecord
+
+
+def rec(**kw) -> LengthRecord:
+    base = dict(ts=1000.0, model="m", endpoint="chat", status=200)
+    base.update(kw)
+    return LengthRecord(**base)
+
+
+class FixedClock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def recorder(**kw) -> Recorder:
+    """A Recorder whose clock sits at the records' ts, so the age window keeps them."""
+    kw.setdefault("clock", FixedClock(1000.0))
+    return Recorder(**kw)
+
+
+# ----------------------------------------------------------------- pure functions
+
+@pytest.mark.parametrize(
+    "values, q, expected",
+    [   # expected values are numpy.percentile(values, q) (default method "linear")
+        ([1, 2, 3, 4], 50, 2.5),
+        ([1, 2, 3, 4], 90, 3.7),
+        ([1, 2, 3, 4], 99, 3.97),
+        ([15, 20, 35, 40, 50], 40, 29.0),
+        ([15, 20, 35, 40, 50], 50, 35),
+        ([7], 99, 7),
+        ([3, 9], 0, 3),
+        ([3, 9], 100, 9),
+    ],
+)
+def test_percentile_interpolates_like_numpy(values: list[int], q: float, expected: float) -> None:
+    assert percentile(values, q) == pytest.approx(expected)
+
+
+def test_percentile_rejects_nonsense() -> None:
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    with pytest.raises(ValueError):
+        percentile([1], 101)
+
+
+def test_histogram_bins_trims_and_keeps_outliers() -> None:
+    h = histogram([5, 5, 7, 20, 10_000_000])
+    # [4,8): 3, [16,24): 1, then empty bins up to the open-ended last bin [2^21, ∞): 1
+    assert h["edges"][:4] == [4, 8, 16, 24] and h["edges"][-2:] == [2**21, None]
+    assert h["counts"][:3] == [3, 0, 1] and h["counts"][-1] == 1 and sum(h["counts"]) == 5
+    assert len(h["edges"]) == len(h["counts"]) + 1
+    assert histogram([]) == {"edges": [], "counts": []}
+
+
+def test_histogram_edges_are_exclusive_at_the_top() -> None:
+    assert histogram([64, 95], DISPLAY_EDGES) == {"edges": [64, 96], "counts": [2]}
+    assert histogram([96], DISPLAY_EDGES) == {"edges": [96, 128], "counts": [1]}
+
+
+@pytest.mark.parametrize("p99, expected", [(4000.2, 4016), (4096, 4096), (4097, 4112), (3, 16), (None, None)])
+def test_recommend_rounds_up_to_kv_blocks(p99: float | None, expected: int | None) -> None:
+    assert recommend_max_model_len(p99) == expected
+
+
+# ----------------------------------------------------------------- Recorder.stats
+
+def feed_hundred(recorder: Recorder) -> None:
+    """prompts 1..100, 10 completion tokens each; every 10th clamped, every 5th cut by length."""
+    for i in range(1, 101):
+        recorder.record(rec(
+            prompt_tokens=i, completion_tokens=10, max_model_len=4096,
+            requested_max_tokens=5000 if i % 10 == 0 else 100,
+            granted_max_tokens=4000 if i % 10 == 0 else 100,
+            action="clamped" if i % 10 == 0 else "pass",
+            finish_reasons=["length"] if i % 5 == 0 else ["stop"],
+        ))
+
+
+def test_stats_percentiles_counts_and_recommendation() -> None:
+    r = recorder()
+    feed_hundred(r)
+    [m] = r.stats()["models"]
+    assert m["model"] == "m" and m["count"] == 100
+    assert m["clamped"] == 10 and m["rejected"] == 0 and m["upstream_errors"] == 0
+    assert m["finish_length"] == {"requests": 20, "finished": 100, "share": 0.2}
+    assert m["max_model_len"] == 4096
+    p = m["prompt_tokens"]
+    assert (p["count"], p["p50"], p["p90"], p["p95"], p["p99"], p["max"]) == (100, 50.5, 90.1, 95.05, 99.01, 100)
+    t = m["total_tokens"]
+    assert (t["p50"], t["p99"], t["max"]) == (60.5, 109.01, 110)
+    assert m["completion_tokens"]["p95"] == 10
+    assert m["recommended_max_model_len"] == 112           # ceil(109.01 / 16) * 16
+    assert p["histogram"] == {
+        "edges": [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128],
+        "counts": [1, 2, 4, 8, 8, 8, 16, 16, 32, 5],
+    }
+
+
+def test_rejected_requests_count_but_add_no_completion() -> None:
+    r = recorder()
+    r.record(rec(prompt_tokens=9000, max_model_len=8192, action="rejected", status=400,
+                 error_code="context_length_exceeded"))
+    r.record(rec(prompt_tokens=100, completion_tokens=50, finish_reasons=["stop", "length"]))
+    [m] = r.stats()["models"]
+    assert m["count"] == 2 and m["rejected"] == 1
+    assert m["prompt_tokens"]["max"] == 9000 and m["prompt_tokens"]["count"] == 2
+    assert m["total_tokens"]["count"] == 1 and m["total_tokens"]["max"] == 150
+    assert m["finish_length"] == {"requests": 1, "finished": 1, "share": 1.0}
+
+
+def test_models_are_reported_separately_and_sorted() -> None:
+    r = recorder()
+    r.record(rec(model="zeta", prompt_tokens=1))
+    r.record(rec(model="alpha", prompt_tokens=2))
+    r.record(rec(model="alpha", prompt_tokens=4))
+    models = r.stats()["models"]
+    assert [(m["model"], m["count"]) for m in models] == [("alpha", 2), ("zeta", 1)]
+
+
+def test_window_keeps_the_last_n_records() -> None:
+    r = recorder(window_records=5)
+    for i in range(1, 21):
+        r.record(rec(prompt_tokens=i))
+    [m] = r.stats()["models"]
+    assert m["count"] == 5 and m["prompt_tokens"]["p50"] == 18 and m["prompt_tokens"]["max"] == 20
+
+
+def test_window_forgets_records_older_than_its_age() -> None:
+    clock = FixedClock(1000.0)
+    r = Recorder(window_seconds=60, clock=clock)
+    r.record(rec(ts=900.0, prompt_tokens=111))
+    r.record(rec(ts=950.0, prompt_tokens=222))
+    [m] = r.stats()["models"]
+    assert m["count"] == 1 and m["prompt_tokens"]["max"] == 222
+    clock.now = 2000.0
+    assert r.stats()["models"] == []
+
+
+def test_window_caps_the_number_of_models() -> None:
+    r = recorder(max_models=2)
+    for name in ("a", "b", "c", "d"):
+        r.record(rec(model=name, prompt_tokens=1))
+    assert [(m["model"], m["count"]) for m in r.stats()["models"]] == [("a", 1), ("b", 1), ("other", 2)]
+
+
+def test_recorder_updates_metrics_and_the_length_log(tmp_path: Path) -> None:
+    log = LengthLog(tmp_path / "lengths.jsonl")
+    r = recorder(lengthlog=log)
+    one = rec(prompt_tokens=30, completion_tokens=3)
+    r.record(one)
+    r.count_length_retry("m")
+    r.close()
+    assert [json.loads(line) for line in (tmp_path / "lengths.jsonl").read_text().splitlines()] == [one.to_dict()]
+    reg = r.metrics.registry
+    assert reg.get_sample_value("headroom_prompt_tokens_sum", {"model": "m"}) == 30
+    assert reg.get_sample_value("headroom_length_retries_total", {"model": "m"}) == 1
+    assert reg.get_sample_value("headroom_length_records_total", {"outcome": "written"}) == 1
+
+
+# ----------------------------------------------------------------- routes
+
+@pytest.fixture
+def client() -> TestClient:
+    r = recorder()
+    feed_hundred(r)
+    return TestClient(Starlette(routes=r.routes()))
+
+
+def test_stats_route(client: TestClient) -> None:
+    resp = client.get("/stats")
+    assert resp.status_code == 200 and resp.headers["cache-control"] == "no-store"
+    [m] = resp.json()["models"]
+    assert m["recommended_max_model_len"] == 112
+
+
+def test_metrics_route(client: TestClient) -> None:
+    resp = client.get("/metrics")
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
+    assert 'headroom_prompt_tokens_count{model="m"} 100.0' in resp.text
+    assert 'headroom_clamped_tokens_total{model="m"} 10000.0' in resp.text   # 10 × (5000 − 4000)
+
+
+def test_dashboard_route_is_self_contained(client: TestClient) -> None:
+    resp = client.get("/dashboard")
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/html")
+    page = resp.text
+    assert page == dashboard_html()
+    assert 'fetch("stats"' in page                           # relative: works under any mount prefix
+    assert not re.search(r"<script[^>]+src=|<link[^>]+href=|@import|url\(", page)
+    # the only absolute URL is the SVG namespace identifier, which is never fetched
+    assert set(re.findall(r"https?://[^\s\"'<>]+", page)) == {"http://www.w3.org/2000/svg"}
+
+
+def test_routes_reject_other_methods(client: TestClient) -> None:
+    assert client.post("/stats").status_code == 405
