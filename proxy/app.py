@@ -27,6 +27,7 @@ import time
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import aiohttp
+from starlette.routing import Router
 
 from . import errors
 from .admission import Decision, decide, read_requested_limit
@@ -34,9 +35,17 @@ from .config import Config
 from .counting import PromptCounter
 from .errors import HeadroomError
 from .forward import Upstream, forwardable
+from .lengthlog import LengthLog
 from .limits import ModelRegistry
+from .live import Recorder
+from .metrics import Metrics
 from .record import LengthRecord
-from .upstream_errors import explain_upstream_error, is_length_failure, parse_upstream_error
+from .upstream_errors import (
+    corrected_max_tokens,
+    explain_upstream_error,
+    is_length_failure,
+    parse_upstream_error,
+)
 
 log = logging.getLogger("headroom")
 
@@ -65,12 +74,8 @@ class HeadroomApp:
         self.registry = ModelRegistry(config, lambda: self.upstream.get_json("/v1/models"))
         self.counter = PromptCounter(config, self.registry, self.upstream)
         self.registry.on_change.append(self._models_changed)
-        if recorder is None:
-            from .live import Recorder
-
-            recorder = Recorder(config)
-        self.recorder = recorder
-        self._local = recorder.asgi_app() if hasattr(recorder, "asgi_app") else None
+        self.recorder = recorder if recorder is not None else make_recorder(config)
+        self._local = Router(routes=self.recorder.routes())
         self._background: set[asyncio.Task[Any]] = set()
         self._api_keys = [k.encode() for k in config.server.api_keys]
 
@@ -78,8 +83,10 @@ class HeadroomApp:
 
     async def startup(self) -> None:
         await self.upstream.start()
-        if hasattr(self.recorder, "start"):
-            self.recorder.start()
+        if self.config.length_log.path and self.recorder.lengthlog is None:
+            # Made here, inside the serving process: the writer thread does not survive a fork.
+            ll = self.config.length_log
+            self.recorder.attach_lengthlog(LengthLog(ll.path, max_bytes=ll.max_bytes, backups=ll.backups))
         self.registry.start()
 
     async def shutdown(self) -> None:
@@ -87,8 +94,7 @@ class HeadroomApp:
         for task in list(self._background):
             task.cancel()
         await self.upstream.close()
-        if hasattr(self.recorder, "close"):
-            self.recorder.close()
+        await asyncio.to_thread(self.recorder.close)   # flushes the length log
 
     def _models_changed(self, models: dict[str, Any]) -> None:
         self.counter.forget_dirs()
@@ -103,7 +109,7 @@ class HeadroomApp:
             endpoint = ADMITTED.get(path)
             if endpoint is not None and scope["method"] == "POST":
                 await self._admitted(scope, receive, send, endpoint)
-            elif path in LOCAL_PATHS and self._local is not None:
+            elif path in LOCAL_PATHS:
                 await self._local(scope, receive, send)
             else:
                 await self._passthrough(scope, receive, send)
@@ -175,7 +181,8 @@ class HeadroomApp:
             self._finish(record, started)
             return
 
-        work = self._forward_admitted(scope, send, out_body, record, info_headers, started, decision)
+        limit_fields = (decision.rewrite and list(decision.rewrite)) or limit.present_fields() or ["max_tokens"]
+        work = self._forward_admitted(scope, send, out_body, request, limit_fields, record, info_headers, started)
         await _until_disconnect(receive, work, on_disconnect=lambda: setattr(record, "error_code", "client_disconnected"))
         self._finish(record, started)
 
@@ -184,24 +191,49 @@ class HeadroomApp:
         scope: Scope,
         send: Send,
         body: bytes,
+        request: dict[str, Any],
+        limit_fields: list[str],
         record: LengthRecord,
         info_headers: list[tuple[bytes, bytes]],
         started: float,
-        decision: Decision,
     ) -> None:
         # We read usage and finish reasons from the answer, so ask for it uncompressed.
-        headers = forwardable(scope["headers"], frozenset({"accept-encoding"}))
-        headers.append(("content-length", str(len(body))))
-        try:
-            response = await self.upstream.send("POST", _path_qs(scope), headers, body)
-        except HeadroomError as err:
-            record.action = "upstream_error"
-            await self._send_error(send, err, info_headers, record)
-            return
-
-        if response.status >= 400:
+        base_headers = forwardable(scope["headers"], frozenset({"accept-encoding"}))
+        prompt_param = "messages" if record.endpoint == "chat" else "prompt"
+        retried = False
+        while True:
+            headers = base_headers + [("content-length", str(len(body)))]
+            try:
+                response = await self.upstream.send("POST", _path_qs(scope), headers, body)
+            except HeadroomError as err:
+                record.action = "upstream_error"
+                await self._send_error(send, err, info_headers, record)
+                return
+            if response.status < 400:
+                break
             raw = await self.upstream.read_body(response, MAX_ERROR_BODY)
             failure = parse_upstream_error(response.status, raw, response.headers.get("content-type"))
+            corrected = None
+            if not retried and is_length_failure(failure):
+                corrected = corrected_max_tokens(
+                    failure, prompt_tokens=record.prompt_tokens, max_model_len=record.max_model_len
+                )
+            if corrected is not None and corrected < (record.granted_max_tokens or corrected + 1):
+                # The upstream counted more than headroom did (a drift headroom did not
+                # foresee): retry once with the limit its own numbers allow.
+                log.warning(
+                    "upstream rejected a clamped request of model %s for length; retrying with %d",
+                    record.model, corrected,
+                )
+                retried = True
+                record.length_retries += 1
+                self.recorder.count_length_retry(record.model)
+                record.granted_max_tokens = corrected
+                record.action = "clamped"
+                body = _rewrite(request, {f: corrected for f in limit_fields})
+                info_headers = _replace_header(info_headers, b"x-headroom-granted-max-tokens", corrected)
+                info_headers = _replace_header(info_headers, b"x-headroom-action", "clamped")
+                continue
             err = explain_upstream_error(
                 failure,
                 upstream=self.upstream.base_url,
@@ -209,10 +241,10 @@ class HeadroomApp:
                 max_model_len=record.max_model_len,
                 requested_max_tokens=record.requested_max_tokens,
                 granted_max_tokens=record.granted_max_tokens,
+                prompt_param=prompt_param,
+                max_tokens_param=limit_fields[0],
             )
             record.action = "upstream_error"
-            if is_length_failure(failure):
-                record.error_code = "upstream_length_error"
             await self._send_error(send, err, info_headers, record)
             return
 
@@ -373,6 +405,11 @@ class HeadroomApp:
             log.exception("could not record a request's length figures")
 
 
+def make_recorder(config: Config) -> Recorder:
+    """Metrics + the recent window for /stats; the length-log file is attached at start-up."""
+    return Recorder(Metrics(config.metrics.buckets), window_records=config.metrics.window)
+
+
 # ---------------------------------------------------------------------------
 # Small pure helpers
 # ---------------------------------------------------------------------------
@@ -442,6 +479,10 @@ def _headroom_headers(prompt: int | None, max_model_len: int | None, d: Decision
     if d.granted is not None:
         headers.append((b"x-headroom-granted-max-tokens", str(d.granted).encode()))
     return headers
+
+
+def _replace_header(headers: list[tuple[bytes, bytes]], name: bytes, value: object) -> list[tuple[bytes, bytes]]:
+    return [(k, v) for k, v in headers if k != name] + [(name, str(value).encode())]
 
 
 def _error_headers(err: HeadroomError, info: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

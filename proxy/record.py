@@ -31,6 +31,7 @@ class LengthRecord:
     action: Action = "pass"
     status: int = 0                             # HTTP status sent to the client
     error_code: str | None = None               # headroom's error code when status >= 400
+    length_retries: int = 0                     # retries after an upstream length rejection (drift)
     latency_ms: float | None = None             # arrival to last byte sent
     ttfb_ms: float | None = None                # arrival to first body byte (streams)
 
