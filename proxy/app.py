@@ -24,7 +24,7 @@ import hmac
 import json
 import logging
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
 import aiohttp
 from starlette.routing import Router
@@ -74,6 +74,7 @@ class HeadroomApp:
         self.registry = ModelRegistry(config, lambda: self.upstream.get_json("/v1/models"))
         self.counter = PromptCounter(config, self.registry, self.upstream)
         self.registry.on_change.append(self._models_changed)
+        self.counter.on_parity.append(lambda model, ok: self.recorder.metrics.set_tokenizer_parity(model, ok))
         self.recorder = recorder if recorder is not None else make_recorder(config)
         self._local = Router(routes=self.recorder.routes())
         self._background: set[asyncio.Task[Any]] = set()
@@ -172,7 +173,11 @@ class HeadroomApp:
             record.granted_max_tokens = decision.granted
             if decision.error is not None:
                 raise decision.error
-            out_body = body if decision.rewrite is None else _rewrite(request, decision.rewrite)
+            changes: dict[str, Any] = dict(decision.rewrite or {})
+            strip_usage = record.stream and self.config.upstream.request_stream_usage and _ask_for_usage(
+                request, changes
+            )
+            out_body = _rewrite(request, changes) if changes else body
         except HeadroomError as err:
             if not info_headers:
                 info_headers = [(b"x-headroom-action", b"rejected")]
@@ -182,7 +187,9 @@ class HeadroomApp:
             return
 
         limit_fields = (decision.rewrite and list(decision.rewrite)) or limit.present_fields() or ["max_tokens"]
-        work = self._forward_admitted(scope, send, out_body, request, limit_fields, record, info_headers, started)
+        work = self._forward_admitted(
+            scope, send, out_body, request, changes, limit_fields, record, info_headers, started, strip_usage
+        )
         await _until_disconnect(receive, work, on_disconnect=lambda: setattr(record, "error_code", "client_disconnected"))
         self._finish(record, started)
 
@@ -192,10 +199,12 @@ class HeadroomApp:
         send: Send,
         body: bytes,
         request: dict[str, Any],
+        changes: dict[str, Any],
         limit_fields: list[str],
         record: LengthRecord,
         info_headers: list[tuple[bytes, bytes]],
         started: float,
+        strip_usage: bool,
     ) -> None:
         # We read usage and finish reasons from the answer, so ask for it uncompressed.
         base_headers = forwardable(scope["headers"], frozenset({"accept-encoding"}))
@@ -230,7 +239,8 @@ class HeadroomApp:
                 self.recorder.count_length_retry(record.model)
                 record.granted_max_tokens = corrected
                 record.action = "clamped"
-                body = _rewrite(request, {f: corrected for f in limit_fields})
+                changes = {**changes, **{f: corrected for f in limit_fields}}
+                body = _rewrite(request, changes)
                 info_headers = _replace_header(info_headers, b"x-headroom-granted-max-tokens", corrected)
                 info_headers = _replace_header(info_headers, b"x-headroom-action", "clamped")
                 continue
@@ -251,7 +261,7 @@ class HeadroomApp:
         out_headers = _response_headers(response.raw_headers) + info_headers
         content_type = response.headers.get("content-type", "")
         if content_type.startswith("text/event-stream"):
-            await self._relay_stream(send, response, out_headers, record, started)
+            await self._relay_stream(send, response, out_headers, record, started, strip_usage)
             return
 
         try:
@@ -273,8 +283,14 @@ class HeadroomApp:
         headers: list[tuple[bytes, bytes]],
         record: LengthRecord,
         started: float,
+        strip_usage: bool = False,
     ) -> None:
-        """Relay SSE bytes as they arrive; a failure after the start becomes an error event."""
+        """Relay SSE bytes as they arrive; a failure after the start becomes an error event.
+
+        With `strip_usage` (headroom asked for the usage chunk the client did
+        not), bytes are relayed per complete event so that one event can be
+        dropped; nothing waits longer than the end of the event it is in.
+        """
         record.status = response.status
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         scanner = SSEScanner(record)
@@ -283,7 +299,12 @@ class HeadroomApp:
             async for chunk in response.content.iter_any():
                 if record.ttfb_ms is None:
                     record.ttfb_ms = (time.perf_counter() - started) * 1000
-                scanner.feed(chunk)
+                if strip_usage:
+                    chunk = scanner.drop_usage_events(chunk)
+                    if not chunk:
+                        continue
+                else:
+                    scanner.feed(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except asyncio.CancelledError:
             response.close()
@@ -299,7 +320,7 @@ class HeadroomApp:
             failure = errors.upstream_broken(
                 self.upstream.base_url, "the stream ended without its final 'data: [DONE]' event"
             )
-        tail = b""
+        tail = scanner.leftover() if strip_usage else b""
         if failure is not None:
             record.action = "upstream_error"
             record.error_code = str(failure.code)
@@ -399,6 +420,15 @@ class HeadroomApp:
 
     def _finish(self, record: LengthRecord, started: float) -> None:
         record.latency_ms = (time.perf_counter() - started) * 1000
+        if (
+            record.prompt_tokens is not None
+            and record.upstream_prompt_tokens is not None
+            and record.prompt_tokens != record.upstream_prompt_tokens
+        ):
+            log.warning(
+                "prompt-token drift on model %s: headroom counted %d, the upstream reported %d",
+                record.model, record.prompt_tokens, record.upstream_prompt_tokens,
+            )
         try:
             self.recorder.record(record)
         except Exception:  # recording must never fail a request
@@ -427,6 +457,30 @@ class SSEScanner:
         self.done = False
         self.at_boundary = True
         self._partial = b""
+        self._event_tail = b""
+
+    def drop_usage_events(self, chunk: bytes) -> bytes:
+        """The complete events in `chunk` minus usage-only ones (their numbers are recorded)."""
+        data = self._event_tail + chunk if self._event_tail else chunk
+        events = data.split(b"\n\n")
+        self._event_tail = events.pop()
+        kept = []
+        for event in events:
+            if _is_usage_only(event):
+                _read_usage(event.partition(b"data:")[2], self.record, streaming=True)
+                continue
+            kept.append(event + b"\n\n")
+        out = b"".join(kept)
+        if out:
+            self.feed(out)
+        return out
+
+    def leftover(self) -> bytes:
+        """Bytes after the last complete event (relayed as they are at the end)."""
+        tail, self._event_tail = self._event_tail, b""
+        if tail:
+            self.feed(tail)
+        return tail
 
     def feed(self, chunk: bytes) -> None:
         data = self._partial + chunk if self._partial else chunk
@@ -446,6 +500,29 @@ class SSEScanner:
             wants_finish = b'"finish_reason"' in payload and b'"finish_reason":null' not in payload
             if wants_usage or wants_finish:
                 _read_usage(payload, self.record, streaming=True)
+
+
+def _is_usage_only(event: bytes) -> bool:
+    """vLLM's final usage chunk: `data: {..., "choices":[], "usage":{...}}`."""
+    return event.startswith(b"data:") and b'"usage"' in event and (
+        b'"choices":[]' in event or b'"choices": []' in event
+    )
+
+
+def _ask_for_usage(request: dict[str, Any], changes: dict[str, Any]) -> bool:
+    """Add `stream_options.include_usage` to a stream that lacks it; True when added.
+
+    The upstream's usage lets headroom compare its count with the upstream's
+    (drift) and record completion tokens; the extra chunk is removed again
+    before it reaches a client that did not ask for it.
+    """
+    options = request.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        return False
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return False
+    changes["stream_options"] = {**(options or {}), "include_usage": True}
+    return True
 
 
 def _read_usage(payload: bytes, record: LengthRecord, streaming: bool = False) -> None:
@@ -496,7 +573,7 @@ def _response_headers(raw: Any) -> list[tuple[bytes, bytes]]:
     return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in pairs]
 
 
-def _rewrite(request: dict[str, Any], fields: dict[str, int] | Any) -> bytes:
+def _rewrite(request: dict[str, Any], fields: Mapping[str, Any]) -> bytes:
     updated = dict(request)
     updated.update(fields)
     return json.dumps(updated, ensure_ascii=False, separators=(",", ":")).encode("utf-8")

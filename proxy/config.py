@@ -46,6 +46,9 @@ class UpstreamConfig:
     models_refresh_interval: float = 60.0
     api_key: str | None = None             # replaces the client's Authorization when set
     max_connections: int = 1024
+    # Ask streams for the usage chunk (and hide it from clients that did not)
+    # so every stream's prompt count can be checked against the upstream's.
+    request_stream_usage: bool = True
 
 
 @dataclass

@@ -51,6 +51,8 @@ class PromptCounter:
         self._cache = TokenizerCache(max_entries=config.tokenizers.cache_size)
         self._dirs: dict[str, Path | None] = {}
         self._hf_home = config.tokenizers.hf_home or os.environ.get("HF_HOME")
+        self.parity: dict[str, bool] = {}
+        self.on_parity: list[Any] = []
 
     # -- where each model's tokenizer is -------------------------------------
 
@@ -89,7 +91,8 @@ class PromptCounter:
             return None
 
     async def preload(self, models: list[str]) -> None:
-        """Load every served model's tokenizer once, before the first request needs it."""
+        """Load every served model's tokenizer once, before the first request needs it,
+        then compare its counts with the upstream's own /tokenize (the parity check)."""
         for model in models:
             tok = await self.tokenizer(model)
             log.info(
@@ -97,6 +100,47 @@ class PromptCounter:
                 model,
                 tok.source_dir if tok is not None else "not found locally; counting via upstream /tokenize",
             )
+            if tok is not None:
+                result = await self.parity_check(model, tok)
+                if result is not None:
+                    self.parity[model] = result
+                    for callback in self.on_parity:
+                        callback(model, result)
+
+    async def parity_check(self, model: str, tok: ModelTokenizer) -> bool | None:
+        """Count a few built-in conversations locally and with the upstream's /tokenize.
+
+        True: every count matched. False: a mismatch (logged as a warning naming
+        the model: a wrong tokenizer directory or chat template would make every
+        clamp wrong). None: the upstream has no usable /tokenize (not vLLM).
+        """
+        mismatches = []
+        for name, probe in PARITY_PROBES.items():
+            try:
+                local = await asyncio.to_thread(tok.count_chat, probe)
+            except CountError:
+                continue  # the template cannot render this probe (e.g. no tool support)
+            try:
+                status, answer = await self._upstream.post_json(
+                    "/tokenize", {"model": model, "add_generation_prompt": True, **probe}
+                )
+            except errors.HeadroomError:
+                return None
+            if status == 404:
+                return None
+            if status != 200 or not isinstance(answer, dict) or not isinstance(answer.get("count"), int):
+                continue
+            if answer["count"] != local:
+                mismatches.append(f"{name}: headroom {local}, upstream {answer['count']}")
+        if mismatches:
+            log.warning(
+                "model %s: headroom's token counts differ from the upstream's /tokenize (%s); check the "
+                "tokenizer directory %s and the chat template vLLM serves with",
+                model, "; ".join(mismatches), tok.source_dir,
+            )
+            return False
+        log.info("model %s: token counts match the upstream's /tokenize", model)
+        return True
 
     # -- counting -------------------------------------------------------------
 
@@ -147,6 +191,31 @@ class PromptCounter:
                 )
             raise errors.upstream_not_ready(self._upstream.base_url, status, f"/tokenize failed: {message}")
         return Count(counts, "upstream")
+
+
+_WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+# Built-in conversations for the start-up parity check: plain, multi-turn with
+# non-ASCII text, and one with tools (the shape most likely to differ).
+PARITY_PROBES: dict[str, dict[str, Any]] = {
+    "plain": {"messages": [{"role": "user", "content": "Hello! How are you today?"}]},
+    "multi_turn": {
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "세종대왕이 한글을 만든 이유는? 🐶"},
+            {"role": "assistant", "content": "To make reading easy for everyone."},
+            {"role": "user", "content": "Thanks!"},
+        ]
+    },
+    "tools": {"messages": [{"role": "user", "content": "Weather in Seoul?"}], "tools": [_WEATHER_TOOL]},
+}
 
 
 def _prompt_param(endpoint: Endpoint) -> str:

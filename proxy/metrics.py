@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 from typing import Any, Iterable, Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
@@ -190,6 +190,11 @@ class Metrics:
             "Requests whose prompt token count differed from the upstream's usage.prompt_tokens.",
             ["model"], registry=self.registry,
         )
+        self.tokenizer_parity = Gauge(
+            "headroom_tokenizer_parity",
+            "1 when headroom's count matched the upstream's /tokenize on the start-up probes, 0 when not.",
+            ["model"], registry=self.registry,
+        )
         self.length_retries = Counter(
             "headroom_length_retries_total",
             "Requests re-sent with a smaller completion limit after an upstream length error.",
@@ -243,6 +248,10 @@ class Metrics:
             self.prompt_token_drift.observe(model, drift)
             if drift != 0:
                 self._inc(self.prompt_token_drift_requests, (model,))
+
+    def set_tokenizer_parity(self, model: str | None, matches: bool) -> None:
+        """Result of the start-up comparison with the upstream's /tokenize."""
+        self.tokenizer_parity.labels(self.model_label(model)).set(1 if matches else 0)
 
     def count_length_retry(self, model: str | None) -> None:
         """The app retried a request after an upstream length error (not visible in a record)."""

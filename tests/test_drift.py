@@ -1,0 +1,141 @@
+"""Drift caught, never shipped: usage comparison, hidden usage chunks, retry, start-up parity."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import httpx
+import pytest
+
+from proxy.app import HeadroomApp
+from proxy.config import Config, ModelConfig, UpstreamConfig
+from proxy.counting import PromptCounter
+from proxy.forward import Upstream
+from proxy.limits import ModelRegistry
+from tests.fakevllm import FakeVLLM
+from tests.servers import serve_in_thread
+from tokenizer_cache import load_model_tokenizer
+
+HELLO = [{"role": "user", "content": "Hello!"}]
+
+
+@pytest.fixture(scope="module")
+def qwen3(qwen3_dir):
+    return load_model_tokenizer(qwen3_dir)
+
+
+def counter_with_offset(tok, offset: int):
+    def count(endpoint: str, body: dict) -> int:
+        base = tok.count_chat(body) if endpoint == "chat" else sum(tok.count_completion(body))
+        return base + offset
+
+    return count
+
+
+def config_for(fake: FakeVLLM, qwen3_dir) -> Config:
+    config = Config(upstream=UpstreamConfig(url=fake.base_url, timeout=10.0))
+    config.models["tiny-qwen"] = ModelConfig(tokenizer=str(qwen3_dir))
+    return config
+
+
+def sse_events(text: str) -> list[str]:
+    return [line[6:] for line in text.split("\n") if line.startswith("data: ")]
+
+
+def metric_value(metrics: str, name: str, model: str = "tiny-qwen") -> float | None:
+    for line in metrics.splitlines():
+        if line.startswith(f'{name}{{model="{model}"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_stream_usage_is_requested_upstream_and_hidden_from_the_client(qwen3, qwen3_dir) -> None:
+    with FakeVLLM(count_prompt=counter_with_offset(qwen3, 0)) as fake:
+        app = HeadroomApp(config_for(fake, qwen3_dir))
+        with serve_in_thread(app) as base:
+            body = {"model": "tiny-qwen", "messages": HELLO, "max_tokens": 3, "stream": True}
+            through = httpx.post(base + "/v1/chat/completions", json=body, timeout=10).text
+            direct = httpx.post(fake.base_url + "/v1/chat/completions", json=body, timeout=10).text
+            stats = httpx.get(base + "/stats").json()
+    sent = [r for r in fake.requests if r.path == "/v1/chat/completions"][0].json
+    assert sent["stream_options"] == {"include_usage": True}
+    events = sse_events(through)
+    assert all('"usage"' not in e for e in events[:-1]), "the client did not ask for usage"
+    assert len(events) == len(sse_events(direct))   # same events as vLLM sends without usage
+    assert events[-1] == "[DONE]"
+    model = stats["models"][0]
+    assert model["completion_tokens"]["max"] == 3    # recorded from the hidden usage chunk
+
+
+def test_stream_usage_kept_when_the_client_asked(qwen3, qwen3_dir) -> None:
+    with FakeVLLM(count_prompt=counter_with_offset(qwen3, 0)) as fake:
+        with serve_in_thread(HeadroomApp(config_for(fake, qwen3_dir))) as base:
+            body = {"model": "tiny-qwen", "messages": HELLO, "max_tokens": 2, "stream": True,
+                    "stream_options": {"include_usage": True}}
+            raw = json.dumps(body).encode()
+            events = sse_events(httpx.post(base + "/v1/chat/completions", content=raw,
+                                           headers={"content-type": "application/json"}).text)
+    assert json.loads(events[-2])["usage"]["prompt_tokens"] == 10
+    assert [r for r in fake.requests if r.path == "/v1/chat/completions"][0].body == raw
+
+
+def test_drift_is_exported_and_logged_without_text(qwen3, qwen3_dir, caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="headroom")
+    with FakeVLLM(count_prompt=counter_with_offset(qwen3, 3)) as fake:
+        with serve_in_thread(HeadroomApp(config_for(fake, qwen3_dir))) as base:
+            response = httpx.post(base + "/v1/chat/completions",
+                                  json={"model": "tiny-qwen", "messages": [{"role": "user", "content": "SECRET-MARKER"}],
+                                        "max_tokens": 2})
+            assert response.status_code == 200
+            metrics = httpx.get(base + "/metrics").text
+    assert metric_value(metrics, "headroom_prompt_token_drift_total") == 1.0
+    drift_lines = [r.getMessage() for r in caplog.records if "drift" in r.getMessage()]
+    assert drift_lines and "tiny-qwen" in drift_lines[0]
+    assert all("SECRET-MARKER" not in r.getMessage() for r in caplog.records)
+
+
+def test_upstream_length_rejection_after_clamp_is_retried_once(qwen3, qwen3_dir) -> None:
+    # The fake counts 40 tokens more than headroom and rejects like old vLLM:
+    # headroom's clamp is too generous, the upstream says so with its numbers,
+    # and headroom retries once with the limit those numbers allow.
+    with FakeVLLM(mode="legacy", count_prompt=counter_with_offset(qwen3, 40)) as fake:
+        with serve_in_thread(HeadroomApp(config_for(fake, qwen3_dir))) as base:
+            response = httpx.post(base + "/v1/chat/completions",
+                                  json={"model": "tiny-qwen", "messages": HELLO, "max_tokens": 99999})
+            metrics = httpx.get(base + "/metrics").text
+    assert response.status_code == 200, response.text
+    chats = [r for r in fake.requests if r.path == "/v1/chat/completions"]
+    assert [r.json["max_tokens"] for r in chats] == [2048 - 10 - 16, 2048 - 50]
+    assert response.headers["x-headroom-granted-max-tokens"] == str(2048 - 50)
+    assert response.json()["usage"]["completion_tokens"] == 2048 - 50
+    assert metric_value(metrics, "headroom_length_retries_total") == 1.0
+
+
+@pytest.mark.parametrize("offset,expected", [(0, True), (1, False)])
+async def test_startup_parity_check(qwen3, qwen3_dir, offset: int, expected: bool, caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="headroom")
+    async with FakeVLLM(count_prompt=counter_with_offset(qwen3, offset)) as fake:
+        config = config_for(fake, qwen3_dir)
+        upstream = Upstream(fake.base_url)
+        await upstream.start()
+        try:
+            registry = ModelRegistry(config, lambda: upstream.get_json("/v1/models"))
+            counter = PromptCounter(config, registry, upstream)
+            seen = []
+            counter.on_parity.append(lambda model, ok: seen.append((model, ok)))
+            await registry.refresh()
+            await counter.preload(["tiny-qwen"])
+        finally:
+            await upstream.close()
+    assert seen == [("tiny-qwen", expected)]
+    warned = any("differ from the upstream's /tokenize" in r.getMessage() for r in caplog.records)
+    assert warned is (not expected)
+
+
+def test_parity_result_reaches_metrics(qwen3_dir) -> None:
+    app = HeadroomApp(Config())
+    for callback in app.counter.on_parity:
+        callback("tiny-qwen", False)
+    body, _ = app.recorder.metrics.render()
+    assert metric_value(body.decode(), "headroom_tokenizer_parity") == 0.0
