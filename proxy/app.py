@@ -24,6 +24,7 @@ import hmac
 import json
 import logging
 import time
+import uuid
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
 import aiohttp
@@ -136,7 +137,8 @@ class HeadroomApp:
 
     async def _admitted(self, scope: Scope, receive: Receive, send: Send, endpoint: str) -> None:
         started = time.perf_counter()
-        record = LengthRecord(ts=time.time(), model=None, endpoint=endpoint)  # type: ignore[arg-type]
+        request_id = _request_id(scope)
+        record = LengthRecord(ts=time.time(), model=None, endpoint=endpoint, request_id=request_id)  # type: ignore[arg-type]
         info_headers: list[tuple[bytes, bytes]] = []
         try:
             self._check_auth(scope)
@@ -168,7 +170,7 @@ class HeadroomApp:
                     endpoint=endpoint,  # type: ignore[arg-type]
                     model=model,
                 )
-            info_headers = _headroom_headers(prompt_total, max_model_len, decision)
+            info_headers = _headroom_headers(prompt_total, max_model_len, decision, request_id)
             record.action = decision.action
             record.granted_max_tokens = decision.granted
             if decision.error is not None:
@@ -180,7 +182,7 @@ class HeadroomApp:
             out_body = _rewrite(request, changes) if changes else body
         except HeadroomError as err:
             if not info_headers:
-                info_headers = [(b"x-headroom-action", b"rejected")]
+                info_headers = [(b"x-headroom-action", b"rejected"), (b"x-request-id", request_id.encode())]
             record.action = "rejected"
             await self._send_error(send, err, info_headers, record)
             self._finish(record, started)
@@ -207,7 +209,8 @@ class HeadroomApp:
         strip_usage: bool,
     ) -> None:
         # We read usage and finish reasons from the answer, so ask for it uncompressed.
-        base_headers = forwardable(scope["headers"], frozenset({"accept-encoding"}))
+        base_headers = forwardable(scope["headers"], frozenset({"accept-encoding", "x-request-id"}))
+        base_headers.append(("x-request-id", record.request_id or ""))
         prompt_param = "messages" if record.endpoint == "chat" else "prompt"
         retried = False
         while True:
@@ -333,7 +336,9 @@ class HeadroomApp:
         try:
             if scope["path"] not in OPEN_PATHS:
                 self._check_auth(scope)
-            headers = forwardable(scope["headers"])
+            request_id = _request_id(scope)
+            headers = forwardable(scope["headers"], frozenset({"x-request-id"}))
+            headers.append(("x-request-id", request_id))
             length = _content_length(scope)
             body: bytes | AsyncIterator[bytes] | None
             if length is not None and length <= MAX_BUFFERED_PASSTHROUGH:
@@ -346,12 +351,13 @@ class HeadroomApp:
             response = await self.upstream.send(scope["method"], _path_qs(scope), headers, body)
         except HeadroomError as err:
             await send({"type": "http.response.start", "status": err.status,
-                        "headers": _error_headers(err, [])})
+                        "headers": _error_headers(err, [(b"x-request-id", _request_id(scope).encode())])})
             await send({"type": "http.response.body", "body": err.body_bytes(), "more_body": False})
             return
 
         async def relay() -> None:
             out = _response_headers(response.raw_headers)
+            out.append((b"x-request-id", request_id.encode()))
             if "content-length" in response.headers:
                 out.append((b"content-length", response.headers["content-length"].encode()))
             await send({"type": "http.response.start", "status": response.status, "headers": out})
@@ -545,8 +551,10 @@ def _read_usage(payload: bytes, record: LengthRecord, streaming: bool = False) -
                 record.finish_reasons.append(choice["finish_reason"])
 
 
-def _headroom_headers(prompt: int | None, max_model_len: int | None, d: Decision) -> list[tuple[bytes, bytes]]:
-    headers = [(b"x-headroom-action", d.action.encode())]
+def _headroom_headers(
+    prompt: int | None, max_model_len: int | None, d: Decision, request_id: str
+) -> list[tuple[bytes, bytes]]:
+    headers = [(b"x-headroom-action", d.action.encode()), (b"x-request-id", request_id.encode())]
     if prompt is not None:
         headers.append((b"x-headroom-prompt-tokens", str(prompt).encode()))
     if max_model_len is not None:
@@ -568,8 +576,24 @@ def _error_headers(err: HeadroomError, info: list[tuple[bytes, bytes]]) -> list[
     return headers + info
 
 
+def _request_id(scope: Scope) -> str:
+    """The client's X-Request-Id when it is a sane token, else a new one.
+
+    Sent to the upstream and echoed back, so one id follows a request through
+    client logs, headroom's length record and vLLM's logs.  Only printable
+    ASCII without spaces, at most 128 characters, is reused: a header value
+    headroom sends is never built from arbitrary client bytes.
+    """
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            if 0 < len(value) <= 128 and all(33 <= c < 127 for c in value):
+                return value.decode("ascii")
+            break
+    return uuid.uuid4().hex
+
+
 def _response_headers(raw: Any) -> list[tuple[bytes, bytes]]:
-    pairs = forwardable(raw)
+    pairs = forwardable(raw, frozenset({"x-request-id"}))
     return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in pairs]
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 from typing import Sequence
 
 from . import __version__
 from .config import Config, ConfigError, load_config
+from .logs import configure_logging
 
 SUBCOMMAND_MODULES = ("proxy.count_cli", "proxy.report_cli", "proxy.plan_cli")
 
@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--margin-tokens", type=int, metavar="N", help="safety margin kept free when clamping")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--log-json", action="store_true", default=None, help="one JSON object per log line")
     serve.set_defaults(func=run_serve)
 
     check = sub.add_parser(
@@ -74,6 +75,7 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, object]:
         "upstream.timeout": args.upstream_timeout,
         "policy.margin_tokens": args.margin_tokens,
         "logging.level": args.log_level,
+        "logging.json": args.log_json,
     }
 
 
@@ -101,9 +103,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"headroom: configuration error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=config.logging.level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(config.logging.level, config.logging.json)
     print(summary(config), file=sys.stderr, flush=True)
 
     import uvicorn
@@ -116,6 +116,7 @@ def run_serve(args: argparse.Namespace) -> int:
         host=config.server.host,
         port=config.server.port,
         log_level=config.logging.level,
+        log_config=None,           # keep configure_logging's handlers (JSON stays JSON)
         access_log=False,          # access lines would carry paths only, but keep logs quiet by default
         server_header=False,       # relay the upstream's own Server and Date headers
         date_header=False,

@@ -20,6 +20,7 @@ class LengthRecord:
     model: str | None                           # the served model name the request resolved to
     endpoint: Literal["chat", "completions"]
     stream: bool = False
+    request_id: str | None = None               # X-Request-Id (the client's, or generated)
     n: int = 1                                  # choices requested
     max_model_len: int | None = None
     prompt_tokens: int | None = None            # headroom's own count (sum over prompts for a batch)

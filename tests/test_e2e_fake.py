@@ -368,3 +368,25 @@ def test_counting_through_upstream_tokenize_when_no_local_tokenizer(stack_factor
     raw = stack.client.chat.completions.with_raw_response.create(model="tiny-qwen", messages=HELLO, max_tokens=99999)
     assert raw.headers["x-headroom-prompt-tokens"] == "10"
     assert any(r.path == "/tokenize" for r in stack.fake.requests)
+
+
+# --- request ids ------------------------------------------------------------------
+
+
+def test_request_id_is_propagated_and_echoed(stack: Stack) -> None:
+    response = stack.http.post(
+        "/v1/chat/completions",
+        json={"model": "tiny-qwen", "messages": HELLO, "max_tokens": 2},
+        headers={"x-request-id": "client-abc-123"},
+    )
+    assert response.headers["x-request-id"] == "client-abc-123"
+    assert stack.chat_requests()[-1].headers["x-request-id"] == "client-abc-123"
+
+
+def test_request_id_generated_when_absent_or_unsafe(stack: Stack) -> None:
+    for sent in (None, "has space", "x" * 200):
+        headers = {"x-request-id": sent} if sent else {}
+        response = stack.http.get("/v1/models", headers=headers)
+        rid = response.headers["x-request-id"]
+        assert rid != sent and len(rid) == 32
+        assert [r.path for r in stack.fake.requests if r.headers.get("x-request-id") == rid] == ["/v1/models"]

@@ -1,0 +1,92 @@
+"""Configuration: precedence, validation messages, the shipped reference file, check-config, logging."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from proxy.cli import main
+from proxy.config import ConfigError, load_config
+from proxy.logs import JsonFormatter
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "headroom.toml"
+    path.write_text(text)
+    return path
+
+
+def test_reference_file_is_valid_and_equals_the_defaults() -> None:
+    from proxy.config import Config
+
+    assert load_config(ROOT / "config" / "headroom.toml", env={}) == Config()
+
+
+def test_precedence_flags_over_env_over_file_over_defaults(tmp_path: Path) -> None:
+    path = write(tmp_path, '[upstream]\nurl = "http://file:1"\ntimeout = 30\n[policy]\nmargin_tokens = 3\n')
+    env = {"HEADROOM_UPSTREAM_URL": "http://env:2", "HEADROOM_POLICY_MARGIN_TOKENS": "5"}
+    config = load_config(path, env=env, overrides={"upstream.url": "http://flag:3"})
+    assert config.upstream.url == "http://flag:3"          # flag beats env and file
+    assert config.policy.margin_tokens == 5                 # env beats file
+    assert config.upstream.timeout == 30.0                  # file beats default
+    assert config.server.port == 8100                       # default
+
+
+def test_per_model_overrides_build_the_policy(tmp_path: Path, qwen3_dir: Path) -> None:
+    path = write(tmp_path, f'[policy]\nmargin_tokens = 8\n[models."m"]\nmargin_tokens = 2\n'
+                           f'on_overflow = "reject"\ntokenizer = "{qwen3_dir}"\n')
+    config = load_config(path, env={})
+    assert (config.policy_for("m").margin_tokens, config.policy_for("m").on_overflow) == (2, "reject")
+    assert config.policy_for("other").margin_tokens == 8
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ('[upstream]\nulr = "x"\n', "unknown configuration key 'upstream.ulr'; did you mean 'upstream.url'?"),
+        ('[polcy]\n', "unknown configuration key 'polcy'; did you mean 'policy'?"),
+        ('[policy]\non_overflow = "clip"\n', "'policy.on_overflow' must be one of 'clamp', 'reject', got 'clip'"),
+        ('[policy]\nmargin_tokens = "8"\n', "'policy.margin_tokens' must be a whole number, got '8'"),
+        ('[policy]\nmargin_tokens = -1\n', "'policy.margin_tokens' must not be negative, got -1"),
+        ('[upstream]\ntimeout = true\n', "'upstream.timeout' must be a number, got True"),
+        ('[server]\napi_keys = "k"\n', "'server.api_keys' must be a list, got str"),
+        ('[upstream]\nurl = "ftp://x"\n', "'upstream.url' must start with http:// or https://, got 'ftp://x'"),
+        ('[models."m"]\ntokenizer = "/nonexistent"\n', "is not a directory holding tokenizer.json"),
+        ('[policy\n', "is not valid TOML"),
+        ('[logging]\njson = "yes"\n', "'logging.json' must be true or false, got 'yes'"),
+    ],
+)
+def test_validation_messages_name_key_value_and_what_is_allowed(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text), env={})
+    assert expected in str(info.value)
+
+
+def test_bad_environment_value_names_the_variable() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(env={"HEADROOM_SERVER_PORT": "eighty"})
+    assert "HEADROOM_SERVER_PORT" in str(info.value) and "'eighty'" in str(info.value)
+
+
+def test_environment_lists_and_booleans() -> None:
+    config = load_config(env={"HEADROOM_SERVER_API_KEYS": "a, b", "HEADROOM_LOGGING_JSON": "true"})
+    assert config.server.api_keys == ["a", "b"] and config.logging.json is True
+
+
+def test_check_config_command(tmp_path: Path, capsys) -> None:
+    assert main(["check-config", str(ROOT / "config" / "headroom.toml")]) == 0
+    assert "OK" in capsys.readouterr().out
+    assert main(["check-config", str(write(tmp_path, "[upstream]\nulr = 1\n"))]) == 1
+    assert "did you mean 'upstream.url'" in capsys.readouterr().err
+
+
+def test_json_log_lines_carry_extra_fields() -> None:
+    record = logging.LogRecord("headroom", logging.WARNING, __file__, 1, "drift on %s", ("m",), None)
+    record.request_id = "abc"
+    line = json.loads(JsonFormatter().format(record))
+    assert line["message"] == "drift on m" and line["level"] == "warning" and line["request_id"] == "abc"
