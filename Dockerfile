@@ -1,16 +1,53 @@
 # headroom: slim runtime image, non-root.
-FROM python:3.11-slim
+#
+#   docker build -t headroom .
+#   docker run -p 8100:8100 -v hf-cache:/hf-cache:ro headroom \
+#       serve --config /etc/headroom/headroom.toml --host 0.0.0.0 --port 8100 --upstream http://vllm:8000
+#
+# Two stages: the builder turns the source tree into a wheel; the runtime stage
+# installs only that wheel and its runtime dependencies (no tests, no bench, no
+# build tools, no source tree). Every runtime dependency ships manylinux wheels,
+# so no compiler is needed in either stage.
 
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
-WORKDIR /app
+FROM python:3.11-slim-bookworm AS builder
+
+ENV PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY proxy ./proxy
 COPY tokenizer_cache ./tokenizer_cache
-COPY config ./config
-RUN pip install --no-cache-dir . && useradd --system --uid 10001 headroom
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
+
+FROM python:3.11-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    # headroom reads tokenizers from $HF_HOME/hub/models--ORG--NAME/snapshots/*
+    # (the cache vLLM fills); compose mounts that cache here, read-only.
+    HF_HOME=/hf-cache
+
+COPY --from=builder /wheels /wheels
+RUN pip install --no-cache-dir /wheels/*.whl \
+    && rm -rf /wheels \
+    && groupadd --system --gid 10001 headroom \
+    && useradd --system --uid 10001 --gid headroom --no-create-home --shell /usr/sbin/nologin headroom \
+    # The length log lives here; a named volume mounted on it inherits this owner.
+    && mkdir -p /var/lib/headroom /hf-cache \
+    && chown headroom:headroom /var/lib/headroom
+
+COPY config/headroom.toml /etc/headroom/headroom.toml
+
 USER headroom
+WORKDIR /var/lib/headroom
 EXPOSE 8100
-HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
-  CMD python -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:8100/stats', timeout=2); sys.exit(0)"
+
+# Liveness of headroom itself: /metrics is served by headroom; /health is relayed
+# to vLLM and would mark headroom unhealthy whenever vLLM is (re)starting.
+HEALTHCHECK --interval=15s --timeout=3s --start-period=20s --retries=3 \
+  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8100/metrics', timeout=2).read()"]
+
 ENTRYPOINT ["headroom"]
-CMD ["serve", "--config", "/app/config/headroom.toml", "--host", "0.0.0.0", "--port", "8100", "--upstream", "http://vllm:8000"]
+CMD ["serve", "--config", "/etc/headroom/headroom.toml", "--host", "0.0.0.0", "--port", "8100", "--upstream", "http://vllm:8000"]

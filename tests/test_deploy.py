@@ -1,0 +1,1178 @@
+"""The deployment files, checked without Docker.
+
+Docker cannot run on the test machines, so nothing here builds an image or
+starts a container.  What can be checked statically is checked for real:
+
+* docker-compose.yml is parsed (with compose's own `${VAR:-default}`
+  interpolation) and every reference in it is followed: Dockerfiles, bind
+  mounts, named volumes, ports against the `--port` each program is started
+  with, health checks, `depends_on`, the shared Hugging Face cache, profiles;
+* headroom's command lines (compose's and the Dockerfile's) are parsed by
+  `proxy.cli.build_parser()`, so an unknown or misspelt flag fails here;
+* config/prometheus.yml targets must be compose services on their real ports;
+* the Grafana provisioning must reference the data source the dashboard uses,
+  and every PromQL expression may only name metrics that `proxy.metrics`
+  really exports (rendered from a live registry) or that vLLM exports;
+* the Dockerfile goes through hadolint-style rules, each a small function that
+  returns problems; the real file must have none and a broken sample must
+  trip each rule (so a rule cannot pass vacuously).
+
+Not checked (needs Docker or the images): that the images pull and build,
+that vLLM's images really ship python3, that Grafana renders the panels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+from urllib.parse import urlsplit
+
+import pytest
+import yaml  # PyYAML: test dependency only (a hard import: a skip would hide a broken compose file)
+
+from proxy.capacity import kv_bytes_per_token, startup_check
+from proxy.cli import build_parser, serve_overrides
+from proxy.config import load_config
+from proxy.lengthlog import LengthLogStats
+from proxy.metrics import CONTEXT_SIZES, DEFAULT_TOKEN_BUCKETS, Metrics
+from proxy.record import LengthRecord
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+PROMETHEUS_FILE = ROOT / "config" / "prometheus.yml"
+GRAFANA_DIR = ROOT / "config" / "grafana"
+
+HF_CACHE_VOLUME = "hf-cache"
+
+
+# ===========================================================================
+# Compose: interpolation and small parsers (pure)
+# ===========================================================================
+
+_VAR = re.compile(r"\$(?:(?P<escaped>\$)|\{(?P<braced>[^}]*)\}|(?P<named>[A-Za-z_][A-Za-z0-9_]*))")
+_VAR_EXPR = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?+])(?P<arg>.*))?", re.S)
+
+
+@dataclass(frozen=True)
+class VarUse:
+    name: str
+    op: str | None      # ":-", "-", ":?", "?", ":+", "+" or None (no default)
+
+
+def interpolate(text: str, env: Mapping[str, str], uses: list[VarUse] | None = None) -> str:
+    """Compose's variable substitution (`$VAR`, `${VAR}`, `${VAR:-default}`, `$$`, …)."""
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group("escaped"):
+            return "$"
+        expr = m.group("braced") if m.group("braced") is not None else m.group("named")
+        parsed = _VAR_EXPR.fullmatch(expr)
+        if parsed is None:
+            raise ValueError(f"invalid interpolation {m.group(0)!r}")
+        name, op, arg = parsed.group("name"), parsed.group("op"), parsed.group("arg") or ""
+        if uses is not None:
+            uses.append(VarUse(name, op))
+        value = env.get(name)
+        if op == ":-":
+            return value if value else arg
+        if op == "-":
+            return value if value is not None else arg
+        if op == ":+":
+            return arg if value else ""
+        if op == "+":
+            return arg if value is not None else ""
+        if op in (":?", "?") and (value is None or (op == ":?" and not value)):
+            raise ValueError(f"required variable {name} is not set: {arg}")
+        return value or ""
+
+    return _VAR.sub(sub, text)
+
+
+def interpolate_tree(node: Any, env: Mapping[str, str], uses: list[VarUse] | None = None) -> Any:
+    if isinstance(node, str):
+        return interpolate(node, env, uses)
+    if isinstance(node, list):
+        return [interpolate_tree(x, env, uses) for x in node]
+    if isinstance(node, dict):
+        return {k: interpolate_tree(v, env, uses) for k, v in node.items()}
+    return node
+
+
+@dataclass(frozen=True)
+class PortMapping:
+    host_ip: str | None
+    host: int | None
+    container: int
+
+
+def parse_port(spec: str | int) -> PortMapping:
+    """Compose's short port syntax: `[[ip:]host:]container[/proto]`."""
+    text = str(spec).split("/", 1)[0]
+    parts = text.rsplit(":", 2)
+    if len(parts) == 1:
+        return PortMapping(None, None, int(parts[0]))
+    if len(parts) == 2:
+        return PortMapping(None, int(parts[0]), int(parts[1]))
+    return PortMapping(parts[0], int(parts[1]), int(parts[2]))
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    target: str
+    read_only: bool
+
+    @property
+    def is_bind(self) -> bool:
+        return self.source.startswith((".", "/", "~"))
+
+
+def parse_volume(spec: str | Mapping[str, Any]) -> Mount:
+    """Compose's short volume syntax `source:target[:mode]` (or the long form)."""
+    if isinstance(spec, Mapping):
+        return Mount(str(spec.get("source", "")), str(spec["target"]), bool(spec.get("read_only", False)))
+    parts = spec.split(":")
+    if len(parts) == 1:
+        return Mount("", parts[0], False)
+    mode = parts[2] if len(parts) > 2 else ""
+    return Mount(parts[0], parts[1], "ro" in mode.split(","))
+
+
+def option_value(argv: list[str], flag: str) -> str | None:
+    """The value of `--flag VALUE` or `--flag=VALUE` in an argument list."""
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg[len(flag) + 1:]
+    return None
+
+
+def command_list(service: Mapping[str, Any]) -> list[str]:
+    command = service.get("command", [])
+    return shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
+
+
+def healthcheck_urls(service: Mapping[str, Any]) -> list[str]:
+    test = service.get("healthcheck", {}).get("test", [])
+    text = " ".join(test) if isinstance(test, list) else str(test)
+    return re.findall(r"https?://[^\s'\"]+", text)
+
+
+def env_dict(service: Mapping[str, Any]) -> dict[str, str]:
+    env = service.get("environment", {}) or {}
+    if isinstance(env, list):
+        return dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {k: "" if v is None else str(v) for k, v in env.items()}
+
+
+def network_names(name: str, service: Mapping[str, Any]) -> set[str]:
+    """Names other containers reach this service by: its own and its network aliases."""
+    names = {name}
+    networks = service.get("networks") or {}
+    if isinstance(networks, Mapping):
+        for net in networks.values():
+            names.update((net or {}).get("aliases", []))
+    return names
+
+
+def listening_ports(service: Mapping[str, Any]) -> set[int]:
+    return {parse_port(p).container for p in service.get("ports", [])} | {int(p) for p in service.get("expose", [])}
+
+
+def profile_sets(services: Mapping[str, Any]) -> dict[str, set[str]]:
+    """For each profile, the services `docker compose --profile P up` starts."""
+    always = {n for n, s in services.items() if not s.get("profiles")}
+    profiles = sorted({p for s in services.values() for p in s.get("profiles", [])})
+    return {p: always | {n for n, s in services.items() if p in s.get("profiles", [])} for p in profiles}
+
+
+def is_vllm(service: Mapping[str, Any]) -> bool:
+    return str(service.get("image", "")).startswith("vllm/")
+
+
+def is_headroom(service: Mapping[str, Any]) -> bool:
+    return "build" in service
+
+
+def resolve_name(name: str, running: Iterable[str], services: Mapping[str, Any]) -> str:
+    """The one running service a network name points at (fails on none or several)."""
+    owners = [n for n in running if name in network_names(n, services[n])]
+    assert len(owners) == 1, f"network name {name!r} resolves to {owners or 'nothing'} among {sorted(running)}"
+    return owners[0]
+
+
+def parse_cli(argv: list[str]) -> Any:
+    """headroom's own argument parser on argv; a rejected flag raises AssertionError with argparse's message."""
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        try:
+            return build_parser().parse_args(argv)
+        except SystemExit as exc:
+            raise AssertionError(f"headroom rejects {argv}: {stderr.getvalue().strip()}") from exc
+
+
+# ===========================================================================
+# Dockerfile: parser and hadolint-style rules (pure; each returns problems)
+# ===========================================================================
+
+@dataclass(frozen=True)
+class Instruction:
+    keyword: str
+    value: str
+    line: int
+
+
+def parse_dockerfile(text: str) -> list[Instruction]:
+    """Instructions with continuation lines joined; comment lines (also inside a continuation) dropped."""
+    out: list[Instruction] = []
+    buf: list[str] = []
+    start = 0
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if not buf:
+            start = number
+        if stripped.endswith("\\"):
+            buf.append(stripped[:-1].strip())
+            continue
+        buf.append(stripped)
+        joined = " ".join(part for part in buf if part)
+        buf = []
+        keyword, _, rest = joined.partition(" ")
+        out.append(Instruction(keyword.upper(), rest.strip(), start))
+    return out
+
+
+def exec_form(value: str) -> list[str] | None:
+    """The JSON (exec) form of CMD/ENTRYPOINT/RUN, or None for the shell form."""
+    if not value.startswith("["):
+        return None
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        return None
+    return [str(x) for x in parsed] if isinstance(parsed, list) else None
+
+
+def stages(instructions: list[Instruction]) -> list[list[Instruction]]:
+    result: list[list[Instruction]] = []
+    for ins in instructions:
+        if ins.keyword == "FROM":
+            result.append([])
+        if result:
+            result[-1].append(ins)
+    return result
+
+
+def stage_names(instructions: list[Instruction]) -> set[str]:
+    names = set()
+    for ins in instructions:
+        if ins.keyword == "FROM":
+            m = re.search(r"\s+AS\s+(\S+)\s*$", ins.value, re.I)
+            if m:
+                names.add(m.group(1).lower())
+    return names
+
+
+def from_image(ins: Instruction) -> str:
+    words = [w for w in ins.value.split() if not w.startswith("--")]
+    return words[0]
+
+
+def rule_pinned_base_images(instructions: list[Instruction], **_: Any) -> list[str]:
+    """DL3006/DL3007: every FROM names a tag (or digest), never `latest`."""
+    problems, local = [], set()
+    for ins in instructions:
+        if ins.keyword != "FROM":
+            continue
+        image = from_image(ins)
+        if image.lower() in local or image == "scratch":
+            pass
+        elif "@sha256:" in image:
+            pass
+        else:
+            tag = image.rsplit("/", 1)[-1].partition(":")[2]
+            if not tag:
+                problems.append(f"line {ins.line}: FROM {image} has no tag")
+            elif tag == "latest":
+                problems.append(f"line {ins.line}: FROM {image} is pinned to latest")
+        m = re.search(r"\s+AS\s+(\S+)\s*$", ins.value, re.I)
+        if m:
+            local.add(m.group(1).lower())
+    return problems
+
+
+def rule_non_root_user(instructions: list[Instruction], **_: Any) -> list[str]:
+    """DL3002: the final stage switches to a non-root USER before CMD/ENTRYPOINT."""
+    final = stages(instructions)[-1]
+    user: str | None = None
+    for ins in final:
+        if ins.keyword == "USER":
+            user = ins.value.split(":", 1)[0].strip()
+        if ins.keyword in ("CMD", "ENTRYPOINT") and user in (None, "root", "0"):
+            return [f"line {ins.line}: {ins.keyword} runs as {user or 'root (no USER)'}"]
+    if user in (None, "root", "0"):
+        return ["the final stage runs as root"]
+    return []
+
+
+def rule_exec_form(instructions: list[Instruction], **_: Any) -> list[str]:
+    """DL3025: CMD and ENTRYPOINT in JSON form, so signals reach headroom (graceful drain)."""
+    return [f"line {i.line}: {i.keyword} is in shell form" for i in stages(instructions)[-1]
+            if i.keyword in ("CMD", "ENTRYPOINT") and exec_form(i.value) is None]
+
+
+def healthcheck_command(ins: Instruction) -> str:
+    m = re.match(r"^(?:--\S+\s+)*CMD\s+(.*)$", ins.value, re.S)
+    if not m:
+        return ""
+    argv = exec_form(m.group(1))
+    return " ".join(argv) if argv is not None else m.group(1)
+
+
+def listen_port(instructions: list[Instruction]) -> int | None:
+    final = stages(instructions)[-1]
+    cmd = next((exec_form(i.value) for i in reversed(final) if i.keyword == "CMD"), None) or []
+    port = option_value(cmd, "--port")
+    return int(port) if port else None
+
+
+def rule_healthcheck(instructions: list[Instruction], **_: Any) -> list[str]:
+    """A HEALTHCHECK on headroom's own endpoint and port.
+
+    /health (and /v1/…) are relayed to vLLM: checking them would mark headroom
+    unhealthy whenever vLLM restarts.  /metrics and /stats are headroom's own.
+    """
+    checks = [i for i in stages(instructions)[-1] if i.keyword == "HEALTHCHECK"]
+    if not checks:
+        return ["no HEALTHCHECK in the final stage"]
+    command = healthcheck_command(checks[-1])
+    urls = re.findall(r"https?://[^\s'\"]+", command)
+    if not urls:
+        return [f"line {checks[-1].line}: HEALTHCHECK requests no URL"]
+    problems = []
+    port = listen_port(instructions)
+    for url in urls:
+        parts = urlsplit(url)
+        if parts.path not in ("/metrics", "/stats"):
+            problems.append(f"HEALTHCHECK checks {parts.path}, which is not headroom's own endpoint")
+        if port is not None and parts.port != port:
+            problems.append(f"HEALTHCHECK checks port {parts.port} but CMD listens on {port}")
+    return problems
+
+
+def rule_pip_no_cache(instructions: list[Instruction], **_: Any) -> list[str]:
+    """DL3042: `pip install` with --no-cache-dir (a pip cache only bloats the layer)."""
+    problems = []
+    for ins in instructions:
+        if ins.keyword != "RUN":
+            continue
+        for segment in re.split(r"&&|;|\|\|", ins.value):
+            if re.search(r"\bpip3?\s+install\b", segment) and "--no-cache-dir" not in segment:
+                problems.append(f"line {ins.line}: pip install without --no-cache-dir")
+    return problems
+
+
+def ignore_patterns(text: str) -> list[tuple[bool, re.Pattern[str]]]:
+    """.dockerignore lines as (negated, regex) in file order."""
+    patterns = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        negated = line.startswith("!")
+        pattern = line[1:] if negated else line
+        pattern = pattern.strip("/")
+        regex = ""
+        i = 0
+        while i < len(pattern):
+            if pattern.startswith("**/", i):
+                regex += "(?:.*/)?"
+                i += 3
+            elif pattern.startswith("**", i):
+                regex += ".*"
+                i += 2
+            elif pattern[i] == "*":
+                regex += "[^/]*"
+                i += 1
+            elif pattern[i] == "?":
+                regex += "[^/]"
+                i += 1
+            else:
+                regex += re.escape(pattern[i])
+                i += 1
+        patterns.append((negated, re.compile(regex + r"\Z")))
+    return patterns
+
+
+def is_ignored(path: str, patterns: list[tuple[bool, re.Pattern[str]]]) -> bool:
+    """Docker's rule: the last pattern matching the path or one of its parent directories wins."""
+    parts = Path(path).parts
+    prefixes = ["/".join(parts[:depth]) for depth in range(1, len(parts) + 1)]
+    ignored = False
+    for negated, regex in patterns:
+        if any(regex.match(prefix) for prefix in prefixes):
+            ignored = not negated
+    return ignored
+
+
+def rule_copy_sources(instructions: list[Instruction], *, context: Path, dockerignore: str, **_: Any) -> list[str]:
+    """Every COPY/ADD source exists in the build context and is not excluded by .dockerignore."""
+    problems = []
+    patterns = ignore_patterns(dockerignore)
+    for ins in instructions:
+        if ins.keyword not in ("COPY", "ADD"):
+            continue
+        argv = exec_form(ins.value) or shlex.split(ins.value)
+        if any(a.startswith("--from") for a in argv):
+            continue
+        sources = [a for a in argv if not a.startswith("--")][:-1]
+        for source in sources:
+            matches = [p for p in context.glob(source)] if any(c in source for c in "*?[") else [context / source]
+            if not any(p.exists() for p in matches):
+                problems.append(f"line {ins.line}: COPY source {source} does not exist")
+            elif is_ignored(source, patterns):
+                problems.append(f"line {ins.line}: COPY source {source} is excluded by .dockerignore")
+    return problems
+
+
+def rule_cli_accepts_cmd(instructions: list[Instruction], *, scripts: Mapping[str, str], **_: Any) -> list[str]:
+    """ENTRYPOINT is headroom's console script and `headroom serve --help` accepts every CMD flag."""
+    final = stages(instructions)[-1]
+    entry = next((exec_form(i.value) for i in reversed(final) if i.keyword == "ENTRYPOINT"), None)
+    cmd = next((exec_form(i.value) for i in reversed(final) if i.keyword == "CMD"), None)
+    if not entry or entry[0] not in scripts:
+        return [f"ENTRYPOINT {entry} is not one of the project's scripts {sorted(scripts)}"]
+    try:
+        parse_cli([*entry[1:], *(cmd or [])])
+    except AssertionError as exc:
+        return [str(exc)]
+    return []
+
+
+DOCKERFILE_RULES: tuple[Callable[..., list[str]], ...] = (
+    rule_pinned_base_images, rule_non_root_user, rule_exec_form, rule_healthcheck,
+    rule_pip_no_cache, rule_copy_sources, rule_cli_accepts_cmd,
+)
+
+
+def project_scripts() -> dict[str, str]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+
+
+def dockerfile_problems(text: str, *, context: Path = ROOT, dockerignore: str | None = None) -> list[str]:
+    instructions = parse_dockerfile(text)
+    if not instructions or instructions[0].keyword not in ("FROM", "ARG"):
+        return ["the Dockerfile does not start with FROM"]
+    ignore = DOCKERIGNORE.read_text() if dockerignore is None else dockerignore
+    problems: list[str] = []
+    for rule in DOCKERFILE_RULES:
+        problems += rule(instructions, context=context, dockerignore=ignore, scripts=project_scripts())
+    return problems
+
+
+# ===========================================================================
+# PromQL: which metrics and labels an expression reads (pure)
+# ===========================================================================
+
+PROMQL_AGGREGATIONS = frozenset({
+    "sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values",
+    "bottomk", "topk", "quantile", "limitk", "limit_ratio",
+})
+PROMQL_KEYWORDS = frozenset({"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring",
+                             "group_left", "group_right", "atan2", "inf", "nan"})
+PROMQL_LABEL_LISTS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
+GRAFANA_BUILTINS = frozenset({"__rate_interval", "__interval", "__range", "__range_s", "__interval_ms"})
+
+
+@dataclass(frozen=True)
+class Selector:
+    metric: str
+    matchers: tuple[tuple[str, str, str], ...]   # (label, op, value)
+
+
+def promql_tokens(expr: str) -> list[tuple[str, str]]:
+    tokens, i = [], 0
+    while i < len(expr):
+        c = expr[i]
+        if c.isspace():
+            i += 1
+        elif c in "\"'`":
+            j = i + 1
+            while j < len(expr) and expr[j] != c:
+                j += 2 if expr[j] == "\\" else 1
+            tokens.append(("str", expr[i + 1:j]))
+            i = j + 1
+        elif c == "{":
+            j, depth = i + 1, 1
+            quote = None
+            while j < len(expr) and depth:
+                ch = expr[j]
+                if quote:
+                    if ch == "\\":
+                        j += 1
+                    elif ch == quote:
+                        quote = None
+                elif ch in "\"'`":
+                    quote = ch
+                elif ch == "}":
+                    depth -= 1
+                j += 1
+            tokens.append(("matchers", expr[i + 1:j - 1]))
+            i = j
+        elif c == "[":
+            j = expr.index("]", i)
+            tokens.append(("range", expr[i + 1:j]))
+            i = j + 1
+        elif c == "$":
+            m = re.match(r"\$(?:\{([^}]+)\}|(\w+))", expr[i:])
+            assert m, f"bad variable in {expr!r}"
+            tokens.append(("var", m.group(1) or m.group(2)))
+            i += m.end()
+        elif c.isalpha() or c in "_:":
+            m = re.match(r"[A-Za-z_:][A-Za-z0-9_:]*", expr[i:])
+            tokens.append(("ident", m.group(0)))
+            i += m.end()
+        elif c.isdigit() or c == ".":
+            # A duration (5m, 1h30m) or a number: never a metric name.
+            m = re.match(r"\d+(?:ms|[smhdwy])(?:\d+(?:ms|[smhdwy]))*|[0-9.]+(?:e[+-]?\d+)?", expr[i:], re.I)
+            tokens.append(("num", m.group(0)))
+            i += m.end()
+        else:
+            tokens.append(("op", c))
+            i += 1
+    return tokens
+
+
+def parse_matchers(text: str) -> tuple[tuple[str, str, str], ...]:
+    found = re.findall(r'([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"', text)
+    return tuple((label, op, value) for label, op, value in found)
+
+
+def promql_selectors(expr: str) -> tuple[list[Selector], set[str]]:
+    """The metric selectors in an expression, and the labels its by/without/on/… lists name."""
+    tokens = promql_tokens(expr)
+    selectors: list[Selector] = []
+    grouping: set[str] = set()
+    i = 0
+    while i < len(tokens):
+        kind, text = tokens[i]
+        nxt = tokens[i + 1] if i + 1 < len(tokens) else ("", "")
+        if kind == "ident" and text in PROMQL_LABEL_LISTS and nxt == ("op", "("):
+            j = i + 2
+            while j < len(tokens) and tokens[j] != ("op", ")"):
+                if tokens[j][0] == "ident":
+                    grouping.add(tokens[j][1])
+                j += 1
+            i = j + 1
+            continue
+        if kind == "ident" and text not in PROMQL_KEYWORDS and text not in PROMQL_AGGREGATIONS and nxt != ("op", "("):
+            matchers = parse_matchers(nxt[1]) if nxt[0] == "matchers" else ()
+            selectors.append(Selector(text, matchers))
+        i += 1
+    return selectors, grouping
+
+
+def grafana_variables(expr: str) -> set[str]:
+    return {a or b for a, b in re.findall(r"\$(?:\{(\w+)[^}]*\}|(\w+))", expr)}
+
+
+# ===========================================================================
+# Known metrics: headroom's (rendered live) and vLLM's
+# ===========================================================================
+
+def headroom_exposition() -> dict[str, set[str]]:
+    """Every sample name headroom's /metrics exposes, with its label names.
+
+    Built from a real `Metrics` after records that touch every metric (pass,
+    clamp, rejection, upstream length error, drift, retry, parity, length log), so a
+    renamed metric in proxy/metrics.py breaks the dashboard test here.
+    """
+    metrics = Metrics()
+    metrics.attach_lengthlog(LengthLogStats())
+    metrics.observe(LengthRecord(ts=0.0, model="m", endpoint="chat", max_model_len=8192, prompt_tokens=1000,
+                                 upstream_prompt_tokens=1002, requested_max_tokens=9000, granted_max_tokens=7176,
+                                 completion_tokens=500, finish_reasons=["stop"], action="clamped", status=200))
+    metrics.observe(LengthRecord(ts=0.0, model="m", endpoint="chat", max_model_len=8192, prompt_tokens=9000,
+                                 action="rejected", status=400, error_code="context_length_exceeded"))
+    metrics.observe(LengthRecord(ts=0.0, model="m", endpoint="completions", max_model_len=8192, prompt_tokens=100,
+                                 action="upstream_error", status=400, error_code="context_length_exceeded"))
+    metrics.count_length_retry("m")
+    metrics.set_tokenizer_parity("m", True)
+    body, _ = metrics.render()
+    names: dict[str, set[str]] = {}
+    for line in body.decode().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r"([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s", line)
+        assert m, line
+        labels = set(re.findall(r'([A-Za-z_][A-Za-z0-9_]*)="', m.group(2) or ""))
+        names.setdefault(m.group(1), set()).update(labels)
+    return names
+
+
+# vLLM's metric names, types and labels, from vllm/v1/metrics/loggers.py of
+# vLLM 0.32.0 (labelnames = ["model_name", "engine"]).  gpu_cache_usage_perc is
+# the older name of kv_cache_usage_perc (the dashboard reads either).
+_VLLM_LABELS = frozenset({"model_name", "engine"})
+VLLM_METRICS: dict[str, str] = {
+    "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:gpu_cache_usage_perc": "gauge",
+    "vllm:num_requests_running": "gauge",
+    "vllm:num_requests_waiting": "gauge",
+    "vllm:num_preemptions": "counter",
+    "vllm:prompt_tokens": "counter",
+    "vllm:generation_tokens": "counter",
+    "vllm:request_success": "counter",
+    "vllm:request_prompt_tokens": "histogram",
+    "vllm:request_generation_tokens": "histogram",
+    "vllm:request_params_max_tokens": "histogram",
+}
+
+
+def vllm_exposition() -> dict[str, set[str]]:
+    names: dict[str, set[str]] = {}
+    for name, kind in VLLM_METRICS.items():
+        if kind == "gauge":
+            names[name] = set(_VLLM_LABELS)
+        elif kind == "counter":
+            names[f"{name}_total"] = set(_VLLM_LABELS) | ({"finished_reason"} if name.endswith("success") else set())
+        else:
+            names[f"{name}_bucket"] = set(_VLLM_LABELS) | {"le"}
+            names[f"{name}_sum"] = set(_VLLM_LABELS)
+            names[f"{name}_count"] = set(_VLLM_LABELS)
+    return names
+
+
+# ===========================================================================
+# Fixtures: the files, parsed once
+# ===========================================================================
+
+@pytest.fixture(scope="module")
+def compose_raw() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+@pytest.fixture(scope="module")
+def compose(compose_raw: dict[str, Any]) -> dict[str, Any]:
+    """The compose file as `docker compose config` would see it with no .env: every default applied."""
+    return interpolate_tree({k: v for k, v in compose_raw.items() if not k.startswith("x-")}, env={})
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, Any]:
+    return compose["services"]
+
+
+@pytest.fixture(scope="module")
+def prometheus() -> dict[str, Any]:
+    return yaml.safe_load(PROMETHEUS_FILE.read_text())
+
+
+@pytest.fixture(scope="module")
+def grafana_datasources() -> list[dict[str, Any]]:
+    files = sorted((GRAFANA_DIR / "provisioning" / "datasources").glob("*.y*ml"))
+    assert files, "no Grafana data source provisioning file"
+    return [ds for f in files for ds in yaml.safe_load(f.read_text())["datasources"]]
+
+
+@pytest.fixture(scope="module")
+def grafana_providers() -> list[dict[str, Any]]:
+    files = sorted((GRAFANA_DIR / "provisioning" / "dashboards").glob("*.y*ml"))
+    assert files, "no Grafana dashboard provider file"
+    return [p for f in files for p in yaml.safe_load(f.read_text())["providers"]]
+
+
+@pytest.fixture(scope="module")
+def dashboards() -> dict[str, dict[str, Any]]:
+    files = sorted((GRAFANA_DIR / "dashboards").glob("*.json"))
+    assert files, "no dashboard JSON"
+    return {f.name: json.loads(f.read_text()) for f in files}
+
+
+@pytest.fixture(scope="module")
+def known_metrics() -> dict[str, set[str]]:
+    return {**headroom_exposition(), **vllm_exposition()}
+
+
+def all_panels(dashboard: Mapping[str, Any]) -> list[dict[str, Any]]:
+    panels = []
+    for panel in dashboard.get("panels", []):
+        panels.append(panel)
+        panels += panel.get("panels", [])
+    return panels
+
+
+def all_exprs(dashboard: Mapping[str, Any]) -> list[str]:
+    exprs = [t["expr"] for p in all_panels(dashboard) for t in p.get("targets", []) if t.get("expr")]
+    for var in dashboard.get("templating", {}).get("list", []):
+        if var.get("type") == "query":
+            query = var["query"]
+            exprs.append(query["query"] if isinstance(query, Mapping) else query)
+    return exprs
+
+
+def label_values_metric(expr: str) -> str | None:
+    """`label_values(metric, label)` (a Grafana function, not PromQL) → the metric."""
+    m = re.fullmatch(r"\s*label_values\(\s*([A-Za-z_:][A-Za-z0-9_:]*)\s*(?:\{[^}]*\})?\s*,\s*\w+\s*\)\s*", expr)
+    return m.group(1) if m else None
+
+
+# ===========================================================================
+# Tests: docker-compose.yml
+# ===========================================================================
+
+def test_every_compose_variable_has_a_default(compose_raw: dict[str, Any]) -> None:
+    """`docker compose up` must work with no .env: every ${VAR} carries a default."""
+    uses: list[VarUse] = []
+    interpolate_tree(compose_raw, env={}, uses=uses)
+    assert uses, "the compose file was expected to be configurable through variables"
+    missing = sorted({u.name for u in uses if u.op not in (":-", "-")})
+    assert not missing, f"variables without a default: {missing}"
+
+
+def test_compose_variables_override_the_defaults(compose_raw: dict[str, Any]) -> None:
+    resolved = interpolate_tree(compose_raw, env={"MODEL": "org/other", "MAX_MODEL_LEN": "2048", "VLLM_VERSION": "v9.9.9"})
+    vllm = resolved["services"]["vllm"]
+    assert vllm["image"] == "vllm/vllm-openai:v9.9.9"
+    assert command_list(vllm)[0] == "org/other"
+    assert option_value(command_list(vllm), "--max-model-len") == "2048"
+
+
+def test_every_service_has_an_image_or_a_build_with_a_dockerfile(services: dict[str, Any]) -> None:
+    for name, service in services.items():
+        build = service.get("build")
+        assert build or service.get("image"), f"{name}: neither image nor build"
+        if build:
+            spec = {"context": build} if isinstance(build, str) else build
+            context = (ROOT / spec.get("context", ".")).resolve()
+            assert context.is_dir(), f"{name}: build context {context} missing"
+            assert (context / spec.get("dockerfile", "Dockerfile")).is_file(), f"{name}: Dockerfile missing"
+
+
+def test_pulled_images_are_pinned_to_a_version(services: dict[str, Any]) -> None:
+    for name, service in services.items():
+        if "build" in service:
+            continue
+        image = service["image"]
+        tag = image.rsplit("/", 1)[-1].partition(":")[2]
+        assert tag and "latest" not in tag, f"{name}: image {image} is not pinned"
+
+
+def test_bind_mounts_exist_in_the_repository(services: dict[str, Any]) -> None:
+    binds = [(n, parse_volume(v)) for n, s in services.items() for v in s.get("volumes", [])]
+    assert any(m.is_bind for _, m in binds)
+    for name, mount in binds:
+        if mount.is_bind:
+            assert mount.source.startswith("./"), f"{name}: bind {mount.source} is not relative to the repository"
+            assert (ROOT / mount.source).exists(), f"{name}: bind source {mount.source} does not exist"
+
+
+def test_named_volumes_are_declared(compose: dict[str, Any], services: dict[str, Any]) -> None:
+    declared = set(compose.get("volumes") or {})
+    mounts = [parse_volume(v) for s in services.values() for v in s.get("volumes", [])]
+    named = {m.source for m in mounts if m.source and not m.is_bind}
+    assert named <= declared, f"undeclared volumes: {named - declared}"
+    assert declared <= named, f"declared but unused volumes: {declared - named}"
+
+
+def test_host_ports_are_unique_within_each_profile(services: dict[str, Any]) -> None:
+    sets = profile_sets(services)
+    assert set(sets) == {"gpu", "cpu"}
+    for profile, running in sets.items():
+        seen: dict[int, str] = {}
+        for name in sorted(running):
+            for spec in services[name].get("ports", []):
+                port = parse_port(spec)
+                assert port.host is not None, f"{name}: {spec} publishes on a random host port"
+                assert port.host not in seen, f"profile {profile}: host port {port.host} used by {seen[port.host]} and {name}"
+                seen[port.host] = name
+
+
+def test_published_ports_match_what_each_program_listens_on(services: dict[str, Any]) -> None:
+    for name, service in services.items():
+        ports = listening_ports(service)
+        assert ports, f"{name}: publishes no port"
+        flag = option_value(command_list(service), "--port")
+        if is_vllm(service) or is_headroom(service):
+            assert flag is not None, f"{name}: the listening port should be explicit (--port)"
+        if flag is not None:
+            assert int(flag) in ports, f"{name}: listens on {flag} but publishes {sorted(ports)}"
+        for url in healthcheck_urls(service):
+            assert urlsplit(url).port in ports, f"{name}: health check {url} is not on a listening port"
+
+
+def test_only_headroom_is_published_beyond_loopback(services: dict[str, Any]) -> None:
+    """Apps reach vLLM through headroom; vLLM, Prometheus and Grafana stay on 127.0.0.1."""
+    for name, service in services.items():
+        for spec in service.get("ports", []):
+            port = parse_port(spec)
+            if is_headroom(service):
+                assert port.container == 8100
+            else:
+                assert port.host_ip == "127.0.0.1", f"{name}: {spec} is published on every interface"
+
+
+def test_hf_cache_is_shared_read_write_by_vllm_and_read_only_by_headroom(services: dict[str, Any]) -> None:
+    users = 0
+    for name, service in services.items():
+        mounts = [parse_volume(v) for v in service.get("volumes", [])]
+        cache = [m for m in mounts if m.source == HF_CACHE_VOLUME]
+        if not (is_vllm(service) or is_headroom(service)):
+            assert not cache, f"{name} should not mount the model cache"
+            continue
+        assert len(cache) == 1, f"{name}: expected one {HF_CACHE_VOLUME} mount"
+        users += 1
+        mount = cache[0]
+        assert mount.read_only == is_headroom(service), (
+            f"{name}: {HF_CACHE_VOLUME} must be {'read-only' if is_headroom(service) else 'writable'}")
+        # HF_HOME/hub/models--ORG--NAME/snapshots/* must be where each side looks.
+        assert env_dict(service).get("HF_HOME") == mount.target, f"{name}: HF_HOME is not the cache mount"
+    assert users == 4   # vllm, headroom, vllm-cpu, headroom-cpu
+
+
+def test_dockerfile_hf_home_matches_the_compose_mount(services: dict[str, Any]) -> None:
+    env = " ".join(i.value for i in parse_dockerfile(DOCKERFILE.read_text()) if i.keyword == "ENV")
+    m = re.search(r"HF_HOME=(\S+)", env)
+    assert m, "the image should default HF_HOME to the cache mount point"
+    for name, service in services.items():
+        if is_headroom(service):
+            assert env_dict(service)["HF_HOME"] == m.group(1), name
+
+
+def test_each_profile_is_one_complete_stack(services: dict[str, Any]) -> None:
+    for profile, running in profile_sets(services).items():
+        vllms = [n for n in running if is_vllm(services[n])]
+        headrooms = [n for n in running if is_headroom(services[n])]
+        assert len(vllms) == 1 and len(headrooms) == 1, f"profile {profile}: {vllms} {headrooms}"
+        assert {"prometheus", "grafana"} <= running
+        # Prometheus and headroom address them as vllm / headroom in every profile.
+        assert resolve_name("vllm", running, services) == vllms[0]
+        assert resolve_name("headroom", running, services) == headrooms[0]
+
+
+def test_headroom_starts_after_a_healthy_vllm_it_forwards_to(services: dict[str, Any]) -> None:
+    for profile, running in profile_sets(services).items():
+        headroom = next(n for n in running if is_headroom(services[n]))
+        service = services[headroom]
+        upstream = urlsplit(option_value(command_list(service), "--upstream") or "")
+        target = resolve_name(upstream.hostname or "", running, services)
+        assert is_vllm(services[target]), f"{headroom} forwards to {target}, not to vLLM"
+        assert upstream.port in listening_ports(services[target])
+        assert service.get("depends_on", {}).get(target, {}).get("condition") == "service_healthy", (
+            f"profile {profile}: {headroom} must wait for {target} to be healthy")
+        checks = [urlsplit(u) for u in healthcheck_urls(services[target])]
+        assert [(c.path, c.port) for c in checks] == [("/health", upstream.port)], f"{target}: health check {checks}"
+        assert "python3" in services[target]["healthcheck"]["test"]
+
+
+def test_gpu_vllm_reserves_gpus_and_shares_host_ipc(services: dict[str, Any]) -> None:
+    vllm = services["vllm"]
+    assert vllm["image"].startswith("vllm/vllm-openai:v")
+    devices = vllm["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devices)
+    assert vllm["ipc"] == "host"
+
+
+def test_vllm_commands_name_a_model_and_a_max_model_len(services: dict[str, Any]) -> None:
+    """The images' entrypoint is `vllm serve`: the model is the first (positional) argument."""
+    for name, service in services.items():
+        if not is_vllm(service):
+            continue
+        argv = command_list(service)
+        assert re.fullmatch(r"[\w.-]+/[\w.-]+", argv[0]), f"{name}: first argument {argv[0]!r} is not a model id"
+        assert argv[0] != "serve", f"{name}: the image already runs `vllm serve`"
+        assert int(option_value(argv, "--max-model-len") or 0) > 0
+
+
+def test_cpu_profile_uses_the_cpu_image_and_a_kv_cache_that_fits_one_request(services: dict[str, Any]) -> None:
+    cpu = services["vllm-cpu"]
+    assert re.fullmatch(r"vllm/vllm-openai-cpu:v[\d.]+-(x86_64|arm64)", cpu["image"]), cpu["image"]
+    assert "deploy" not in cpu, "the CPU service must not reserve a GPU"
+    argv = command_list(cpu)
+    kv_bytes = int(option_value(argv, "--kv-cache-memory-bytes") or 0)
+    max_model_len = int(option_value(argv, "--max-model-len") or 0)
+    # The default CPU model, Qwen/Qwen3-0.6B (its config.json on the Hugging Face Hub):
+    # vLLM refuses to start unless one max_model_len request fits the KV cache.
+    assert argv[0] == "Qwen/Qwen3-0.6B"
+    qwen3_06b = {"model_type": "qwen3", "num_hidden_layers": 28, "num_attention_heads": 16,
+                 "num_key_value_heads": 8, "head_dim": 128, "hidden_size": 1024, "torch_dtype": "bfloat16"}
+    check = startup_check(max_model_len, kv_bytes, kv_bytes_per_token(qwen3_06b))
+    assert check.fits, check.message
+
+
+def test_headroom_command_is_accepted_by_headroom_and_its_config_loads(services: dict[str, Any]) -> None:
+    for name, service in services.items():
+        if not is_headroom(service):
+            continue
+        args = parse_cli(command_list(service))
+        assert args.command == "serve"
+        mounts = {m.target: m for m in map(parse_volume, service.get("volumes", []))}
+        config_mount = mounts.get(args.config)
+        assert config_mount is not None and config_mount.is_bind and config_mount.read_only, (
+            f"{name}: --config {args.config} is not a read-only bind of a repository file")
+        config = load_config(ROOT / config_mount.source, env={}, overrides=serve_overrides(args))
+        assert config.server.host == "0.0.0.0" and config.server.port in listening_ports(service)
+        log_dir = str(Path(args.length_log).parent)
+        assert log_dir in mounts and not mounts[log_dir].is_bind, f"{name}: the length log is not on a volume"
+
+
+# ===========================================================================
+# Tests: Prometheus
+# ===========================================================================
+
+def test_prometheus_config_mount_is_the_repository_file(services: dict[str, Any]) -> None:
+    prom = services["prometheus"]
+    config = option_value(command_list(prom), "--config.file")
+    mounts = {m.target: m for m in map(parse_volume, prom["volumes"])}
+    assert (ROOT / mounts[config].source).resolve() == PROMETHEUS_FILE.resolve()
+
+
+def test_prometheus_targets_are_compose_services_on_their_ports(
+    prometheus: dict[str, Any], services: dict[str, Any]
+) -> None:
+    jobs = {job["job_name"]: job for job in prometheus["scrape_configs"]}
+    assert {"headroom", "vllm"} <= set(jobs)
+    scraped: dict[str, set[str]] = {}
+    for job_name, job in jobs.items():
+        for static in job.get("static_configs", []):
+            for target in static["targets"]:
+                host, _, port = target.rpartition(":")
+                if host in ("localhost", "127.0.0.1"):   # Prometheus scraping itself
+                    assert int(port) in listening_ports(services["prometheus"])
+                    continue
+                for profile, running in profile_sets(services).items():
+                    owner = resolve_name(host, running, services)
+                    assert int(port) in listening_ports(services[owner]), f"{job_name}: {target} in profile {profile}"
+                    scraped.setdefault(job_name, set()).add(owner)
+    assert scraped["headroom"] == {n for n, s in services.items() if is_headroom(s)}
+    assert scraped["vllm"] == {n for n, s in services.items() if is_vllm(s)}
+    assert jobs["headroom"].get("metrics_path", "/metrics") == "/metrics"
+    assert jobs["vllm"].get("metrics_path", "/metrics") == "/metrics"
+
+
+# ===========================================================================
+# Tests: Grafana
+# ===========================================================================
+
+def test_grafana_data_source_is_the_prometheus_service(
+    grafana_datasources: list[dict[str, Any]], services: dict[str, Any], prometheus: dict[str, Any]
+) -> None:
+    (ds,) = [d for d in grafana_datasources if d["type"] == "prometheus"]
+    url = urlsplit(ds["url"])
+    assert url.hostname == "prometheus" and url.port in listening_ports(services["prometheus"])
+    # $__rate_interval is computed from this: it must be the real scrape interval.
+    assert ds["jsonData"]["timeInterval"] == prometheus["global"]["scrape_interval"]
+
+
+def test_grafana_mounts_provisioning_and_dashboards_where_the_provider_looks(
+    services: dict[str, Any], grafana_providers: list[dict[str, Any]], dashboards: dict[str, Any]
+) -> None:
+    grafana = services["grafana"]
+    mounts = {m.target: m for m in map(parse_volume, grafana["volumes"])}
+    provisioning = mounts["/etc/grafana/provisioning"]
+    assert (ROOT / provisioning.source).resolve() == (GRAFANA_DIR / "provisioning").resolve()
+    for provider in grafana_providers:
+        path = provider["options"]["path"]
+        assert path in mounts, f"provider path {path} is not mounted"
+        assert (ROOT / mounts[path].source).resolve() == (GRAFANA_DIR / "dashboards").resolve()
+    home = env_dict(grafana)["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert Path(home).name in dashboards and str(Path(home).parent) in mounts
+    assert "prometheus" in grafana["depends_on"]
+
+
+def test_dashboards_use_the_provisioned_data_source(
+    dashboards: dict[str, Any], grafana_datasources: list[dict[str, Any]]
+) -> None:
+    uids = {d["uid"] for d in grafana_datasources}
+    for file, dash in dashboards.items():
+        refs = [p["datasource"] for p in all_panels(dash) if "datasource" in p]
+        refs += [t["datasource"] for p in all_panels(dash) for t in p.get("targets", []) if "datasource" in t]
+        refs += [v["datasource"] for v in dash["templating"]["list"] if "datasource" in v]
+        assert refs
+        for ref in refs:
+            assert ref["uid"] in uids, f"{file}: data source {ref} is not provisioned"
+
+
+def test_dashboard_queries_name_only_exported_metrics_and_labels(
+    dashboards: dict[str, Any], known_metrics: dict[str, set[str]]
+) -> None:
+    for file, dash in dashboards.items():
+        for expr in all_exprs(dash):
+            metric = label_values_metric(expr)
+            if metric is not None:
+                assert metric in known_metrics, f"{file}: {metric} is not exported"
+                continue
+            selectors, grouping = promql_selectors(expr)
+            assert selectors, f"{file}: no metric in {expr!r}"
+            labels_in_scope = {"le"}
+            for sel in selectors:
+                assert sel.metric in known_metrics, f"{file}: {sel.metric} is neither headroom's nor vLLM's: {expr!r}"
+                labels = known_metrics[sel.metric]
+                labels_in_scope |= labels
+                for label, _, _ in sel.matchers:
+                    assert label in labels, f"{file}: {sel.metric} has no label {label!r}: {expr!r}"
+            assert grouping <= labels_in_scope, f"{file}: grouping by {grouping - labels_in_scope} in {expr!r}"
+
+
+def test_dashboard_variables_are_defined_and_context_sizes_are_bucket_bounds(dashboards: dict[str, Any]) -> None:
+    for file, dash in dashboards.items():
+        variables = {v["name"]: v for v in dash["templating"]["list"]}
+        used = set()
+        for expr in all_exprs(dash):
+            used |= grafana_variables(expr)
+        for p in all_panels(dash):
+            used |= grafana_variables(p.get("title", ""))
+        assert used - GRAFANA_BUILTINS <= set(variables), f"{file}: undefined {used - GRAFANA_BUILTINS - set(variables)}"
+        if "context" in variables:
+            # The "share within $context" stat reads the bucket le=$context: it must be a real bound.
+            sizes = [int(s) for s in variables["context"]["query"].split(",")]
+            assert set(sizes) <= set(CONTEXT_SIZES) and set(sizes) <= set(DEFAULT_TOKEN_BUCKETS)
+
+
+def test_dashboard_shows_lengths_policy_drift_and_vllm_kv_cache(dashboards: dict[str, Any]) -> None:
+    exprs = " ".join(e for dash in dashboards.values() for e in all_exprs(dash))
+    for hist in ("headroom_prompt_tokens_bucket", "headroom_completion_tokens_bucket", "headroom_total_tokens_bucket"):
+        for q in ("0.5", "0.95", "0.99"):
+            assert re.search(rf"histogram_quantile\({q}, [^;]*?\b{hist}\b", exprs), f"no p{q} of {hist}"
+    assert "sum by (action) (rate(headroom_requests_total" in exprs
+    assert 'action="clamped"' in exprs and 'action="rejected"' in exprs
+    for needed in ("headroom_clamped_tokens_total", "headroom_prompt_token_drift_total",
+                   "headroom_prompt_token_drift_tokens_bucket", "vllm:kv_cache_usage_perc",
+                   "vllm:num_requests_running", "vllm:num_requests_waiting"):
+        assert needed in exprs, needed
+
+
+def test_dashboard_panels_do_not_overlap(dashboards: dict[str, Any]) -> None:
+    for file, dash in dashboards.items():
+        cells: dict[tuple[int, int], str] = {}
+        for panel in all_panels(dash):
+            g = panel["gridPos"]
+            assert 0 <= g["x"] and g["x"] + g["w"] <= 24, f"{file}: {panel['title']} is wider than the grid"
+            for x in range(g["x"], g["x"] + g["w"]):
+                for y in range(g["y"], g["y"] + g["h"]):
+                    assert (x, y) not in cells, f"{file}: {panel['title']} overlaps {cells[(x, y)]}"
+                    cells[(x, y)] = panel["title"]
+        ids = [p["id"] for p in all_panels(dash)]
+        assert len(ids) == len(set(ids)), f"{file}: duplicate panel ids"
+
+
+def test_promql_reader_sees_metrics_not_functions_labels_or_variables() -> None:
+    """The metric-name check above is only as good as this reader."""
+    selectors, grouping = promql_selectors(
+        'histogram_quantile(0.95, sum by (le, model) (rate(headroom_total_tokens_bucket{model=~"$model", '
+        'le=~"8192(\\\\.0)?"}[$__rate_interval]))) / on (model) group_left max(vllm:kv_cache_usage_perc) '
+        'or sum without (engine) (vllm:num_requests_running offset 5m)'
+    )
+    assert [s.metric for s in selectors] == [
+        "headroom_total_tokens_bucket", "vllm:kv_cache_usage_perc", "vllm:num_requests_running"]
+    assert selectors[0].matchers == (("model", "=~", "$model"), ("le", "=~", "8192(\\\\.0)?"))
+    assert grouping == {"le", "model", "engine"}
+    assert grafana_variables('rate(x{a="$model"}[$__rate_interval]) ${context}') == {"model", "__rate_interval", "context"}
+
+
+def test_headroom_exposition_covers_every_registered_metric() -> None:
+    """The records above touch every metric, so the known-name set is complete."""
+    names = headroom_exposition()
+    metrics = Metrics()
+    metrics.attach_lengthlog(LengthLogStats())
+    for family in metrics.registry.collect():
+        assert any(n == family.name or n.startswith(family.name + "_") for n in names), family.name
+
+
+# ===========================================================================
+# Tests: Dockerfile and .dockerignore
+# ===========================================================================
+
+def test_dockerfile_passes_every_rule() -> None:
+    assert dockerfile_problems(DOCKERFILE.read_text()) == []
+
+
+GOOD = DOCKERFILE.read_text()
+
+
+def _mutate(old: str, new: str) -> str:
+    assert old in GOOD, f"sample mutation does not apply: {old!r}"
+    return GOOD.replace(old, new)
+
+
+@pytest.mark.parametrize(
+    ("broken", "problem"),
+    [
+        (lambda: _mutate("FROM python:3.11-slim-bookworm AS builder", "FROM python:latest AS builder"), "pinned to latest"),
+        (lambda: _mutate("FROM python:3.11-slim-bookworm\n", "FROM python\n"), "has no tag"),
+        (lambda: _mutate("USER headroom\n", ""), "runs as root"),
+        (lambda: _mutate("USER headroom\n", "USER root\n"), "runs as root"),
+        (lambda: _mutate('ENTRYPOINT ["headroom"]', "ENTRYPOINT headroom"), "shell form"),
+        (lambda: re.sub(r"HEALTHCHECK .*?\]\n", "", GOOD, flags=re.S), "no HEALTHCHECK"),
+        (lambda: _mutate("127.0.0.1:8100/metrics", "127.0.0.1:8100/health"), "not headroom's own endpoint"),
+        (lambda: _mutate("127.0.0.1:8100/metrics", "127.0.0.1:8000/metrics"), "CMD listens on 8100"),
+        (lambda: _mutate("pip install --no-cache-dir /wheels", "pip install /wheels"), "without --no-cache-dir"),
+        (lambda: _mutate("COPY proxy ./proxy", "COPY proxies ./proxy"), "does not exist"),
+        (lambda: _mutate("COPY proxy ./proxy", "COPY tests ./tests"), "excluded by .dockerignore"),
+        (lambda: _mutate('"--port", "8100"', '"--listen-port", "8100"'), "headroom rejects"),
+        (lambda: _mutate('ENTRYPOINT ["headroom"]', 'ENTRYPOINT ["headroomd"]'), "not one of the project's scripts"),
+    ],
+)
+def test_each_dockerfile_rule_catches_its_mistake(broken: Callable[[], str], problem: str) -> None:
+    problems = dockerfile_problems(broken())
+    assert any(problem in p for p in problems), problems
+
+
+def test_dockerfile_base_python_satisfies_requires_python() -> None:
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    minimum = tuple(int(x) for x in re.fullmatch(r">=\s*(\d+)\.(\d+)", requires).groups())
+    for ins in parse_dockerfile(GOOD):
+        if ins.keyword == "FROM" and from_image(ins).startswith("python:"):
+            version = tuple(int(x) for x in re.match(r"python:(\d+)\.(\d+)", from_image(ins)).groups())
+            assert version >= minimum, from_image(ins)
+
+
+def test_image_config_and_length_log_paths_exist_in_the_image(services: dict[str, Any]) -> None:
+    """The CMD's --config is COPYed into the image; compose's headroom uses the same path."""
+    instructions = parse_dockerfile(GOOD)
+    final = stages(instructions)[-1]
+    cmd = next(exec_form(i.value) for i in reversed(final) if i.keyword == "CMD")
+    config = option_value(cmd, "--config")
+    copied = [shlex.split(i.value)[-1] for i in final if i.keyword == "COPY" and "--from" not in i.value]
+    assert config in copied
+    for name, service in services.items():
+        if is_headroom(service):
+            assert option_value(command_list(service), "--config") == config, name
+            log_dir = str(Path(option_value(command_list(service), "--length-log")).parent)
+            assert any(log_dir in i.value for i in final if i.keyword == "RUN" and "chown" in i.value), (
+                "the length log directory must be created and owned by the headroom user in the image")
+    exposed = {int(p) for i in final if i.keyword == "EXPOSE" for p in i.value.split()}
+    assert listen_port(instructions) in exposed
+
+
+def test_dockerignore_matcher_follows_docker_rules() -> None:
+    patterns = ignore_patterns("tests\n**/__pycache__\n*.egg-info\nconfig/grafana\n!config/grafana/keep.json\n")
+    assert is_ignored("tests", patterns) and is_ignored("tests/test_x.py", patterns)
+    assert is_ignored("proxy/__pycache__/a.pyc", patterns)
+    assert is_ignored("headroom.egg-info", patterns)
+    assert not is_ignored("proxy", patterns) and not is_ignored("config/headroom.toml", patterns)
+    assert is_ignored("config/grafana/dash.json", patterns)
+    assert not is_ignored("config/grafana/keep.json", patterns)
+    # Docker's * stops at '/', unlike fnmatch's: *.pyc is the root only, **/*.pyc any depth.
+    assert not is_ignored("a/b/c.pyc", ignore_patterns("*.pyc"))
+    assert is_ignored("a/b/c.pyc", ignore_patterns("**/*.pyc"))
+
+
+def test_dockerignore_keeps_the_build_context_small() -> None:
+    patterns = ignore_patterns(DOCKERIGNORE.read_text())
+    for path in (".git", "tests", "bench", "headroom.egg-info", "proxy/__pycache__"):
+        assert is_ignored(path, patterns), path
+    for path in ("pyproject.toml", "README.md", "proxy", "tokenizer_cache", "config/headroom.toml"):
+        assert not is_ignored(path, patterns), path
