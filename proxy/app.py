@@ -183,7 +183,7 @@ class HeadroomApp:
         except HeadroomError as err:
             if not info_headers:
                 info_headers = [(b"x-headroom-action", b"rejected"), (b"x-request-id", request_id.encode())]
-            record.action = "rejected"
+            record.action = "rejected" if err.status < 500 else "upstream_error"
             await self._send_error(send, err, info_headers, record)
             self._finish(record, started)
             return
