@@ -37,6 +37,7 @@ from .counting import PromptCounter
 from .errors import HeadroomError
 from .forward import Upstream, forwardable
 from .lengthlog import LengthLog
+from .backends import Backend, Backends
 from .limits import ModelRegistry
 from .live import Recorder
 from .metrics import Metrics
@@ -64,41 +65,41 @@ MAX_BUFFERED_PASSTHROUGH = 1024 * 1024  # larger pass-through request bodies are
 class HeadroomApp:
     def __init__(self, config: Config, recorder: Any | None = None) -> None:
         self.config = config
-        up = config.upstream
-        self.upstream = Upstream(
-            up.url,
-            connect_timeout=up.connect_timeout,
-            timeout=up.timeout,
-            max_connections=up.max_connections,
-            api_key=up.api_key,
-        )
-        self.registry = ModelRegistry(config, lambda: self.upstream.get_json("/v1/models"))
-        self.counter = PromptCounter(config, self.registry, self.upstream)
-        self.registry.on_change.append(self._models_changed)
+        self.backends = Backends(config)
+        self.counter = PromptCounter(config, self.backends)
+        self.backends.on_change(self._models_changed)
         self.counter.on_parity.append(lambda model, ok: self.recorder.metrics.set_tokenizer_parity(model, ok))
         self.recorder = recorder if recorder is not None else make_recorder(config)
         self._local = Router(routes=self.recorder.routes())
         self._background: set[asyncio.Task[Any]] = set()
         self._api_keys = [k.encode() for k in config.server.api_keys]
 
+    @property
+    def upstream(self) -> Upstream:
+        """The default upstream (`[upstream]`)."""
+        return self.backends.default.upstream
+
+    @property
+    def registry(self) -> ModelRegistry:
+        """The default upstream's model list."""
+        return self.backends.default.registry
+
     # -- lifecycle --------------------------------------------------------------
 
     async def startup(self) -> None:
-        await self.upstream.start()
         if self.config.length_log.path and self.recorder.lengthlog is None:
             # Made here, inside the serving process: the writer thread does not survive a fork.
             ll = self.config.length_log
             self.recorder.attach_lengthlog(LengthLog(ll.path, max_bytes=ll.max_bytes, backups=ll.backups))
-        self.registry.start()
+        await self.backends.start()
 
     async def shutdown(self) -> None:
-        await self.registry.stop()
         for task in list(self._background):
             task.cancel()
-        await self.upstream.close()
+        await self.backends.stop()
         await asyncio.to_thread(self.recorder.close)   # flushes the length log
 
-    def _models_changed(self, models: dict[str, Any]) -> None:
+    def _models_changed(self, backend: Backend, models: dict[str, Any]) -> None:
         self.counter.forget_dirs()
         task = asyncio.ensure_future(self.counter.preload(list(models)))
         self._background.add(task)
@@ -147,11 +148,11 @@ class HeadroomApp:
             record.stream = request.get("stream") is True
             n = request.get("n")
             record.n = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
-            model = await self._resolve_model(request)
+            model, backend = await self._resolve_model(request)
             record.model = model
             limit = read_requested_limit(request, endpoint)  # type: ignore[arg-type]
             record.requested_max_tokens = limit.value
-            info = self.registry.get(model)
+            info = backend.registry.get(model)
             max_model_len = info.max_model_len if info else None
             record.max_model_len = max_model_len
             if max_model_len is None:
@@ -190,13 +191,15 @@ class HeadroomApp:
 
         limit_fields = (decision.rewrite and list(decision.rewrite)) or limit.present_fields() or ["max_tokens"]
         work = self._forward_admitted(
-            scope, send, out_body, request, changes, limit_fields, record, info_headers, started, strip_usage
+            backend.upstream, scope, send, out_body, request, changes, limit_fields, record, info_headers,
+            started, strip_usage,
         )
         await _until_disconnect(receive, work, on_disconnect=lambda: setattr(record, "error_code", "client_disconnected"))
         self._finish(record, started)
 
     async def _forward_admitted(
         self,
+        upstream: Upstream,
         scope: Scope,
         send: Send,
         body: bytes,
@@ -216,14 +219,14 @@ class HeadroomApp:
         while True:
             headers = base_headers + [("content-length", str(len(body)))]
             try:
-                response = await self.upstream.send("POST", _path_qs(scope), headers, body)
+                response = await upstream.send("POST", _path_qs(scope), headers, body)
             except HeadroomError as err:
                 record.action = "upstream_error"
                 await self._send_error(send, err, info_headers, record)
                 return
             if response.status < 400:
                 break
-            raw = await self.upstream.read_body(response, MAX_ERROR_BODY)
+            raw = await upstream.read_body(response, MAX_ERROR_BODY)
             failure = parse_upstream_error(response.status, raw, response.headers.get("content-type"))
             corrected = None
             if not retried and is_length_failure(failure):
@@ -249,7 +252,7 @@ class HeadroomApp:
                 continue
             err = explain_upstream_error(
                 failure,
-                upstream=self.upstream.base_url,
+                upstream=upstream.base_url,
                 prompt_tokens=record.prompt_tokens,
                 max_model_len=record.max_model_len,
                 requested_max_tokens=record.requested_max_tokens,
@@ -264,11 +267,11 @@ class HeadroomApp:
         out_headers = _response_headers(response.raw_headers) + info_headers
         content_type = response.headers.get("content-type", "")
         if content_type.startswith("text/event-stream"):
-            await self._relay_stream(send, response, out_headers, record, started, strip_usage)
+            await self._relay_stream(upstream, send, response, out_headers, record, started, strip_usage)
             return
 
         try:
-            payload = await self.upstream.read_body(response)
+            payload = await upstream.read_body(response)
         except HeadroomError as err:
             record.action = "upstream_error"
             await self._send_error(send, err, info_headers, record)
@@ -281,6 +284,7 @@ class HeadroomApp:
 
     async def _relay_stream(
         self,
+        upstream: Upstream,
         send: Send,
         response: aiohttp.ClientResponse,
         headers: list[tuple[bytes, bytes]],
@@ -313,15 +317,15 @@ class HeadroomApp:
             response.close()
             raise
         except Exception as exc:
-            mapped = self.upstream.map_exception(exc, phase="streaming the response")
+            mapped = upstream.map_exception(exc, phase="streaming the response")
             failure = mapped if isinstance(mapped, HeadroomError) else errors.upstream_broken(
-                self.upstream.base_url, f"{type(exc).__name__}: {exc}"
+                upstream.base_url, f"{type(exc).__name__}: {exc}"
             )
         finally:
             response.release()
         if failure is None and not scanner.done:
             failure = errors.upstream_broken(
-                self.upstream.base_url, "the stream ended without its final 'data: [DONE]' event"
+                upstream.base_url, "the stream ended without its final 'data: [DONE]' event"
             )
         tail = scanner.leftover() if strip_usage else b""
         if failure is not None:
@@ -348,7 +352,11 @@ class HeadroomApp:
                 body = None
             else:
                 body = _stream_body(receive)
-            response = await self.upstream.send(scope["method"], _path_qs(scope), headers, body)
+            if scope["path"] == "/v1/models" and len(self.backends.items) > 1 and scope["method"] == "GET":
+                await self._send_merged_models(send, request_id)
+                return
+            backend = self._backend_for_body(body) if isinstance(body, bytes) else self.backends.default
+            response = await backend.upstream.send(scope["method"], _path_qs(scope), headers, body)
         except HeadroomError as err:
             await send({"type": "http.response.start", "status": err.status,
                         "headers": _error_headers(err, [(b"x-request-id", _request_id(scope).encode())])})
@@ -390,27 +398,63 @@ class HeadroomApp:
                         return
         raise errors.unauthorized()
 
-    async def _resolve_model(self, request: dict[str, Any]) -> str:
+    async def _resolve_model(self, request: dict[str, Any]) -> tuple[str, Backend]:
+        """The served model a request names (or vLLM's default) and the backend serving it."""
         model = request.get("model")
         if model is not None and not isinstance(model, str):
             raise errors.invalid_field("model", "must be a string naming a served model", model)
-        if not self.registry.loaded:
-            await self.registry.refresh()
-            if not self.registry.loaded:
-                cause = self.registry.last_exception
+        backends = self.backends
+        if not backends.loaded:
+            await backends.refresh_all()
+            if not backends.loaded:
+                cause = backends.default.registry.last_exception
                 if isinstance(cause, HeadroomError):
                     raise cause
-                raise errors.no_model_known(self.upstream.base_url)
+                raise errors.no_model_known(backends.default.upstream.base_url)
         if model is None or model == "":
-            default = self.registry.default_model()
-            if default is None:
-                raise errors.no_model_known(self.upstream.base_url)
-            return default
-        if self.registry.get(model) is None:
-            await self.registry.refresh_for_unknown()
-            if self.registry.get(model) is None:
-                raise errors.model_not_found(model, self.registry.names)
-        return model
+            for backend in backends.items:
+                default = backend.registry.default_model()
+                if default is not None:
+                    return default, backend
+            raise errors.no_model_known(backends.default.upstream.base_url)
+        found = backends.for_model(model)
+        if found is None:
+            await backends.refresh_all(unknown=True)
+            found = backends.for_model(model)
+            if found is None:
+                raise errors.model_not_found(model, backends.names)
+        return model, found
+
+    def _backend_for_body(self, body: bytes) -> Backend:
+        """Route a pass-through request (e.g. /tokenize, /v1/embeddings) by the `model` in its body."""
+        if len(self.backends.items) > 1 and body[:1] == b"{":
+            try:
+                model = json.loads(body).get("model")
+            except (ValueError, AttributeError, RecursionError):
+                model = None
+            if isinstance(model, str):
+                return self.backends.for_model(model) or self.backends.default
+        return self.backends.default
+
+    async def _send_merged_models(self, send: Send, request_id: str) -> None:
+        """GET /v1/models with several upstreams: one list, in routing order."""
+        cards: list[Any] = []
+        seen: set[str] = set()
+        for backend in self.backends.items:
+            try:
+                payload = await backend.upstream.get_json("/v1/models")
+            except Exception as exc:  # one upstream down: list the others, say so in the log
+                log.warning("upstream %s: /v1/models failed: %s", backend.name, exc)
+                continue
+            for card in payload.get("data", []) if isinstance(payload, dict) else []:
+                if isinstance(card, dict) and card.get("id") not in seen:
+                    seen.add(card.get("id"))
+                    cards.append(card)
+        body = json.dumps({"object": "list", "data": cards}, ensure_ascii=False).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"x-request-id", request_id.encode())]})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _send_error(
         self, send: Send, err: HeadroomError, info_headers: list[tuple[bytes, bytes]], record: LengthRecord

@@ -52,6 +52,15 @@ class UpstreamConfig:
 
 
 @dataclass
+class UpstreamEntry:
+    """One more upstream (`[[upstreams]]`); timeouts and limits come from `[upstream]`."""
+
+    name: str = ""
+    url: str = ""
+    api_key: str | None = None
+
+
+@dataclass
 class PolicyConfig:
     margin_tokens: int = 16
     margin_fraction: float = 0.0
@@ -108,6 +117,7 @@ class LoggingConfig:
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    upstreams: list[UpstreamEntry] = field(default_factory=list)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     models: dict[str, ModelConfig] = field(default_factory=dict)
     tokenizers: TokenizersConfig = field(default_factory=TokenizersConfig)
@@ -252,7 +262,7 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, str]:
     """HEADROOM_<SECTION>_<KEY> → "section.key" for every scalar key of every section."""
     found: dict[str, str] = {}
     for section in dataclasses.fields(Config):
-        if section.name == "models":
+        if section.name in ("models", "upstreams"):
             continue
         for fld in dataclasses.fields(section.default_factory()):  # type: ignore[misc]
             name = f"HEADROOM_{section.name}_{fld.name}".upper()
@@ -273,9 +283,18 @@ def _set_dotted(config: Config, dotted: str, value: Any, *, from_text: bool, sou
 
 
 def _check_semantics(config: Config) -> None:
-    url = config.upstream.url
-    if not (url.startswith("http://") or url.startswith("https://")):
-        raise ConfigError(f"'upstream.url' must start with http:// or https://, got {url!r}")
+    urls = [("upstream.url", config.upstream.url)]
+    names = set()
+    for i, entry in enumerate(config.upstreams):
+        if not entry.name:
+            raise ConfigError(f"'upstreams[{i}].name' is required (a label for logs and metrics)")
+        if entry.name in names or entry.name == "default":
+            raise ConfigError(f"'upstreams[{i}].name' = {entry.name!r} is used twice ('default' is [upstream])")
+        names.add(entry.name)
+        urls.append((f"upstreams[{i}].url", entry.url))
+    for key, url in urls:
+        if not (url.startswith("http://") or url.startswith("https://")):
+            raise ConfigError(f"'{key}' must start with http:// or https://, got {url!r}")
     if config.policy.min_completion_tokens < 1:
         raise ConfigError("'policy.min_completion_tokens' must be at least 1")
     if not 0 <= config.policy.margin_fraction < 1:

@@ -24,9 +24,10 @@ from typing import Any, Literal
 from tokenizer_cache import CountError, ModelTokenizer, TokenizerCache, find_tokenizer_dir
 
 from . import errors
+from .backends import Backends
 from .config import Config
 from .forward import Upstream
-from .limits import ModelInfo, ModelRegistry
+from .limits import ModelInfo
 
 log = logging.getLogger("headroom.counting")
 
@@ -44,10 +45,9 @@ class Count:
 
 
 class PromptCounter:
-    def __init__(self, config: Config, registry: ModelRegistry, upstream: Upstream) -> None:
+    def __init__(self, config: Config, backends: Backends) -> None:
         self._config = config
-        self._registry = registry
-        self._upstream = upstream
+        self._backends = backends
         self._cache = TokenizerCache(max_entries=config.tokenizers.cache_size)
         self._dirs: dict[str, Path | None] = {}
         self._hf_home = config.tokenizers.hf_home or os.environ.get("HF_HOME")
@@ -68,7 +68,7 @@ class PromptCounter:
         override = self._config.models.get(model)
         if override is not None and override.tokenizer:
             return Path(override.tokenizer)
-        info: ModelInfo | None = self._registry.get(model)
+        info: ModelInfo | None = self._backends.info(model)
         root = info.root if info else None
         found = find_tokenizer_dir(model, root, self._hf_home)
         if found is None and info is not None and info.parent and info.parent not in seen:
@@ -115,13 +115,14 @@ class PromptCounter:
         clamp wrong). None: the upstream has no usable /tokenize (not vLLM).
         """
         mismatches = []
+        upstream = self._upstream(model)
         for name, probe in PARITY_PROBES.items():
             try:
                 local = await asyncio.to_thread(tok.count_chat, probe)
             except CountError:
                 continue  # the template cannot render this probe (e.g. no tool support)
             try:
-                status, answer = await self._upstream.post_json(
+                status, answer = await upstream.post_json(
                     "/tokenize", {"model": model, "add_generation_prompt": True, **probe}
                 )
             except errors.HeadroomError:
@@ -159,8 +160,13 @@ class PromptCounter:
         per_prompt = [result] if isinstance(result, int) else list(result)
         return Count(per_prompt, "local")
 
+    def _upstream(self, model: str) -> Upstream:
+        backend = self._backends.for_model(model) or self._backends.default
+        return backend.upstream
+
     async def _count_upstream(self, model: str, endpoint: Endpoint, body: dict[str, Any]) -> Count:
         """Ask vLLM's /tokenize for the count (exact; it does not enforce max_model_len)."""
+        upstream = self._upstream(model)
         if endpoint == "chat":
             keys = ("messages", "tools", "add_generation_prompt", "continue_final_message",
                     "chat_template_kwargs", "add_special_tokens", "chat_template", "documents")
@@ -180,7 +186,7 @@ class PromptCounter:
             if isinstance(payload, int):
                 counts.append(payload)
                 continue
-            status, answer = await self._upstream.post_json("/tokenize", payload)
+            status, answer = await upstream.post_json("/tokenize", payload)
             if status == 200 and isinstance(answer, dict) and isinstance(answer.get("count"), int):
                 counts.append(answer["count"])
                 continue
@@ -189,7 +195,7 @@ class PromptCounter:
                 raise errors.invalid_prompt(
                     f"The upstream could not tokenize this request: {message}", _prompt_param(endpoint)
                 )
-            raise errors.upstream_not_ready(self._upstream.base_url, status, f"/tokenize failed: {message}")
+            raise errors.upstream_not_ready(upstream.base_url, status, f"/tokenize failed: {message}")
         return Count(counts, "upstream")
 
 

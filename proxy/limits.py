@@ -53,13 +53,13 @@ def parse_models(payload: Any, overrides: Mapping[str, Any] | None = None) -> di
                 mml, source = pm, "parent"
         root = card.get("root") if isinstance(card.get("root"), str) else None
         result[name] = ModelInfo(name, mml, root, parent, source)
+    # Overrides apply to the models this upstream serves; with several upstreams
+    # a model is configured once, by name, and routed to whichever serves it.
     for name, override in (overrides or {}).items():
         value = getattr(override, "max_model_len", None)
-        if value is not None:
-            base = result.get(name)
-            result[name] = ModelInfo(
-                name, value, base.root if base else None, base.parent if base else None, "config"
-            )
+        base = result.get(name)
+        if value is not None and base is not None:
+            result[name] = ModelInfo(name, value, base.root, base.parent, "config")
     return result
 
 

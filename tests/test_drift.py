@@ -10,9 +10,8 @@ import pytest
 
 from proxy.app import HeadroomApp
 from proxy.config import Config, ModelConfig, UpstreamConfig
+from proxy.backends import Backends
 from proxy.counting import PromptCounter
-from proxy.forward import Upstream
-from proxy.limits import ModelRegistry
 from tests.fakevllm import FakeVLLM
 from tests.servers import serve_in_thread
 from tokenizer_cache import load_model_tokenizer
@@ -117,17 +116,16 @@ async def test_startup_parity_check(qwen3, qwen3_dir, offset: int, expected: boo
     caplog.set_level(logging.WARNING, logger="headroom")
     async with FakeVLLM(count_prompt=counter_with_offset(qwen3, offset)) as fake:
         config = config_for(fake, qwen3_dir)
-        upstream = Upstream(fake.base_url)
-        await upstream.start()
+        backends = Backends(config)
+        await backends.default.upstream.start()
         try:
-            registry = ModelRegistry(config, lambda: upstream.get_json("/v1/models"))
-            counter = PromptCounter(config, registry, upstream)
+            counter = PromptCounter(config, backends)
             seen = []
             counter.on_parity.append(lambda model, ok: seen.append((model, ok)))
-            await registry.refresh()
+            await backends.default.registry.refresh()
             await counter.preload(["tiny-qwen"])
         finally:
-            await upstream.close()
+            await backends.default.upstream.close()
     assert seen == [("tiny-qwen", expected)]
     warned = any("differ from the upstream's /tokenize" in r.getMessage() for r in caplog.records)
     assert warned is (not expected)

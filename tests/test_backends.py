@@ -1,0 +1,95 @@
+"""Several upstreams, each serving its own models, chosen by the request's `model`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from proxy.app import HeadroomApp
+from proxy.config import Config, ConfigError, ModelConfig, UpstreamConfig, UpstreamEntry, load_config
+from tests.fakevllm import FakeVLLM
+from tests.servers import serve_in_thread
+
+HELLO = [{"role": "user", "content": "Hello!"}]
+
+
+@pytest.fixture
+def two_upstreams(qwen3_dir: Path):
+    with FakeVLLM(model="alpha", max_model_len=2048) as a, FakeVLLM(model="beta", max_model_len=4096) as b:
+        config = Config(upstream=UpstreamConfig(url=a.base_url, timeout=10.0),
+                        upstreams=[UpstreamEntry(name="big", url=b.base_url)])
+        for name in ("alpha", "beta"):
+            config.models[name] = ModelConfig(tokenizer=str(qwen3_dir))
+        with serve_in_thread(HeadroomApp(config)) as base:
+            yield a, b, base
+
+
+def test_requests_are_routed_by_model(two_upstreams) -> None:
+    a, b, base = two_upstreams
+    client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
+    for model, fake, other, mml in (("alpha", a, b, 2048), ("beta", b, a, 4096)):
+        raw = client.chat.completions.with_raw_response.create(model=model, messages=HELLO, max_tokens=99999)
+        assert raw.headers["x-headroom-max-model-len"] == str(mml)
+        assert raw.headers["x-headroom-granted-max-tokens"] == str(mml - 10 - 16)
+        assert raw.parse().model == model
+        assert any(r.path == "/v1/chat/completions" and r.json["model"] == model for r in fake.requests)
+        assert not any(r.path == "/v1/chat/completions" and r.json["model"] == model for r in other.requests)
+
+
+def test_models_list_is_merged(two_upstreams) -> None:
+    _, _, base = two_upstreams
+    client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["alpha", "beta"]
+
+
+def test_pass_through_is_routed_by_body_model(two_upstreams) -> None:
+    a, b, base = two_upstreams
+    response = httpx.post(base + "/tokenize", json={"model": "beta", "prompt": "Hello"})
+    assert response.status_code == 200
+    def mine(r) -> bool:   # not the start-up parity probes, which also call /tokenize
+        return r.path == "/tokenize" and (r.json or {}).get("prompt") == "Hello"
+
+    assert len([r for r in b.requests if mine(r)]) == 1
+    assert not any(mine(r) for r in a.requests)
+
+
+def test_unknown_model_lists_every_upstreams_models(two_upstreams) -> None:
+    _, _, base = two_upstreams
+    client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="gamma", messages=HELLO, max_tokens=2)
+    assert info.value.body["message"] == "The model `gamma` does not exist. Valid aliases: alpha, beta."
+
+
+def test_one_upstream_down_does_not_stop_the_other(qwen3_dir: Path) -> None:
+    with FakeVLLM(model="beta") as b:
+        with FakeVLLM(model="alpha") as dead:
+            dead_url = dead.base_url
+        config = Config(upstream=UpstreamConfig(url=dead_url, connect_timeout=1.0, timeout=5.0),
+                        upstreams=[UpstreamEntry(name="b", url=b.base_url)])
+        config.models["beta"] = ModelConfig(tokenizer=str(qwen3_dir))
+        with serve_in_thread(HeadroomApp(config)) as base:
+            response = httpx.post(base + "/v1/chat/completions",
+                                  json={"model": "beta", "messages": HELLO, "max_tokens": 3})
+            assert response.status_code == 200
+            models = httpx.get(base + "/v1/models").json()
+            assert [m["id"] for m in models["data"]] == ["beta"]
+
+
+def test_upstreams_config_from_toml(tmp_path: Path) -> None:
+    path = tmp_path / "h.toml"
+    path.write_text('[upstream]\nurl = "http://a:1"\n[[upstreams]]\nname = "big"\nurl = "http://b:2"\napi_key = "k"\n')
+    config = load_config(path, env={})
+    assert config.upstreams == [UpstreamEntry(name="big", url="http://b:2", api_key="k")]
+    path.write_text('[[upstreams]]\nurl = "http://b:2"\n')
+    with pytest.raises(ConfigError, match=r"'upstreams\[0\].name' is required"):
+        load_config(path, env={})
+    path.write_text('[[upstreams]]\nname = "x"\nurl = "b:2"\n')
+    with pytest.raises(ConfigError, match=r"'upstreams\[0\].url' must start with http"):
+        load_config(path, env={})
+    path.write_text('[[upstreams]]\nname = "x"\nurll = "http://b"\n')
+    with pytest.raises(ConfigError, match=r"did you mean 'upstreams\[0\].url'"):
+        load_config(path, env={})
