@@ -1,0 +1,146 @@
+"""The README's examples, run for real: what it shows is what headroom prints.
+
+The curl/openai examples run against a fake vLLM of the older, rejecting kind
+(`max_model_len` 8192) that counts with the real Qwen3 tokenizer; `plan` and
+`report` are run with the README's own arguments and their output compared
+line by line.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from proxy.app import HeadroomApp
+from proxy.config import Config, LengthLogConfig, ModelConfig, UpstreamConfig
+from tests.fakevllm import FakeVLLM
+from tests.servers import serve_in_thread
+from tokenizer_cache import load_model_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def block_after(marker: str) -> list[str]:
+    """Lines of the first fenced block that starts with a line containing `marker`."""
+    lines = README.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("```") and i + 1 < len(lines) and marker in lines[i + 1]:
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+            return lines[i + 1:end]
+    raise AssertionError(f"no README block starting with {marker!r}")
+
+
+def documented_headers(block: list[str]) -> dict[str, str]:
+    return dict(line.split(": ", 1) for line in block if re.match(r"^x-headroom-[a-z-]+: ", line))
+
+
+@pytest.fixture(scope="module")
+def qwen3(qwen3_dir):
+    return load_model_tokenizer(qwen3_dir)
+
+
+@pytest.fixture(scope="module")
+def stack(qwen3, qwen3_dir):
+    def count(endpoint: str, body: dict) -> int:
+        return qwen3.count_chat(body) if endpoint == "chat" else sum(qwen3.count_completion(body))
+
+    with FakeVLLM(max_model_len=8192, count_prompt=count, mode="legacy") as fake:
+        config = Config(upstream=UpstreamConfig(url=fake.base_url, timeout=30.0))
+        config.models["tiny-qwen"] = ModelConfig(tokenizer=str(qwen3_dir))
+        with serve_in_thread(HeadroomApp(config)) as base:
+            yield fake, base
+
+
+def test_python_example(stack) -> None:
+    _, base = stack
+    source = next(b for b in re.findall(r"```python\n(.*?)```", README, re.S) if "with_raw_response" in b)
+    source = source.replace("http://127.0.0.1:8100/v1", base + "/v1")
+    printed: list[str] = []
+    namespace = {"print": lambda *a: printed.append(" ".join(map(str, a)))}
+    exec(compile(source, "README.md", "exec"), namespace)
+    documented = re.findall(r"print\(.*\)\s+# (\S+)", source)
+    assert printed == documented == ["clamped", "8161"]
+    assert namespace["completion"].usage.completion_tokens == 8161
+
+
+def test_curl_clamp_example(stack) -> None:
+    fake, base = stack
+    block = block_after("$ curl")
+    body = json.loads(re.search(r"-d '(\{.*\})'", " ".join(block)).group(1))
+    response = httpx.post(base + "/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == int(block[2].split()[1])
+    assert {k: response.headers[k] for k in documented_headers(block)} == documented_headers(block)
+    # …and the same request straight to the (older, rejecting) vLLM:
+    direct = httpx.post(fake.base_url + "/v1/chat/completions", json=body, timeout=30)
+    assert direct.status_code == 400
+    shown = " ".join(next(b for b in re.findall(r"```\n(HTTP/1.1 400.*?)```", README, re.S)
+                          if "'max_tokens' or" in b).split("\n")[1:])
+    documented = re.search(r'"message":"(.*?) \.\.\."', shown).group(1)
+    assert direct.json()["error"]["message"].startswith(documented)
+
+
+def test_rejection_example(stack, qwen3) -> None:
+    _, base = stack
+    body = {"model": "tiny-qwen", "messages": [{"role": "user", "content": " ".join(["hello"] * 9000)}],
+            "max_tokens": 100}
+    response = httpx.post(base + "/v1/chat/completions", json=body, timeout=30)
+    lines = README.splitlines()
+    start = lines.index("x-headroom-action: rejected") - 1
+    block = lines[start:lines.index("```", start)]
+    assert response.status_code == 400
+    assert {k: response.headers[k] for k in documented_headers(block)} == documented_headers(block)
+    documented = json.loads(" ".join(block[block.index("") + 1:]))
+    assert response.json() == documented
+
+
+def test_count_example(tmp_path, qwen3_dir) -> None:
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"model": "tiny-qwen", "messages": [
+        {"role": "user", "content": " ".join(["hello"] * 9000)}], "max_tokens": 100}))
+    block = block_after("$ headroom count")
+    out = subprocess.run([sys.executable, "-m", "proxy.count_cli", "--tokenizer", str(qwen3_dir), str(request)],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == block[1]
+
+
+def test_plan_example() -> None:
+    block = block_after("$ headroom plan")
+    argv = block[0].split("headroom plan", 1)[1].split()
+    out = subprocess.run([sys.executable, "-m", "proxy.plan_cli", *argv], capture_output=True, text=True, check=True)
+    assert [line.rstrip() for line in out.stdout.strip().splitlines()] == [line.rstrip() for line in block[1:]]
+
+
+def test_report_example(tmp_path, qwen3, qwen3_dir) -> None:
+    # The traffic of tests/test_report_e2e.py (same seed), recorded by the proxy, then reported.
+    rng = random.Random(20261129)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa"]
+    log_path = tmp_path / "lengths.jsonl"
+
+    def count(endpoint: str, body: dict) -> int:
+        return qwen3.count_chat(body)
+
+    with FakeVLLM(max_model_len=4096, count_prompt=count) as fake:
+        config = Config(upstream=UpstreamConfig(url=fake.base_url, timeout=10.0),
+                        length_log=LengthLogConfig(path=str(log_path)))
+        config.models["tiny-qwen"] = ModelConfig(tokenizer=str(qwen3_dir))
+        with serve_in_thread(HeadroomApp(config)) as base, httpx.Client(base_url=base, timeout=10) as client:
+            for _ in range(150):
+                n_words = int(rng.lognormvariate(4.0, 0.8)) + 1
+                client.post("/v1/chat/completions", json={
+                    "model": "tiny-qwen",
+                    "messages": [{"role": "user", "content": " ".join(rng.choice(words) for _ in range(n_words))}],
+                    "max_tokens": rng.choice([4, 8, 16, 32, 64]),
+                })
+    block = block_after("$ headroom report")
+    out = subprocess.run([sys.executable, "-m", "proxy.report_cli", str(log_path)],
+                         capture_output=True, text=True, check=True).stdout
+    assert [line.rstrip() for line in out.strip().splitlines()] == [line.rstrip() for line in block[1:]]
