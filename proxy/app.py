@@ -23,6 +23,7 @@ import contextlib
 import hmac
 import json
 import logging
+import re
 import time
 import uuid
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
@@ -110,12 +111,17 @@ class HeadroomApp:
         if kind == "http":
             path = scope["path"]
             endpoint = ADMITTED.get(path)
-            if endpoint is not None and scope["method"] == "POST":
-                await self._admitted(scope, receive, send, endpoint)
-            elif path in LOCAL_PATHS:
-                await self._local(scope, receive, send)
-            else:
-                await self._passthrough(scope, receive, send)
+            try:
+                if endpoint is not None and scope["method"] == "POST":
+                    await self._admitted(scope, receive, send, endpoint)
+                elif path in LOCAL_PATHS:
+                    await self._local(scope, receive, send)
+                else:
+                    await self._passthrough(scope, receive, send)
+            except Exception:
+                # A bug must still answer in the OpenAI shape, never a bare 500 page.
+                log.exception("unexpected error while handling %s %s", scope["method"], path)
+                await _send_internal_error(send, _request_id(scope))
         elif kind == "lifespan":
             await self._lifespan(receive, send)
 
@@ -546,10 +552,41 @@ class SSEScanner:
             if payload == b"[DONE]":
                 self.done = True
                 continue
+            if payload.startswith(b'{"error"'):
+                self._upstream_error()
+                continue
             wants_usage = b'"usage"' in payload and b'"usage":null' not in payload
             wants_finish = b'"finish_reason"' in payload and b'"finish_reason":null' not in payload
             if wants_usage or wants_finish:
                 _read_usage(payload, self.record, streaming=True)
+
+    def _upstream_error(self) -> None:
+        """vLLM reports a failure after a stream started as `data: {"error": {...}}` (then [DONE]).
+
+        The client gets the event as sent; the record says the request failed
+        upstream (the upstream's own code is not used: it would make the
+        error_code label set unbounded).
+        """
+        self.record.action = "upstream_error"
+        if self.record.error_code is None:
+            self.record.error_code = "upstream_stream_error"
+
+
+async def _send_internal_error(send: Send, request_id: str) -> None:
+    err = HeadroomError(
+        500,
+        f"headroom hit an unexpected internal error and did not complete the request. This is a bug in "
+        f"headroom, not in your request: please report it with the request id {request_id}.",
+        code="internal_error",
+    )
+    body = err.body_bytes()
+    try:
+        await send({"type": "http.response.start", "status": 500, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"x-request-id", request_id.encode())]})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+    except Exception:  # the response had already started: nothing more can be said
+        pass
 
 
 def _is_usage_only(event: bytes) -> bool:
@@ -658,11 +695,33 @@ def _parse_json_object(body: bytes) -> dict[str, Any]:
         raise errors.invalid_json("it is nested too deeply") from None
     except ValueError as exc:
         raise errors.invalid_json(str(exc)) from None
+    if _LONE_SURROGATE_ESCAPE.search(body) and _has_lone_surrogate(value):
+        raise errors.invalid_json(
+            "it contains an unpaired UTF-16 surrogate escape (\\ud800-\\udfff without its pair), "
+            "which is not Unicode text: no tokenizer can encode it"
+        )
     if not isinstance(value, dict):
         raise errors.body_not_object(
             {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(value), "null")
         )
     return value
+
+
+# A JSON escape for a UTF-16 surrogate (high or low half).  Python's json accepts
+# an unpaired one and yields a str that tokenizers reject with TypeError and that
+# cannot be encoded to UTF-8 again (a clamped body is re-serialized): both would
+# surface as a bare 500.  The regex is a cheap pre-filter; only a body that has
+# such an escape (valid pairs included, e.g. an emoji from an ensure_ascii client)
+# pays for the exact check.
+_LONE_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _path_qs(scope: Scope) -> str:

@@ -390,3 +390,15 @@ def test_request_id_generated_when_absent_or_unsafe(stack: Stack) -> None:
         rid = response.headers["x-request-id"]
         assert rid != sent and len(rid) == 32
         assert [r.path for r in stack.fake.requests if r.headers.get("x-request-id") == rid] == ["/v1/models"]
+
+
+def test_a_bug_still_answers_in_openai_shape(stack: Stack, monkeypatch) -> None:
+    def boom(*args, **kwargs):
+        raise KeyError("simulated bug")
+
+    monkeypatch.setattr(stack.app.counter, "count", boom)
+    with pytest.raises(openai.InternalServerError) as info:
+        stack.client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=2)
+    assert info.value.status_code == 500
+    assert info.value.body["code"] == "internal_error"
+    assert info.value.response.headers["x-request-id"] in info.value.body["message"]
