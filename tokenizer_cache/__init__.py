@@ -7,6 +7,10 @@ Counts prompt tokens exactly as vLLM does, from a model directory holding
     tokenizer = TokenizerCache().get(find_tokenizer_dir("Qwen/Qwen3-8B", root=None))
     tokenizer.count_chat({"messages": [{"role": "user", "content": "Hi"}]})
 
+Models loaded through a TokenizerCache count through a shared per-piece
+cache: text between added tokens is encoded once, so a conversation resent
+every turn only costs its new messages (`PieceCountCache`, `PieceTally`).
+
 Everything else lives in private modules; import from here.
 """
 
@@ -15,10 +19,18 @@ from ._chat import UnsupportedContent
 from ._errors import CountError
 from ._locate import find_tokenizer_dir
 from ._model import ModelTokenizer, load_model_tokenizer
+from ._piece_cache import DEFAULT_MAX_ENTRIES as DEFAULT_PIECE_CACHE_ENTRIES
+from ._piece_cache import PieceCacheStats, PieceCountCache
+from ._piece_count import PieceCounter, PieceTally
 
 __all__ = [
     "CountError",
+    "DEFAULT_PIECE_CACHE_ENTRIES",
     "ModelTokenizer",
+    "PieceCacheStats",
+    "PieceCountCache",
+    "PieceCounter",
+    "PieceTally",
     "TokenizerCache",
     "UnsupportedContent",
     "find_tokenizer_dir",

@@ -5,18 +5,24 @@ directory is loaded once and kept; the bound keeps a proxy that sees many
 model names from growing without limit.  Concurrent first requests for the
 same directory wait for one load instead of each loading their own copy;
 different directories load in parallel (the lock is not held while loading).
+
+The models loaded here share one `PieceCountCache` (per-piece token counts,
+so a resent conversation only encodes what is new); `piece_cache_entries=0`
+turns it off.
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
+import functools
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Callable
 
 from ._model import ModelTokenizer, load_model_tokenizer
+from ._piece_cache import DEFAULT_MAX_ENTRIES, PieceCountCache
 
 Loader = Callable[[pathlib.Path], ModelTokenizer]
 
@@ -24,10 +30,22 @@ Loader = Callable[[pathlib.Path], ModelTokenizer]
 class TokenizerCache:
     """`get(directory)` → the ModelTokenizer for that directory, loaded at most once while cached."""
 
-    def __init__(self, max_entries: int = 8, *, loader: Loader = load_model_tokenizer) -> None:
+    def __init__(
+        self,
+        max_entries: int = 8,
+        *,
+        loader: Loader | None = None,
+        piece_cache_entries: int = DEFAULT_MAX_ENTRIES,
+    ) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
+        if piece_cache_entries < 0:
+            raise ValueError("piece_cache_entries must be 0 (off) or more")
         self.max_entries = max_entries
+        # One table for every model: the digests are keyed by tokenizer.
+        self.piece_cache = PieceCountCache(piece_cache_entries) if piece_cache_entries else None
+        if loader is None:
+            loader = functools.partial(load_model_tokenizer, piece_cache=self.piece_cache)
         self._loader = loader
         self._lock = threading.Lock()
         self._entries: OrderedDict[pathlib.Path, ModelTokenizer] = OrderedDict()

@@ -9,6 +9,7 @@ counting then only validates the request, renders and encodes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
@@ -23,6 +24,8 @@ from . import _chat, _completion
 from ._content_format import ContentFormat, detect_content_format
 from ._errors import CountError
 from ._jinja import compile_template, parse_template
+from ._piece_cache import PieceCountCache
+from ._piece_count import PieceCounter, PieceTally
 from ._render import render
 
 # The special-token attributes transformers exposes to templates
@@ -124,18 +127,30 @@ class ModelTokenizer:
         tokenizer: Tokenizer,
         templates: dict[str, ChatTemplate],
         special_tokens: dict[str, Any],
+        *,
+        piece_counter: PieceCounter | None = None,
+        piece_fallback: str | None = None,
+        identity: bytes | None = None,
     ) -> None:
         self.source_dir = source_dir
         self._tokenizer = tokenizer
         self._templates = templates
         self._special_tokens = special_tokens
+        self._piece_counter = piece_counter
+        # Why this tokenizer is counted whole although a piece cache was offered.
+        self.piece_fallback = piece_fallback
+        self._identity = identity
 
     # -- public ----------------------------------------------------------
 
     def count_chat(self, body: dict) -> int:
         """Prompt tokens of a /v1/chat/completions request; raises CountError."""
+        return self.tally_chat(body).tokens
+
+    def tally_chat(self, body: dict) -> PieceTally:
+        """`count_chat` plus the work it took (how much was encoded rather than cached)."""
         text, add_special_tokens = self._render(body)
-        return self.count_text(text, add_special_tokens=add_special_tokens)
+        return self.tally_text(text, add_special_tokens=add_special_tokens)
 
     def render_chat(self, body: dict) -> str:
         """The prompt text vLLM would encode for this chat request."""
@@ -155,17 +170,46 @@ class ModelTokenizer:
         return counts
 
     def count_text(self, text: str, *, add_special_tokens: bool) -> int:
-        """Tokens of `text`; the post-processor decides what add_special_tokens adds.
+        """Tokens of `text`; the post-processor decides what add_special_tokens adds."""
+        return self.tally_text(text, add_special_tokens=add_special_tokens).tokens
 
-        `encode_batch_fast` gives the same ids as `encode` but releases the GIL
+    def tally_text(self, text: str, *, add_special_tokens: bool) -> PieceTally:
+        """Count `text`, through the piece cache when this model has one.
+
+        Without it, `encode_batch_fast` gives the same ids as `encode` but releases the GIL
         while it works and skips offset tracking: a long prompt counted in a
         worker thread then leaves the event loop running, and counting is
         about twice as fast (bench/count_bench.py).
         """
+        if self._piece_counter is not None:
+            return self._piece_counter.count(text, add_special_tokens=add_special_tokens)
         encodings = self._tokenizer.encode_batch_fast([text], add_special_tokens=add_special_tokens)
         # len(Encoding) is the number of ids without building a Python list of
         # them: for 100k tokens that list costs 2-4 ms with the GIL held.
-        return len(encodings[0])
+        tokens = len(encodings[0])
+        return PieceTally(tokens=tokens, pieces=1, added_tokens=0, encoded_pieces=1, encoded_tokens=tokens)
+
+    def with_piece_cache(self, piece_cache: PieceCountCache | None) -> ModelTokenizer:
+        """The same model (same tokenizer and templates, nothing reloaded)
+        counting through `piece_cache`, or whole texts when it is None."""
+        counter, fallback = None, None
+        if piece_cache is not None:
+            counter, fallback = PieceCounter.for_tokenizer(self._tokenizer, piece_cache, self._identity)
+        return ModelTokenizer(
+            self.source_dir,
+            self._tokenizer,
+            self._templates,
+            self._special_tokens,
+            piece_counter=counter,
+            piece_fallback=fallback,
+            identity=self._identity,
+        )
+
+    @property
+    def piece_counter(self) -> PieceCounter | None:
+        """The per-piece counter, or None when this model counts whole texts
+        (no piece cache given, or `piece_fallback` says why not)."""
+        return self._piece_counter
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -231,9 +275,14 @@ def _read_config(path: pathlib.Path) -> dict[str, Any]:
     return config
 
 
-def load_model_tokenizer(directory: str | os.PathLike) -> ModelTokenizer:
+def load_model_tokenizer(
+    directory: str | os.PathLike, *, piece_cache: PieceCountCache | None = None
+) -> ModelTokenizer:
     """Load tokenizer.json and compile the chat template(s) of a model directory.
 
+    With `piece_cache`, texts are counted piece by piece between added tokens
+    and only pieces not seen before are encoded (`_piece_count`), unless the
+    tokenizer's pieces are not independent (then `piece_fallback` says why).
     Raises FileNotFoundError when the directory or its tokenizer.json is
     missing, ValueError when a file is malformed.  Never downloads.
     """
@@ -247,7 +296,8 @@ def load_model_tokenizer(directory: str | os.PathLike) -> ModelTokenizer:
             "(the one the Hugging Face repository ships) to count tokens."
         )
     try:
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        raw = tokenizer_file.read_bytes()
+        tokenizer = Tokenizer.from_buffer(raw)
     except Exception as exc:  # tokenizers raises its own Exception type
         raise ValueError(f"{tokenizer_file} could not be loaded by `tokenizers`: {exc}") from exc
     # transformers counts without truncation/padding whatever tokenizer.json
@@ -260,4 +310,10 @@ def load_model_tokenizer(directory: str | os.PathLike) -> ModelTokenizer:
         name: _compile(name, source, source_dir)
         for name, source in _template_sources(source_dir, config).items()
     }
-    return ModelTokenizer(source_dir, tokenizer, templates, special_token_variables(config))
+    # The file's bytes name the tokenizer in piece-cache keys (cheaper than
+    # re-serialising it); split_special_tokens changes what the same file encodes.
+    identity = hashlib.blake2b(
+        raw + (b"\x01" if tokenizer.encode_special_tokens else b"\x00"), digest_size=32
+    ).digest()
+    model = ModelTokenizer(source_dir, tokenizer, templates, special_token_variables(config), identity=identity)
+    return model.with_piece_cache(piece_cache) if piece_cache is not None else model

@@ -1,0 +1,88 @@
+"""A bounded, thread-safe LRU of piece digest → token count, shared by every model of a process.
+
+Keys are 16-byte keyed-blake2b digests of a piece's UTF-8 bytes, keyed by
+the tokenizer's identity (see `_piece_count`), so one table serves all models
+without mixing them up and holds no text: memory per entry is fixed whatever
+the piece's length (about 140-170 bytes; bench/multiturn_bench.py measures it).
+
+Lookups and inserts come in batches (all pieces of one prompt) under one lock
+acquisition, and the lock is never held while encoding: the proxy counts
+large prompts in worker threads, and a miss in one must not stall the others.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+DEFAULT_MAX_ENTRIES = 65_536
+
+
+@dataclass(frozen=True)
+class PieceCacheStats:
+    """Counters since creation (or `clear`): for metrics and the benchmark."""
+
+    entries: int
+    max_entries: int
+    hits: int
+    misses: int
+    evictions: int
+
+
+class PieceCountCache:
+    """digest → token count; least recently used entries go first once `max_entries` is reached."""
+
+    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be at least 1")
+        self.max_entries = max_entries
+        self._lock = threading.Lock()
+        self._counts: OrderedDict[bytes, int] = OrderedDict()
+        self._hits = 0
+        self._misses = 0
+        self._evictions = 0
+
+    def get_many(self, keys: Sequence[bytes]) -> list[int | None]:
+        """The cached count of each key (None when absent); hits become most recent."""
+        found: list[int | None] = []
+        with self._lock:
+            counts = self._counts
+            for key in keys:
+                count = counts.get(key)
+                if count is not None:
+                    counts.move_to_end(key)
+                found.append(count)
+            hits = len(found) - found.count(None)
+            self._hits += hits
+            self._misses += len(found) - hits
+        return found
+
+    def put_many(self, items: Iterable[tuple[bytes, int]]) -> None:
+        with self._lock:
+            counts = self._counts
+            for key, count in items:
+                counts[key] = count
+                counts.move_to_end(key)
+            overflow = len(counts) - self.max_entries
+            for _ in range(max(0, overflow)):
+                counts.popitem(last=False)
+            self._evictions += max(0, overflow)
+
+    def stats(self) -> PieceCacheStats:
+        with self._lock:
+            return PieceCacheStats(len(self._counts), self.max_entries, self._hits, self._misses, self._evictions)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._counts)
+
+    def __contains__(self, key: bytes) -> bool:
+        with self._lock:
+            return key in self._counts
+
+    def clear(self) -> None:
+        with self._lock:
+            self._counts.clear()
+            self._hits = self._misses = self._evictions = 0

@@ -1,0 +1,177 @@
+"""Decide, once per tokenizer at load time, whether counting piece by piece is exact.
+
+Piece counting (`_piece_count`) rests on one claim: a piece between added
+tokens encodes to the same ids alone as inside the whole text.  That holds
+when every stage after the added-token split looks only at its own piece.
+From the `tokenizers` 0.23 source:
+
+* normalizers are functions of the piece they are given (Prepend adds its
+  prefix to every non-empty piece, not only the first: the corpus README's
+  Phi-3 notes show "▁" after each added token);
+* pre-tokenizers likewise, except `Metaspace` with `prepend_scheme: "first"`,
+  which prepends only when the piece starts at offset 0 of the whole input
+  (`metaspace.rs`, `normalized.offsets_original().0 == 0`); ByteLevel's
+  `add_prefix_space` prepends to every piece and is fine;
+* models (BPE, WordPiece, WordLevel, Unigram) work per pre-token; BPE with
+  dropout is random and is not cached;
+* the post-processor adds its special tokens once per sequence: counted
+  separately with `num_special_tokens_to_add`.
+
+The added-token split is reproduced by `_added_split`, except for what makes
+a match depend on text outside the piece or on the normalizer:
+
+* `single_word` tokens (the word-boundary test looks across piece edges);
+* `normalized: true` tokens under a non-identity normalizer (they are matched
+  in normalized text, which a piece re-normalised alone may not reproduce);
+* `lstrip`/`rstrip` tokens together with a token that starts or ends with
+  whitespace (the scan resumes inside the stripped whitespace and the splits
+  can overlap).
+
+Unknown component types fall back too, and so does a tokenizer that fails a
+probe comparing piece sums with whole encodes.  Falling back only costs
+speed: the whole prompt is encoded as before.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+from tokenizers import Tokenizer
+
+from ._added_split import WHITE_SPACE, AddedTokenSplitter, SplitToken
+
+# Every normalizer type of tokenizers 0.23 (normalizers/mod.rs); all are
+# functions of the piece alone.
+_NORMALIZERS = frozenset(
+    {"BertNormalizer", "Strip", "StripAccents", "NFC", "NFD", "NFKC", "NFKD", "Sequence",
+     "Lowercase", "Nmt", "Precompiled", "Replace", "Prepend", "ByteLevel"}
+)
+# Pre-tokenizer types whose output depends only on the piece (Metaspace checked apart).
+_PRE_TOKENIZERS = frozenset(
+    {"BertPreTokenizer", "ByteLevel", "Delimiter", "CharDelimiterSplit", "Metaspace", "Whitespace",
+     "WhitespaceSplit", "Punctuation", "Split", "Digits", "UnicodeScripts", "FixedLength", "Sequence"}
+)
+_MODELS = frozenset({"BPE", "WordPiece", "WordLevel", "Unigram"})
+
+
+def split_tokens(tokenizer: Tokenizer) -> list[SplitToken]:
+    """The tokenizer's added tokens as the splitter needs them."""
+    return [
+        SplitToken(
+            content=token.content,
+            lstrip=token.lstrip,
+            rstrip=token.rstrip,
+            normalized=token.normalized,
+            special=token.special,
+        )
+        for _, token in sorted(tokenizer.get_added_tokens_decoder().items())
+        if token.content
+    ]
+
+
+def _state(component: Any) -> Any:
+    """A normalizer / pre-tokenizer as its JSON, or None when absent."""
+    if component is None:
+        return None
+    return json.loads(component.__getstate__())
+
+
+def _walk(node: Any, children_key: str) -> Iterable[dict]:
+    yield node
+    for child in node.get(children_key) or ():
+        yield from _walk(child, children_key)
+
+
+def _is_identity(state: Any) -> bool:
+    """No normalizer, or Sequences of nothing (DeepSeek-V3.1 ships `{"type": "Sequence", "normalizers": []}`)."""
+    if state is None:
+        return True
+    return state.get("type") == "Sequence" and all(_is_identity(child) for child in state.get("normalizers") or ())
+
+
+def _normalizer_reason(state: Any) -> str | None:
+    if state is None:
+        return None
+    for node in _walk(state, "normalizers"):
+        if node.get("type") not in _NORMALIZERS:
+            return f"unknown normalizer type {node.get('type')!r}"
+    return None
+
+
+def _pre_tokenizer_reason(state: Any) -> str | None:
+    if state is None:
+        return None
+    for node in _walk(state, "pretokenizers"):
+        kind = node.get("type")
+        if kind not in _PRE_TOKENIZERS:
+            return f"unknown pre-tokenizer type {kind!r}"
+        if kind == "Metaspace" and node.get("prepend_scheme") == "first":
+            return 'Metaspace prepend_scheme "first" marks only the piece at offset 0 of the whole input'
+    return None
+
+
+def _model_reason(tokenizer: Tokenizer) -> str | None:
+    kind = type(tokenizer.model).__name__
+    if kind not in _MODELS:
+        return f"unknown model type {kind!r}"
+    if kind == "BPE" and getattr(tokenizer.model, "dropout", None):
+        return "BPE dropout makes encodings random"
+    return None
+
+
+def _added_tokens_reason(tokens: list[SplitToken], tokenizer: Tokenizer, normalizer: Any) -> str | None:
+    decoder = tokenizer.get_added_tokens_decoder()
+    if any(token.single_word for token in decoder.values() if token.content):
+        return "a single_word added token matches depending on the characters around it"
+    if not _is_identity(normalizer) and any(token.normalized for token in tokens):
+        return "normalized added tokens are matched in normalized text (non-identity normalizer)"
+    strips = any(token.lstrip or token.rstrip for token in tokens)
+    edged = any(token.content[0] in WHITE_SPACE or token.content[-1] in WHITE_SPACE for token in tokens)
+    if strips and edged:
+        return "an added token starts or ends with whitespace next to lstrip/rstrip tokens"
+    return None
+
+
+def _probe_texts(tokens: list[SplitToken]) -> list[str]:
+    """Texts that put added tokens next to each other, to whitespace, at the edges, inside words."""
+    chosen = tokens[:6] + [t for t in tokens if t.lstrip or t.rstrip or t.normalized][:6]
+    marks = [t.content for t in chosen] or [""]
+    words = ["Hello", " world", "  two  spaces ", "\n", "\n\n  ", "def f(x):\n\treturn x", "안녕하세요 세계", "🐶 ok", ""]
+    texts = []
+    for i, mark in enumerate(marks):
+        nxt = marks[(i + 1) % len(marks)]
+        word = words[i % len(words)]
+        texts += [
+            mark + word + " " + nxt,
+            word + mark + mark + " \n" + word,
+            " " + mark + "\n" + nxt + word + nxt,
+            "x" + mark + "y" + nxt + "  ",
+        ]
+    texts.append("".join(words))
+    return texts
+
+
+def fallback_reason(tokenizer: Tokenizer, splitter: AddedTokenSplitter | None = None) -> str | None:
+    """Why this tokenizer must be counted whole, or None when pieces are exact."""
+    tokens = split_tokens(tokenizer)
+    normalizer = _state(tokenizer.normalizer)
+    for reason in (
+        _model_reason(tokenizer),
+        _normalizer_reason(normalizer),
+        _pre_tokenizer_reason(_state(tokenizer.pre_tokenizer)),
+        _added_tokens_reason(tokens, tokenizer, normalizer),
+    ):
+        if reason is not None:
+            return reason
+    splitter = splitter or AddedTokenSplitter(tokens, encode_special_tokens=tokenizer.encode_special_tokens)
+    specials = tokenizer.num_special_tokens_to_add(False)
+    for text in _probe_texts(tokens):
+        pieces, matched = splitter.split(text)
+        encodings = tokenizer.encode_batch_fast(pieces, add_special_tokens=False) if pieces else []
+        piece_sum = matched + sum(len(encoding) for encoding in encodings)
+        whole = len(tokenizer.encode(text, add_special_tokens=False))
+        with_specials = len(tokenizer.encode(text, add_special_tokens=True))
+        if piece_sum != whole or piece_sum + specials != with_specials:
+            return f"probe {text!r} counts {piece_sum}+{specials} by pieces but {whole}/{with_specials} whole"
+    return None
