@@ -69,8 +69,12 @@ class HeadroomApp:
         self.backends = Backends(config)
         self.counter = PromptCounter(config, self.backends)
         self.backends.on_change(self._models_changed)
-        self.counter.on_parity.append(lambda model, ok: self.recorder.metrics.set_tokenizer_parity(model, ok))
         self.recorder = recorder if recorder is not None else make_recorder(config)
+        metrics = getattr(self.recorder, "metrics", None)   # a test's recorder may have none
+        if metrics is not None:
+            self.counter.on_parity.append(metrics.set_tokenizer_parity)
+            if self.counter.piece_cache is not None:
+                metrics.attach_piece_cache(self.counter.piece_cache.stats)
         self._local = Router(routes=self.recorder.routes())
         self._background: set[asyncio.Task[Any]] = set()
         self._api_keys = [k.encode() for k in config.server.api_keys]

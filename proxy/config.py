@@ -87,6 +87,9 @@ class ModelConfig:
 @dataclass
 class TokenizersConfig:
     cache_size: int = 8
+    # Per-piece token counts (text between special tokens) remembered across
+    # requests, so a conversation resent every turn only encodes what is new.
+    piece_cache_entries: int = 65536
     hf_home: str | None = None
     # Bodies larger than this are counted in a worker thread so one long
     # prompt cannot stall the event loop for everyone else.

@@ -48,7 +48,10 @@ class PromptCounter:
     def __init__(self, config: Config, backends: Backends) -> None:
         self._config = config
         self._backends = backends
-        self._cache = TokenizerCache(max_entries=config.tokenizers.cache_size)
+        self._cache = TokenizerCache(
+            max_entries=config.tokenizers.cache_size,
+            piece_cache_entries=config.tokenizers.piece_cache_entries,
+        )
         self._dirs: dict[str, Path | None] = {}
         self._hf_home = config.tokenizers.hf_home or os.environ.get("HF_HOME")
         self.parity: dict[str, bool] = {}
@@ -75,6 +78,10 @@ class PromptCounter:
             found = self._resolve(info.parent, seen)
         return found
 
+    @property
+    def piece_cache(self) -> Any:
+        return self._cache.piece_cache
+
     def forget_dirs(self) -> None:
         """Called when the upstream's model list changes: roots may have moved."""
         self._dirs.clear()
@@ -100,6 +107,8 @@ class PromptCounter:
                 model,
                 tok.source_dir if tok is not None else "not found locally; counting via upstream /tokenize",
             )
+            if tok is not None and tok.piece_fallback:
+                log.info("model %s: counting whole prompts (no per-piece cache): %s", model, tok.piece_fallback)
             if tok is not None:
                 result = await self.parity_check(model, tok)
                 if result is not None:

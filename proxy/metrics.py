@@ -22,10 +22,10 @@ has only 6 bounds between 1k and 128k: a p99 that falls between 20,000 and
 from __future__ import annotations
 
 import bisect
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -257,6 +257,10 @@ class Metrics:
         """The app retried a request after an upstream length error (not visible in a record)."""
         self._inc(self.length_retries, (self.model_label(model),))
 
+    def attach_piece_cache(self, stats: Callable[[], Any]) -> None:
+        """Export the per-piece count cache's hits, misses, evictions and size."""
+        self.registry.register(_PieceCacheCollector(stats))
+
     def attach_lengthlog(self, stats: LengthLogStats) -> None:
         """Export the record file's written / dropped / failed counts."""
         self.registry.register(_LengthLogCollector(stats))
@@ -335,3 +339,29 @@ class _LengthLogCollector(Collector):
     def describe(self) -> Iterator[CounterMetricFamily]:
         yield CounterMetricFamily("headroom_length_records", "", labels=["outcome"])
 
+
+class _PieceCacheCollector(Collector):
+    """The per-piece token-count cache's lookups and size, read at scrape time."""
+
+    def __init__(self, stats: Callable[[], Any]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Any]:
+        stats = self._stats()
+        lookups = CounterMetricFamily(
+            "headroom_piece_cache_lookups",
+            "Prompt pieces looked up in the count cache: a hit skips encoding that piece.",
+            labels=["result"],
+        )
+        lookups.add_metric(["hit"], stats.hits)
+        lookups.add_metric(["miss"], stats.misses)
+        yield lookups
+        yield CounterMetricFamily(
+            "headroom_piece_cache_evictions", "Pieces dropped from the full count cache.", value=stats.evictions
+        )
+        yield GaugeMetricFamily("headroom_piece_cache_entries", "Pieces in the count cache.", value=stats.entries)
+
+    def describe(self) -> Iterator[Any]:
+        yield CounterMetricFamily("headroom_piece_cache_lookups", "", labels=["result"])
+        yield CounterMetricFamily("headroom_piece_cache_evictions", "")
+        yield GaugeMetricFamily("headroom_piece_cache_entries", "")

@@ -137,3 +137,19 @@ def test_parity_result_reaches_metrics(qwen3_dir) -> None:
         callback("tiny-qwen", False)
     body, _ = app.recorder.metrics.render()
     assert metric_value(body.decode(), "headroom_tokenizer_parity") == 0.0
+
+
+def test_resent_conversation_hits_the_piece_cache(qwen3, qwen3_dir) -> None:
+    """An agent resending its conversation: the second request's pieces come from the cache."""
+    with FakeVLLM(count_prompt=counter_with_offset(qwen3, 0)) as fake:
+        with serve_in_thread(HeadroomApp(config_for(fake, qwen3_dir))) as base:
+            turn = [{"role": "user", "content": "Explain KV caches. " * 50},
+                    {"role": "assistant", "content": "They store keys and values. " * 50}]
+            counts = []
+            for extra in ("First follow-up?", "Second follow-up?"):
+                body = {"model": "tiny-qwen", "messages": turn + [{"role": "user", "content": extra}], "max_tokens": 2}
+                counts.append(httpx.post(base + "/v1/chat/completions", json=body).headers["x-headroom-prompt-tokens"])
+            metrics = httpx.get(base + "/metrics").text
+    assert counts[0] == counts[1]                       # same length, different last question
+    hits = [l for l in metrics.splitlines() if l.startswith('headroom_piece_cache_lookups_total{result="hit"}')]
+    assert hits and float(hits[0].rsplit(" ", 1)[1]) >= 2
