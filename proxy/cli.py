@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from typing import Sequence
 
@@ -47,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="first-byte and idle-between-chunks timeout for the upstream (default 900)",
     )
     serve.add_argument("--margin-tokens", type=int, metavar="N", help="safety margin kept free when clamping")
+    serve.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="after SIGTERM, how long in-flight requests and streams may run before they are cut (default 30)",
+    )
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-json", action="store_true", default=None, help="one JSON object per log line")
     serve.set_defaults(func=run_serve)
@@ -73,6 +80,7 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, object]:
         "server.port": args.port,
         "length_log.path": args.length_log,
         "upstream.timeout": args.upstream_timeout,
+        "server.shutdown_timeout": args.shutdown_timeout,
         "policy.margin_tokens": args.margin_tokens,
         "logging.level": args.log_level,
         "logging.json": args.log_json,
@@ -111,6 +119,11 @@ def run_serve(args: argparse.Namespace) -> int:
     from .app import HeadroomApp
 
     app = HeadroomApp(config)
+    # uvicorn drains on SIGTERM, then re-raises the signal with the handler that
+    # was installed before it started.  With the default handler the process
+    # would die by the signal (status -15) after a clean drain, which systemd
+    # and Kubernetes report as a failure; this handler makes it exit 0.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     uvicorn.run(
         app,
         host=config.server.host,
@@ -120,9 +133,14 @@ def run_serve(args: argparse.Namespace) -> int:
         access_log=False,          # access lines would carry paths only, but keep logs quiet by default
         server_header=False,       # relay the upstream's own Server and Date headers
         date_header=False,
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=config.server.shutdown_timeout,
     )
     return 0
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    """SIGTERM outside uvicorn's own handling (before start-up, or re-raised after its drain)."""
+    raise SystemExit(0)
 
 
 def run_check_config(args: argparse.Namespace) -> int:
