@@ -26,7 +26,7 @@ import logging
 import re
 import time
 import uuid
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 
 import aiohttp
 from starlette.routing import Router
@@ -37,6 +37,7 @@ from .config import Config
 from .counting import PromptCounter
 from .errors import HeadroomError
 from .forward import Upstream, forwardable
+from .gate import UpstreamGate
 from .lengthlog import LengthLog
 from .backends import Backend, Backends
 from .limits import ModelRegistry
@@ -78,6 +79,7 @@ class HeadroomApp:
         self._local = Router(routes=self.recorder.routes())
         self._background: set[asyncio.Task[Any]] = set()
         self._api_keys = [k.encode() for k in config.server.api_keys]
+        self._gates: dict[str, UpstreamGate] = {}
 
     @property
     def upstream(self) -> Upstream:
@@ -191,6 +193,9 @@ class HeadroomApp:
                 request, changes
             )
             out_body = _rewrite(request, changes) if changes else body
+        except ClientGone:
+            log.debug("client left before sending the whole body of %s", scope["path"])
+            return
         except HeadroomError as err:
             if not info_headers:
                 info_headers = [(b"x-headroom-action", b"rejected"), (b"x-request-id", request_id.encode())]
@@ -200,12 +205,41 @@ class HeadroomApp:
             return
 
         limit_fields = (decision.rewrite and list(decision.rewrite)) or limit.present_fields() or ["max_tokens"]
-        work = self._forward_admitted(
+        work = self._gated(backend.upstream, send, info_headers, record, self._forward_admitted(
             backend.upstream, scope, send, out_body, request, changes, limit_fields, record, info_headers,
             started, strip_usage,
-        )
+        ))
         await _until_disconnect(receive, work, on_disconnect=lambda: setattr(record, "error_code", "client_disconnected"))
         self._finish(record, started)
+
+    async def _gated(
+        self,
+        upstream: Upstream,
+        send: Send,
+        info_headers: list[tuple[bytes, bytes]],
+        record: LengthRecord,
+        work: Coroutine[Any, Any, None],
+    ) -> None:
+        """Run `work` holding one of the upstream's request slots (proxy.gate); 503 when none frees."""
+        gate = self._gates.get(upstream.base_url)
+        if gate is None:
+            up = self.config.upstream
+            gate = UpstreamGate(upstream.base_url, up.max_concurrent_requests, up.queue_timeout)
+            self._gates[upstream.base_url] = gate
+        try:
+            await gate.acquire()
+        except HeadroomError as err:
+            work.close()
+            record.action = "upstream_error"
+            await self._send_error(send, err, info_headers, record)
+            return
+        except BaseException:          # the client left while waiting
+            work.close()
+            raise
+        try:
+            await work
+        finally:
+            gate.release()
 
     async def _forward_admitted(
         self,
@@ -367,6 +401,9 @@ class HeadroomApp:
                 return
             backend = self._backend_for_body(body) if isinstance(body, bytes) else self.backends.default
             response = await backend.upstream.send(scope["method"], _path_qs(scope), headers, body)
+        except ClientGone:
+            log.debug("client left before sending the whole body of %s", scope["path"])
+            return
         except HeadroomError as err:
             await send({"type": "http.response.start", "status": err.status,
                         "headers": _error_headers(err, [(b"x-request-id", _request_id(scope).encode())])})
@@ -750,6 +787,15 @@ def _has_body(scope: Scope) -> bool:
     return any(name == b"transfer-encoding" for name, _ in scope["headers"])
 
 
+class ClientGone(Exception):
+    """The client disconnected before its request body was complete.
+
+    An ordinary client fault, not a server error: nothing can be answered and
+    nothing reached the upstream, so the handlers end quietly.  (Raising
+    CancelledError here escaped the app and uvicorn logged a traceback.)
+    """
+
+
 async def _read_body(receive: Receive, limit: int, scope: Scope) -> bytes:
     declared = _content_length(scope)
     if declared is not None and declared > limit:
@@ -759,7 +805,7 @@ async def _read_body(receive: Receive, limit: int, scope: Scope) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise asyncio.CancelledError()
+            raise ClientGone()
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:

@@ -33,6 +33,7 @@ class ServerConfig:
     port: int = 8100
     max_body_bytes: int = 32 * MiB          # larger bodies get 413
     api_keys: list[str] = field(default_factory=list)  # inbound keys; empty = no auth
+    shutdown_timeout: float = 30.0         # after SIGTERM: seconds in-flight requests may still run
 
 
 @dataclass
@@ -46,6 +47,11 @@ class UpstreamConfig:
     models_refresh_interval: float = 60.0
     api_key: str | None = None             # replaces the client's Authorization when set
     max_connections: int = 1024
+    # Back-pressure (proxy.gate): at most this many chat/completions requests in
+    # flight per upstream (0 = no cap); the excess waits up to queue_timeout
+    # seconds for a slot, then gets 503 with Retry-After.
+    max_concurrent_requests: int = 0
+    queue_timeout: float = 30.0
     # Ask streams for the usage chunk (and hide it from clients that did not)
     # so every stream's prompt count can be checked against the upstream's.
     request_stream_usage: bool = True

@@ -277,6 +277,19 @@ def upstream_not_ready(upstream: str, status: int, detail: str) -> HeadroomError
     )
 
 
+def upstream_busy(upstream: str, limit: int, waited: float) -> HeadroomError:
+    """Back-pressure (proxy.gate): every request slot to this upstream stayed taken."""
+    return HeadroomError(
+        503,
+        f"The upstream {upstream} already has {limit} requests in flight, the most headroom sends it "
+        f"(upstream.max_concurrent_requests), and no slot freed within {waited:g} s "
+        "(upstream.queue_timeout). Retry shortly; if vLLM has spare capacity, raise the limit.",
+        code="upstream_busy",
+        details={"upstream": upstream, "max_concurrent_requests": limit, "queue_timeout_s": waited},
+        headers={"Retry-After": "1"},
+    )
+
+
 def upstream_timeout(upstream: str, phase: str, seconds: float) -> HeadroomError:
     return HeadroomError(
         504,
