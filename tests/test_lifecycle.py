@@ -1,0 +1,174 @@
+"""Lifecycle of a `headroom serve` process: SIGTERM drains, start-up without an upstream.
+
+SIGTERM must stop accepting new connections, let in-flight requests and
+streams finish (up to the graceful-shutdown deadline), then exit with status 0
+so a supervisor (systemd, Kubernetes) records a clean stop.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.fakevllm import FakeVLLM
+from tests.test_load import HeadroomProcess, free_port, wait_until
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture
+def fake_paced() -> Iterator[FakeVLLM]:
+    with FakeVLLM(tokens_per_second=10) as fake:
+        yield fake
+
+
+def _refuses_connections(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def _open_streams(base_url: str, count: int, max_tokens: int) -> tuple[list[bytes], list[threading.Thread], threading.Barrier]:
+    """Start `count` streams in threads; returns (bodies, threads, a barrier passed once all started)."""
+    bodies: list[bytes] = [b""] * count
+    started = threading.Barrier(count + 1, timeout=30)
+
+    def run(i: int) -> None:
+        with httpx.Client(base_url=base_url, timeout=60) as http:
+            body = {"model": "tiny-qwen", "messages": [{"role": "user", "content": f"s{i}"}],
+                    "max_tokens": max_tokens, "stream": True}
+            with http.stream("POST", CHAT, json=body) as response:
+                chunks = response.iter_raw()
+                data = next(chunks)
+                started.wait()
+                bodies[i] = data + b"".join(chunks)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    started.wait()
+    return bodies, threads, started
+
+
+def _assert_complete(body: bytes, max_tokens: int) -> None:
+    events = [line[6:] for line in body.decode().split("\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    payloads = [json.loads(e) for e in events[:-1]]
+    assert not any("error" in p for p in payloads), "the stream was cut by the shutdown"
+    tokens = sum(1 for p in payloads for c in p["choices"] if c["delta"].get("content"))
+    assert tokens == max_tokens
+
+
+def test_sigterm_stops_accepting_and_lets_streams_finish(fake_paced: FakeVLLM, qwen3_dir: Path,
+                                                        tmp_path: Path) -> None:
+    headroom = HeadroomProcess(fake_paced.base_url, tmp_path, qwen3_dir)
+    try:
+        bodies, threads, _ = _open_streams(headroom.base_url, 3, max_tokens=20)   # ~2 s each
+        headroom.proc.send_signal(signal.SIGTERM)
+        assert wait_until(lambda: _refuses_connections(headroom.port), timeout=10), "still accepting after SIGTERM"
+        for t in threads:
+            t.join(30)
+        for body in bodies:
+            _assert_complete(body, 20)
+        headroom.proc.wait(30)
+    finally:
+        headroom.stop(signal.SIGKILL)
+
+
+def test_sigterm_exits_with_status_0(fake_paced: FakeVLLM, qwen3_dir: Path, tmp_path: Path) -> None:
+    headroom = HeadroomProcess(fake_paced.base_url, tmp_path, qwen3_dir)
+    try:
+        bodies, threads, _ = _open_streams(headroom.base_url, 2, max_tokens=10)
+        headroom.proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(30)
+        for body in bodies:
+            _assert_complete(body, 10)
+        assert headroom.proc.wait(30) == 0
+    finally:
+        headroom.stop(signal.SIGKILL)
+
+
+def test_sigterm_deadline_cuts_streams_that_run_longer(fake_paced: FakeVLLM, qwen3_dir: Path,
+                                                       tmp_path: Path) -> None:
+    headroom = HeadroomProcess(fake_paced.base_url, tmp_path, qwen3_dir, extra_args=["--shutdown-timeout", "1"])
+    result: dict[str, object] = {}
+    started = threading.Event()
+
+    def run() -> None:
+        body = {"model": "tiny-qwen", "messages": [{"role": "user", "content": "long"}],
+                "max_tokens": 300, "stream": True}                     # 30 s at 10 tokens/s
+        try:
+            with httpx.Client(base_url=headroom.base_url, timeout=60) as http:
+                with http.stream("POST", CHAT, json=body) as response:
+                    chunks = response.iter_raw()
+                    first = next(chunks)
+                    started.set()
+                    result["data"] = first + b"".join(chunks)
+        except httpx.HTTPError as exc:                                  # cut mid-chunk: a visible error
+            result["error"] = exc
+        finally:
+            started.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        assert started.wait(30)
+        stream = [r for r in fake_paced.requests if r.path == CHAT][-1]
+        signalled = time.monotonic()
+        headroom.proc.send_signal(signal.SIGTERM)
+        code = headroom.proc.wait(25)
+        waited = time.monotonic() - signalled
+        thread.join(30)
+        print(f"\n[G] SIGTERM with a 30 s stream and a 1 s deadline: exited {code} after {waited:.1f} s")
+        assert code == 0
+        assert waited < 15, "the deadline did not cut the stream"
+        data = result.get("data")
+        assert "error" in result or (isinstance(data, bytes) and b'"error"' in data), (
+            "a stream cut by the shutdown must not look complete"
+        )
+        assert fake_paced.wait_until(lambda f: stream.disconnected_at is not None, timeout=10)
+    finally:
+        headroom.stop(signal.SIGKILL)
+        thread.join(30)
+
+
+def test_idle_sigterm_exits_promptly(fake_paced: FakeVLLM, qwen3_dir: Path, tmp_path: Path) -> None:
+    headroom = HeadroomProcess(fake_paced.base_url, tmp_path, qwen3_dir)
+    headroom.proc.send_signal(signal.SIGTERM)
+    code = headroom.proc.wait(15)
+    headroom.stop(signal.SIGKILL)
+    assert code in (0, -signal.SIGTERM)
+    assert not any("Traceback" in line for line in headroom.lines), "\n".join(headroom.lines[-20:])
+
+
+def test_starts_without_upstream_and_serves_once_it_appears(qwen3_dir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    headroom = HeadroomProcess(f"http://127.0.0.1:{port}", tmp_path, qwen3_dir)
+    try:
+        client = openai.OpenAI(base_url=headroom.base_url + "/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as info:
+            client.chat.completions.create(model="tiny-qwen", messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=3)
+        assert info.value.status_code in (502, 503)
+        assert f"127.0.0.1:{port}" in info.value.body["message"]
+        with FakeVLLM() as fake:
+            fake.ready = False
+            fake.port = port
+            fake.ready = True                       # vLLM finished loading, on the configured port
+            completion = client.chat.completions.create(
+                model="tiny-qwen", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+            assert completion.usage.completion_tokens == 3
+    finally:
+        headroom.stop()

@@ -1,0 +1,259 @@
+"""Load: 1,000 concurrent streams through a `headroom serve` subprocess to the fake on loopback.
+
+Claims checked:
+* every stream completes and every relayed byte is the byte the fake sent
+  (each stream is compared, byte for byte and by SHA-256, with the fake's own
+  deterministic event generator run on the same request);
+* the streams really were concurrent (peak overlap at the fake is printed);
+* headroom's peak RSS (VmHWM) stays bounded;
+* no file descriptor leaks: once clients and upstream keep-alive connections
+  are gone, headroom's open descriptors return to the warm baseline.
+
+Back-pressure: with `upstream.max_concurrent_requests` set, the excess waits
+up to `upstream.queue_timeout`, then gets 503 with Retry-After.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+from tests.fakevllm import FakeVLLM, stream_events
+
+ROOT = Path(__file__).resolve().parents[1]
+STREAMS = int(os.environ.get("HEADROOM_LOAD_STREAMS", "1000"))
+CHAT = "/v1/chat/completions"
+
+
+# ---------------------------------------------------------------------------
+# A headroom subprocess
+# ---------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class HeadroomProcess:
+    """`python -m proxy.cli serve` with its stderr drained (start-up is awaited on uvicorn's line)."""
+
+    def __init__(self, upstream: str, tmp: Path, tokenizer_dir: Path, extra_toml: str = "",
+                 extra_args: list[str] | None = None) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        config = tmp / "headroom.toml"
+        config.write_text(
+            f'[upstream]\nurl = "{upstream}"\ntimeout = 30.0\n{extra_toml}\n'
+            f'[models."tiny-qwen"]\ntokenizer = "{tokenizer_dir}"\n'
+        )
+        self.lines: list[str] = []
+        self._started = threading.Event()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "proxy.cli", "serve", "--config", str(config), "--port", str(self.port),
+             "--log-level", "info", *(extra_args or [])],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        self._drain = threading.Thread(target=self._read, daemon=True)
+        self._drain.start()
+        if not self._started.wait(60) or self.proc.poll() is not None:
+            self.proc.kill()
+            raise RuntimeError("headroom did not start:\n" + "\n".join(self.lines[-30:]))
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip())
+            if "Application startup complete" in line:
+                self._started.set()
+        self._started.set()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+    def status(self, field: str) -> int:
+        """A /proc/<pid>/status figure in KiB (VmRSS, VmHWM)."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+        raise KeyError(field)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self._drain.join(5)
+        return code
+
+
+def wait_until(predicate: Any, timeout: float) -> bool:
+    """For state in another process, which cannot notify us: re-check until true or timeout."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def peak_overlap(intervals: list[tuple[float, float]]) -> int:
+    edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    best = current = 0
+    for _, step in edges:
+        current += step
+        best = max(best, current)
+    return best
+
+
+def expected_stream(fake: FakeVLLM, body: dict, relayed: bytes) -> bytes:
+    """The bytes the fake sent for `body`: its generator, fed the id and time it stamped."""
+    first = json.loads(relayed.split(b"\n", 1)[0][len(b"data: "):])
+    plan = fake.validator.chat(body)
+    rid = first["id"][len("chatcmpl-"):]
+    return b"".join(event for _, event in stream_events(plan, True, rid, first["created"],
+                                                             fake.completion_text_token))
+
+
+# ---------------------------------------------------------------------------
+# The load test
+# ---------------------------------------------------------------------------
+
+@pytest.fixture
+def fake_paced() -> Iterator[FakeVLLM]:
+    with FakeVLLM(tokens_per_second=10) as fake:
+        yield fake
+
+
+async def _run_streams(base_url: str, bodies: list[dict]) -> tuple[list[bytes], int]:
+    open_now = peak = 0
+    limits = httpx.Limits(max_connections=len(bodies) + 10, max_keepalive_connections=len(bodies) + 10)
+
+    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=120) as client:
+        async def one(body: dict) -> bytes:
+            nonlocal open_now, peak
+            async with client.stream("POST", CHAT, json=body) as response:
+                assert response.status_code == 200, await response.aread()
+                open_now += 1
+                peak = max(peak, open_now)
+                data = b"".join([chunk async for chunk in response.aiter_raw()])
+                open_now -= 1
+                return data
+
+        results = await asyncio.gather(*(one(b) for b in bodies))
+    return list(results), peak
+
+
+def test_1000_concurrent_streams_intact_bounded_and_leak_free(
+    fake_paced: FakeVLLM, qwen3_dir: Path, tmp_path: Path
+) -> None:
+    fake = fake_paced
+    headroom = HeadroomProcess(fake.base_url, tmp_path, qwen3_dir)
+    try:
+        warm = httpx.post(headroom.base_url + CHAT, timeout=30, json={
+            "model": "tiny-qwen", "messages": [{"role": "user", "content": "warm"}], "max_tokens": 1})
+        assert warm.status_code == 200, warm.text
+        fds_before = headroom.fds()
+        rss_before = headroom.status("VmRSS")
+
+        bodies = [{
+            "model": "tiny-qwen",
+            "messages": [{"role": "user", "content": f"stream number {i}"}],
+            "max_tokens": 20 + i % 7,
+            "stream": True,
+            "stream_options": {"include_usage": True},   # forwarded untouched: relayed == sent
+        } for i in range(STREAMS)]
+        started = time.perf_counter()
+        relayed, client_peak = asyncio.run(_run_streams(headroom.base_url, bodies))
+        elapsed = time.perf_counter() - started
+
+        peak_rss = headroom.status("VmHWM")
+        ids = set()
+        for body, data in zip(bodies, relayed):
+            expected = expected_stream(fake, body, data)
+            assert hashlib.sha256(data).hexdigest() == hashlib.sha256(expected).hexdigest(), (
+                f"stream {body['messages'][0]['content']!r} differs from what the fake sent"
+            )
+            assert data.endswith(b"data: [DONE]\n\n")
+            ids.add(json.loads(data.split(b"\n", 1)[0][6:])["id"])
+        assert len(ids) == STREAMS, "every stream carried its own answer"
+
+        chats = [r for r in fake.requests if r.path == CHAT and r.json.get("stream")]
+        upstream_peak = peak_overlap([(r.received_at, r.finished_at or r.received_at) for r in chats])
+
+        # Let go of every connection: the client closed its own; the fake drops idle keep-alives.
+        fake.ready = False
+        fake.ready = True
+        settled = wait_until(lambda: headroom.fds() <= fds_before + 5, timeout=15)
+        fds_after = headroom.fds()
+        print(
+            f"\n[G] load: {STREAMS} streams in {elapsed:.1f} s; concurrent streams held: client {client_peak}, "
+            f"upstream {upstream_peak}; headroom RSS {rss_before / 1024:.0f} MiB before, "
+            f"peak {peak_rss / 1024:.0f} MiB; fds {fds_before} before, {fds_after} after"
+        )
+        assert upstream_peak >= STREAMS * 0.8, "the streams were not concurrent"
+        assert peak_rss - rss_before < 400 * 1024, "RSS grew by more than 400 MiB for 1,000 streams"
+        assert settled, f"file descriptors leaked: {fds_before} before, {fds_after} after"
+    finally:
+        headroom.stop()
+
+
+# ---------------------------------------------------------------------------
+# Back-pressure
+# ---------------------------------------------------------------------------
+
+def test_excess_requests_wait_then_get_503_with_retry_after(qwen3_dir: Path) -> None:
+    from proxy.app import HeadroomApp
+    from proxy.config import Config, ModelConfig, UpstreamConfig
+    from tests.fakevllm import FaultSpec
+    from tests.servers import serve_in_thread
+
+    gate = threading.Event()
+    with FakeVLLM() as fake:
+        config = Config(upstream=UpstreamConfig(url=fake.base_url, timeout=30.0, max_concurrent_requests=2,
+                                                queue_timeout=0.3))
+        config.models["tiny-qwen"] = ModelConfig(tokenizer=str(qwen3_dir))
+        with serve_in_thread(HeadroomApp(config)) as base, httpx.Client(base_url=base, timeout=30) as http:
+            body = {"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+            assert http.post(CHAT, json=body).status_code == 200        # models known, tokenizer warm
+            fake.fail_next.extend([FaultSpec(kind="respond", status=200, gate=gate, path=CHAT,
+                                             body={"choices": [], "usage": None})] * 2)
+            results: list[httpx.Response] = []
+            holders = [threading.Thread(target=lambda: results.append(http.post(CHAT, json=body)))
+                       for _ in range(2)]
+            for t in holders:
+                t.start()
+            assert fake.wait_until(lambda f: sum(r.path == CHAT for r in f.requests) >= 3, timeout=10)
+            try:
+                third = http.post(CHAT, json=body)     # both slots taken: waits 0.3 s, then 503
+            finally:
+                gate.set()
+                for t in holders:
+                    t.join(10)
+            assert third.status_code == 503
+            assert third.json()["error"]["code"] == "upstream_busy"
+            assert int(third.headers["retry-after"]) >= 1
+            assert sum(r.path == CHAT for r in fake.requests) == 3, "the excess request never reached vLLM"
+            assert [r.status_code for r in results] == [200, 200]
+            # once the slots are free, requests flow again
+            assert http.post(CHAT, json=body).status_code == 200
