@@ -39,9 +39,10 @@ LIMIT_FIELDS = ("max_completion_tokens", "max_tokens")
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
-@dataclass(frozen=True)
+@dataclass
 class Policy:
-    """What the operator allows; one per model after config overrides are applied."""
+    """What the operator allows: the `[policy]` configuration table, and per model after
+    `[models."name"]` overrides are applied (`Config.policy_for`)."""
 
     margin_tokens: int = 16
     margin_fraction: float = 0.0

@@ -67,16 +67,6 @@ class UpstreamEntry:
 
 
 @dataclass
-class PolicyConfig:
-    margin_tokens: int = 16
-    margin_fraction: float = 0.0
-    min_completion_tokens: int = 1
-    on_overflow: Literal["clamp", "reject"] = "clamp"
-    default_max_tokens: int | None = None
-    max_tokens_ceiling: int | None = None
-
-
-@dataclass
 class ModelConfig:
     """Per-model overrides; unset fields fall back to the upstream / [policy]."""
 
@@ -127,7 +117,7 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     upstreams: list[UpstreamEntry] = field(default_factory=list)
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    policy: Policy = field(default_factory=Policy)
     models: dict[str, ModelConfig] = field(default_factory=dict)
     tokenizers: TokenizersConfig = field(default_factory=TokenizersConfig)
     length_log: LengthLogConfig = field(default_factory=LengthLogConfig)
@@ -136,14 +126,15 @@ class Config:
 
     def policy_for(self, model: str | None) -> Policy:
         """The admission policy for one model: [policy] with [models."name"] overrides."""
-        base = dataclasses.asdict(self.policy)
         override = self.models.get(model or "")
-        if override is not None:
-            for key in base:
-                value = getattr(override, key, None)
-                if value is not None:
-                    base[key] = value
-        return Policy(**base)
+        if override is None:
+            return self.policy
+        changes = {
+            f.name: getattr(override, f.name)
+            for f in dataclasses.fields(Policy)
+            if getattr(override, f.name, None) is not None
+        }
+        return dataclasses.replace(self.policy, **changes)
 
 
 # ---------------------------------------------------------------------------
