@@ -38,24 +38,13 @@ from tokenizer_cache import (
 )
 from tokenizer_cache._added_split import AddedTokenSplitter, SplitToken
 from tokenizer_cache._piece_support import fallback_reason, split_tokens
+from tests.test_corpus import CASES  # the 320 corpus requests, loaded once
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 MODELS = SHARED / "models"
 MODEL_DIRS = sorted(d for d in MODELS.iterdir() if (d / "tokenizer.json").is_file())
-CORPUS_FILES = [SHARED / "corpus" / "token_cases.jsonl", SHARED / "corpus" / "token_cases_spm.jsonl"]
 PHI3_MINI = MODELS / "microsoft--Phi-3-mini-4k-instruct"
 PHI3_MEDIUM = MODELS / "microsoft--Phi-3-medium-4k-instruct"
-
-
-def _load_cases() -> list[dict]:
-    cases = []
-    for path in CORPUS_FILES:
-        with path.open(encoding="utf-8") as handle:
-            cases.extend(json.loads(line) for line in handle if line.strip())
-    return cases
-
-
-CASES = _load_cases()
 
 
 @pytest.fixture(scope="module")
