@@ -61,6 +61,7 @@ SYSTEM_FINGERPRINT = "vllm-0.32.0-4aaade95"    # as in every capture
 MAX_CHARS_PER_TOKEN = 128                       # c09d/e: 2048 tokens -> 262144 characters
 QWEN3_VOCAB_SIZE = 151_669                      # REAL_VLLM.md: Qwen3 tokenizer incl. added tokens
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16             # c18
+FAKE_MAX_N = 128                                # the fake's own cap on choices (memory), not vLLM's
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
 CountPrompt = Callable[[str, dict], int]
@@ -458,6 +459,10 @@ class Validator:
     def _sampling_checks(self, n: int | None, temperature: float | None) -> None:
         if n is not None and n < 1:
             raise _validation_error(f"n must be at least 1, got {n}.", "n", n)
+        if n is not None and n > FAKE_MAX_N:
+            # Not a vLLM rule: the fake builds every choice in memory, and a fuzzed
+            # n of 2**40 once took 21 GB before the OOM killer stopped the test run.
+            raise _validation_error(f"n must be at most {FAKE_MAX_N} in the fake vLLM, got {n}.", "n", n)
         if temperature is not None and temperature < 0.0:
             raise _validation_error(f"temperature must be non-negative, got {temperature}.", "temperature", temperature)
 
