@@ -834,16 +834,32 @@ async def _until_disconnect(
 
     Cancelling closes the upstream connection, which makes vLLM abort the
     generation and free its KV-cache blocks.
+
+    `work` runs in the calling task; only the wait for the disconnect is a
+    task of its own, whose completion cancels this one.  (Running `work` as a
+    second task under `asyncio.wait` cost a task, a wait future and four
+    callbacks per request.)
     """
-    task = asyncio.ensure_future(work)
+    task = asyncio.current_task()
+    assert task is not None
+    state = {"finished": False, "disconnected": False}
+
+    def client_gone(watcher: asyncio.Future[Any]) -> None:
+        if state["finished"] or watcher.cancelled():
+            return
+        state["disconnected"] = True
+        task.cancel()
+
     watcher = asyncio.ensure_future(receive())
+    watcher.add_done_callback(client_gone)
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        await work
+    except asyncio.CancelledError:
+        if not state["disconnected"]:
+            raise
+        task.uncancel()
+        if on_disconnect is not None:
+            on_disconnect()
     finally:
-        if not task.done():
-            task.cancel()
-            if on_disconnect is not None:
-                on_disconnect()
+        state["finished"] = True
         watcher.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task

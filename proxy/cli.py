@@ -134,6 +134,9 @@ def run_serve(args: argparse.Namespace) -> int:
         server_header=False,       # relay the upstream's own Server and Date headers
         date_header=False,
         timeout_graceful_shutdown=config.server.shutdown_timeout,
+        # headroom never reads the client address, so uvicorn's X-Forwarded-For
+        # rewriting middleware would be pure per-request cost (~2 % of CPU, profiled).
+        proxy_headers=False,
     )
     return 0
 

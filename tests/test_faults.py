@@ -1083,3 +1083,17 @@ async def test_client_gone_mid_body_ends_quietly(qwen3_dir: Path, path: str) -> 
     except BaseException as exc:  # noqa: BLE001 - what escapes is the finding
         pytest.fail(f"{type(exc).__name__} escaped the app for a client that left mid-body")
     assert sent == [], "nothing can be sent to a client that is gone"
+
+
+def test_completed_requests_are_not_recorded_as_disconnects(qwen3_dir: Path) -> None:
+    """The disconnect watcher must not mistake the end of a response for the client leaving."""
+    with running_stack(qwen3_dir) as stack:
+        client = httpx.Client(base_url=stack.base_url, timeout=10)
+        for stream in (False, True, False, True):
+            body = {"model": "tiny-qwen", "messages": [{"role": "user", "content": "Hello!"}],
+                    "max_tokens": 5, "stream": stream}
+            assert client.post("/v1/chat/completions", json=body).status_code == 200
+        records = stack.recorder.wait_for(4, timeout=10)
+    assert [r.error_code for r in records] == [None] * 4
+    assert [r.status for r in records] == [200] * 4
+    assert [r.completion_tokens for r in records] == [5] * 4
