@@ -1,0 +1,699 @@
+"""What headroom costs per request, side by side with direct and a bare pass-through.
+
+One command, on this machine, pinned like the issue's reference figures: the
+load generators (`wrk` for plain requests, `hey` for streams, this process for
+the timed-stream and long-prompt phases) and the fake upstream share core 0;
+the proxy under test gets core 1 alone.  Targets:
+
+  direct    client -> fake vLLM (bench/fake_upstream.py), the baseline
+  bare      client -> bench/bare_proxy.py (Starlette + aiohttp, no counting) -> fake
+  headroom  client -> `headroom serve` (one worker, Qwen3-8B tokenizer, length log on) -> fake
+
+Scenarios (each target, medians over --rounds, spread shown as min-max):
+  chat-197B   non-streamed 197-byte chat, 64 connections: req/s, CPU ms per request
+              (utime+stime of the proxy process from /proc, over completed requests)
+  chat-4KB    the same with a 4 KB (~800-token) chat
+  p50@1conn   both bodies at 1 connection: p50/p99 latency, "added" = target - direct
+  stream      34-event SSE streams (client asks for usage), 64 connections: streams/s, CPU ms per stream
+  stream-strip  the client does not ask for usage: headroom asks the upstream and removes
+              that event (the default `request_stream_usage`)
+  paced       streams with 20 ms between events (a real token rate), 8 at a time:
+              added time to first byte and added inter-chunk delay
+  long-mix    small requests at 1 connection, alone and while 2 connections send
+              23k-token chats: p50/p99, and the ratio the issue bounds (<= 1.5x)
+Once per run (not proxied): counting cost vs the tokenizer's own encode of the
+rendered text; tokenizer load time per model; headroom's RSS with 3 tokenizers
+loaded and 1,000 idle keep-alive connections.
+
+    python bench/proxy_bench.py                      # 5 rounds of 5 s per measurement (~10 min)
+    python bench/proxy_bench.py --rounds 1 --duration 5
+    python bench/proxy_bench.py --only chat-197B,stream --headroom-root /tmp/perf-main
+
+Needs `wrk` and `hey` (Debian packages; bench/run.sh installs them).  A benchmark,
+not a test: figures depend on the machine and on whatever else runs on it, so
+the load average is printed before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+MODELS_DIR = SHARED / "models"
+QWEN3 = MODELS_DIR / "Qwen--Qwen3-8B"
+THREE_MODELS = {"qwen3": "Qwen--Qwen3-8B", "deepseek-v3": "deepseek-ai--DeepSeek-V3.1",
+                "phi3-mini": "microsoft--Phi-3-mini-4k-instruct"}
+LOAD_CORE, PROXY_CORE = "0", "1"
+MODEL = "tiny-qwen"
+MAX_MODEL_LEN = 32768
+TARGETS = ("direct", "bare", "headroom")
+SCENARIOS = ("chat-197B", "chat-4KB", "p50@1conn", "stream", "stream-strip", "paced", "long-mix",
+             "counting", "startup", "memory")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+FILLER = ("Why does ice float on water? Explain density, hydrogen bonds and the open hexagonal lattice of "
+          "ice in plain words for a curious reader, with one everyday example. ")
+
+
+# ---------------------------------------------------------------------------
+# Processes
+# ---------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a whole process (all its threads) from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK   # fields 14 and 15 of stat(5)
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+@dataclass
+class Server:
+    name: str
+    proc: subprocess.Popen
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def spawn(name: str, argv: list[str], core: str, port: int, workdir: Path,
+          env: dict[str, str] | None = None, ready_path: str = "/health", timeout: float = 60) -> Server:
+    log = workdir / f"{name}.log"
+    proc = subprocess.Popen(["taskset", "-c", core, *argv], stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            env={**os.environ, **(env or {})}, cwd=str(ROOT))
+    server = Server(name, proc, port, log)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited: {log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(server.url + ready_path, timeout=2) as r:
+                if r.status == 200:
+                    return server
+        except OSError:
+            time.sleep(0.05)
+    server.stop()
+    raise RuntimeError(f"{name} did not answer {ready_path} within {timeout:.0f} s: {log.read_text()[-2000:]}")
+
+
+def post(url: str, body: bytes, timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(url, data=body, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def headroom_command() -> list[str]:
+    script = Path(sys.executable).with_name("headroom")
+    return [str(script) if script.exists() else (shutil.which("headroom") or "headroom"), "serve"]
+
+
+def write_headroom_config(path: Path, upstream: str, models: dict[str, Path], length_log: Path | None,
+                          piece_cache: bool = False) -> None:
+    """headroom's config for the bench.  The per-piece count cache is off unless asked for:
+    the bench repeats one body, which a cache would count once and never again, so
+    with it on the figures would show the cost of a cache hit, not of counting."""
+    lines = ["[upstream]", f'url = "{upstream}"', "", "[logging]", 'level = "warning"', ""]
+    if not piece_cache:
+        lines += ["[tokenizers]", "piece_cache_entries = 0", ""]
+    if length_log is not None:
+        lines += ["[length_log]", f'path = "{length_log}"', ""]
+    for name, directory in models.items():
+        lines += [f'[models."{name}"]', f'tokenizer = "{directory}"', ""]
+    path.write_text("\n".join(lines))
+
+
+# ---------------------------------------------------------------------------
+# Request bodies
+# ---------------------------------------------------------------------------
+
+def chat_body(count: Callable[[dict], int], size: int | None = None, tokens: int | None = None,
+              stream: bool = False, usage: bool = False, max_tokens: int = 65535) -> bytes:
+    """A chat request of exactly `size` bytes (or about `tokens` prompt tokens).
+
+    It carries `"user":"prompt-tokens-N"` with headroom's own count, so the fake
+    reports the same usage and headroom logs no drift (see fake_upstream.py).
+    max_tokens 65535 is more than max_model_len: headroom clamps and rewrites
+    the body, its most expensive non-failing path.
+    """
+    def build(content: str, n: int) -> dict:
+        body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": content}],
+                                "max_tokens": max_tokens, "user": f"prompt-tokens-{n}"}
+        if stream:
+            body["stream"] = True
+            if usage:
+                body["stream_options"] = {"include_usage": True}
+        return body
+
+    def encode(body: dict) -> bytes:
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+    if tokens is not None:
+        content = FILLER * max(1, tokens // 35)
+        while count(build(content, 0)) < tokens:
+            content += FILLER
+        return encode(build(content, count(build(content, 0))))
+    assert size is not None
+    content = (FILLER * (size // len(FILLER) + 1))[: max(1, size - 120)]
+    for _ in range(50):   # the count's digits change the size: converge on exactly `size` bytes
+        body = build(content, count(build(content, 0)))
+        missing = size - len(encode(body))
+        if missing == 0:
+            break
+        content = (FILLER * (size // len(FILLER) + 2))[: max(1, len(content) + missing)]
+    return encode(body)
+
+
+# ---------------------------------------------------------------------------
+# Load generators
+# ---------------------------------------------------------------------------
+
+WRK_SCRIPT = """
+local f = io.open("{body}", "rb")
+wrk.method = "POST"
+wrk.body = f:read("*a")
+f:close()
+wrk.headers["Content-Type"] = "application/json"
+"""
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def _ms(text: str) -> float:
+    m = re.fullmatch(r"([\d.]+)(us|ms|s)", text.strip())
+    return float(m.group(1)) * _UNITS[m.group(2)] if m else float("nan")
+
+
+def run_wrk(url: str, body_file: Path, connections: int, duration: float, workdir: Path) -> dict[str, float]:
+    script = workdir / f"{body_file.stem}.lua"
+    if not script.exists():
+        script.write_text(WRK_SCRIPT.format(body=body_file))
+    out = subprocess.run(
+        ["taskset", "-c", LOAD_CORE, "wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency",
+         "-s", str(script), url], capture_output=True, text=True, timeout=duration + 60,
+    ).stdout
+    result = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+              "requests": int(re.search(r"(\d+) requests in", out).group(1))}
+    for q in ("50", "99"):
+        m = re.search(rf"^\s+{q}(?:\.000)?%\s+(\S+)", out, re.M)
+        result[f"p{q}"] = _ms(m.group(1)) if m else float("nan")
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: (.*)", out)
+    if bad or errors:
+        raise RuntimeError(f"wrk saw failures against {url}:\n{out}")
+    return result
+
+
+def run_hey(url: str, body_file: Path, connections: int, duration: float) -> dict[str, float]:
+    out = subprocess.run(
+        ["taskset", "-c", LOAD_CORE, "hey", "-z", f"{duration:g}s", "-c", str(connections), "-m", "POST",
+         "-T", "application/json", "-D", str(body_file), url],
+        capture_output=True, text=True, timeout=duration + 60,
+    ).stdout
+    statuses = dict(re.findall(r"\[(\d+)\]\s+(\d+) responses", out))
+    if set(statuses) - {"200"}:
+        raise RuntimeError(f"hey saw non-200 answers from {url}:\n{out}")
+    done = int(statuses.get("200", 0))
+    if re.search(r"Error distribution:", out):
+        # hey -z cancels requests in flight when the time is up; count only completed ones.
+        pass
+    return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)), "requests": done}
+
+
+async def timed_streams(url: str, body: bytes, concurrency: int, duration: float, gap_ms: float) -> dict[str, Any]:
+    """Time to first body byte and gaps between arriving chunks, `concurrency` streams at a time."""
+    import aiohttp
+
+    ttfb: list[float] = []
+    gaps: list[float] = []
+    chunks_per_stream: list[int] = []
+    stop_at = time.perf_counter() + duration
+
+    async def one(session: aiohttp.ClientSession, offset: float) -> None:
+        # Staggered starts: streams begun in the same instant would measure their own queueing.
+        await asyncio.sleep(offset)
+        while time.perf_counter() < stop_at:
+            start = time.perf_counter()
+            async with session.post(url, data=body, headers={"content-type": "application/json"}) as r:
+                assert r.status == 200, r.status
+                last = None
+                n = 0
+                async for _ in r.content.iter_any():
+                    now = time.perf_counter()
+                    if last is None:
+                        ttfb.append((now - start) * 1000)
+                    else:
+                        gaps.append((now - last) * 1000)
+                    last = now
+                    n += 1
+                chunks_per_stream.append(n)
+
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(*(one(session, i * gap_ms / 1000 / concurrency) for i in range(concurrency)))
+    return {"ttfb_p50": pct(ttfb, 50), "ttfb_p99": pct(ttfb, 99), "gap_p50": pct(gaps, 50),
+            "gap_p99": pct(gaps, 99), "chunks": statistics.median(chunks_per_stream), "streams": len(ttfb)}
+
+
+async def small_while_long(url_small: str, small: bytes, url_long: str | None, long_body: bytes,
+                           long_connections: int, duration: float) -> dict[str, Any]:
+    """Sequential small requests (1 connection); optionally long ones on other connections."""
+    import aiohttp
+
+    lat: list[float] = []
+    long_lat: list[float] = []
+    stop_at = time.perf_counter() + duration
+
+    async def small_loop(session: aiohttp.ClientSession) -> None:
+        while time.perf_counter() < stop_at:
+            start = time.perf_counter()
+            async with session.post(url_small, data=small, headers={"content-type": "application/json"}) as r:
+                await r.read()
+                assert r.status == 200, r.status
+            lat.append((time.perf_counter() - start) * 1000)
+
+    async def long_loop(session: aiohttp.ClientSession) -> None:
+        while time.perf_counter() < stop_at:
+            start = time.perf_counter()
+            async with session.post(url_long, data=long_body, headers={"content-type": "application/json"}) as r:
+                await r.read()
+                assert r.status == 200, r.status
+            long_lat.append((time.perf_counter() - start) * 1000)
+
+    async with aiohttp.ClientSession() as s1, aiohttp.ClientSession() as s2:
+        jobs = [small_loop(s1)] + ([long_loop(s2) for _ in range(long_connections)] if url_long else [])
+        await asyncio.gather(*jobs)
+    return {"p50": pct(lat, 50), "p99": pct(lat, 99), "n": len(lat),
+            "long_p50": pct(long_lat, 50) if long_lat else None, "long_n": len(long_lat)}
+
+
+# ---------------------------------------------------------------------------
+# Statistics and printing
+# ---------------------------------------------------------------------------
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+@dataclass
+class Series:
+    values: list[float] = field(default_factory=list)
+
+    def add(self, v: float) -> None:
+        self.values.append(v)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values) if self.values else float("nan")
+
+    def spread(self, digits: int) -> str:
+        if len(self.values) < 2:
+            return ""
+        lo, hi = min(self.values), max(self.values)
+        rel = statistics.pstdev(self.values) / self.median * 100 if self.median else float("nan")
+        return f"{lo:.{digits}f}-{hi:.{digits}f} (±{rel:.0f}%)"
+
+
+Results = dict[tuple[str, str, str], Series]    # (scenario, target, metric) -> per-round values
+
+
+def fmt(v: float | None, digits: int) -> str:
+    return "-" if v is None or v != v else f"{v:,.{digits}f}"
+
+
+def print_table(title: str, rows: list[tuple[str, str, int]], results: Results, scenario: str,
+                ratio_metric: str | None = None, added: tuple[str, ...] = ()) -> None:
+    """One block per scenario: a row per target, a column per metric (median, spread)."""
+    present = [t for t in TARGETS if any((scenario, t, m) in results for _, m, _ in rows)]
+    if not present:
+        return
+    print(f"\n== {title}")
+    header = f"{'target':<10}" + "".join(f"{label:>30}" for label, _, _ in rows)
+    if ratio_metric:
+        header += f"{'vs direct':>11}"
+    for metric in added:
+        header += f"{'added ' + metric:>16}"
+    print(header)
+    for target in present:
+        line = f"{target:<10}"
+        for _, metric, digits in rows:
+            s = results.get((scenario, target, metric))
+            cell = f"{fmt(s.median, digits)}" if s else "-"
+            spread = s.spread(digits) if s else ""
+            line += f"{cell + (' ' + spread if spread else ''):>30}"
+        if ratio_metric:
+            base = results.get((scenario, "direct", ratio_metric))
+            mine = results.get((scenario, target, ratio_metric))
+            line += f"{(mine.median / base.median if base and mine else float('nan')):>10.2f}x"
+        for metric in added:
+            base = results.get((scenario, "direct", metric))
+            mine = results.get((scenario, target, metric))
+            line += f"{fmt(mine.median - base.median if base and mine else None, 3):>13} ms"
+        print(line)
+
+
+def loadavg() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+# ---------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------
+
+def measure_wrk(results: Results, scenario: str, target: str, server: Server, url: str, body_file: Path,
+                connections: int, duration: float, workdir: Path, cpu_label: str = "cpu_ms") -> None:
+    before = cpu_seconds(server.proc.pid)
+    r = run_wrk(url, body_file, connections, duration, workdir)
+    used = cpu_seconds(server.proc.pid) - before
+    results.setdefault((scenario, target, "rps"), Series()).add(r["rps"])
+    results.setdefault((scenario, target, cpu_label), Series()).add(used * 1000 / max(1, r["requests"]))
+    results.setdefault((scenario, target, "p50"), Series()).add(r["p50"])
+    results.setdefault((scenario, target, "p99"), Series()).add(r["p99"])
+
+
+def measure_hey(results: Results, scenario: str, target: str, server: Server, url: str, body_file: Path,
+                connections: int, duration: float) -> None:
+    before = cpu_seconds(server.proc.pid)
+    r = run_hey(url, body_file, connections, duration)
+    used = cpu_seconds(server.proc.pid) - before
+    results.setdefault((scenario, target, "rps"), Series()).add(r["rps"])
+    results.setdefault((scenario, target, "cpu_ms"), Series()).add(used * 1000 / max(1, r["requests"]))
+
+
+def counting_cost(rounds: int) -> None:
+    """headroom's count vs the tokenizer's own encode of the rendered text (same process)."""
+    sys.path.insert(0, str(ROOT))
+    from tokenizer_cache import load_model_tokenizer
+
+    tok = load_model_tokenizer(QWEN3)
+    print("\n== counting cost vs the tokenizer's own encode of the rendered text (Qwen3-8B, in-process, median)")
+    print(f"{'prompt':<10}{'tokens':>8}{'count_chat':>13}{'render':>10}{'encode':>10}"
+          f"{'encode_batch_fast':>19}{'count/encode':>14}{'count/fast':>12}")
+    for label, spec in (("197 B", {"size": 197}), ("4 KB", {"size": 4096}), ("23k tok", {"tokens": 23000}),
+                        ("100k tok", {"tokens": 100000})):
+        body = json.loads(chat_body(tok.count_chat, **spec))
+        text = tok.render_chat(body)
+        n = tok.count_chat(body)
+        reps = max(rounds * 4, 5) if n < 50000 else rounds
+
+        def timed(fn: Callable[[], Any]) -> float:
+            fn()
+            samples = []
+            for _ in range(reps):
+                t = time.perf_counter()
+                fn()
+                samples.append(time.perf_counter() - t)
+            return statistics.median(samples) * 1000
+
+        t_count = timed(lambda: tok.count_chat(body))
+        t_render = timed(lambda: tok.render_chat(body))
+        t_encode = timed(lambda: tok.tokenizer.encode(text, add_special_tokens=False))
+        t_fast = timed(lambda: tok.tokenizer.encode_batch_fast([text], add_special_tokens=False))
+        print(f"{label:<10}{n:>8}{t_count:>10.3f} ms{t_render:>7.3f} ms{t_encode:>7.3f} ms{t_fast:>16.3f} ms"
+              f"{t_count / t_encode:>13.2f}x{t_count / t_fast:>11.2f}x")
+
+
+def startup_and_memory(workdir: Path, do_startup: bool, do_memory: bool, idle: int) -> None:
+    sys.path.insert(0, str(ROOT))
+    if do_startup:
+        from tokenizer_cache import load_model_tokenizer
+        print("\n== tokenizer load time (in-process, first load; headroom loads each once per model)")
+        for name, directory in THREE_MODELS.items():
+            t = time.perf_counter()
+            load_model_tokenizer(MODELS_DIR / directory)
+            print(f"{directory:<40}{(time.perf_counter() - t) * 1000:>9.0f} ms")
+    fake_port, hr_port = free_port(), free_port()
+    fake = spawn("fake3", [sys.executable, "bench/fake_upstream.py", "--port", str(fake_port)]
+                 + [a for name in THREE_MODELS for a in ("--model", f"{name}=32768")], LOAD_CORE, fake_port, workdir)
+    config = workdir / "headroom3.toml"
+    write_headroom_config(config, fake.url, {n: MODELS_DIR / d for n, d in THREE_MODELS.items()}, None)
+    t0 = time.perf_counter()
+    hr = None
+    try:
+        hr = spawn("headroom3", [*headroom_command(), "--config", str(config), "--port", str(hr_port),
+                                 "--log-level", "info"], PROXY_CORE, hr_port, workdir)
+        listening = time.perf_counter() - t0
+        rss_start = rss_mib(hr.proc.pid)   # the background preload may already be under way
+        firsts = {}
+        for name in THREE_MODELS:
+            body = json.dumps({"model": name, "messages": [{"role": "user", "content": "Hello!"}],
+                               "max_tokens": 8}).encode()
+            t = time.perf_counter()
+            status, _, _ = post(hr.url + "/v1/chat/completions", body, timeout=120)
+            firsts[name] = (time.perf_counter() - t) * 1000
+            assert status == 200, status
+        ready = time.perf_counter() - t0
+        rss_loaded = rss_mib(hr.proc.pid)
+        log_text = hr.log.read_text()
+        loads = re.findall(r"^\S+ (\S+) INFO headroom.counting: model (\S+): tokenizer ", log_text, re.M)
+        known = re.search(r"^\S+ (\S+) INFO headroom.limits: model", log_text, re.M)
+        if do_startup:
+            print(f"\n== headroom start-up: listening after {listening:.2f} s; first answer per model "
+                  + ", ".join(f"{n} {ms:.0f} ms" for n, ms in firsts.items())
+                  + f"; all three answered after {ready:.2f} s")
+            if known:
+                t_prev = _clock(known.group(1))
+                for stamp, model in loads:
+                    print(f"   preload {model}: {(_clock(stamp) - t_prev) * 1000:.0f} ms (from the log)")
+                    t_prev = _clock(stamp)
+            print(f"   tokenizer loads logged: {len(loads)} for {len(THREE_MODELS)} models")
+        if do_memory:
+            rss_conns = asyncio.run(_idle_connections(hr.port, idle, lambda: rss_mib(hr.proc.pid)))
+            print(f"\n== headroom RSS: {rss_start:.0f} MiB at start, {rss_loaded:.0f} MiB with 3 tokenizers loaded "
+                  f"(+{rss_loaded - rss_start:.0f}), {rss_conns:.0f} MiB with {idle} idle keep-alive connections "
+                  f"(+{rss_conns - rss_loaded:.1f}, {(rss_conns - rss_loaded) * 1024 / idle:.1f} KiB each)")
+    finally:
+        if hr is not None:
+            hr.stop()
+        fake.stop()
+
+
+def _clock(stamp: str) -> float:
+    h, m, rest = stamp.split(":")
+    sec, _, ms = rest.partition(",")
+    return int(h) * 3600 + int(m) * 60 + int(sec) + int(ms or 0) / 1000
+
+
+async def _idle_connections(port: int, count: int, rss: Callable[[], float]) -> float:
+    """Open `count` connections, make one request on each, keep them open idle, read RSS."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, count + 256)), hard))
+    writers = []
+    try:
+        for i in range(count):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /health HTTP/1.1\r\nhost: bench\r\n\r\n")
+            await writer.drain()
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200"), head[:40]
+            writers.append(writer)
+        await asyncio.sleep(0.5)    # let the server settle (not a synchronisation: RSS is only read)
+        return rss()
+    finally:
+        for w in writers:
+            w.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--only", help="comma-separated scenarios: " + ",".join(SCENARIOS))
+    parser.add_argument("--targets", default=",".join(TARGETS))
+    parser.add_argument("--headroom-root", type=Path, default=None,
+                        help="run headroom from this source tree (e.g. a private copy with a patch)")
+    parser.add_argument("--no-length-log", action="store_true", help="run headroom without its length log")
+    parser.add_argument("--piece-cache", action="store_true",
+                        help="keep headroom's per-piece count cache on (the bench repeats one body: all hits)")
+    parser.add_argument("--event-gap-ms", type=float, default=20.0, help="pause between events in 'paced'")
+    parser.add_argument("--idle-connections", type=int, default=1000)
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    args = parser.parse_args(argv)
+    only = set(args.only.split(",")) if args.only else set(SCENARIOS)
+    unknown = only - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown scenarios {sorted(unknown)}; known: {', '.join(SCENARIOS)}")
+    targets = [t for t in args.targets.split(",") if t in TARGETS]
+    for tool in ("wrk", "hey", "taskset"):
+        if shutil.which(tool) is None:
+            parser.error(f"'{tool}' is not installed (bench/run.sh installs wrk and hey with apt-get)")
+    if os.cpu_count() is None or os.cpu_count() < 2:
+        parser.error("needs 2 cores: core 0 for load + fake, core 1 for the proxy")
+    os.sched_setaffinity(0, {int(LOAD_CORE)})    # this process is a load generator too
+
+    sys.path.insert(0, str(ROOT))
+    from tokenizer_cache import load_model_tokenizer
+    tok = load_model_tokenizer(QWEN3)
+
+    workdir = Path(tempfile.mkdtemp(prefix="headroom-bench-"))
+    bodies = {
+        "chat-197B": chat_body(tok.count_chat, size=197),
+        "chat-4KB": chat_body(tok.count_chat, size=4096),
+        "stream": chat_body(tok.count_chat, size=197, stream=True, usage=True),
+        "stream-strip": chat_body(tok.count_chat, size=197, stream=True),
+        "long": chat_body(tok.count_chat, tokens=23000),
+    }
+    files = {}
+    for name, body in bodies.items():
+        files[name] = workdir / f"{name}.json"
+        files[name].write_bytes(body)
+
+    print(f"headroom proxy bench: {args.rounds} round(s) x {args.duration:g} s, {args.connections} connections; "
+          f"load+fake on core {LOAD_CORE}, proxy on core {PROXY_CORE}")
+    print(f"bodies: chat-197B {len(bodies['chat-197B'])} B, chat-4KB {len(bodies['chat-4KB'])} B "
+          f"({tok.count_chat(json.loads(bodies['chat-4KB']))} tokens), long "
+          f"{len(bodies['long']) // 1024} KiB ({tok.count_chat(json.loads(bodies['long']))} tokens); "
+          f"headroom from {args.headroom_root or ROOT}, piece cache {'on' if args.piece_cache else 'off'}")
+    print(f"load average before: {loadavg()}")
+    started = time.perf_counter()
+
+    servers: dict[str, Server] = {}
+    results: Results = {}
+    proxied = only & {"chat-197B", "chat-4KB", "p50@1conn", "stream", "stream-strip", "paced", "long-mix"}
+    try:
+        if proxied:
+            fake_port = free_port()
+            fake = spawn("fake", [sys.executable, "bench/fake_upstream.py", "--port", str(fake_port),
+                                  "--model", f"{MODEL}={MAX_MODEL_LEN}"], LOAD_CORE, fake_port, workdir)
+            servers["direct"] = fake
+            if "bare" in targets:
+                port = free_port()
+                servers["bare"] = spawn("bare", [sys.executable, "bench/bare_proxy.py", "--upstream", fake.url,
+                                                 "--port", str(port)], PROXY_CORE, port, workdir)
+            if "headroom" in targets:
+                port = free_port()
+                config = workdir / "headroom.toml"
+                write_headroom_config(config, fake.url, {MODEL: QWEN3},
+                                      None if args.no_length_log else workdir / "lengths.jsonl", args.piece_cache)
+                env = {}
+                if args.headroom_root:
+                    env["PYTHONPATH"] = str(args.headroom_root.resolve())
+                servers["headroom"] = spawn("headroom", [*headroom_command(), "--config", str(config),
+                                                         "--port", str(port)], PROXY_CORE, port, workdir, env)
+                status, headers, _ = post(servers["headroom"].url + "/v1/chat/completions", bodies["chat-197B"])
+                assert status == 200 and headers.get("x-headroom-action") == "clamped", (status, headers)
+            for t in targets:   # warm up every path once
+                run_wrk(servers[t].url + "/v1/chat/completions", files["chat-197B"], args.connections, 1, workdir)
+
+        for rnd in range(args.rounds if proxied else 0):
+            for t in targets:
+                s, url = servers[t], servers[t].url + "/v1/chat/completions"
+                for scen in ("chat-197B", "chat-4KB"):
+                    if scen in only:
+                        measure_wrk(results, scen, t, s, url, files[scen], args.connections, args.duration, workdir)
+                if "p50@1conn" in only:
+                    for scen in ("chat-197B", "chat-4KB"):
+                        measure_wrk(results, f"1conn-{scen}", t, s, url, files[scen], 1, args.duration, workdir)
+                for scen in ("stream", "stream-strip"):
+                    if scen in only:
+                        measure_hey(results, scen, t, s, url, files[scen], args.connections, args.duration)
+                if "paced" in only:
+                    # The client asks for usage: with the strip path the removed usage event would
+                    # show as one doubled gap per stream, not a delay headroom adds.
+                    r = asyncio.run(timed_streams(f"{url}?gap_ms={args.event_gap_ms:g}", bodies["stream"],
+                                                  8, args.duration, args.event_gap_ms))
+                    for k, v in r.items():
+                        results.setdefault(("paced", t, k), Series()).add(v)
+                if "long-mix" in only:
+                    alone = asyncio.run(small_while_long(url, bodies["chat-197B"], None, b"", 0, args.duration))
+                    mixed = asyncio.run(small_while_long(url, bodies["chat-197B"], url, bodies["long"], 2,
+                                                         args.duration))
+                    for k in ("p50", "p99"):
+                        results.setdefault(("long-alone", t, k), Series()).add(alone[k])
+                        results.setdefault(("long-mix", t, k), Series()).add(mixed[k])
+                    results.setdefault(("long-mix", t, "ratio_p99"), Series()).add(mixed["p99"] / alone["p99"])
+                    results.setdefault(("long-mix", t, "long_p50"), Series()).add(mixed["long_p50"] or float("nan"))
+                    results.setdefault(("long-mix", t, "long_n"), Series()).add(mixed["long_n"])
+            print(f"  round {rnd + 1}/{args.rounds} done ({time.perf_counter() - started:.0f} s, load {loadavg()})",
+                  flush=True)
+    finally:
+        for s in servers.values():
+            s.stop()
+
+    print_table(f"non-streamed 197 B chat (clamped + rewritten), {args.connections} connections",
+                [("req/s", "rps", 0), ("CPU ms/req", "cpu_ms", 3)], results, "chat-197B", ratio_metric="rps")
+    print_table(f"non-streamed 4 KB chat (clamped + rewritten), {args.connections} connections",
+                [("req/s", "rps", 0), ("CPU ms/req", "cpu_ms", 3)], results, "chat-4KB", ratio_metric="rps")
+    print_table("197 B chat at 1 connection (latency, ms)", [("p50", "p50", 3), ("p99", "p99", 3)],
+                results, "1conn-chat-197B", added=("p50",))
+    print_table("4 KB chat at 1 connection (latency, ms)", [("p50", "p50", 3), ("p99", "p99", 3)],
+                results, "1conn-chat-4KB", added=("p50",))
+    print_table(f"34-event streams, client asks for usage, {args.connections} connections",
+                [("streams/s", "rps", 0), ("CPU ms/stream", "cpu_ms", 3)], results, "stream", ratio_metric="rps")
+    print_table(f"streams, client does not ask for usage (headroom asks and strips), {args.connections} connections",
+                [("streams/s", "rps", 0), ("CPU ms/stream", "cpu_ms", 3)], results, "stream-strip",
+                ratio_metric="rps")
+    print_table(f"paced streams ({args.event_gap_ms:g} ms between events, 8 at a time), ms",
+                [("TTFB p50", "ttfb_p50", 3), ("gap p50", "gap_p50", 3), ("gap p99", "gap_p99", 3),
+                 ("chunks/stream", "chunks", 0)], results, "paced", added=("ttfb_p50", "gap_p50", "gap_p99"))
+    print_table("small 197 B requests alone (1 connection), ms", [("p50", "p50", 3), ("p99", "p99", 3)],
+                results, "long-alone")
+    print_table("... while 2 connections send 23k-token chats, ms",
+                [("p50", "p50", 3), ("p99", "p99", 3), ("p99 / alone", "ratio_p99", 2),
+                 ("long p50", "long_p50", 1), ("long reqs", "long_n", 0)], results, "long-mix")
+
+    if "counting" in only:
+        counting_cost(args.rounds)
+    if only & {"startup", "memory"}:
+        startup_and_memory(workdir, "startup" in only, "memory" in only, args.idle_connections)
+    print(f"\nload average after: {loadavg()}; {time.perf_counter() - started:.0f} s in all")
+    if args.keep:
+        print(f"logs and bodies kept in {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
