@@ -93,11 +93,19 @@ def summary(config: Config) -> str:
         f"  listen     http://{config.server.host}:{config.server.port}/v1",
         f"  upstream   {config.upstream.url} (connect {config.upstream.connect_timeout:g} s, "
         f"first byte/idle {config.upstream.timeout:g} s)",
+    ]
+    for entry in config.upstreams:
+        lines.append(f"  upstream   {entry.url} ({entry.name}; models from its /v1/models)")
+    lines += [
         f"  policy     {config.policy.on_overflow}, margin {config.policy.margin_tokens} tokens"
         + (f" + {config.policy.margin_fraction:.1%} of the prompt" if config.policy.margin_fraction else "")
         + f", min completion {config.policy.min_completion_tokens}",
         f"  length log {config.length_log.path or 'off'}",
         f"  api keys   {len(config.server.api_keys) or 'none (open)'}",
+        f"  back-pressure {config.upstream.max_concurrent_requests or 'off'}"
+        + (f" in flight per upstream, wait {config.upstream.queue_timeout:g} s"
+           if config.upstream.max_concurrent_requests else ""),
+        "  (served models, their max_model_len and tokenizer sources are logged once the upstream answers)",
     ]
     for name, model in config.models.items():
         parts = [f"{k}={v}" for k, v in vars(model).items() if v is not None]
