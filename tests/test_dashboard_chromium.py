@@ -182,3 +182,39 @@ def test_dashboard_screenshot(dashboard_url: str, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     print(f"dashboard screenshot: {target}")
+
+
+def test_dashboard_of_a_running_proxy_shows_what_it_recorded(tmp_path: Path, qwen3_dir: Path) -> None:
+    """Requests through headroom (to the fake vLLM), then headroom's own /dashboard in Chromium."""
+    import numpy as np
+
+    from proxy.app import HeadroomApp
+    from proxy.config import Config, ModelConfig, UpstreamConfig
+    from tests.fakevllm import FakeVLLM
+    from tests.servers import serve_in_thread
+    from tokenizer_cache import load_model_tokenizer
+
+    chromium = find_chromium()
+    tok = load_model_tokenizer(qwen3_dir)
+    sent_prompts, sent_completions = [], []
+    with FakeVLLM(count_prompt=lambda endpoint, body: tok.count_chat(body)) as fake:
+        config = Config(upstream=UpstreamConfig(url=fake.base_url, timeout=10.0))
+        config.models["tiny-qwen"] = ModelConfig(tokenizer=str(qwen3_dir))
+        with serve_in_thread(HeadroomApp(config)) as base, httpx.Client(base_url=base, timeout=10) as client:
+            for i in range(1, 21):
+                body = {"model": "tiny-qwen", "messages": [{"role": "user", "content": "word " * (i * 7)}],
+                        "max_tokens": i * 3}
+                assert client.post("/v1/chat/completions", json=body).status_code == 200
+                sent_prompts.append(tok.count_chat(body))
+                sent_completions.append(i * 3)
+            result = run_chromium(chromium, tmp_path / "profile", "--dump-dom", base + "/dashboard")
+    assert result.returncode == 0, result.stderr[-2000:]
+    dom = DashboardDom()
+    dom.feed(result.stdout)
+    assert dom.rendered_at, "the page never rendered /stats"
+    for metric, values in (("prompt_tokens", sent_prompts), ("completion_tokens", sent_completions)):
+        assert sum(int(c) for _, _, c in dom.bars[("tiny-qwen", metric)]) == 20
+        for stat, q in (("p50", 50), ("p99", 99)):
+            value, _ = dom.cells[("tiny-qwen", metric, stat)]
+            assert float(value) == pytest.approx(float(np.percentile(values, q))), (metric, stat)
+        assert float(dom.cells[("tiny-qwen", metric, "max")][0]) == max(values)
