@@ -19,7 +19,6 @@ request (issue 6); Starlette still serves headroom's own pages (proxy.live).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import json
 import logging

@@ -36,6 +36,7 @@ class Backends:
                 url,
                 connect_timeout=up.connect_timeout,
                 timeout=up.timeout,
+                idle_timeout=up.idle_timeout,
                 max_connections=up.max_connections,
                 api_key=api_key,
             )

@@ -80,6 +80,7 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, object]:
         "server.port": args.port,
         "length_log.path": args.length_log,
         "upstream.timeout": args.upstream_timeout,
+        "upstream.idle_timeout": args.upstream_timeout,
         "server.shutdown_timeout": args.shutdown_timeout,
         "policy.margin_tokens": args.margin_tokens,
         "logging.level": args.log_level,

@@ -44,6 +44,9 @@ class UpstreamConfig:
     # sends nothing until the whole generation is done: 32k tokens at 40 tok/s
     # is ~800 s, so the default stays above that.
     timeout: float = 900.0
+    # Longest gap between two chunks of a body once the headers came (a stalled
+    # stream); unset: the same as `timeout`.
+    idle_timeout: float | None = None
     models_refresh_interval: float = 60.0
     api_key: str | None = None             # replaces the client's Authorization when set
     max_connections: int = 1024

@@ -58,12 +58,14 @@ class Upstream:
         *,
         connect_timeout: float = 5.0,
         timeout: float = 900.0,
+        idle_timeout: float | None = None,
         max_connections: int = 1024,
         api_key: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.connect_timeout = connect_timeout
-        self.timeout = timeout
+        self.timeout = timeout                      # until the response headers
+        self.idle_timeout = idle_timeout if idle_timeout is not None else timeout  # between body chunks
         self.api_key = api_key
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
@@ -116,7 +118,7 @@ class Upstream:
             path_qs = "/" + path_qs
         url = self.base_url + path_qs
         try:
-            return await self.session.request(
+            response = await self.session.request(
                 method,
                 url,
                 headers=self.outgoing_headers(headers),
@@ -126,6 +128,19 @@ class Upstream:
             )
         except BaseException as exc:
             raise self.map_exception(exc, phase="waiting for the response headers") from exc
+        connection = response.connection
+        if self.idle_timeout != self.timeout and connection is not None and connection.protocol is not None:
+            # The session's read timeout bounded the wait for the headers; from
+            # here on it bounds each gap between body chunks.  aiohttp re-arms
+            # the timer with the protocol's current value on every read and
+            # drops it at the end of the body, so re-arm it now unless the body
+            # is already complete (a timer left on a pooled connection would
+            # fire into the next request).
+            protocol = connection.protocol
+            protocol.read_timeout = self.idle_timeout
+            if not response.content.is_eof():
+                protocol.start_timeout()
+        return response
 
     def map_exception(self, exc: BaseException, *, phase: str) -> BaseException:
         """aiohttp/OS failures → the explained 502/504; anything else passes through unchanged."""
@@ -136,7 +151,8 @@ class Upstream:
         if isinstance(exc, (aiohttp.ConnectionTimeoutError,)):
             return errors.upstream_timeout(self.base_url, "connecting", self.connect_timeout)
         if isinstance(exc, (aiohttp.SocketTimeoutError, aiohttp.ServerTimeoutError, asyncio.TimeoutError)):
-            return errors.upstream_timeout(self.base_url, phase, self.timeout)
+            seconds = self.timeout if phase == "waiting for the response headers" else self.idle_timeout
+            return errors.upstream_timeout(self.base_url, phase, seconds)
         if isinstance(exc, (aiohttp.ClientError, ConnectionError, OSError)):
             return errors.upstream_broken(self.base_url, _cause(exc))
         return exc

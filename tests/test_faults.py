@@ -1097,3 +1097,39 @@ def test_completed_requests_are_not_recorded_as_disconnects(qwen3_dir: Path) -> 
     assert [r.error_code for r in records] == [None] * 4
     assert [r.status for r in records] == [200] * 4
     assert [r.completion_tokens for r in records] == [5] * 4
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_idle_timeout_is_separate_from_first_byte_timeout(qwen3_dir: Path, stream: bool) -> None:
+    """Headers come, then the body stalls: the idle timeout (not the long first-byte one) ends it."""
+    with running_stack(qwen3_dir, timeout=30.0, idle_timeout=0.4) as stack:
+        stack.fake.fail_next.append(FaultSpec(kind="stall", path="/v1/chat/completions"))
+        started = time.monotonic()
+        response = httpx.post(stack.base_url + "/v1/chat/completions", timeout=20, json={
+            "model": "tiny-qwen", "messages": [{"role": "user", "content": "Hello!"}],
+            "max_tokens": 5, "stream": stream})
+        elapsed = time.monotonic() - started
+        record = stack.recorder.last()
+    assert elapsed < 10, "the 30 s first-byte timeout must not be what ended the stall"
+    if stream:
+        events = [line[6:] for line in response.text.split("\n") if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        error = json.loads(events[-2])["error"]
+    else:
+        assert response.status_code == 504
+        error = response.json()["error"]
+    assert error["code"] == "upstream_timeout"
+    assert "0.4 s" in error["message"]
+    assert record.action == "upstream_error"
+
+
+def test_slow_first_byte_is_bounded_by_timeout_not_idle_timeout(qwen3_dir: Path) -> None:
+    """A non-streamed answer sends nothing until the generation ends: only `timeout` applies to it."""
+    with running_stack(qwen3_dir, fake_kwargs={"tokens_per_second": 20}, timeout=30.0, idle_timeout=0.3) as stack:
+        response = httpx.post(stack.base_url + "/v1/chat/completions", timeout=20, json={
+            "model": "tiny-qwen", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16})
+        second = httpx.post(stack.base_url + "/v1/chat/completions", timeout=20, json={
+            "model": "tiny-qwen", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 2})
+    assert response.status_code == 200, response.text          # 0.8 s before the first byte
+    assert response.json()["usage"]["completion_tokens"] == 16
+    assert second.status_code == 200, second.text              # the pooled connection is still sound

@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 
 from proxy.app import HeadroomApp
