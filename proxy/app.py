@@ -19,6 +19,7 @@ request (issue 6); Starlette still serves headroom's own pages (proxy.live).
 from __future__ import annotations
 
 import asyncio
+import gc
 import hmac
 import json
 import logging
@@ -110,6 +111,11 @@ class HeadroomApp:
         task = asyncio.ensure_future(self.counter.preload(list(models)))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        # Once tokenizers and templates are loaded, move everything alive to the
+        # GC's permanent generation: full collections then skip those objects.
+        # Measured (bench/proxy_bench.py, 197 B at 1 connection, 2 A/B pairs):
+        # p99 1.6-4.9 ms → 1.2-1.3 ms; p50 and CPU per request unchanged.
+        task.add_done_callback(lambda _: gc.freeze())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
