@@ -362,9 +362,13 @@ class HeadroomApp:
                 else:
                     scanner.feed(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             response.close()
-            raise
+            if not _is_shutdown_deadline(exc):
+                raise
+            # SIGTERM's drain deadline passed with this stream still open: end it
+            # with an error event instead of a cut that could look complete.
+            failure = errors.shutting_down(self.config.server.shutdown_timeout)
         except Exception as exc:
             mapped = upstream.map_exception(exc, phase="streaming the response")
             failure = mapped if isinstance(mapped, HeadroomError) else errors.upstream_broken(
@@ -633,6 +637,11 @@ async def _send_internal_error(send: Send, request_id: str) -> None:
         await send({"type": "http.response.body", "body": body, "more_body": False})
     except Exception:  # the response had already started: nothing more can be said
         pass
+
+
+def _is_shutdown_deadline(exc: asyncio.CancelledError) -> bool:
+    """uvicorn cancels the requests still running at the graceful-shutdown deadline with this message."""
+    return any("timeout graceful shutdown exceeded" in str(arg) for arg in exc.args)
 
 
 def _is_usage_only(event: bytes) -> bool:

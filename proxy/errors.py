@@ -290,6 +290,17 @@ def upstream_busy(upstream: str, limit: int, waited: float) -> HeadroomError:
     )
 
 
+def shutting_down(deadline: float) -> HeadroomError:
+    return HeadroomError(
+        503,
+        f"headroom is shutting down (SIGTERM) and this stream was still running when the {deadline:g} s "
+        "drain deadline passed (server.shutdown_timeout); the answer is incomplete. Retry the request.",
+        code="server_shutting_down",
+        details={"shutdown_timeout_s": deadline},
+        headers={"Retry-After": "1"},
+    )
+
+
 def upstream_timeout(upstream: str, phase: str, seconds: float) -> HeadroomError:
     return HeadroomError(
         504,
