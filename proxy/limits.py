@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
@@ -80,6 +81,7 @@ class ModelRegistry:
         self._task: asyncio.Task[None] | None = None
         self.last_error: str | None = None
         self.last_exception: BaseException | None = None
+        self._last_warning = -math.inf
         self.on_change: list[Callable[[dict[str, ModelInfo]], None]] = []
 
     @property
@@ -122,8 +124,14 @@ class ModelRegistry:
         except Exception as exc:  # any failure leaves the previous list in place
             self.last_error = f"{type(exc).__name__}: {exc}"
             self.last_exception = exc
-            log.warning("could not read the upstream's /v1/models: %s", self.last_error)
+            # vLLM can take minutes to load: say so once, then once a minute, not every retry.
+            now = time.monotonic()
+            if now - self._last_warning >= 60.0:
+                self._last_warning = now
+                log.warning("could not read the upstream's /v1/models (retrying in the background): %s",
+                            self.last_error)
             return False
+        self._last_warning = -math.inf
         self.last_error = None
         self.last_exception = None
         changed = models != self._models
