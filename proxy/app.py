@@ -37,9 +37,9 @@ from .config import Config
 from .counting import PromptCounter
 from .errors import HeadroomError
 from .forward import Upstream, forwardable
-from .gate import UpstreamGate
 from .lengthlog import LengthLog
 from .backends import Backend, Backends
+from .gate import UpstreamGate
 from .limits import ModelRegistry
 from .live import Recorder
 from .metrics import Metrics
@@ -79,7 +79,6 @@ class HeadroomApp:
         self._local = Router(routes=self.recorder.routes())
         self._background: set[asyncio.Task[Any]] = set()
         self._api_keys = [k.encode() for k in config.server.api_keys]
-        self._gates: dict[str, UpstreamGate] = {}
 
     @property
     def upstream(self) -> Upstream:
@@ -210,7 +209,7 @@ class HeadroomApp:
             return
 
         limit_fields = (decision.rewrite and list(decision.rewrite)) or limit.present_fields() or ["max_tokens"]
-        work = self._gated(backend.upstream, send, info_headers, record, self._forward_admitted(
+        work = self._gated(backend.gate, send, info_headers, record, self._forward_admitted(
             backend.upstream, scope, send, out_body, request, changes, limit_fields, record, info_headers,
             started, strip_usage,
         ))
@@ -219,18 +218,13 @@ class HeadroomApp:
 
     async def _gated(
         self,
-        upstream: Upstream,
+        gate: UpstreamGate,
         send: Send,
         info_headers: list[tuple[bytes, bytes]],
         record: LengthRecord,
         work: Coroutine[Any, Any, None],
     ) -> None:
         """Run `work` holding one of the upstream's request slots (proxy.gate); 503 when none frees."""
-        gate = self._gates.get(upstream.base_url)
-        if gate is None:
-            up = self.config.upstream
-            gate = UpstreamGate(upstream.base_url, up.max_concurrent_requests, up.queue_timeout)
-            self._gates[upstream.base_url] = gate
         try:
             await gate.acquire()
         except HeadroomError as err:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from .config import Config
 from .forward import Upstream
+from .gate import UpstreamGate
 from .limits import ModelInfo, ModelRegistry
 
 
@@ -24,6 +25,7 @@ class Backend:
     name: str
     upstream: Upstream
     registry: ModelRegistry
+    gate: UpstreamGate          # back-pressure: at most max_concurrent_requests in flight
 
 
 class Backends:
@@ -41,7 +43,8 @@ class Backends:
                 api_key=api_key,
             )
             registry = ModelRegistry(config, _fetcher(upstream))
-            self.items.append(Backend(name, upstream, registry))
+            gate = UpstreamGate(url, up.max_concurrent_requests, up.queue_timeout)
+            self.items.append(Backend(name, upstream, registry, gate))
 
     @property
     def default(self) -> Backend:
