@@ -408,9 +408,8 @@ class HeadroomApp:
             log.debug("client left before sending the whole body of %s", scope["path"])
             return
         except HeadroomError as err:
-            await send({"type": "http.response.start", "status": err.status,
-                        "headers": _error_headers(err, [(b"x-request-id", _request_id(scope).encode())])})
-            await send({"type": "http.response.body", "body": err.body_bytes(), "more_body": False})
+            headers = _error_headers(err, [(b"x-request-id", _request_id(scope).encode())])
+            await _send_whole(send, err.status, err.body_bytes(), headers)
             return
 
         async def relay() -> None:
@@ -501,10 +500,8 @@ class HeadroomApp:
                     seen.add(card.get("id"))
                     cards.append(card)
         body = json.dumps({"object": "list", "data": cards}, ensure_ascii=False).encode()
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"x-request-id", request_id.encode())]})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        headers = [(b"content-type", b"application/json"), (b"x-request-id", request_id.encode())]
+        await _send_whole(send, 200, body, headers)
 
     async def _send_error(
         self, send: Send, err: HeadroomError, info_headers: list[tuple[bytes, bytes]], record: LengthRecord
@@ -512,11 +509,7 @@ class HeadroomApp:
         record.status = err.status
         if record.error_code is None:
             record.error_code = str(err.code) if err.code is not None else None
-        body = err.body_bytes()
-        headers = _error_headers(err, info_headers)
-        headers.append((b"content-length", str(len(body)).encode()))
-        await send({"type": "http.response.start", "status": err.status, "headers": headers})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        await _send_whole(send, err.status, err.body_bytes(), _error_headers(err, info_headers))
 
     def _finish(self, record: LengthRecord, started: float) -> None:
         record.latency_ms = (time.perf_counter() - started) * 1000
@@ -616,19 +609,18 @@ class SSEScanner:
             self.record.error_code = "upstream_stream_error"
 
 
+async def _send_whole(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    """One complete (non-streamed) response: headers with its content-length, then the body."""
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
 async def _send_internal_error(send: Send, request_id: str) -> None:
-    err = HeadroomError(
-        500,
-        f"headroom hit an unexpected internal error and did not complete the request. This is a bug in "
-        f"headroom, not in your request: please report it with the request id {request_id}.",
-        code="internal_error",
-    )
-    body = err.body_bytes()
+    err = errors.internal_error(request_id)
     try:
-        await send({"type": "http.response.start", "status": 500, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"x-request-id", request_id.encode())]})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        headers = _error_headers(err, [(b"x-request-id", request_id.encode())])
+        await _send_whole(send, err.status, err.body_bytes(), headers)
     except Exception:  # the response had already started: nothing more can be said
         pass
 

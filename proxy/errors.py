@@ -290,6 +290,16 @@ def upstream_busy(upstream: str, limit: int, waited: float) -> HeadroomError:
     )
 
 
+def internal_error(request_id: str) -> HeadroomError:
+    """A bug in headroom: still answered in the OpenAI shape, never a bare 500 page."""
+    return HeadroomError(
+        500,
+        f"headroom hit an unexpected internal error and did not complete the request. This is a bug in "
+        f"headroom, not in your request: please report it with the request id {request_id}.",
+        code="internal_error",
+    )
+
+
 def shutting_down(deadline: float) -> HeadroomError:
     return HeadroomError(
         503,
