@@ -67,7 +67,6 @@ def _long_prompt_pool() -> concurrent.futures.ThreadPoolExecutor:
 @dataclass(frozen=True)
 class Count:
     per_prompt: list[int]
-    source: Literal["local", "upstream"]
 
     @property
     def total(self) -> int:
@@ -90,7 +89,6 @@ class PromptCounter:
         self._ready: OrderedDict[str, ModelTokenizer] = OrderedDict()
         self._ready_max = config.tokenizers.cache_size
         self._hf_home = config.tokenizers.hf_home or os.environ.get("HF_HOME")
-        self.parity: dict[str, bool] = {}
         self.on_parity: list[Any] = []
 
     # -- where each model's tokenizer is -------------------------------------
@@ -156,7 +154,6 @@ class PromptCounter:
             if tok is not None:
                 result = await self.parity_check(model, tok)
                 if result is not None:
-                    self.parity[model] = result
                     for callback in self.on_parity:
                         callback(model, result)
 
@@ -211,7 +208,7 @@ class PromptCounter:
         except CountError as exc:
             raise errors.invalid_prompt(exc.message, getattr(exc, "param", None) or _prompt_param(endpoint)) from None
         per_prompt = [result] if isinstance(result, int) else list(result)
-        return Count(per_prompt, "local")
+        return Count(per_prompt)
 
     def _upstream(self, model: str) -> Upstream:
         backend = self._backends.for_model(model) or self._backends.default
@@ -249,7 +246,7 @@ class PromptCounter:
                     f"The upstream could not tokenize this request: {message}", _prompt_param(endpoint)
                 )
             raise errors.upstream_not_ready(upstream.base_url, status, f"/tokenize failed: {message}")
-        return Count(counts, "upstream")
+        return Count(counts)
 
 
 _WEATHER_TOOL = {

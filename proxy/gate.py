@@ -25,20 +25,16 @@ class UpstreamGate:
         self.upstream = upstream
         self.limit = limit
         self.queue_timeout = queue_timeout
-        self.waiting = 0
         self._free = asyncio.Semaphore(limit) if limit > 0 else None
 
     async def acquire(self) -> None:
         """Take a slot, waiting up to `queue_timeout`; raises the 503 `upstream_busy` if none frees."""
         if self._free is None:
             return
-        self.waiting += 1
         try:
             await asyncio.wait_for(self._free.acquire(), self.queue_timeout)
         except asyncio.TimeoutError:
             raise errors.upstream_busy(self.upstream, self.limit, self.queue_timeout) from None
-        finally:
-            self.waiting -= 1
 
     def release(self) -> None:
         if self._free is not None:
