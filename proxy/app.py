@@ -560,7 +560,7 @@ class SSEScanner:
         kept = []
         for event in events:
             if _is_usage_only(event):
-                _read_usage(event.partition(b"data:")[2], self.record, streaming=True)
+                _read_usage(event.partition(b"data:")[2], self.record)
                 continue
             kept.append(event + b"\n\n")
         out = b"".join(kept)
@@ -595,7 +595,7 @@ class SSEScanner:
             wants_usage = b'"usage"' in payload and b'"usage":null' not in payload
             wants_finish = b'"finish_reason"' in payload and b'"finish_reason":null' not in payload
             if wants_usage or wants_finish:
-                _read_usage(payload, self.record, streaming=True)
+                _read_usage(payload, self.record)
 
     def _upstream_error(self) -> None:
         """vLLM reports a failure after a stream started as `data: {"error": {...}}` (then [DONE]).
@@ -653,7 +653,7 @@ def _ask_for_usage(request: dict[str, Any], changes: dict[str, Any]) -> bool:
     return True
 
 
-def _read_usage(payload: bytes, record: LengthRecord, streaming: bool = False) -> None:
+def _read_usage(payload: bytes, record: LengthRecord) -> None:
     try:
         data = json.loads(payload)
     except ValueError:
