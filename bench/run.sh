@@ -19,4 +19,7 @@ if [ -z "$python" ]; then
         if [ -x "$candidate" ]; then python="$candidate"; break; fi
     done
 fi
+# aiohttp drives the load and the bare reference proxy (the "bench" extra).
+"$python" -c "import aiohttp" 2>/dev/null ||
+    "$python" -m pip install -q -c "$here/../constraints.txt" "aiohttp>=3.10,<4"
 exec "$python" "$here/proxy_bench.py" "$@"

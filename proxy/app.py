@@ -28,7 +28,6 @@ import time
 import uuid
 from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 
-import aiohttp
 from starlette.routing import Router
 
 from . import errors
@@ -37,6 +36,7 @@ from .config import Config
 from .counting import PromptCounter
 from .errors import HeadroomError
 from .forward import Upstream, forwardable
+from .http1 import Response
 from .lengthlog import LengthLog
 from .backends import Backend, Backends
 from .gate import UpstreamGate
@@ -260,9 +260,8 @@ class HeadroomApp:
         prompt_param = "messages" if record.endpoint == "chat" else "prompt"
         retried = False
         while True:
-            headers = base_headers + [("content-length", str(len(body)))]
             try:
-                response = await upstream.send("POST", _path_qs(scope), headers, body)
+                response = await upstream.send("POST", _path_qs(scope), base_headers, body)
             except HeadroomError as err:
                 record.action = "upstream_error"
                 await self._send_error(send, err, info_headers, record)
@@ -329,7 +328,7 @@ class HeadroomApp:
         self,
         upstream: Upstream,
         send: Send,
-        response: aiohttp.ClientResponse,
+        response: Response,
         headers: list[tuple[bytes, bytes]],
         record: LengthRecord,
         started: float,
@@ -346,7 +345,7 @@ class HeadroomApp:
         scanner = SSEScanner(record)
         failure: HeadroomError | None = None
         try:
-            async for chunk in response.content.iter_any():
+            while chunk := await response.next_chunk():
                 if record.ttfb_ms is None:
                     record.ttfb_ms = (time.perf_counter() - started) * 1000
                 if strip_usage:
@@ -394,7 +393,6 @@ class HeadroomApp:
             body: bytes | AsyncIterator[bytes] | None
             if length is not None and length <= MAX_BUFFERED_PASSTHROUGH:
                 body = await _read_body(receive, MAX_BUFFERED_PASSTHROUGH, scope)
-                headers.append(("content-length", str(len(body))))
             elif length is None and not _has_body(scope):
                 body = None
             else:
@@ -419,7 +417,7 @@ class HeadroomApp:
                 out.append((b"content-length", response.headers["content-length"].encode()))
             await send({"type": "http.response.start", "status": response.status, "headers": out})
             try:
-                async for chunk in response.content.iter_any():
+                while chunk := await response.next_chunk():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except asyncio.CancelledError:
                 response.close()

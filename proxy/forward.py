@@ -1,24 +1,22 @@
 """The one connection to the upstream: send a request, get a streaming response.
 
 This is the seam between headroom's logic and how bytes travel (STYLE.md,
-HTTPX's transports).  It uses one shared `aiohttp.ClientSession`: DESIGN.md
-measured httpx's own pool at 4.8 ms of CPU per request at 64 connections
-against 0.21 ms for aiohttp, and the `httpx-aiohttp` bridge maps aiohttp's
-exceptions coarsely (a server disconnect becomes `ConnectTimeout`), which
-would blur the 502-vs-504 distinction this proxy must explain.  Every
-transport failure leaves here as a `HeadroomError` from `proxy.errors`.
+HTTPX's transports).  The bytes travel through `proxy.http1`, a lean
+HTTP/1.1 client on httptools' parser: DESIGN.md measured httpx's pool at
+4.8 ms of CPU per request at 64 connections, and aiohttp's session, though
+~20x cheaper, was still ~17-21 % of headroom's CPU per request (py-spy);
+see bench/ for the figures.  Every transport failure leaves here as a
+`HeadroomError` from `proxy.errors`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any, AsyncIterator, Iterable
 
-import aiohttp
-
 from . import errors
 from .errors import HeadroomError
+from .http1 import Broken, ConnectError, ConnectTimeout, Pool, ReadTimeout, Response
 
 # RFC 9110 §7.6.1 hop-by-hop headers, plus the ones the HTTP layers recompute.
 HOP_BY_HOP = frozenset(
@@ -67,32 +65,13 @@ class Upstream:
         self.timeout = timeout                      # until the response headers
         self.idle_timeout = idle_timeout if idle_timeout is not None else timeout  # between body chunks
         self.api_key = api_key
-        self._max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
+        self._pool = Pool(self.base_url, connect_timeout=connect_timeout, limit=max_connections)
 
     async def start(self) -> None:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=30)
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                auto_decompress=False,
-                # Do not invent headers the client did not send.
-                skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
-                timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=self.connect_timeout, sock_read=self.timeout
-                ),
-            )
+        """Nothing to open ahead: connections are made on first use and kept alive."""
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            raise RuntimeError("Upstream.start() was not awaited")
-        return self._session
+        await self._pool.close()
 
     def outgoing_headers(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
         """Apply the Authorization policy: forward the client's, or replace it with the upstream key."""
@@ -108,7 +87,7 @@ class Upstream:
         path_qs: str,
         headers: list[tuple[str, str]],
         body: bytes | AsyncIterator[bytes] | None,
-    ) -> aiohttp.ClientResponse:
+    ) -> Response:
         """Send one request; the caller reads (or releases) the returned response.
 
         `path_qs` is always a path on the configured upstream: a request can
@@ -116,53 +95,35 @@ class Upstream:
         """
         if not path_qs.startswith("/"):
             path_qs = "/" + path_qs
-        url = self.base_url + path_qs
         try:
-            response = await self.session.request(
-                method,
-                url,
-                headers=self.outgoing_headers(headers),
-                data=body,
-                allow_redirects=False,
-                compress=None,
+            return await self._pool.request(
+                method, path_qs, self.outgoing_headers(headers), body,
+                timeout=self.timeout, idle_timeout=self.idle_timeout,
             )
         except BaseException as exc:
             raise self.map_exception(exc, phase="waiting for the response headers") from exc
-        connection = response.connection
-        if self.idle_timeout != self.timeout and connection is not None and connection.protocol is not None:
-            # The session's read timeout bounded the wait for the headers; from
-            # here on it bounds each gap between body chunks.  aiohttp re-arms
-            # the timer with the protocol's current value on every read and
-            # drops it at the end of the body, so re-arm it now unless the body
-            # is already complete (a timer left on a pooled connection would
-            # fire into the next request).
-            protocol = connection.protocol
-            protocol.read_timeout = self.idle_timeout
-            if not response.content.is_eof():
-                protocol.start_timeout()
-        return response
 
     def map_exception(self, exc: BaseException, *, phase: str) -> BaseException:
-        """aiohttp/OS failures → the explained 502/504; anything else passes through unchanged."""
+        """Transport failures → the explained 502/504; anything else passes through unchanged."""
         if isinstance(exc, HeadroomError):
             return exc
-        if isinstance(exc, aiohttp.ClientConnectorError):
-            return errors.upstream_unreachable(self.base_url, _cause(exc))
-        if isinstance(exc, (aiohttp.ConnectionTimeoutError,)):
+        if isinstance(exc, ConnectError):
+            return errors.upstream_unreachable(self.base_url, str(exc))
+        if isinstance(exc, ConnectTimeout):
             return errors.upstream_timeout(self.base_url, "connecting", self.connect_timeout)
-        if isinstance(exc, (aiohttp.SocketTimeoutError, aiohttp.ServerTimeoutError, asyncio.TimeoutError)):
+        if isinstance(exc, (ReadTimeout, TimeoutError)):
             seconds = self.timeout if phase == "waiting for the response headers" else self.idle_timeout
             return errors.upstream_timeout(self.base_url, phase, seconds)
-        if isinstance(exc, (aiohttp.ClientError, ConnectionError, OSError)):
-            return errors.upstream_broken(self.base_url, _cause(exc))
+        if isinstance(exc, Broken):
+            return errors.upstream_broken(self.base_url, _short(str(exc)))
+        if isinstance(exc, OSError):
+            return errors.upstream_broken(self.base_url, _short(f"{type(exc).__name__}: {exc}"))
         return exc
 
-    async def read_body(self, response: aiohttp.ClientResponse, limit: int | None = None) -> bytes:
+    async def read_body(self, response: Response, limit: int | None = None) -> bytes:
         """Read a whole (non-streamed) body; transport failures become HeadroomError."""
         try:
-            if limit is None:
-                return await response.read()
-            return await response.content.read(limit)
+            return await response.read(limit)
         except BaseException as exc:
             raise self.map_exception(exc, phase="reading the response body") from exc
         finally:
@@ -185,7 +146,5 @@ class Upstream:
             return response.status, None
 
 
-def _cause(exc: BaseException) -> str:
-    inner = getattr(exc, "os_error", None) or exc.__cause__ or exc
-    text = str(inner) or type(inner).__name__
+def _short(text: str) -> str:
     return text if len(text) < 200 else text[:199] + "…"
