@@ -21,17 +21,18 @@ from __future__ import annotations
 import asyncio
 import gc
 import hmac
+import itertools
 import json
 import logging
 import re
+import secrets
 import time
-import uuid
 from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 
 from starlette.routing import Router
 
 from . import errors
-from .admission import Decision, decide, read_requested_limit
+from .admission import Decision, Policy, decide, read_requested_limit
 from .config import Config
 from .counting import PromptCounter
 from .errors import HeadroomError
@@ -79,6 +80,14 @@ class HeadroomApp:
         self._local = Router(routes=self.recorder.routes())
         self._background: set[asyncio.Task[Any]] = set()
         self._api_keys = [k.encode() for k in config.server.api_keys]
+        self._policies: dict[str | None, Policy] = {}
+
+    def _policy(self, model: str | None) -> Policy:
+        """`Config.policy_for`, worked out once per model (it rebuilds a dataclass each call)."""
+        policy = self._policies.get(model)
+        if policy is None:
+            policy = self._policies[model] = self.config.policy_for(model)
+        return policy
 
     @property
     def upstream(self) -> Upstream:
@@ -183,7 +192,7 @@ class HeadroomApp:
                     count.per_prompt,
                     max_model_len,
                     limit,
-                    self.config.policy_for(model),
+                    self._policy(model),
                     endpoint=endpoint,  # type: ignore[arg-type]
                     model=model,
                 )
@@ -709,7 +718,17 @@ def _request_id(scope: Scope) -> str:
             if 0 < len(value) <= 128 and all(33 <= c < 127 for c in value):
                 return value.decode("ascii")
             break
-    return uuid.uuid4().hex
+    return _new_request_id()
+
+
+# 80 random bits per process, then a counter: as unique as uuid4().hex (32 hex
+# digits), without its urandom system call, ~5 % of the CPU of a small request.
+_ID_PREFIX = secrets.token_hex(10)
+_ID_COUNTER = itertools.count(1)
+
+
+def _new_request_id() -> str:
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):012x}"
 
 
 def _response_headers(raw: Any) -> list[tuple[bytes, bytes]]:
