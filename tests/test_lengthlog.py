@@ -186,3 +186,25 @@ def test_full_queue_drops_and_counts_without_blocking(tmp_path: Path) -> None:
     finally:
         os.close(reader)
     assert len(data.splitlines()) == accepted == log.stats.written
+
+
+def test_a_burst_goes_out_in_few_writes_of_whole_lines_split_at_rotation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the writer drained from its queue at once is appended in one write per file."""
+    import proxy.lengthlog as lengthlog
+
+    path = tmp_path / "lengths.jsonl"
+    lines = [encode_line(make_record(f"m{i:03d}")) for i in range(100)]
+    per_file = 40
+    writes: list[bytes] = []
+    real_write = os.write
+    monkeypatch.setattr(lengthlog.os, "write", lambda fd, data: writes.append(data) or real_write(fd, data))
+    with LengthLog(path, max_bytes=per_file * len(lines[0]), backups=5) as log:
+        log._write_lines(lines)              # the writer thread's step, called directly
+        assert log.stats.written == 100
+    assert [len(w) // len(lines[0]) for w in writes] == [40, 40, 20]
+    assert all(w.endswith(b"\n") for w in writes)
+    files = [backup_name(path, 2), backup_name(path, 1), path]
+    assert [r["model"] for r in read_lines(*files)] == [f"m{i:03d}" for i in range(100)]
+    assert all(f.stat().st_size <= per_file * len(lines[0]) for f in files)
