@@ -263,9 +263,8 @@ class HeadroomApp:
         started: float,
         strip_usage: bool,
     ) -> None:
-        # We read usage and finish reasons from the answer, so ask for it uncompressed.
-        base_headers = forwardable(scope["headers"], frozenset({"accept-encoding", "x-request-id"}))
-        base_headers.append(("x-request-id", record.request_id or ""))
+        base_headers = forwardable(scope["headers"], _DROP_ADMITTED)
+        base_headers.append((b"x-request-id", (record.request_id or "").encode()))
         prompt_param = "messages" if record.endpoint == "chat" else "prompt"
         retried = False
         while True:
@@ -396,8 +395,8 @@ class HeadroomApp:
             if scope["path"] not in OPEN_PATHS:
                 self._check_auth(scope)
             request_id = _request_id(scope)
-            headers = forwardable(scope["headers"], frozenset({"x-request-id"}))
-            headers.append(("x-request-id", request_id))
+            headers = forwardable(scope["headers"], _DROP_REQUEST_ID)
+            headers.append((b"x-request-id", request_id.encode()))
             length = _content_length(scope)
             body: bytes | AsyncIterator[bytes] | None
             if length is not None and length <= MAX_BUFFERED_PASSTHROUGH:
@@ -731,9 +730,14 @@ def _new_request_id() -> str:
     return f"{_ID_PREFIX}{next(_ID_COUNTER):012x}"
 
 
-def _response_headers(raw: Any) -> list[tuple[bytes, bytes]]:
-    pairs = forwardable(raw, frozenset({"x-request-id"}))
-    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in pairs]
+# headroom sets X-Request-Id itself; on the admitted routes it also reads the
+# answer (usage, finish reasons), so it asks for it uncompressed.
+_DROP_REQUEST_ID = frozenset({b"x-request-id"})
+_DROP_ADMITTED = frozenset({b"accept-encoding", b"x-request-id"})
+
+
+def _response_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    return forwardable(raw, _DROP_REQUEST_ID)
 
 
 def _rewrite(request: dict[str, Any], fields: Mapping[str, Any]) -> bytes:

@@ -21,29 +21,35 @@ from .http1 import Broken, ConnectError, ConnectTimeout, Pool, ReadTimeout, Resp
 # RFC 9110 §7.6.1 hop-by-hop headers, plus the ones the HTTP layers recompute.
 HOP_BY_HOP = frozenset(
     {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"trailers",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        b"content-length",
     }
 )
 
+Headers = list[tuple[bytes, bytes]]
 
-def forwardable(headers: Iterable[tuple[bytes, bytes]], extra_drop: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
-    """Headers minus hop-by-hop ones (and any named in `Connection`), as latin-1 strings."""
-    pairs = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in headers]
-    named = {
-        token.strip().lower() for k, v in pairs if k == "connection" for token in v.split(",")
-    }
-    drop = HOP_BY_HOP | named | extra_drop
+
+def forwardable(headers: Iterable[tuple[bytes, bytes]], extra_drop: frozenset[bytes] = frozenset()) -> Headers:
+    """Headers minus hop-by-hop ones (and any named in `Connection`), names lower-cased.
+
+    Bytes in, bytes out: both sides of the proxy (ASGI and proxy.http1) speak
+    bytes, so nothing is decoded and encoded again on the way through.
+    """
+    pairs = [(k.lower(), v) for k, v in headers]
+    drop = HOP_BY_HOP | extra_drop
+    for k, v in pairs:
+        if k == b"connection":
+            drop = drop | {token.strip().lower() for token in v.split(b",")}
     return [(k, v) for k, v in pairs if k not in drop]
 
 
@@ -73,19 +79,19 @@ class Upstream:
     async def close(self) -> None:
         await self._pool.close()
 
-    def outgoing_headers(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    def outgoing_headers(self, headers: Headers) -> Headers:
         """Apply the Authorization policy: forward the client's, or replace it with the upstream key."""
         if self.api_key is None:
             return headers
-        kept = [(k, v) for k, v in headers if k != "authorization"]
-        kept.append(("authorization", f"Bearer {self.api_key}"))
+        kept = [(k, v) for k, v in headers if k != b"authorization"]
+        kept.append((b"authorization", f"Bearer {self.api_key}".encode("latin-1")))
         return kept
 
     async def send(
         self,
         method: str,
         path_qs: str,
-        headers: list[tuple[str, str]],
+        headers: Headers,
         body: bytes | AsyncIterator[bytes] | None,
     ) -> Response:
         """Send one request; the caller reads (or releases) the returned response.
@@ -130,7 +136,7 @@ class Upstream:
             response.release()
 
     async def get_json(self, path: str) -> Any:
-        response = await self.send("GET", path, [("accept", "application/json")], None)
+        response = await self.send("GET", path, [(b"accept", b"application/json")], None)
         body = await self.read_body(response)
         if response.status != 200:
             raise ValueError(f"HTTP {response.status} from {path}: {body[:200]!r}")
@@ -138,7 +144,7 @@ class Upstream:
 
     async def post_json(self, path: str, payload: Any) -> tuple[int, Any]:
         data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
-        response = await self.send("POST", path, [("content-type", "application/json")], data)
+        response = await self.send("POST", path, [(b"content-type", b"application/json")], data)
         body = await self.read_body(response)
         try:
             return response.status, json.loads(body)

@@ -343,7 +343,7 @@ class Pool:
         self,
         method: str,
         path_qs: str,
-        headers: list[tuple[str, str]],
+        headers: list[tuple[bytes, bytes]],
         body: bytes | AsyncIterator[bytes] | None,
         *,
         timeout: float,
@@ -444,20 +444,20 @@ class Pool:
 
 
 def _request_head(
-    method: str, target: str, host: str, headers: list[tuple[str, str]], body: bytes | AsyncIterator[bytes] | None
+    method: str, target: str, host: str, headers: list[tuple[bytes, bytes]], body: bytes | AsyncIterator[bytes] | None
 ) -> bytes:
     """The request line and headers.  Framing is the client's: `headers` must not carry
     Host, Content-Length or Transfer-Encoding (proxy.forward drops them as hop-by-hop)."""
-    lines = [f"{method} {target} HTTP/1.1\r\nhost: {host}\r\n"]
+    lines = [f"{method} {target} HTTP/1.1\r\nhost: {host}\r\n".encode("latin-1")]
     for name, value in headers:
-        if "\n" in value or "\r" in value or "\n" in name or "\r" in name:
+        if b"\n" in value or b"\r" in value or b"\n" in name or b"\r" in name:
             raise ValueError(f"header {name!r} contains a line break")
-        lines.append(f"{name}: {value}\r\n")
+        lines.append(b"%b: %b\r\n" % (name, value))
     if isinstance(body, bytes):
-        lines.append(f"content-length: {len(body)}\r\n")
+        lines.append(b"content-length: %d\r\n" % len(body))
     elif body is not None:
-        lines.append("transfer-encoding: chunked\r\n")
+        lines.append(b"transfer-encoding: chunked\r\n")
     elif method in ("POST", "PUT", "PATCH"):
-        lines.append("content-length: 0\r\n")   # RFC 9110 §8.6: a body-bearing method says it has none
-    lines.append("\r\n")
-    return "".join(lines).encode("latin-1")
+        lines.append(b"content-length: 0\r\n")   # RFC 9110 §8.6: a body-bearing method says it has none
+    lines.append(b"\r\n")
+    return b"".join(lines)

@@ -186,7 +186,7 @@ async def test_header_with_a_line_break_is_refused_before_sending() -> None:
     async with Server(answer_each) as server:
         p = pool(server)
         with pytest.raises(ValueError):
-            await p.request("GET", "/", [("x-evil", "a\r\nx-injected: 1")], None, timeout=5, idle_timeout=5)
+            await p.request("GET", "/", [(b"x-evil", b"a\r\nx-injected: 1")], None, timeout=5, idle_timeout=5)
         assert server.requests == []
 
 
