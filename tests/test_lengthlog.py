@@ -208,3 +208,19 @@ def test_a_burst_goes_out_in_few_writes_of_whole_lines_split_at_rotation(
     files = [backup_name(path, 2), backup_name(path, 1), path]
     assert [r["model"] for r in read_lines(*files)] == [f"m{i:03d}" for i in range(100)]
     assert all(f.stat().st_size <= per_file * len(lines[0]) for f in files)
+
+
+def test_records_wait_for_the_round_and_flush_or_close_do_not(tmp_path: Path) -> None:
+    """enqueue() only appends (bounded, the excess dropped and counted); the writer's
+    round comes every flush_interval_s, but flush() and close() get one at once."""
+    path = tmp_path / "lengths.jsonl"
+    log = LengthLog(path, queue_size=3, flush_interval_s=3600)
+    assert [log.enqueue(make_record(f"m{i}")) for i in range(5)] == [True, True, True, False, False]
+    assert log.stats.dropped == 2
+    assert log.flush(timeout=10)                  # does not wait for the hour-long round
+    assert [r["model"] for r in read_lines(path)] == ["m0", "m1", "m2"]
+    assert log.enqueue(make_record("m3"))
+    log.close(timeout=10)
+    assert not log._thread.is_alive()
+    assert [r["model"] for r in read_lines(path)] == ["m0", "m1", "m2", "m3"]
+    assert (log.stats.written, log.stats.dropped) == (4, 2)
