@@ -223,10 +223,7 @@ class Recorder:
         self.metrics.attach_lengthlog(lengthlog.stats)
 
     def record(self, rec: LengthRecord) -> None:
-        """Account one finished request.  Cheap and non-blocking: safe on the event loop.
-
-        The record is queued for the file by reference: do not mutate it afterwards.
-        """
+        """Account one finished request.  Cheap and non-blocking: safe on the event loop."""
         self.metrics.observe(rec)
         self.window.add(safe_label(rec.model), sample_of(rec), self.clock())
         if self.lengthlog is not None:
