@@ -31,6 +31,9 @@ class UpstreamGate:
         """Take a slot, waiting up to `queue_timeout`; raises the 503 `upstream_busy` if none frees."""
         if self._free is None:
             return
+        if not self._free.locked():
+            await self._free.acquire()     # a free slot: taken at once, without wait_for's task
+            return
         try:
             await asyncio.wait_for(self._free.acquire(), self.queue_timeout)
         except asyncio.TimeoutError:
