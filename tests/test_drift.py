@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import httpx
 import pytest
@@ -153,3 +154,13 @@ def test_resent_conversation_hits_the_piece_cache(qwen3, qwen3_dir) -> None:
     assert counts[0] == counts[1]                       # same length, different last question
     hits = [l for l in metrics.splitlines() if l.startswith('headroom_piece_cache_lookups_total{result="hit"}')]
     assert hits and float(hits[0].rsplit(" ", 1)[1]) >= 2
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux-only")
+def test_long_prompts_are_counted_on_threads_that_yield_to_the_event_loop() -> None:
+    """The offload pool's threads are SCHED_IDLE: a woken event loop preempts them at once."""
+    from proxy.counting import _long_prompt_pool
+
+    policy = _long_prompt_pool().submit(os.sched_getscheduler, 0).result(timeout=10)
+    assert policy == os.SCHED_IDLE
+    assert os.sched_getscheduler(0) != os.SCHED_IDLE        # the caller's thread is untouched
