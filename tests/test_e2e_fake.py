@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+import proxy.app as app_module
 from proxy.app import HeadroomApp
 from proxy.config import Config, ModelConfig, UpstreamConfig
 from tests.fakevllm import FakeVLLM, FaultSpec
@@ -165,6 +166,21 @@ def test_fitting_request_is_forwarded_byte_for_byte(stack: Stack) -> None:
     assert response.headers["x-headroom-action"] == "pass"
     assert response.headers["x-headroom-granted-max-tokens"] == "5"
     assert stack.chat_requests()[-1].body == body
+
+
+def test_a_large_clamped_body_keeps_every_byte_but_the_limit(stack: Stack) -> None:
+    """Bodies from 4 KiB on are spliced: the client's formatting, escapes, key order and
+    duplicate keys reach vLLM as sent, with each occurrence of the limit replaced."""
+    content = "Explain KV caches. 한국어 \\u00e9 " * 200
+    head = '{ "model" : "tiny-qwen",\n "max_tokens" : 99999, "messages":[{"role":"user","content":"%s"}]' % content
+    body = (head + ', "temperature": 1.0, "max_tokens": 65535 }').encode()
+    assert len(body) >= app_module.SPLICE_ABOVE_BYTES
+    response = stack.http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 200 and response.headers["x-headroom-action"] == "clamped"
+    granted = response.headers["x-headroom-granted-max-tokens"]
+    expected = (head.replace('"max_tokens" : 99999', f'"max_tokens" : {granted}')
+                + f', "temperature": 1.0, "max_tokens": {granted} }}').encode()
+    assert stack.chat_requests()[-1].body == expected
 
 
 def test_policy_reject_explains_instead(stack_factory) -> None:

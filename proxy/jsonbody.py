@@ -1,0 +1,135 @@
+"""A JSON request body parsed with the place of each top-level value, to rewrite only those.
+
+headroom changes at most a few top-level fields of a request (the completion
+limit, `stream_options`).  Re-serialising the whole parsed body for that
+re-escaped every string in it: ~0.4 ms of event-loop time for a 111 KiB
+(23k-token) chat, while every small request queued behind it, and the
+upstream received the client's JSON re-formatted.  Here the top-level object
+is walked with the `json` module's own C scanner, which returns where each
+value ends; a rewrite then replaces those values' bytes and copies every
+other byte as the client sent it.
+
+The walk costs about what `json.loads` costs, so it only pays off where
+re-serialising is dearer: proxy.app splices bodies of 4 KiB and more (measured
+crossover: 4 KiB 10.5 vs 12.0 us, 197 B 5 vs 4 us more; 111 KiB 25 vs 237 us on
+top of the parse) and re-serialises smaller ones.  A body the walk does not
+take (UTF-16/32, not an object) gets no layout and is re-serialised too.
+"""
+
+from __future__ import annotations
+
+import json
+import json.decoder
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+_DECODER = json.JSONDecoder()           # json.loads's defaults (NaN and Infinity accepted)
+_SCAN = _DECODER.scan_once
+_SCANSTRING = json.decoder.scanstring
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the top-level values of a UTF-8 JSON object sit in its body."""
+
+    text: str                                  # the body decoded
+    ascii: bool                                # str offsets are byte offsets
+    values: dict[str, list[tuple[int, int]]]   # key -> [start, end) of each occurrence (duplicates too)
+    close: int                                 # offset of the closing brace
+    empty: bool                                # the object has no member
+
+
+def layout(body: bytes) -> Layout | None:
+    """Where the top-level values of `body` sit; None when it is not a UTF-8 JSON object
+    (a UTF-16/32 body, a BOM, another top-level type, invalid JSON).
+
+    Meant for a body `json.loads` already accepted: the walk parses each value
+    with the same scanner, so it finds the same object.
+    """
+    if json.detect_encoding(body) != "utf-8":     # UTF-16/32, or a BOM json.loads refuses
+        return None
+    try:
+        return _walk(body.decode("utf-8", "surrogatepass"), body.isascii())[1]
+    except (ValueError, StopIteration, IndexError, RecursionError):
+        return None
+
+
+def _walk(text: str, ascii: bool) -> tuple[dict[str, Any], Layout]:
+    ws = _WS.match
+    idx = ws(text, 0).end()
+    if text[idx] != "{":
+        raise ValueError("not an object")
+    obj: dict[str, Any] = {}
+    values: dict[str, list[tuple[int, int]]] = {}
+    idx = ws(text, idx + 1).end()
+    empty = text[idx] == "}"
+    if not empty:
+        while True:
+            if text[idx] != '"':
+                raise ValueError("expected a key")
+            key, idx = _SCANSTRING(text, idx + 1)
+            idx = ws(text, idx).end()
+            if text[idx] != ":":
+                raise ValueError("expected ':'")
+            start = ws(text, idx + 1).end()
+            value, end = _SCAN(text, start)
+            obj[key] = value                        # the last duplicate wins, as in json.loads
+            values.setdefault(key, []).append((start, end))
+            idx = ws(text, end).end()
+            if text[idx] == ",":
+                idx = ws(text, idx + 1).end()
+                continue
+            if text[idx] == "}":
+                break
+            raise ValueError("expected ',' or '}'")
+    close = idx
+    if ws(text, close + 1).end() != len(text):
+        raise ValueError("extra data")
+    return obj, Layout(text, ascii, values, close, empty)
+
+
+def rewrite(body: bytes, layout: Layout, fields: Mapping[str, Any]) -> bytes:
+    """`body` with each of `fields` set: every occurrence of a present key gets the new
+    value in place, absent keys are appended at the end of the object; all other bytes
+    stay the client's."""
+    edits: list[tuple[int, int, str]] = []      # (start, end, replacement) in str offsets
+    appended: list[str] = []
+    for key, value in fields.items():
+        encoded = _dumps(value)
+        spans = layout.values.get(key)
+        if spans:
+            edits.extend((start, end, encoded) for start, end in spans)
+        else:
+            appended.append(_dumps(key) + ":" + encoded)
+    if appended:
+        tail = ("" if layout.empty else ",") + ",".join(appended)
+        edits.append((layout.close, layout.close, tail))
+    edits.sort(key=lambda e: e[0])
+    offset = _byte_offsets(layout, [point for start, end, _ in edits for point in (start, end)])
+    out: list[bytes] = []
+    done = 0
+    for start, end, replacement in edits:
+        out.append(body[done : offset[start]])
+        out.append(replacement.encode("utf-8"))
+        done = offset[end]
+    out.append(body[done:])
+    return b"".join(out)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _byte_offsets(layout: Layout, points: list[int]) -> dict[int, int]:
+    """str offsets → byte offsets in the UTF-8 body (one encode per gap, not per point)."""
+    if layout.ascii:
+        return {p: p for p in points}
+    result: dict[int, int] = {}
+    last_char, last_byte = 0, 0
+    for p in sorted(set(points)):
+        last_byte += len(layout.text[last_char:p].encode("utf-8", "surrogatepass"))
+        last_char = p
+        result[p] = last_byte
+    return result
