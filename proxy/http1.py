@@ -331,13 +331,11 @@ class Pool:
         self._idle: list[_Connection] = []
         self._open = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-        return self._loop
+        """The running loop (a pool is made before the server's loop starts)."""
+        return asyncio.get_running_loop()
 
     async def request(
         self,
