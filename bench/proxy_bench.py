@@ -23,7 +23,7 @@ Scenarios (each target, medians over --rounds, spread shown as min-max):
               23k-token chats: p50/p99, and the ratio the issue bounds (<= 1.5x)
 Each round runs the light-load scenarios (p50@1conn, paced, long-mix) of a target
 before its 64-connection ones: latency right after a saturating burst is not the
-steady state (see the comment in main()).
+steady state (see WRK_ENV).
 Once per run (not proxied): counting cost vs the tokenizer's own encode of the
 rendered text; tokenizer load time per model; headroom's RSS with 3 tokenizers
 loaded and 1,000 idle keep-alive connections.
@@ -231,6 +231,15 @@ def _ms(text: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2)] if m else float("nan")
 
 
+# glibc malloc settings for wrk itself.  Without them, a 1-connection wrk run
+# started right after a 64-connection burst against headroom reported a p99 of
+# 1.3-53 ms for its first seconds (31 of 31 runs; ~0.8 ms once settled); with
+# them in wrk, 0.66-1.16 ms (12 of 12, three with them in wrk alone), while the
+# same settings in headroom, the fake upstream or both changed nothing (9 runs):
+# the stalls were the load generator's, not the proxy's.
+WRK_ENV = {"MALLOC_TRIM_THRESHOLD_": "4000000000", "MALLOC_TOP_PAD_": "268435456"}
+
+
 def run_wrk(url: str, body_file: Path, connections: int, duration: float, workdir: Path) -> dict[str, float]:
     script = workdir / f"{body_file.stem}.lua"
     if not script.exists():
@@ -238,6 +247,7 @@ def run_wrk(url: str, body_file: Path, connections: int, duration: float, workdi
     out = subprocess.run(
         ["taskset", "-c", LOAD_CORE, "wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency",
          "-s", str(script), url], capture_output=True, text=True, timeout=duration + 60,
+        env={**os.environ, **WRK_ENV},
     ).stdout
     result = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
               "requests": int(re.search(r"(\d+) requests in", out).group(1))}
@@ -632,10 +642,9 @@ def main(argv: list[str] | None = None) -> int:
         for rnd in range(args.rounds if proxied else 0):
             for t in targets:
                 s, url = servers[t], servers[t].url + "/v1/chat/completions"
-                # Light-load scenarios first: for ~4 s after a 64-connection burst, headroom's
-                # 1-connection p99 is 3-13 ms instead of ~0.8 ms (seen before and after this
-                # session's changes; cause not found), and the previous round's burst for this
-                # target ended a whole round of other targets ago.
+                # Light-load scenarios first, so that no latency figure is taken in the
+                # seconds right after a saturating burst (see WRK_ENV for what those
+                # seconds showed); this target's previous burst ended a round ago.
                 if "p50@1conn" in only:
                     for scen in ("chat-197B", "chat-4KB"):
                         measure_wrk(results, f"1conn-{scen}", t, s, url, files[scen], 1, args.duration, workdir)
