@@ -38,7 +38,6 @@ class Layout:
     ascii: bool                                # str offsets are byte offsets
     values: dict[str, list[tuple[int, int]]]   # key -> [start, end) of each occurrence (duplicates too)
     close: int                                 # offset of the closing brace
-    empty: bool                                # the object has no member
 
 
 def layout(body: bytes) -> Layout | None:
@@ -51,21 +50,19 @@ def layout(body: bytes) -> Layout | None:
     if json.detect_encoding(body) != "utf-8":     # UTF-16/32, or a BOM json.loads refuses
         return None
     try:
-        return _walk(body.decode("utf-8", "surrogatepass"), body.isascii())[1]
+        return _walk(body.decode("utf-8", "surrogatepass"), body.isascii())
     except (ValueError, StopIteration, IndexError, RecursionError):
         return None
 
 
-def _walk(text: str, ascii: bool) -> tuple[dict[str, Any], Layout]:
+def _walk(text: str, ascii: bool) -> Layout:
     ws = _WS.match
     idx = ws(text, 0).end()
     if text[idx] != "{":
         raise ValueError("not an object")
-    obj: dict[str, Any] = {}
     values: dict[str, list[tuple[int, int]]] = {}
     idx = ws(text, idx + 1).end()
-    empty = text[idx] == "}"
-    if not empty:
+    if text[idx] != "}":
         while True:
             if text[idx] != '"':
                 raise ValueError("expected a key")
@@ -74,8 +71,7 @@ def _walk(text: str, ascii: bool) -> tuple[dict[str, Any], Layout]:
             if text[idx] != ":":
                 raise ValueError("expected ':'")
             start = ws(text, idx + 1).end()
-            value, end = _SCAN(text, start)
-            obj[key] = value                        # the last duplicate wins, as in json.loads
+            _, end = _SCAN(text, start)             # parses the value to find where it ends
             values.setdefault(key, []).append((start, end))
             idx = ws(text, end).end()
             if text[idx] == ",":
@@ -87,7 +83,7 @@ def _walk(text: str, ascii: bool) -> tuple[dict[str, Any], Layout]:
     close = idx
     if ws(text, close + 1).end() != len(text):
         raise ValueError("extra data")
-    return obj, Layout(text, ascii, values, close, empty)
+    return Layout(text, ascii, values, close)
 
 
 def rewrite(body: bytes, layout: Layout, fields: Mapping[str, Any]) -> bytes:
@@ -104,7 +100,7 @@ def rewrite(body: bytes, layout: Layout, fields: Mapping[str, Any]) -> bytes:
         else:
             appended.append(_dumps(key) + ":" + encoded)
     if appended:
-        tail = ("" if layout.empty else ",") + ",".join(appended)
+        tail = ("," if layout.values else "") + ",".join(appended)   # no comma in an empty object
         edits.append((layout.close, layout.close, tail))
     edits.sort(key=lambda e: e[0])
     offset = _byte_offsets(layout, [point for start, end, _ in edits for point in (start, end)])
