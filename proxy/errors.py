@@ -322,9 +322,14 @@ def upstream_timeout(upstream: str, phase: str, seconds: float) -> HeadroomError
     )
 
 
+def clip(text: str, limit: int) -> str:
+    """`text`, or its first `limit - 1` characters and an ellipsis: at most `limit` characters."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _short_repr(value: Any, limit: int = 60) -> str:
     try:
         text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
         text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return clip(text, limit)

@@ -15,7 +15,7 @@ import json
 from typing import Any, AsyncIterator, Iterable
 
 from . import errors
-from .errors import HeadroomError
+from .errors import HeadroomError, clip
 from .http1 import Broken, ConnectError, ConnectTimeout, Pool, ReadTimeout, Response
 
 # RFC 9110 §7.6.1 hop-by-hop headers, plus the ones the HTTP layers recompute.
@@ -37,6 +37,7 @@ HOP_BY_HOP = frozenset(
 )
 
 Headers = list[tuple[bytes, bytes]]
+CAUSE_CHARS = 200            # how much of a transport error's text an explanation quotes
 
 
 def forwardable(headers: Iterable[tuple[bytes, bytes]], extra_drop: frozenset[bytes] = frozenset()) -> Headers:
@@ -121,9 +122,9 @@ class Upstream:
             seconds = self.timeout if phase == "waiting for the response headers" else self.idle_timeout
             return errors.upstream_timeout(self.base_url, phase, seconds)
         if isinstance(exc, Broken):
-            return errors.upstream_broken(self.base_url, _short(str(exc)))
+            return errors.upstream_broken(self.base_url, clip(str(exc), CAUSE_CHARS))
         if isinstance(exc, OSError):
-            return errors.upstream_broken(self.base_url, _short(f"{type(exc).__name__}: {exc}"))
+            return errors.upstream_broken(self.base_url, clip(f"{type(exc).__name__}: {exc}", CAUSE_CHARS))
         return exc
 
     async def read_body(self, response: Response, limit: int | None = None) -> bytes:
@@ -150,7 +151,3 @@ class Upstream:
             return response.status, json.loads(body)
         except ValueError:
             return response.status, None
-
-
-def _short(text: str) -> str:
-    return text if len(text) < 200 else text[:199] + "…"

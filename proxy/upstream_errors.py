@@ -32,7 +32,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from proxy.errors import HeadroomError, upstream_not_ready
+from proxy.errors import HeadroomError, clip, upstream_not_ready
 
 # Error bodies are small; anything beyond this is an HTML page or a runaway
 # echo of the request.  Parsing stops here so a hostile body costs nothing.
@@ -288,7 +288,7 @@ def _excerpt(text: str, body_format: str) -> str:
     else:
         shown = text
     shown = _SPACE_RE.sub(" ", shown).strip()
-    return shown if len(shown) <= EXCERPT_CHARS else shown[: EXCERPT_CHARS - 1] + "…"
+    return clip(shown, EXCERPT_CHARS)
 
 
 # ---------------------------------------------------------------------------
@@ -504,7 +504,7 @@ def _failure_from_rule(hit: tuple[_Rule, re.Match[str]], status: int, fields: _F
     return UpstreamFailure(
         kind=kind,
         status=status,
-        message=_clip(fields.message),
+        message=clip(fields.message, MAX_MESSAGE_CHARS),
         engine=engine,
         param=param,
         upstream_type=fields.type,
@@ -538,7 +538,7 @@ def _failure_by_status(status: int, fields: _Fields, body_format: str) -> Upstre
                 and 400 <= status < 500)):
         limit = _GENERIC_LIMIT_RE.search(message)
         return UpstreamFailure(
-            kind="context_length", status=status, message=_clip(message),
+            kind="context_length", status=status, message=clip(message, MAX_MESSAGE_CHARS),
             engine=fields.engine or "openai-like",
             max_model_len=fields.n_ctx if fields.n_ctx is not None else (_to_int(limit.group(1)) if limit else None),
             prompt_tokens=fields.n_prompt_tokens, param=_param(fields, None, ""),
@@ -564,13 +564,9 @@ def _failure_by_status(status: int, fields: _Fields, body_format: str) -> Upstre
                 param = ".".join(p.strip(" '\"") for p in loc.group("tuple").split(",") if p.strip(" '\""))
             param = param[5:] if param.startswith("body.") else param
     return UpstreamFailure(
-        kind=kind, status=status, message=_clip(message), engine=fields.engine, param=param,
+        kind=kind, status=status, message=clip(message, MAX_MESSAGE_CHARS), engine=fields.engine, param=param,
         upstream_type=fields.type, upstream_code=fields.code, body_format=body_format,
     )
-
-
-def _clip(message: str) -> str:
-    return message if len(message) <= MAX_MESSAGE_CHARS else message[: MAX_MESSAGE_CHARS - 1] + "…"
 
 
 # ---------------------------------------------------------------------------
