@@ -83,6 +83,17 @@ async def answer_each(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
         writer.write(ok(b"hello"))
 
 
+def reply(raw: bytes, *, hold: bool = False) -> Handler:
+    """Read one request and write `raw`; then close, or with `hold` wait for the client to close."""
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
+        await server.read_request(reader)
+        writer.write(raw)
+        await writer.drain()
+        if hold:
+            await server.read_request(reader)    # returns None when the client drops the connection
+    return handler
+
+
 async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
     """Let the loop run until `condition` holds (it depends on I/O the loop must process)."""
     deadline = asyncio.get_running_loop().time() + timeout
@@ -114,11 +125,7 @@ async def test_keep_alive_connection_is_reused() -> None:
 
 
 async def test_connection_close_answer_is_not_reused() -> None:
-    async def once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
-        await server.read_request(reader)
-        writer.write(ok(b"bye", b"connection: close\r\n"))
-
-    async with Server(once) as server:
+    async with Server(reply(ok(b"bye", b"connection: close\r\n"))) as server:
         p = pool(server)
         assert await get(p) == (200, b"bye")
         assert await get(p) == (200, b"bye")
@@ -214,11 +221,7 @@ async def test_pool_limit_makes_the_next_request_wait_for_a_free_connection() ->
 
 
 async def test_waiting_for_headers_times_out_and_drops_the_connection() -> None:
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
-        await server.read_request(reader)
-        await server.read_request(reader)    # returns None when headroom drops the connection
-
-    async with Server(silent) as server:
+    async with Server(reply(b"", hold=True)) as server:
         p = pool(server)
         with pytest.raises(ReadTimeout):
             await p.request("GET", "/", [], None, timeout=0.2, idle_timeout=5)
@@ -227,12 +230,7 @@ async def test_waiting_for_headers_times_out_and_drops_the_connection() -> None:
 
 
 async def test_a_stalled_body_times_out_with_the_idle_timeout() -> None:
-    async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
-        await server.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc")
-        await server.read_request(reader)
-
-    async with Server(stall) as server:
+    async with Server(reply(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc", hold=True)) as server:
         p = pool(server)
         response = await p.request("GET", "/", [], None, timeout=5, idle_timeout=0.2)
         assert await response.next_chunk() == b"abc"
@@ -244,13 +242,8 @@ async def test_a_stalled_body_times_out_with_the_idle_timeout() -> None:
 
 
 async def test_idle_connection_closed_by_the_server_is_not_used_again() -> None:
-    async def one_per_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
-        await server.read_request(reader)
-        writer.write(ok(b"hello"))
-        await writer.drain()
-        writer.close()                      # like uvicorn's keep-alive timeout, without saying so
-
-    async with Server(one_per_connection) as server:
+    # The server answers, then closes: like uvicorn's keep-alive timeout, without saying so.
+    async with Server(reply(ok(b"hello"))) as server:
         p = pool(server)
         assert await get(p) == (200, b"hello")
         await until(lambda: not p._idle)    # the close reaches the pool's connection
@@ -264,19 +257,11 @@ async def test_connection_refused_and_garbage_and_reset() -> None:
     with pytest.raises(ConnectError):
         await get(Pool(url, connect_timeout=2))
 
-    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
-        await server.read_request(reader)
-        writer.write(b"SMTP ready\r\n\r\n")
-
-    async with Server(garbage) as server:
+    async with Server(reply(b"SMTP ready\r\n\r\n")) as server:
         with pytest.raises(Broken, match="invalid HTTP response"):
             await get(pool(server))
 
-    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
-        await server.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly this")
-
-    async with Server(cut) as server:
+    async with Server(reply(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly this")) as server:
         with pytest.raises(Broken, match="closed the connection"):
             await get(pool(server))
 
@@ -284,13 +269,7 @@ async def test_connection_refused_and_garbage_and_reset() -> None:
 async def test_large_body_to_a_slow_reader_pauses_the_socket_and_arrives_intact() -> None:
     payload = bytes(range(256)) * (4 * http1.HIGH_WATER // 256)
 
-    async def big(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
-        await server.read_request(reader)
-        writer.write(ok(payload))
-        await writer.drain()
-        await server.read_request(reader)
-
-    async with Server(big) as server:
+    async with Server(reply(ok(payload), hold=True)) as server:
         p = pool(server)
         response = await p.request("GET", "/", [], None, timeout=5, idle_timeout=5)
         conn = response._conn
@@ -304,12 +283,7 @@ async def test_large_body_to_a_slow_reader_pauses_the_socket_and_arrives_intact(
 
 
 async def test_close_mid_body_closes_the_upstream_connection() -> None:
-    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
-        await server.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n")
-        await server.read_request(reader)
-
-    async with Server(endless) as server:
+    async with Server(reply(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n", hold=True)) as server:
         p = pool(server)
         response = await p.request("GET", "/", [], None, timeout=5, idle_timeout=5)
         assert await response.next_chunk() == b"abc"
