@@ -17,26 +17,21 @@ Rules (README "How clamping works"):
   under policy `reject`, or rejected when room − margin is below the minimum
   completion the operator allows;
 - an operator ceiling lowers any larger limit; an operator default fills an
-  absent limit; `/v1/completions` without a limit gets vLLM's implicit 16,
-  which is checked like an explicit one (older vLLM rejects it when it overflows).
+  absent limit; a surface whose engine applies an implicit limit
+  (`/v1/completions`: 16) has it checked like an explicit one (older vLLM
+  rejects it when it overflows).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from . import errors
 from .errors import HeadroomError
-
-Endpoint = Literal["chat", "completions"]
-LIMIT_FIELDS = ("max_completion_tokens", "max_tokens")
-
-# vLLM's default completion limit for /v1/completions when max_tokens is omitted
-# (vllm/entrypoints/openai/completion/protocol.py: `max_tokens: int | None = 16`;
-# captures/c18_completions_string_no_max_tokens.json).
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+from .record import Action
 
 
 @dataclass
@@ -57,29 +52,42 @@ class Policy:
 
 @dataclass(frozen=True)
 class RequestedLimit:
-    """The completion limit a client sent, already validated as integers."""
+    """The completion-limit fields a client sent, validated, in the surface's order of precedence.
 
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    `sent` holds only the fields present, the winning one first (chat:
+    `max_completion_tokens` wins over `max_tokens`, as in vLLM);
+    `default_field` is the one to set when the client sent none.
+    """
+
+    sent: tuple[tuple[str, int], ...] = ()
+    default_field: str = "max_tokens"
+
+    @classmethod
+    def of(cls, *fields: tuple[str, int | None], default_field: str = "max_tokens") -> RequestedLimit:
+        """From (name, value) pairs in order of precedence; None values are fields not sent."""
+        return cls(tuple((name, value) for name, value in fields if value is not None), default_field)
 
     @property
     def value(self) -> int | None:
-        """The effective limit: max_completion_tokens wins when both are given (as in vLLM)."""
-        if self.max_completion_tokens is not None:
-            return self.max_completion_tokens
-        return self.max_tokens
+        """The effective limit (the winning field's value), None when none was sent."""
+        return self.sent[0][1] if self.sent else None
 
     @property
     def field(self) -> str:
-        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+        """The winning field's name, or the default field when none was sent."""
+        return self.sent[0][0] if self.sent else self.default_field
 
     def present_fields(self) -> list[str]:
-        return [f for f in LIMIT_FIELDS if getattr(self, f) is not None]
+        return [name for name, _ in self.sent]
+
+    def fields_to_set(self) -> list[str]:
+        """Every field the client sent (all are rewritten together), else the default one."""
+        return self.present_fields() or [self.default_field]
 
 
 @dataclass(frozen=True)
 class Decision:
-    action: Literal["pass", "clamped", "rejected"]
+    action: Literal[Action.PASS, Action.CLAMPED, Action.REJECTED]
     requested: int | None                       # the client's effective limit (None: not sent)
     granted: int | None = None                  # the limit forwarded (None: nothing set)
     rewrite: Mapping[str, int] | None = None    # body fields to set; None → forward bytes as they came
@@ -116,13 +124,10 @@ def parse_limit_field(name: str, value: Any) -> int | None:
     return number
 
 
-def read_requested_limit(body: Mapping[str, Any], endpoint: Endpoint) -> RequestedLimit:
-    """Both completion-limit fields of a request body, validated (400 on bad values)."""
-    max_tokens = parse_limit_field("max_tokens", body.get("max_tokens"))
-    max_completion = None
-    if endpoint == "chat":
-        max_completion = parse_limit_field("max_completion_tokens", body.get("max_completion_tokens"))
-    return RequestedLimit(max_tokens=max_tokens, max_completion_tokens=max_completion)
+def read_requested_limit(body: Mapping[str, Any], fields: tuple[str, ...], default_field: str) -> RequestedLimit:
+    """A surface's completion-limit fields of a request body (precedence order), validated (400 on bad values)."""
+    return RequestedLimit.of(*((name, parse_limit_field(name, body.get(name))) for name in fields),
+                             default_field=default_field)
 
 
 def decide(
@@ -131,17 +136,22 @@ def decide(
     requested: RequestedLimit,
     policy: Policy,
     *,
-    endpoint: Endpoint,
     model: str,
+    prompt_param: str,
+    implicit_max_tokens: int | None = None,
 ) -> Decision:
-    """Admit, clamp or reject one request.  `prompt_tokens` has one count per prompt."""
+    """Admit, clamp or reject one request.  `prompt_tokens` has one count per prompt.
+
+    `prompt_param` names the field holding the prompt (for the error);
+    `implicit_max_tokens` is the limit the engine applies when the client sends
+    none (vLLM's 16 on /v1/completions), checked like an explicit one.
+    """
     longest = max(prompt_tokens)
-    prompt_param = "messages" if endpoint == "chat" else "prompt"
     asked = requested.value
 
     if longest >= max_model_len:
         return Decision(
-            "rejected", asked, error=errors.prompt_too_long(longest, max_model_len, model, prompt_param)
+            Action.REJECTED, asked, error=errors.prompt_too_long(longest, max_model_len, model, prompt_param)
         )
 
     room = max_model_len - longest
@@ -153,15 +163,15 @@ def decide(
     source: Literal["client", "operator", "engine"] = "client"
     if effective is None and policy.default_max_tokens is not None:
         effective, source = policy.default_max_tokens, "operator"
-    elif effective is None and endpoint == "completions":
-        effective, source = COMPLETIONS_DEFAULT_MAX_TOKENS, "engine"
+    elif effective is None and implicit_max_tokens is not None:
+        effective, source = implicit_max_tokens, "engine"
 
     if effective is None:
         # Chat without a limit: vLLM grants max_model_len − prompt itself, which always fits.
         if policy.max_tokens_ceiling is not None and policy.max_tokens_ceiling < room:
             granted = min(policy.max_tokens_ceiling, room)
-            return Decision("pass", None, granted, {"max_tokens": granted}, margin=margin)
-        return Decision("pass", None, margin=margin)
+            return Decision(Action.PASS, None, granted, {requested.default_field: granted}, margin=margin)
+        return Decision(Action.PASS, None, margin=margin)
 
     target = effective
     if policy.max_tokens_ceiling is not None:
@@ -172,19 +182,18 @@ def decide(
             error = errors.completion_too_long(
                 target, requested.field, longest, max_model_len, margin, max(safe_room, 0)
             )
-            return Decision("rejected", asked, error=error, margin=margin)
+            return Decision(Action.REJECTED, asked, error=error, margin=margin)
         if safe_room < policy.min_completion_tokens:
             error = errors.not_enough_room(
                 longest, max_model_len, margin, max(safe_room, 0), policy.min_completion_tokens, model, prompt_param
             )
-            return Decision("rejected", asked, error=error, margin=margin)
+            return Decision(Action.REJECTED, asked, error=error, margin=margin)
         target = safe_room
 
     if target == effective and source == "client":
-        return Decision("pass", asked, asked, None, margin=margin)
+        return Decision(Action.PASS, asked, asked, None, margin=margin)
     if target == effective and source == "engine":
-        return Decision("pass", None, None, None, margin=margin)
+        return Decision(Action.PASS, None, None, None, margin=margin)
 
-    fields = requested.present_fields() or ["max_tokens"]
-    action: Literal["pass", "clamped"] = "clamped" if target < effective else "pass"
-    return Decision(action, asked, target, {f: target for f in fields}, margin=margin)
+    action: Literal[Action.PASS, Action.CLAMPED] = Action.CLAMPED if target < effective else Action.PASS
+    return Decision(action, asked, target, {f: target for f in requested.fields_to_set()}, margin=margin)

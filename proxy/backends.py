@@ -1,7 +1,7 @@
 """Several upstreams, each serving one or more models, chosen by the request's `model`.
 
-A `Backend` is one upstream server (`proxy.forward.Upstream`) with the list of
-models it serves (`proxy.limits.ModelRegistry`, read from its own
+A `Backend` is one upstream server (`proxy.upstream.Upstream`) with the list of
+models it serves (`proxy.models.ModelRegistry`, read from its own
 `/v1/models`).  `Backends` routes a model name to the backend that serves it:
 backends are asked in configuration order, the default `[upstream]` first, so
 a model served twice goes to the first.  A single-upstream deployment is the
@@ -11,13 +11,18 @@ special case of one backend.
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
+from . import errors
 from .config import Config
-from .forward import Upstream
+from .errors import HeadroomError
 from .gate import UpstreamGate
-from .limits import ModelInfo, ModelRegistry
+from .models import ModelInfo, ModelRegistry
+from .upstream import Upstream
 
 
 @dataclass
@@ -52,7 +57,7 @@ class Backends:
 
     def on_change(self, callback: Callable[[Backend, dict[str, ModelInfo]], None]) -> None:
         for backend in self.items:
-            backend.registry.on_change.append(lambda models, b=backend: callback(b, models))
+            backend.registry.on_change.append(functools.partial(callback, backend))
 
     def for_model(self, model: str) -> Backend | None:
         for backend in self.items:
@@ -79,9 +84,49 @@ class Backends:
         calls = [b.registry.refresh_for_unknown() if unknown else b.registry.refresh() for b in self.items]
         await asyncio.gather(*calls)
 
-    async def start(self) -> None:
+    async def resolve(self, model: object) -> tuple[str, Backend]:
+        """The served model a request's `model` field names (or vLLM's default) and its backend.
+
+        Refreshes the model lists once when nothing is known yet, or when the
+        name is not served (coalesced); 404 in vLLM's own words when it still
+        is not, 503 while no upstream has answered.
+        """
+        if model is not None and not isinstance(model, str):
+            raise errors.invalid_field("model", "must be a string naming a served model", model)
+        if not self.loaded:
+            await self.refresh_all()
+            if not self.loaded:
+                cause = self.default.registry.last_exception
+                if isinstance(cause, HeadroomError):
+                    raise cause
+                raise errors.no_model_known(self.default.upstream.base_url)
+        if model is None or model == "":
+            for backend in self.items:
+                default = backend.registry.default_model()
+                if default is not None:
+                    return default, backend
+            raise errors.no_model_known(self.default.upstream.base_url)
+        found = self.for_model(model)
+        if found is None:
+            await self.refresh_all(unknown=True)
+            found = self.for_model(model)
+            if found is None:
+                raise errors.model_not_found(model, self.names)
+        return model, found
+
+    def for_body(self, body: bytes) -> Backend:
+        """Route a pass-through request (e.g. /tokenize, /v1/embeddings) by the `model` in its body."""
+        if len(self.items) > 1 and body[:1] == b"{":
+            try:
+                model = json.loads(body).get("model")
+            except (ValueError, AttributeError, RecursionError):
+                model = None
+            if isinstance(model, str):
+                return self.for_model(model) or self.default
+        return self.default
+
+    def start(self) -> None:
         for backend in self.items:
-            await backend.upstream.start()
             backend.registry.start()
 
     async def stop(self) -> None:

@@ -20,21 +20,21 @@ import logging
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from tokenizer_cache import CountError, ModelTokenizer, TokenizerCache, find_tokenizer_dir
+from tokenizer_cache import CountError, ModelTokenizer, PieceCountCache, TokenizerCache, find_tokenizer_dir
 
 from . import errors
 from .backends import Backends
 from .config import Config
-from .forward import Upstream
-from .limits import ModelInfo
+from .models import ModelInfo
+from .surfaces import Surface
+from .upstream import Upstream
 
 log = logging.getLogger("headroom.counting")
-
-Endpoint = Literal["chat", "completions"]
 
 
 # Long prompts are counted on threads the OS runs only when the event loop does
@@ -99,7 +99,7 @@ class PromptCounter:
         self._ready: OrderedDict[str, ModelTokenizer] = OrderedDict()
         self._ready_max = config.tokenizers.cache_size
         self._hf_home = config.tokenizers.hf_home or os.environ.get("HF_HOME")
-        self.on_parity: list[Any] = []
+        self.on_parity: list[Callable[[str, bool], None]] = []
 
     # -- where each model's tokenizer is -------------------------------------
 
@@ -123,7 +123,7 @@ class PromptCounter:
         return found
 
     @property
-    def piece_cache(self) -> Any:
+    def piece_cache(self) -> PieceCountCache | None:
         return self._cache.piece_cache
 
     def forget_dirs(self) -> None:
@@ -205,18 +205,20 @@ class PromptCounter:
 
     # -- counting -------------------------------------------------------------
 
-    async def count(self, model: str, endpoint: Endpoint, body: dict[str, Any], body_size: int) -> Count:
+    async def count(self, model: str, surface: Surface, body: dict[str, Any], body_size: int) -> Count:
+        """The request's prompt tokens, one figure per prompt: locally, else by the upstream."""
         tok = await self.tokenizer(model)
         if tok is None:
-            return await self._count_upstream(model, endpoint, body)
-        fn = tok.count_chat if endpoint == "chat" else tok.count_completion
+            return await self._count_upstream(model, surface, body)
         try:
             if body_size > self._config.tokenizers.offload_above_bytes:
-                result = await asyncio.get_running_loop().run_in_executor(_long_prompt_pool(), fn, body)
+                result = await asyncio.get_running_loop().run_in_executor(
+                    _long_prompt_pool(), surface.count, tok, body
+                )
             else:
-                result = fn(body)
+                result = surface.count(tok, body)
         except CountError as exc:
-            raise errors.invalid_prompt(exc.message, getattr(exc, "param", None) or _prompt_param(endpoint)) from None
+            raise errors.invalid_prompt(exc.message, getattr(exc, "param", None) or surface.prompt_param) from None
         per_prompt = [result] if isinstance(result, int) else list(result)
         return Count(per_prompt)
 
@@ -224,36 +226,22 @@ class PromptCounter:
         backend = self._backends.for_model(model) or self._backends.default
         return backend.upstream
 
-    async def _count_upstream(self, model: str, endpoint: Endpoint, body: dict[str, Any]) -> Count:
+    async def _count_upstream(self, model: str, surface: Surface, body: dict[str, Any]) -> Count:
         """Ask vLLM's /tokenize for the count (exact; it does not enforce max_model_len)."""
         upstream = self._upstream(model)
-        if endpoint == "chat":
-            keys = ("messages", "tools", "add_generation_prompt", "continue_final_message",
-                    "chat_template_kwargs", "add_special_tokens", "chat_template", "documents")
-            payloads = [{"model": model, **{k: body[k] for k in keys if k in body}}]
-        else:
-            prompt = body.get("prompt")
-            prompts = prompt if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else [prompt]
-            payloads = []
-            for p in prompts:
-                if isinstance(p, list):
-                    payloads.append(len(p))  # token ids count as they are
-                else:
-                    payloads.append({"model": model, "prompt": p,
-                                     "add_special_tokens": body.get("add_special_tokens", True)})
         counts: list[int] = []
-        for payload in payloads:
-            if isinstance(payload, int):
-                counts.append(payload)
+        for call in surface.tokenize_calls(model, body):
+            if isinstance(call, int):
+                counts.append(call)
                 continue
-            status, answer = await upstream.post_json("/tokenize", payload)
+            status, answer = await upstream.post_json("/tokenize", call)
             if status == 200 and isinstance(answer, dict) and isinstance(answer.get("count"), int):
                 counts.append(answer["count"])
                 continue
             message = _message_of(answer) or f"HTTP {status}"
             if 400 <= status < 500:
                 raise errors.invalid_prompt(
-                    f"The upstream could not tokenize this request: {message}", _prompt_param(endpoint)
+                    f"The upstream could not tokenize this request: {message}", surface.prompt_param
                 )
             raise errors.upstream_not_ready(upstream.base_url, status, f"/tokenize failed: {message}")
         return Count(counts)
@@ -282,10 +270,6 @@ PARITY_PROBES: dict[str, dict[str, Any]] = {
     },
     "tools": {"messages": [{"role": "user", "content": "Weather in Seoul?"}], "tools": [_WEATHER_TOOL]},
 }
-
-
-def _prompt_param(endpoint: Endpoint) -> str:
-    return "messages" if endpoint == "chat" else "prompt"
 
 
 def _message_of(answer: Any) -> str | None:

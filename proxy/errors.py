@@ -1,25 +1,61 @@
-"""Every error headroom sends, in one place.
+"""Every error headroom sends or records, in one place.
 
-Each failure is a `HeadroomError` built by one of the constructors below; the
-HTTP envelope is made only by `HeadroomError.body()` / `.response()`.  The
-envelope is OpenAI's, `{"error": {"message", "type", "param", "code"}}`, so the
-official `openai` client raises the right exception class (it picks the class
-from the HTTP status and reads `error.message`).  Headroom adds a `headroom`
-object beside those four keys with the numbers behind the message (and, for an
-upstream error, the upstream's original message), for programs that want more
-than prose.
+`ErrorCode` is the whole vocabulary: every code headroom answers with, maps an
+upstream failure to, or writes into a length record and a metric label is one
+of its members, so the list of failures reads on one screen (as TGI's
+`ValidationError` does).  Each failure is a `HeadroomError` built by one of the
+constructors below (admission's own decisions, transport faults) or by
+`proxy.upstream_explain` (an upstream's answer, explained).
 
-Mapping an *upstream* error body to one of these lives in
-`proxy.upstream_errors`; this module only knows headroom's vocabulary.
+The error carries data only: status, message, code, param and the numbers
+behind the message.  Each API surface renders it in the envelope its clients
+expect (`proxy.surfaces`); `openai_body` is OpenAI's envelope,
+`{"error": {"message", "type", "param", "code"}}`, which the official `openai`
+client turns into its usual exception class (it picks the class from the HTTP
+status and reads `error.message`).  headroom adds a `headroom` object beside
+those four keys with the numbers behind the message (and, for an upstream
+error, the upstream's original message), for programs that want more than
+prose.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from enum import StrEnum
+from typing import Any
 
-from starlette.responses import Response
+
+class ErrorCode(StrEnum):
+    """Every error code headroom emits or records."""
+
+    # the request itself (4xx)
+    INVALID_JSON = "invalid_json"                          # body is not JSON / not UTF-8 / nested too deeply
+    INVALID_REQUEST_BODY = "invalid_request_body"          # JSON, but not an object
+    REQUEST_TOO_LARGE = "request_too_large"                # over server.max_body_bytes (413)
+    INVALID_VALUE = "invalid_value"                        # a field headroom reads has a bad type or value
+    INVALID_PROMPT = "invalid_prompt"                      # cannot be rendered or tokenized (vLLM refuses it too)
+    INVALID_API_KEY = "invalid_api_key"                    # 401
+    MODEL_NOT_FOUND = "model_not_found"                    # 404, worded as vLLM words it
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"    # headroom's or the upstream's length refusal
+    # the upstream (5xx), and what an upstream's answer was mapped to
+    UPSTREAM_NOT_READY = "upstream_not_ready"              # 503: loading, or no /v1/models yet
+    UPSTREAM_ENGINE_DEAD = "upstream_engine_dead"          # 503: vLLM's EngineDeadError
+    UPSTREAM_BUSY = "upstream_busy"                        # 503: back-pressure gate full
+    UPSTREAM_UNREACHABLE = "upstream_unreachable"          # 502: connection refused
+    UPSTREAM_CONNECTION_ERROR = "upstream_connection_error"  # 502: broke mid-exchange
+    UPSTREAM_TIMEOUT = "upstream_timeout"                  # 504
+    UPSTREAM_KV_CACHE = "upstream_kv_cache"                # 502: KV cache cannot hold max_model_len
+    UPSTREAM_BAD_REQUEST = "upstream_bad_request"          # the upstream's own 4xx, relayed with its words
+    UPSTREAM_NOT_FOUND = "upstream_not_found"              # 404 for a route
+    UPSTREAM_ERROR = "upstream_error"                      # any other upstream fault or unreadable answer
+    UPSTREAM_STREAM_ERROR = "upstream_stream_error"        # an error event inside a started stream
+    # headroom itself
+    SERVER_SHUTTING_DOWN = "server_shutting_down"          # SIGTERM drain deadline passed
+    INTERNAL_ERROR = "internal_error"                      # a bug in headroom
+    # recorded only (never sent: nobody is left to receive it)
+    CLIENT_DISCONNECTED = "client_disconnected"
+
 
 # OpenAI's `type` values by HTTP status (what api.openai.com sends).
 _TYPE_BY_STATUS = {
@@ -40,27 +76,38 @@ _TYPE_BY_STATUS = {
 
 @dataclass
 class HeadroomError(Exception):
-    """An error response: status, OpenAI envelope fields and structured details."""
+    """An error answer: status, code, message, the field at fault and the numbers behind it.
+
+    `wire_code` and `type` override what the envelope shows, for the answers
+    that copy vLLM's own (an unknown model is `"code": 404` there).
+    """
 
     status: int
     message: str
-    code: str | int | None = None
+    code: ErrorCode
     param: str | None = None
     type: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
+    wire_code: str | int | None = None
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
         if self.type is None:
             self.type = _TYPE_BY_STATUS.get(self.status, "invalid_request_error")
 
+    @property
+    def envelope_code(self) -> str | int:
+        """The `code` clients see: the vocabulary's, unless the answer copies vLLM's own."""
+        return self.wire_code if self.wire_code is not None else self.code.value
+
     def body(self) -> dict[str, Any]:
+        """OpenAI's error envelope (plus headroom's numbers)."""
         error: dict[str, Any] = {
             "message": self.message,
             "type": self.type,
             "param": self.param,
-            "code": self.code,
+            "code": self.envelope_code,
         }
         if self.details:
             error["headroom"] = self.details
@@ -69,13 +116,11 @@ class HeadroomError(Exception):
     def body_bytes(self) -> bytes:
         return json.dumps(self.body(), ensure_ascii=False).encode("utf-8")
 
-    def response(self, extra_headers: Mapping[str, str] | None = None) -> Response:
-        headers = dict(self.headers)
-        if extra_headers:
-            headers.update(extra_headers)
-        return Response(
-            self.body_bytes(), status_code=self.status, headers=headers, media_type="application/json"
-        )
+    def response_headers(self, extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        """The answer's headers: JSON, the error's own (Retry-After), then `extra`."""
+        headers = [(b"content-type", b"application/json")]
+        headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
+        return headers + extra
 
     def sse_event(self) -> bytes:
         """The error as vLLM reports a failure after a stream started: an event, then [DONE]."""
@@ -91,7 +136,7 @@ def invalid_json(detail: str) -> HeadroomError:
         400,
         f"The request body is not valid JSON ({detail}). Send a JSON object such as "
         '{"model": "...", "messages": [{"role": "user", "content": "Hello"}]}.',
-        code="invalid_json",
+        code=ErrorCode.INVALID_JSON,
     )
 
 
@@ -99,7 +144,7 @@ def body_not_object(kind: str) -> HeadroomError:
     return HeadroomError(
         400,
         f"The request body must be a JSON object, got a JSON {kind}.",
-        code="invalid_request_body",
+        code=ErrorCode.INVALID_REQUEST_BODY,
     )
 
 
@@ -108,7 +153,7 @@ def body_too_large(size: int, limit: int) -> HeadroomError:
         413,
         f"The request body is {size} bytes, more than the {limit} bytes this headroom accepts "
         "(limits.max_body_bytes in the configuration).",
-        code="request_too_large",
+        code=ErrorCode.REQUEST_TOO_LARGE,
         details={"body_bytes": size, "max_body_bytes": limit},
     )
 
@@ -119,18 +164,14 @@ def invalid_field(param: str, problem: str, value: Any = None) -> HeadroomError:
     return HeadroomError(
         400,
         f"Invalid value for '{param}': {problem}" + (f" (got {shown})." if value is not None else "."),
-        code="invalid_value",
+        code=ErrorCode.INVALID_VALUE,
         param=param,
     )
 
 
-def missing_field(param: str, hint: str) -> HeadroomError:
-    return HeadroomError(400, f"Missing required field '{param}': {hint}", code="missing_field", param=param)
-
-
 def invalid_prompt(message: str, param: str = "messages") -> HeadroomError:
     """The prompt cannot be rendered or tokenized the way vLLM would (vLLM answers 400 too)."""
-    return HeadroomError(400, message, code="invalid_prompt", param=param)
+    return HeadroomError(400, message, code=ErrorCode.INVALID_PROMPT, param=param)
 
 
 def model_not_found(model: str, available: list[str]) -> HeadroomError:
@@ -138,9 +179,10 @@ def model_not_found(model: str, available: list[str]) -> HeadroomError:
     return HeadroomError(
         404,
         f"The model `{model}` does not exist. Valid aliases: {', '.join(available)}.",
-        code=404,
+        code=ErrorCode.MODEL_NOT_FOUND,
         param="model",
         type="NotFoundError",
+        wire_code=404,
     )
 
 
@@ -150,7 +192,7 @@ def no_model_known(upstream: str) -> HeadroomError:
         f"headroom does not know which models the upstream {upstream} serves yet: its /v1/models "
         "has not answered. vLLM takes tens of seconds to minutes to load weights before it serves; "
         "retry shortly.",
-        code="upstream_not_ready",
+        code=ErrorCode.UPSTREAM_NOT_READY,
         headers={"Retry-After": "5"},
     )
 
@@ -160,7 +202,7 @@ def unauthorized() -> HeadroomError:
         401,
         "Missing or invalid API key. Send 'Authorization: Bearer <key>' with one of the keys "
         "configured in headroom (auth.api_keys).",
-        code="invalid_api_key",
+        code=ErrorCode.INVALID_API_KEY,
     )
 
 
@@ -176,7 +218,7 @@ def prompt_too_long(prompt_tokens: int, max_model_len: int, model: str, param: s
         f"{prompt_tokens} tokens (counted with {model}'s own tokenizer and chat template), which "
         f"leaves no room for any output. Remove at least {over} tokens from the prompt (or serve the "
         f"model with a larger --max-model-len).",
-        code="context_length_exceeded",
+        code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
         param=param,
         details={
             "prompt_tokens": prompt_tokens,
@@ -202,7 +244,7 @@ def not_enough_room(
         f"{prompt_tokens} tokens, so after headroom's safety margin of {margin} tokens only "
         f"{available} tokens are left for the completion, fewer than the minimum of "
         f"{min_completion} this deployment allows. Remove at least {need_cut} tokens from the prompt.",
-        code="context_length_exceeded",
+        code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
         param=param,
         details={
             "prompt_tokens": prompt_tokens,
@@ -230,7 +272,7 @@ def completion_too_long(
         f"{prompt_tokens} tokens and you requested {requested} completion tokens ({field_name}), "
         f"{prompt_tokens + requested} in total. At most {available} completion tokens fit "
         f"(after a safety margin of {margin}): set {field_name} to {available} or less.",
-        code="context_length_exceeded",
+        code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
         param=field_name,
         details={
             "prompt_tokens": prompt_tokens,
@@ -251,7 +293,7 @@ def upstream_unreachable(upstream: str, detail: str) -> HeadroomError:
         502,
         f"headroom could not connect to the upstream {upstream} ({detail}). Is vLLM running and "
         "listening there? A vLLM that is still starting refuses connections until its API server is up.",
-        code="upstream_unreachable",
+        code=ErrorCode.UPSTREAM_UNREACHABLE,
         details={"upstream": upstream, "cause": detail},
     )
 
@@ -261,7 +303,7 @@ def upstream_broken(upstream: str, detail: str) -> HeadroomError:
         502,
         f"The upstream {upstream} broke the connection ({detail}). It may have crashed or been "
         "restarted; check its logs.",
-        code="upstream_connection_error",
+        code=ErrorCode.UPSTREAM_CONNECTION_ERROR,
         details={"upstream": upstream, "cause": detail},
     )
 
@@ -271,7 +313,7 @@ def upstream_not_ready(upstream: str, status: int, detail: str) -> HeadroomError
         503,
         f"The upstream {upstream} is not ready (HTTP {status}: {detail}). vLLM answers 503 while it "
         "loads weights or after its engine died; loading takes tens of seconds to minutes. Retry shortly.",
-        code="upstream_not_ready",
+        code=ErrorCode.UPSTREAM_NOT_READY,
         details={"upstream": upstream, "upstream_status": status, "upstream_message": detail},
         headers={"Retry-After": "5"},
     )
@@ -284,7 +326,7 @@ def upstream_busy(upstream: str, limit: int, waited: float) -> HeadroomError:
         f"The upstream {upstream} already has {limit} requests in flight, the most headroom sends it "
         f"(upstream.max_concurrent_requests), and no slot freed within {waited:g} s "
         "(upstream.queue_timeout). Retry shortly; if vLLM has spare capacity, raise the limit.",
-        code="upstream_busy",
+        code=ErrorCode.UPSTREAM_BUSY,
         details={"upstream": upstream, "max_concurrent_requests": limit, "queue_timeout_s": waited},
         headers={"Retry-After": "1"},
     )
@@ -296,7 +338,7 @@ def internal_error(request_id: str) -> HeadroomError:
         500,
         f"headroom hit an unexpected internal error and did not complete the request. This is a bug in "
         f"headroom, not in your request: please report it with the request id {request_id}.",
-        code="internal_error",
+        code=ErrorCode.INTERNAL_ERROR,
     )
 
 
@@ -305,7 +347,7 @@ def shutting_down(deadline: float) -> HeadroomError:
         503,
         f"headroom is shutting down (SIGTERM) and this stream was still running when the {deadline:g} s "
         "drain deadline passed (server.shutdown_timeout); the answer is incomplete. Retry the request.",
-        code="server_shutting_down",
+        code=ErrorCode.SERVER_SHUTTING_DOWN,
         details={"shutdown_timeout_s": deadline},
         headers={"Retry-After": "1"},
     )
@@ -317,7 +359,7 @@ def upstream_timeout(upstream: str, phase: str, seconds: float) -> HeadroomError
         f"The upstream {upstream} did not answer within {seconds:g} s ({phase}). A long generation can "
         "be legitimately slow: raise the timeout (headroom serve --upstream-timeout) or request fewer "
         "tokens; if every request times out, the server is overloaded or stuck.",
-        code="upstream_timeout",
+        code=ErrorCode.UPSTREAM_TIMEOUT,
         details={"upstream": upstream, "phase": phase, "timeout_s": seconds},
     )
 

@@ -15,7 +15,7 @@ What it deliberately does not do: redirects, cookies, decompression,
 proxies, HTTP/2, pipelining, or retries (a POST to vLLM starts a
 generation; re-sending it could run it twice).
 
-Failures leave as the small exception classes below; `proxy.forward`
+Failures leave as the small exception classes below; `proxy.upstream`
 turns them into headroom's explained errors.
 """
 
@@ -25,7 +25,7 @@ import asyncio
 import collections
 import ssl as ssl_module
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
@@ -255,10 +255,6 @@ class Response:
         self.headers = Headers(conn.raw_headers)
         self._idle_timeout = idle_timeout
 
-    def at_eof(self) -> bool:
-        conn = self._conn
-        return conn is None or (conn.complete and not conn.chunks)
-
     async def next_chunk(self) -> bytes:
         """The body bytes that arrived since the last call, waiting for some; b"" at the end.
 
@@ -327,7 +323,9 @@ class Pool:
         self.prefix = parts.path.rstrip("/")
         self.connect_timeout = connect_timeout
         self.limit = limit
-        self._ssl: ssl_module.SSLContext | None = ssl_module.create_default_context() if parts.scheme == "https" else None
+        self._ssl: ssl_module.SSLContext | None = (
+            ssl_module.create_default_context() if parts.scheme == "https" else None
+        )
         self._idle: list[_Connection] = []
         self._open = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -445,7 +443,7 @@ def _request_head(
     method: str, target: str, host: str, headers: list[tuple[bytes, bytes]], body: bytes | AsyncIterator[bytes] | None
 ) -> bytes:
     """The request line and headers.  Framing is the client's: `headers` must not carry
-    Host, Content-Length or Transfer-Encoding (proxy.forward drops them as hop-by-hop)."""
+    Host, Content-Length or Transfer-Encoding (proxy.upstream drops them as hop-by-hop)."""
     lines = [f"{method} {target} HTTP/1.1\r\nhost: {host}\r\n".encode("latin-1")]
     for name, value in headers:
         if b"\n" in value or b"\r" in value or b"\n" in name or b"\r" in name:

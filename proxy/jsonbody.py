@@ -1,4 +1,4 @@
-"""A JSON request body parsed with the place of each top-level value, to rewrite only those.
+"""A JSON request body: parsed once (`parse_object`), and rewritten in place of its top-level values.
 
 headroom changes at most a few top-level fields of a request (the completion
 limit, `stream_options`).  Re-serialising the whole parsed body for that
@@ -10,7 +10,7 @@ value ends; a rewrite then replaces those values' bytes and copies every
 other byte as the client sent it.
 
 The walk costs about what `json.loads` costs, so it only pays off where
-re-serialising is dearer: proxy.app splices bodies of 4 KiB and more (measured
+re-serialising is dearer: `with_fields` splices bodies of 4 KiB and more (measured
 crossover: 4 KiB 10.5 vs 12.0 us, 197 B 5 vs 4 us more; 111 KiB 25 vs 237 us on
 top of the parse) and re-serialises smaller ones.  A body the walk does not
 take (UTF-16/32, not an object) gets no layout and is re-serialised too.
@@ -21,13 +21,24 @@ from __future__ import annotations
 import json
 import json.decoder
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
+
+from . import errors
 
 _DECODER = json.JSONDecoder()           # json.loads's defaults (NaN and Infinity accepted)
-_SCAN = _DECODER.scan_once
-_SCANSTRING = json.decoder.scanstring
+# The json module's C scanner and string reader (public attributes, untyped in typeshed).
+_SCAN: Callable[[str, int], tuple[Any, int]] = getattr(_DECODER, "scan_once")  # noqa: B009
+_SCANSTRING: Callable[[str, int], tuple[str, int]] = getattr(json.decoder, "scanstring")  # noqa: B009
 _WS = re.compile(r"[ \t\n\r]*")
+
+
+def _skip_ws(text: str, idx: int) -> int:
+    """The offset after the whitespace at `idx` (the pattern matches the empty string too)."""
+    match = _WS.match(text, idx)
+    assert match is not None
+    return match.end()
 
 
 @dataclass(frozen=True)
@@ -56,32 +67,31 @@ def layout(body: bytes) -> Layout | None:
 
 
 def _walk(text: str, ascii: bool) -> Layout:
-    ws = _WS.match
-    idx = ws(text, 0).end()
+    idx = _skip_ws(text, 0)
     if text[idx] != "{":
         raise ValueError("not an object")
     values: dict[str, list[tuple[int, int]]] = {}
-    idx = ws(text, idx + 1).end()
+    idx = _skip_ws(text, idx + 1)
     if text[idx] != "}":
         while True:
             if text[idx] != '"':
                 raise ValueError("expected a key")
             key, idx = _SCANSTRING(text, idx + 1)
-            idx = ws(text, idx).end()
+            idx = _skip_ws(text, idx)
             if text[idx] != ":":
                 raise ValueError("expected ':'")
-            start = ws(text, idx + 1).end()
+            start = _skip_ws(text, idx + 1)
             _, end = _SCAN(text, start)             # parses the value to find where it ends
             values.setdefault(key, []).append((start, end))
-            idx = ws(text, end).end()
+            idx = _skip_ws(text, end)
             if text[idx] == ",":
-                idx = ws(text, idx + 1).end()
+                idx = _skip_ws(text, idx + 1)
                 continue
             if text[idx] == "}":
                 break
             raise ValueError("expected ',' or '}'")
     close = idx
-    if ws(text, close + 1).end() != len(text):
+    if _skip_ws(text, close + 1) != len(text):
         raise ValueError("extra data")
     return Layout(text, ascii, values, close)
 
@@ -129,3 +139,61 @@ def _byte_offsets(layout: Layout, points: list[int]) -> dict[int, int]:
         last_char = p
         result[p] = last_byte
     return result
+
+
+# From this size on, setting a field is cheaper by splicing it into the client's
+# bytes than by re-serialising the parsed body.
+SPLICE_ABOVE_BYTES = 4096
+
+
+def with_fields(body: bytes, parsed: dict[str, Any], fields: Mapping[str, Any]) -> bytes:
+    """The client's body with `fields` set: spliced into its bytes when large (every
+    other byte as sent), re-serialised when small or not splicable (UTF-16/32)."""
+    if len(body) >= SPLICE_ABOVE_BYTES:
+        found = layout(body)
+        if found is not None:
+            return rewrite(body, found, fields)
+    updated = dict(parsed)
+    updated.update(fields)
+    return json.dumps(updated, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def parse_object(body: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or the explained 400 headroom answers instead."""
+    if not body.strip():
+        raise errors.invalid_json("the body is empty")
+    try:
+        value = json.loads(body)
+    except UnicodeDecodeError:
+        raise errors.invalid_json("it is not UTF-8 text") from None
+    except RecursionError:
+        raise errors.invalid_json("it is nested too deeply") from None
+    except ValueError as exc:
+        raise errors.invalid_json(str(exc)) from None
+    if _LONE_SURROGATE_ESCAPE.search(body) and _has_lone_surrogate(value):
+        raise errors.invalid_json(
+            "it contains an unpaired UTF-16 surrogate escape (\\ud800-\\udfff without its pair), "
+            "which is not Unicode text: no tokenizer can encode it"
+        )
+    if not isinstance(value, dict):
+        raise errors.body_not_object(
+            {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(value), "null")
+        )
+    return value
+
+
+# A JSON escape for a UTF-16 surrogate (high or low half).  Python's json accepts
+# an unpaired one and yields a str that tokenizers reject with TypeError and that
+# cannot be encoded to UTF-8 again (a clamped body is re-serialized): both would
+# surface as a bare 500.  The regex is a cheap pre-filter; only a body that has
+# such an escape (valid pairs included, e.g. an emoji from an ensure_ascii client)
+# pays for the exact check.
+_LONE_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False

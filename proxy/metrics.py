@@ -22,7 +22,8 @@ has only 6 bounds between 1k and 128k: a p99 that falls between 20,000 and
 from __future__ import annotations
 
 import bisect
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -30,8 +31,10 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from .errors import ErrorCode
 from .lengthlog import LengthLogStats
-from .record import LengthRecord
+from .lengths import UNKNOWN_MODEL, effective_prompt_tokens, total_tokens
+from .record import Action, LengthRecord
 
 # Context sizes operators actually configure as --max-model-len (powers of two,
 # Qwen3's 40960, the "128k" of model cards): having them as exact bucket bounds
@@ -46,12 +49,11 @@ DRIFT_BUCKETS: tuple[float, ...] = (
     -1024, -256, -64, -16, -8, -4, -2, -1, 0, 1, 2, 4, 8, 16, 64, 256, 1024,
 )
 
-# Upstream error codes (as mapped by proxy.upstream_errors) that mean "too long".
-LENGTH_ERROR_CODES: frozenset[str] = frozenset({"context_length_exceeded"})
+# Upstream error codes (as mapped by proxy.upstream_explain) that mean "too long".
+LENGTH_ERROR_CODES: frozenset[ErrorCode] = frozenset({ErrorCode.CONTEXT_LENGTH_EXCEEDED})
 
 MAX_LABEL_CHARS = 128
 OTHER_MODEL = "other"
-UNKNOWN_MODEL = "unknown"
 
 
 def token_buckets(
@@ -93,9 +95,10 @@ def safe_label(value: object, limit: int = MAX_LABEL_CHARS) -> str:
     return text[:limit] if text else UNKNOWN_MODEL
 
 
-def effective_prompt_tokens(rec: LengthRecord) -> int | None:
-    """headroom's own count, else what the upstream reported (e.g. counting was skipped)."""
-    return rec.prompt_tokens if rec.prompt_tokens is not None else rec.upstream_prompt_tokens
+
+def record_prompt_tokens(rec: LengthRecord) -> int | None:
+    """The prompt length of a record, by `proxy.lengths`' one definition."""
+    return effective_prompt_tokens(rec.prompt_tokens, rec.upstream_prompt_tokens)
 
 
 def headroom_tokens(rec: LengthRecord) -> int | None:
@@ -104,7 +107,7 @@ def headroom_tokens(rec: LengthRecord) -> int | None:
     None when no completion limit was forwarded: vLLM then allows the whole
     remaining room, so nothing is left unused by headroom's choice.
     """
-    prompt = effective_prompt_tokens(rec)
+    prompt = record_prompt_tokens(rec)
     if rec.max_model_len is None or prompt is None or rec.granted_max_tokens is None:
         return None
     return max(0, rec.max_model_len - prompt - rec.granted_max_tokens)
@@ -138,7 +141,7 @@ class Metrics:
         *,
         registry: CollectorRegistry | None = None,
         max_models: int = 64,
-        length_error_codes: Iterable[str] = LENGTH_ERROR_CODES,
+        length_error_codes: Iterable[ErrorCode] = LENGTH_ERROR_CODES,
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.buckets = tuple(sorted(float(b) for b in (buckets or DEFAULT_TOKEN_BUCKETS)))
@@ -153,15 +156,18 @@ class Metrics:
             return h
 
         self.prompt_tokens = hist(
-            "headroom_prompt_tokens", "Prompt tokens per request, counted with the model's tokenizer and chat template.")
+            "headroom_prompt_tokens",
+            "Prompt tokens per request, counted with the model's tokenizer and chat template.")
         self.completion_tokens = hist(
             "headroom_completion_tokens", "Completion tokens per request (usage.completion_tokens, all choices).")
         self.total_tokens = hist(
             "headroom_total_tokens", "Prompt + completion tokens per request: the context a request really used.")
         self.requested_max_tokens = hist(
-            "headroom_requested_max_tokens", "Completion limit the client asked for (max_tokens / max_completion_tokens).")
+            "headroom_requested_max_tokens",
+            "Completion limit the client asked for (max_tokens / max_completion_tokens).")
         self.headroom_tokens = hist(
-            "headroom_headroom_tokens", "max_model_len - prompt - granted completion limit: context reserved but unusable.")
+            "headroom_headroom_tokens",
+            "max_model_len - prompt - granted completion limit: context reserved but unusable.")
         # Not "headroom_prompt_token_drift": a counter owns its base name, and
         # headroom_prompt_token_drift_total below needs it.  The buckets go
         # negative, so (per OpenMetrics) only _bucket series are exposed.
@@ -222,13 +228,14 @@ class Metrics:
         model = self.model_label(rec.model)
         self._inc(self.requests, (model, safe_label(rec.endpoint), safe_label(rec.action), str(rec.status)))
 
-        prompt = effective_prompt_tokens(rec)
+        prompt = record_prompt_tokens(rec)
         if prompt is not None:
             self.prompt_tokens.observe(model, prompt)
         if rec.completion_tokens is not None:
             self.completion_tokens.observe(model, rec.completion_tokens)
-        if prompt is not None and rec.completion_tokens is not None:
-            self.total_tokens.observe(model, prompt + rec.completion_tokens)
+        total = total_tokens(prompt, rec.completion_tokens)
+        if total is not None:
+            self.total_tokens.observe(model, total)
         if rec.requested_max_tokens is not None:
             self.requested_max_tokens.observe(model, rec.requested_max_tokens)
         unused = headroom_tokens(rec)
@@ -238,9 +245,9 @@ class Metrics:
         removed = clamped_tokens(rec)
         if removed:
             self._inc(self.clamped_tokens, (model,), removed)
-        if rec.action == "rejected":
+        if rec.action == Action.REJECTED:
             self._inc(self.rejections, (model, safe_label(rec.error_code or "unknown")))
-        if rec.action == "upstream_error" and rec.error_code in self.length_error_codes:
+        if rec.action == Action.UPSTREAM_ERROR and rec.error_code in self.length_error_codes:
             self._inc(self.upstream_length_errors, (model,))
 
         drift = prompt_token_drift(rec)
@@ -306,7 +313,7 @@ class TokenHistogram(Collector):
         family = self._family()
         for model, counts in list(self._counts.items()):
             cumulative, acc = [], 0
-            for le, c in zip(self._les, list(counts)):
+            for le, c in zip(self._les, list(counts), strict=True):
                 acc += c
                 cumulative.append((le, acc))
             family.add_metric([model], cumulative, self._sums[model] if self._with_sum else None)

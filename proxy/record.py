@@ -1,37 +1,47 @@
 """The per-request length record: numbers and labels only, never prompt or completion text.
 
-One `LengthRecord` is made for every request to the two admitted routes.  It is
-written as one JSON line (see `proxy.lengthlog`) and read back by
-`proxy.report`; the field names are that file format, so renaming one is a
-format change.
+One `LengthRecord` is made for every request to an admitted surface, by its
+`proxy.exchange.AdmittedExchange`, the record's only writer.  It is written as
+one JSON line (see `proxy.lengthlog`) and read back by `proxy.report`; the
+field names are that file format, so renaming one is a format change.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
-Action = Literal["pass", "clamped", "rejected", "upstream_error"]
+from .errors import ErrorCode
+
+
+class Action(StrEnum):
+    """What happened to a request, as the `x-headroom-action` header and the record say."""
+
+    PASS = "pass"                      # forwarded with the client's own limit
+    CLAMPED = "clamped"                # forwarded with a lower completion limit
+    REJECTED = "rejected"              # refused by headroom itself (4xx)
+    UPSTREAM_ERROR = "upstream_error"  # forwarded, and the upstream failed or refused it
 
 
 @dataclass
 class LengthRecord:
     ts: float                                   # unix time the request arrived
     model: str | None                           # the served model name the request resolved to
-    endpoint: Literal["chat", "completions"]
+    endpoint: str                               # the surface's name: "chat", "completions", ...
     stream: bool = False
     request_id: str | None = None               # X-Request-Id (the client's, or generated)
     n: int = 1                                  # choices requested
     max_model_len: int | None = None
     prompt_tokens: int | None = None            # headroom's own count (sum over prompts for a batch)
-    upstream_prompt_tokens: int | None = None   # usage.prompt_tokens as the upstream reported it
+    upstream_prompt_tokens: int | None = None   # the prompt count the upstream reported in its usage
     requested_max_tokens: int | None = None     # what the client asked for (None: not sent)
     granted_max_tokens: int | None = None       # what was forwarded (None: nothing set)
-    completion_tokens: int | None = None        # usage.completion_tokens (all choices)
+    completion_tokens: int | None = None        # the completion count the upstream reported (all choices)
     finish_reasons: list[str] = field(default_factory=list)
-    action: Action = "pass"
+    action: Action = Action.PASS
     status: int = 0                             # HTTP status sent to the client
-    error_code: str | None = None               # headroom's error code when status >= 400
+    error_code: ErrorCode | None = None         # why, when status >= 400 or the stream failed
     length_retries: int = 0                     # retries after an upstream length rejection (drift)
     latency_ms: float | None = None             # arrival to last byte sent
     ttfb_ms: float | None = None                # arrival to first body byte (streams)

@@ -8,30 +8,11 @@ to a few integers at once and each length distribution is an exact histogram
 histogram is exact — no sketch, no sampling — and its size is the number of
 distinct lengths, not the number of requests.
 
-Definitions (documented because the numbers are only useful if exact):
-
-* prompt = `upstream_prompt_tokens` when the upstream reported usage, else
-  headroom's own `prompt_tokens`.
-* completion = `completion_tokens` (usage, summed over all choices).
-* total = prompt + completion.  For n > 1 this is the article's rule for
-  parallel sampling: the n choices share the prompt's KV blocks, so a request
-  costs one prompt plus n outputs — which is exactly what usage reports
-  (completion_tokens already sums the choices).  `total` is the KV footprint
-  and drives the capacity figures.
-* sequence = the longest single sequence, prompt + the longest choice; this is
-  what `max_model_len` bounds (it limits each sequence, not the sum of the
-  choices).  Equal to total when n = 1.  For n > 1 usage does not give
-  per-choice lengths, so we take the safe upper bound prompt +
-  min(completion_tokens, granted_max_tokens) — the longest choice can be
-  neither longer than all choices together nor longer than its cap.
-* Percentiles use linear interpolation between closest ranks, numpy's default
-  (`method="linear"`): for n sorted values v, p → index h = (n − 1)·p/100,
-  v[⌊h⌋] + (h − ⌊h⌋)·(v[⌊h⌋+1] − v[⌊h⌋]).
-* recommended max_model_len = the chosen percentile (default p99) of the
-  sequence lengths, rounded up to a multiple of the KV block size (vLLM
-  allocates whole blocks anyway).  `clamped_fraction` = share of the
-  completed requests whose sequence exceeds it: those would have been clamped
-  (or rejected, without headroom) at that setting.
+The definitions of prompt, completion, total and sequence length, of the
+percentiles and of the recommendation are `proxy.lengths`'.  The
+`clamped_fraction` of a recommendation is the share of the completed requests
+whose sequence exceeds it: those would have been clamped (or rejected,
+without headroom) at that setting.
 
 Requests without usage (rejected, upstream errors, streams without
 `include_usage`) count for the shares and the prompt distribution but not for
@@ -48,29 +29,25 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import IO, Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
+from datetime import UTC, datetime
+from typing import IO, Any, NamedTuple
+
+from .lengths import (
+    BLOCK_SIZE,
+    UNKNOWN_MODEL,
+    effective_prompt_tokens,
+    percentile,
+    round_to_blocks,
+    round_up,
+    sequence_tokens,
+    total_tokens,
+)
 
 STANDARD_PERCENTILES = (50.0, 90.0, 95.0, 99.0)
-UNKNOWN_MODEL = "(unknown)"
 
 
-# ---------------------------------------------------------------------------
-# percentiles
-
-
-def percentile(sorted_values: Sequence[float], p: float) -> float:
-    """numpy's default (linear) percentile of already sorted values."""
-    if not sorted_values:
-        raise ValueError("percentile of no values")
-    if not 0 <= p <= 100:
-        raise ValueError(f"percentile must be within [0, 100], got {p}")
-    h = (len(sorted_values) - 1) * p / 100
-    lo = math.floor(h)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    a, b = sorted_values[lo], sorted_values[hi]
-    return a + (h - lo) * (b - a)
 
 
 class Histogram:
@@ -80,7 +57,7 @@ class Histogram:
     report); sorted order, count and sum are derived once when asked for.
     """
 
-    __slots__ = ("counts", "_index_cache")
+    __slots__ = ("_index_cache", "counts")
 
     def __init__(self, values: Iterable[int] = ()) -> None:
         self.counts: dict[int, int] = {}
@@ -89,7 +66,7 @@ class Histogram:
             self.add(v)
 
     @classmethod
-    def of_counts(cls, counts: dict[int, int]) -> "Histogram":
+    def of_counts(cls, counts: dict[int, int]) -> Histogram:
         """A view of an existing value → count dict (not copied)."""
         h = cls()
         h.counts = counts
@@ -99,7 +76,7 @@ class Histogram:
         self.counts[value] = self.counts.get(value, 0) + count
         self._index_cache = None
 
-    def merge(self, other: "Histogram") -> None:
+    def merge(self, other: Histogram) -> None:
         for value, count in other.counts.items():
             self.add(value, count)
 
@@ -185,19 +162,14 @@ class Recommendation:
     clamped_fraction: float
 
 
-def round_up(value: float, multiple: int) -> int:
-    """Smallest multiple of `multiple` ≥ value (a fractional percentile rounds up)."""
-    if multiple <= 0:
-        raise ValueError("multiple must be positive")
-    return math.ceil(value / multiple) * multiple
 
-
-def recommend_max_model_len(lengths: Histogram, p: float = 99.0, block_size: int = 16) -> Recommendation | None:
+def recommend_max_model_len(lengths: Histogram, p: float = 99.0, block_size: int = BLOCK_SIZE) -> Recommendation | None:
     """max_model_len = p-th percentile of sequence lengths, rounded up to whole blocks."""
     if lengths.n == 0:
         return None
     value = lengths.percentile(p)
-    mml = max(block_size, round_up(value, block_size))
+    mml = round_to_blocks(value, block_size)
+    assert mml is not None
     above = lengths.count_above(mml)
     return Recommendation(p, value, mml, block_size, above, above / lengths.n)
 
@@ -250,13 +222,11 @@ def record_lengths(rec: Any) -> Lengths:
         n = 1
     if type(n) is not int or n < 1:
         raise MalformedRecord("n is not a positive integer")
-    prompt = rec.get("upstream_prompt_tokens")
-    if prompt is None:
-        prompt = rec.get("prompt_tokens")
-        if prompt is not None and (type(prompt) is not int or prompt < 0):
-            raise MalformedRecord("prompt_tokens is not a non-negative integer")
-    elif type(prompt) is not int or prompt < 0:
-        raise MalformedRecord("upstream_prompt_tokens is not a non-negative integer")
+    upstream_prompt = _opt_int(rec, "upstream_prompt_tokens")
+    # headroom's own count is read (and checked) only where the upstream reported none.
+    prompt = effective_prompt_tokens(
+        _opt_int(rec, "prompt_tokens") if upstream_prompt is None else None, upstream_prompt
+    )
     completion = rec.get("completion_tokens")
     if completion is not None and (type(completion) is not int or completion < 0):
         raise MalformedRecord("completion_tokens is not a non-negative integer")
@@ -266,15 +236,9 @@ def record_lengths(rec: Any) -> Lengths:
     reasons = rec.get("finish_reasons") or []
     if not isinstance(reasons, list):
         raise MalformedRecord("finish_reasons is not a list")
-    total = sequence = None
-    if prompt is not None and completion is not None:
-        total = prompt + completion
-        longest = completion
-        if n > 1:
-            granted = _opt_int(rec, "granted_max_tokens")
-            if granted is not None:
-                longest = min(completion, granted)
-        sequence = prompt + longest
+    total = total_tokens(prompt, completion)
+    sequence = sequence_tokens(prompt, completion, n, _opt_int(rec, "granted_max_tokens") if n > 1 else None)
+    assert isinstance(ts, (int, float))
     return Lengths(model, float(ts), action, prompt, completion, total, sequence,
                    ("length" in reasons) if reasons else None, n)
 
@@ -333,7 +297,7 @@ class ModelStats:
         if r.completion is not None:
             c = self.completion_counts
             c[r.completion] = c.get(r.completion, 0) + 1
-        if r.total is not None:
+        if r.total is not None and r.sequence is not None:   # both known exactly when prompt and completion are
             c = self.total_counts
             c[r.total] = c.get(r.total, 0) + 1
             c = self.sequence_counts
@@ -425,7 +389,7 @@ def parse_since(text: str, now: float) -> float:
     except ValueError:
         raise ValueError(f"cannot read --since {text!r}: use 24h, 7d, unix seconds or an ISO time") from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
 
 
@@ -433,7 +397,7 @@ def parse_since(text: str, now: float) -> float:
 # result
 
 
-def model_report(stats: ModelStats, p: float = 99.0, block_size: int = 16) -> dict[str, Any]:
+def model_report(stats: ModelStats, p: float = 99.0, block_size: int = BLOCK_SIZE) -> dict[str, Any]:
     """Everything the report prints for one model, as plain data (JSON-ready)."""
     extra = (p,)
     prompt, completion, total, sequence = stats.prompt, stats.completion, stats.total, stats.sequence

@@ -6,15 +6,17 @@ import math
 
 import pytest
 
-from proxy.admission import Policy, RequestedLimit, decide, parse_limit_field, read_requested_limit
+from proxy.admission import Policy, RequestedLimit, decide, parse_limit_field
+from proxy.surfaces import CHAT as CHAT_SURFACE
+from proxy.surfaces import COMPLETIONS as COMPLETIONS_SURFACE
 from proxy.errors import HeadroomError
 
-CHAT = dict(endpoint="chat", model="tiny-qwen")
-CMPL = dict(endpoint="completions", model="tiny-qwen")
+CHAT = dict(model="tiny-qwen", prompt_param="messages")
+CMPL = dict(model="tiny-qwen", prompt_param="prompt", implicit_max_tokens=COMPLETIONS_SURFACE.implicit_max_tokens)
 
 
 def mt(n: int | None = None, mct: int | None = None) -> RequestedLimit:
-    return RequestedLimit(max_tokens=n, max_completion_tokens=mct)
+    return RequestedLimit.of(("max_completion_tokens", mct), ("max_tokens", n))
 
 
 # --- the article's example (DESIGN.md §1): 8192 limit, 6000-token prompt, max_tokens 4000
@@ -217,12 +219,12 @@ def test_rejected_limit_values_name_the_field(value) -> None:
 
 
 def test_completions_ignores_max_completion_tokens_field() -> None:
-    limit = read_requested_limit({"max_completion_tokens": 5, "max_tokens": 7}, "completions")
+    limit = COMPLETIONS_SURFACE.read_limit({"max_completion_tokens": 5, "max_tokens": 7})
     assert (limit.value, limit.field) == (7, "max_tokens")
 
 
 def test_chat_prefers_max_completion_tokens() -> None:
-    limit = read_requested_limit({"max_completion_tokens": 5, "max_tokens": 7}, "chat")
+    limit = CHAT_SURFACE.read_limit({"max_completion_tokens": 5, "max_tokens": 7})
     assert (limit.value, limit.field, limit.present_fields()) == (
         5,
         "max_completion_tokens",

@@ -10,8 +10,8 @@ import pytest
 
 from proxy.app import HeadroomApp
 from proxy.config import Config, ConfigError, ModelConfig, UpstreamConfig, UpstreamEntry, load_config
-from tests.fakevllm import FakeVLLM
-from tests.servers import serve_in_thread
+from tests.support.fakevllm import FakeVLLM
+from tests.support.servers import serve_in_thread
 
 HELLO = [{"role": "user", "content": "Hello!"}]
 

@@ -24,7 +24,8 @@ import pytest
 import uvicorn
 from starlette.applications import Starlette
 
-from proxy.live import Recorder
+from proxy.pages import routes
+from proxy.recorder import Recorder
 from proxy.record import LengthRecord
 
 CHROMIUM_FLAGS = [
@@ -72,7 +73,7 @@ def dashboard_url() -> Iterator[str]:
     recorder = Recorder()
     for rec in known_records(time.time()):
         recorder.record(rec)
-    app = Starlette(routes=recorder.routes())
+    app = Starlette(routes=routes(recorder))
     # Bind before the server thread starts: connections queue in the backlog
     # until uvicorn accepts them, so nothing has to wait for "server started".
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -190,8 +191,8 @@ def test_dashboard_of_a_running_proxy_shows_what_it_recorded(tmp_path: Path, qwe
 
     from proxy.app import HeadroomApp
     from proxy.config import Config, ModelConfig, UpstreamConfig
-    from tests.fakevllm import FakeVLLM
-    from tests.servers import serve_in_thread
+    from tests.support.fakevllm import FakeVLLM
+    from tests.support.servers import serve_in_thread
     from tokenizer_cache import load_model_tokenizer
 
     chromium = find_chromium()

@@ -13,8 +13,8 @@ from proxy.app import HeadroomApp
 from proxy.config import Config, ModelConfig, UpstreamConfig
 from proxy.backends import Backends
 from proxy.counting import PromptCounter
-from tests.fakevllm import FakeVLLM
-from tests.servers import serve_in_thread
+from tests.support.fakevllm import FakeVLLM
+from tests.support.servers import serve_in_thread
 from tokenizer_cache import load_model_tokenizer
 
 HELLO = [{"role": "user", "content": "Hello!"}]
@@ -118,7 +118,6 @@ async def test_startup_parity_check(qwen3, qwen3_dir, offset: int, expected: boo
     async with FakeVLLM(count_prompt=counter_with_offset(qwen3, offset)) as fake:
         config = config_for(fake, qwen3_dir)
         backends = Backends(config)
-        await backends.default.upstream.start()
         try:
             counter = PromptCounter(config, backends)
             seen = []

@@ -17,11 +17,11 @@ import httpx
 import openai
 import pytest
 
-import proxy.app as app_module
+from proxy import jsonbody
 from proxy.app import HeadroomApp
 from proxy.config import Config, ModelConfig, UpstreamConfig
-from tests.fakevllm import FakeVLLM, FaultSpec
-from tests.servers import serve_in_thread
+from tests.support.fakevllm import FakeVLLM, FaultSpec
+from tests.support.servers import serve_in_thread
 from tokenizer_cache import load_model_tokenizer
 
 MML = 2048
@@ -174,7 +174,7 @@ def test_a_large_clamped_body_keeps_every_byte_but_the_limit(stack: Stack) -> No
     content = "Explain KV caches. 한국어 \\u00e9 " * 200
     head = '{ "model" : "tiny-qwen",\n "max_tokens" : 99999, "messages":[{"role":"user","content":"%s"}]' % content
     body = (head + ', "temperature": 1.0, "max_tokens": 65535 }').encode()
-    assert len(body) >= app_module.SPLICE_ABOVE_BYTES
+    assert len(body) >= jsonbody.SPLICE_ABOVE_BYTES
     response = stack.http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 200 and response.headers["x-headroom-action"] == "clamped"
     granted = response.headers["x-headroom-granted-max-tokens"]

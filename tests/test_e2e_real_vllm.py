@@ -20,7 +20,7 @@ import pytest
 
 from proxy.app import HeadroomApp
 from proxy.config import Config, UpstreamConfig
-from tests.servers import serve_in_thread
+from tests.support.servers import serve_in_thread
 
 pytestmark = pytest.mark.realvllm
 

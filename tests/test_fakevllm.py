@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from fakevllm import (
+from tests.support.fakevllm import (
     FakeVLLM,
     FaultSpec,
     chatml_char_count,

@@ -26,8 +26,8 @@ import pytest
 from proxy.app import HeadroomApp
 from proxy.config import Config, ModelConfig, ServerConfig, UpstreamConfig
 from proxy.record import LengthRecord
-from tests.fakevllm import FakeVLLM, FaultSpec
-from tests.servers import serve_in_thread
+from tests.support.fakevllm import FakeVLLM, FaultSpec
+from tests.support.servers import serve_in_thread
 from tokenizer_cache import load_model_tokenizer
 
 CHAT = "/v1/chat/completions"

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from proxy.app import HeadroomApp
 from proxy.config import Config, ModelConfig, ServerConfig, UpstreamConfig
-from tests.fakevllm import FakeVLLM
+from tests.support.fakevllm import FakeVLLM
 from tokenizer_cache import load_model_tokenizer
 
 FUZZ_EXAMPLES = int(os.environ.get("HEADROOM_FUZZ_EXAMPLES", "10000"))

@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from tests.fakevllm import FakeVLLM
+from tests.support.fakevllm import FakeVLLM
 from tests.test_load import HeadroomProcess, free_port, wait_until
 
 CHAT = "/v1/chat/completions"

@@ -11,14 +11,11 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from proxy.lengthlog import LengthLog
-from proxy.live import (
-    DISPLAY_EDGES,
-    Recorder,
-    dashboard_html,
-    histogram,
-    percentile,
-    recommend_max_model_len,
-)
+from proxy.lengths import percentile
+from proxy.lengths import round_to_blocks as recommend_max_model_len
+from proxy.pages import dashboard_html, routes
+from proxy.recorder import Recorder
+from proxy.stats import DISPLAY_EDGES, histogram
 from proxy.record import LengthRecord
 
 
@@ -188,7 +185,7 @@ def test_recorder_updates_metrics_and_the_length_log(tmp_path: Path) -> None:
 def client() -> TestClient:
     r = recorder()
     feed_hundred(r)
-    return TestClient(Starlette(routes=r.routes()))
+    return TestClient(Starlette(routes=routes(r)))
 
 
 def test_stats_route(client: TestClient) -> None:

@@ -31,7 +31,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from tests.fakevllm import FakeVLLM, stream_events
+from tests.support.fakevllm import FakeVLLM, stream_events
 
 ROOT = Path(__file__).resolve().parents[1]
 STREAMS = int(os.environ.get("HEADROOM_LOAD_STREAMS", "1000"))
@@ -225,8 +225,8 @@ def test_1000_concurrent_streams_intact_bounded_and_leak_free(
 def test_excess_requests_wait_then_get_503_with_retry_after(qwen3_dir: Path) -> None:
     from proxy.app import HeadroomApp
     from proxy.config import Config, ModelConfig, UpstreamConfig
-    from tests.fakevllm import FaultSpec
-    from tests.servers import serve_in_thread
+    from tests.support.fakevllm import FaultSpec
+    from tests.support.servers import serve_in_thread
 
     gate = threading.Event()
     with FakeVLLM() as fake:

@@ -19,8 +19,8 @@ import pytest
 
 from proxy.app import HeadroomApp
 from proxy.config import Config, LengthLogConfig, ModelConfig, UpstreamConfig
-from tests.fakevllm import FakeVLLM
-from tests.servers import serve_in_thread
+from tests.support.fakevllm import FakeVLLM
+from tests.support.servers import serve_in_thread
 from tokenizer_cache import load_model_tokenizer
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa"]

@@ -11,12 +11,11 @@ import openai
 import pytest
 
 from proxy.errors import HeadroomError
-from proxy.upstream_errors import (
+from proxy.upstream_explain import corrected_max_tokens, explain_upstream_error
+from proxy.upstream_failure import (
     KINDS,
     MAX_PARSE_BYTES,
     UpstreamFailure,
-    corrected_max_tokens,
-    explain_upstream_error,
     is_length_failure,
     parse_upstream_error,
 )
@@ -657,7 +656,7 @@ def test_status_mapping_and_openai_client_exception(upstream_status, body, ctype
     assert type(raised.value) is exc_class
     assert raised.value.status_code == status
     assert raised.value.body["message"] == err.message == envelope["message"]
-    assert raised.value.code == (None if err.code is None else str(err.code))  # openai reads code as a str
+    assert raised.value.code == str(err.envelope_code)  # openai reads code as a str
 
 
 def test_every_kind_explains_to_a_valid_envelope():

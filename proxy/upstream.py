@@ -1,22 +1,26 @@
-"""The one connection to the upstream: send a request, get a streaming response.
+"""One upstream server: send a request, get a streaming response, failures explained.
 
-This is the seam between headroom's logic and how bytes travel (STYLE.md,
-HTTPX's transports).  The bytes travel through `proxy.http1`, a lean
-HTTP/1.1 client on httptools' parser: DESIGN.md measured httpx's pool at
-4.8 ms of CPU per request at 64 connections, and aiohttp's session, though
-~20x cheaper, was still ~17-21 % of headroom's CPU per request (py-spy);
-see bench/ for the figures.  Every transport failure leaves here as a
-`HeadroomError` from `proxy.errors`.
+`Upstream` is the seam between headroom's logic and how bytes travel
+(STYLE.md, HTTPX's transports): it takes any `Transport`.  The default one is
+`proxy.http1.Pool`, a lean HTTP/1.1 client on httptools' parser: DESIGN.md
+measured httpx's pool at 4.8 ms of CPU per request at 64 connections, and
+aiohttp's session, though ~20x cheaper, was still ~17-21 % of headroom's CPU
+per request (py-spy); see bench/ for the figures.  Tests pass an in-memory
+transport instead (tests/support/transport.py).  Every transport failure
+leaves here as a `HeadroomError` from `proxy.errors`.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable
+from typing import Any, Protocol
 
 from . import errors
+from .asgi import Headers
 from .errors import HeadroomError, clip
-from .http1 import Broken, ConnectError, ConnectTimeout, Pool, ReadTimeout, Response
+from .http1 import Broken, ConnectError, ConnectTimeout, Pool, ReadTimeout
+from .http1 import Headers as ResponseHeaders
 
 # RFC 9110 §7.6.1 hop-by-hop headers, plus the ones the HTTP layers recompute.
 HOP_BY_HOP = frozenset(
@@ -36,8 +40,33 @@ HOP_BY_HOP = frozenset(
     }
 )
 
-Headers = list[tuple[bytes, bytes]]
+# headroom sets X-Request-Id itself (the client's when sane, else its own).
+DROP_REQUEST_ID = frozenset({b"x-request-id"})
 CAUSE_CHARS = 200            # how much of a transport error's text an explanation quotes
+Body = bytes | AsyncIterator[bytes] | None
+
+
+class Response(Protocol):
+    """An upstream's answer: status and headers now, the body as it arrives (`proxy.http1.Response`)."""
+
+    status: int
+    raw_headers: Headers
+    headers: ResponseHeaders
+
+    async def next_chunk(self) -> bytes: ...          # b"" at the end
+    async def read(self, limit: int | None = None) -> bytes: ...
+    def release(self) -> None: ...                    # done reading: the connection may be reused
+    def close(self) -> None: ...                      # abandon it: the upstream sees the connection close
+
+
+class Transport(Protocol):
+    """How requests reach one upstream origin (`proxy.http1.Pool`)."""
+
+    async def request(
+        self, method: str, path_qs: str, headers: Headers, body: Body, *, timeout: float, idle_timeout: float
+    ) -> Response: ...
+
+    async def close(self) -> None: ...
 
 
 def forwardable(headers: Iterable[tuple[bytes, bytes]], extra_drop: frozenset[bytes] = frozenset()) -> Headers:
@@ -66,19 +95,19 @@ class Upstream:
         idle_timeout: float | None = None,
         max_connections: int = 1024,
         api_key: str | None = None,
+        transport: Transport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.connect_timeout = connect_timeout
         self.timeout = timeout                      # until the response headers
         self.idle_timeout = idle_timeout if idle_timeout is not None else timeout  # between body chunks
         self.api_key = api_key
-        self._pool = Pool(self.base_url, connect_timeout=connect_timeout, limit=max_connections)
-
-    async def start(self) -> None:
-        """Nothing to open ahead: connections are made on first use and kept alive."""
+        self._transport: Transport = transport if transport is not None else Pool(
+            self.base_url, connect_timeout=connect_timeout, limit=max_connections
+        )
 
     async def close(self) -> None:
-        await self._pool.close()
+        await self._transport.close()
 
     def outgoing_headers(self, headers: Headers) -> Headers:
         """Apply the Authorization policy: forward the client's, or replace it with the upstream key."""
@@ -93,7 +122,7 @@ class Upstream:
         method: str,
         path_qs: str,
         headers: Headers,
-        body: bytes | AsyncIterator[bytes] | None,
+        body: Body,
     ) -> Response:
         """Send one request; the caller reads (or releases) the returned response.
 
@@ -103,7 +132,7 @@ class Upstream:
         if not path_qs.startswith("/"):
             path_qs = "/" + path_qs
         try:
-            return await self._pool.request(
+            return await self._transport.request(
                 method, path_qs, self.outgoing_headers(headers), body,
                 timeout=self.timeout, idle_timeout=self.idle_timeout,
             )

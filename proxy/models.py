@@ -16,12 +16,13 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any
 
 from .config import Config
 
-log = logging.getLogger("headroom.limits")
+log = logging.getLogger("headroom.models")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,358 @@
+"""One admitted request, from the client's bytes to its length record.
+
+`AdmittedExchange.run()` reads as the flow it is:
+
+    prepare   read the body (bounded), parse it once, resolve the model and its
+              max_model_len, count the prompt, decide (proxy.admission, pure),
+              rewrite only the limit fields the decision changes
+    forward   hold a back-pressure slot, send; if the upstream refuses for
+              length, retry once with the limit its own numbers allow
+              (proxy.upstream_explain.retry_limit, pure)
+    relay     the answer as it arrives: whole, or streamed event by event,
+              mapping upstream failures to explained errors
+    finish    latency, the drift warning, and the record to the recorder
+
+The exchange is the only writer of its `LengthRecord`.  What differs between
+API surfaces (where the prompt and the limit are, error and event shapes,
+usage) is asked of its `proxy.surfaces.Surface`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import errors, jsonbody
+from .admission import Decision, Policy, decide
+from .asgi import (
+    ClientGone,
+    Headers,
+    Receive,
+    Scope,
+    Send,
+    is_shutdown_deadline,
+    path_qs,
+    read_body,
+    request_id,
+    send_chunk,
+    send_start,
+    send_whole,
+    until_disconnect,
+)
+from .backends import Backend, Backends
+from .config import Config
+from .counting import PromptCounter
+from .errors import ErrorCode, HeadroomError
+from .record import Action, LengthRecord
+from .recorder import Recorder
+from .sse import EventStreamScanner
+from .surfaces import Surface, Usage, parse_json_payload
+from .upstream import DROP_REQUEST_ID, Response, forwardable
+from .upstream_explain import explain_upstream_error, retry_limit
+from .upstream_failure import parse_upstream_error
+
+log = logging.getLogger("headroom")
+
+MAX_ERROR_BODY = 1024 * 1024      # how much of an upstream error body is read
+# headroom reads an admitted answer (usage, finish reasons), so it asks for it uncompressed.
+_DROP_ADMITTED = DROP_REQUEST_ID | {b"accept-encoding"}
+
+
+@dataclass
+class ExchangeServices:
+    """What every admitted exchange shares: made once by the app."""
+
+    config: Config
+    backends: Backends
+    counter: PromptCounter
+    recorder: Recorder
+    policy_for: Callable[[str | None], Policy]
+
+
+class AdmittedExchange:
+    def __init__(self, services: ExchangeServices, surface: Surface, scope: Scope, receive: Receive,
+                 send: Send) -> None:
+        self.services = services
+        self.surface = surface
+        self.scope = scope
+        self.receive = receive
+        self.send = send
+        self.started = time.perf_counter()
+        self.request_id = request_id(scope)
+        self.record = LengthRecord(ts=time.time(), model=None, endpoint=surface.name, request_id=self.request_id)
+        self.info: Headers = []            # the x-headroom-* headers every answer carries
+        # Set by prepare():
+        self.body = b""                    # the client's bytes
+        self.request: dict[str, Any] = {}  # ... parsed once
+        self.outgoing = b""                # what is sent upstream (the client's bytes unless rewritten)
+        self.changes: dict[str, Any] = {}  # the fields rewritten
+        self.limit_fields: list[str] = []  # the completion-limit fields a retry rewrites
+        self.strip_usage = False           # headroom asked for the stream's usage: remove it again
+        self.backend: Backend | None = None
+
+    async def run(self) -> None:
+        try:
+            await self.prepare()
+        except ClientGone:
+            log.debug("client left before sending the whole body of %s", self.scope["path"])
+            return
+        except HeadroomError as err:
+            if not self.info:
+                self.info = [(b"x-headroom-action", Action.REJECTED.encode()),
+                             (b"x-request-id", self.request_id.encode())]
+            await self.answer_error(err, Action.REJECTED if err.status < 500 else Action.UPSTREAM_ERROR)
+            self.finish()
+            return
+        if await until_disconnect(self.receive, self.forward_gated()):
+            self.record.error_code = ErrorCode.CLIENT_DISCONNECTED
+        self.finish()
+
+    # -- prepare ----------------------------------------------------------------------
+
+    async def prepare(self) -> None:
+        services, surface, record = self.services, self.surface, self.record
+        self.body = await read_body(self.receive, services.config.server.max_body_bytes, self.scope)
+        request = self.request = jsonbody.parse_object(self.body)
+        record.stream = surface.is_stream(request)
+        record.n = surface.choices(request)
+        model, self.backend = await services.backends.resolve(request.get("model"))
+        record.model = model
+        limit = surface.read_limit(request)
+        record.requested_max_tokens = limit.value
+        info = self.backend.registry.get(model)
+        max_model_len = record.max_model_len = info.max_model_len if info else None
+        if max_model_len is None:
+            # No limit known (a config-less model whose card lacks one): relay untouched.
+            decision = Decision(Action.PASS, limit.value, limit.value)
+        else:
+            count = await services.counter.count(model, surface, request, len(self.body))
+            record.prompt_tokens = count.total
+            decision = decide(
+                count.per_prompt,
+                max_model_len,
+                limit,
+                services.policy_for(model),
+                model=model,
+                prompt_param=surface.prompt_param,
+                implicit_max_tokens=surface.implicit_max_tokens,
+            )
+        self.info = headroom_headers(record.prompt_tokens, max_model_len, decision, self.request_id)
+        record.action = decision.action
+        record.granted_max_tokens = decision.granted
+        if decision.error is not None:
+            raise decision.error
+        self.changes = dict(decision.rewrite or {})
+        self.limit_fields = list(decision.rewrite) if decision.rewrite else limit.fields_to_set()
+        self.strip_usage = (
+            record.stream and services.config.upstream.request_stream_usage
+            and surface.ask_for_usage(request, self.changes)
+        )
+        self.outgoing = jsonbody.with_fields(self.body, request, self.changes) if self.changes else self.body
+
+    # -- forward ------------------------------------------------------------------------
+
+    async def forward_gated(self) -> None:
+        """Forward and relay holding one of the upstream's request slots (proxy.gate); 503 when none frees."""
+        assert self.backend is not None
+        gate = self.backend.gate
+        try:
+            await gate.acquire()
+        except HeadroomError as err:
+            await self.answer_error(err, Action.UPSTREAM_ERROR)
+            return
+        try:
+            response = await self.forward()
+            if response is not None:
+                await self.relay(response)
+        finally:
+            gate.release()
+
+    async def forward(self) -> Response | None:
+        """Send the request; at most one retry after a length refusal.  None: an error was answered."""
+        assert self.backend is not None
+        upstream = self.backend.upstream
+        record = self.record
+        headers = forwardable(self.scope["headers"], _DROP_ADMITTED)
+        headers.append((b"x-request-id", self.request_id.encode()))
+        retried = False
+        while True:
+            try:
+                response = await upstream.send("POST", path_qs(self.scope), headers, self.outgoing)
+                if response.status < 400:
+                    return response
+                raw = await upstream.read_body(response, MAX_ERROR_BODY)
+            except HeadroomError as broken:
+                await self.answer_error(broken, Action.UPSTREAM_ERROR)
+                return None
+            failure = parse_upstream_error(response.status, raw, response.headers.get("content-type"))
+            corrected = None if retried else retry_limit(
+                failure, prompt_tokens=record.prompt_tokens, max_model_len=record.max_model_len,
+                granted_max_tokens=record.granted_max_tokens,
+            )
+            if corrected is not None:
+                log.warning(
+                    "upstream rejected a clamped request of model %s for length; retrying with %d",
+                    record.model, corrected,
+                )
+                retried = True
+                self.retry_with(corrected)
+                continue
+            err = explain_upstream_error(
+                failure,
+                upstream=upstream.base_url,
+                prompt_tokens=record.prompt_tokens,
+                max_model_len=record.max_model_len,
+                requested_max_tokens=record.requested_max_tokens,
+                granted_max_tokens=record.granted_max_tokens,
+                prompt_param=self.surface.prompt_param,
+                max_tokens_param=self.limit_fields[0],
+            )
+            await self.answer_error(err, Action.UPSTREAM_ERROR)
+            return None
+
+    def retry_with(self, limit: int) -> None:
+        """The upstream counted more than headroom did: resend with the limit its numbers allow."""
+        record = self.record
+        record.length_retries += 1
+        record.granted_max_tokens = limit
+        record.action = Action.CLAMPED
+        self.services.recorder.count_length_retry(record.model)
+        self.changes = {**self.changes, **{name: limit for name in self.limit_fields}}
+        self.outgoing = jsonbody.with_fields(self.body, self.request, self.changes)
+        self.info = _replace_header(self.info, b"x-headroom-granted-max-tokens", limit)
+        self.info = _replace_header(self.info, b"x-headroom-action", Action.CLAMPED)
+
+    # -- relay ----------------------------------------------------------------------------
+
+    async def relay(self, response: Response) -> None:
+        assert self.backend is not None
+        headers = forwardable(response.raw_headers, DROP_REQUEST_ID) + self.info
+        if (response.headers.get("content-type") or "").startswith("text/event-stream"):
+            await self.relay_stream(response, headers)
+            return
+        try:
+            payload = await self.backend.upstream.read_body(response)
+        except HeadroomError as err:
+            await self.answer_error(err, Action.UPSTREAM_ERROR)
+            return
+        self.record.status = response.status
+        await send_whole(self.send, response.status, payload, headers)
+        usage = Usage()
+        self.surface.read_usage(parse_json_payload(payload), usage)
+        self.take_usage(usage)
+
+    async def relay_stream(self, response: Response, headers: Headers) -> None:
+        """Relay SSE bytes as they arrive; a failure after the start becomes an error event.
+
+        With `strip_usage` (headroom asked for the usage chunk the client did
+        not), bytes are relayed per complete event so that one event can be
+        dropped; nothing waits longer than the end of the event it is in.
+        """
+        assert self.backend is not None
+        upstream, record, send = self.backend.upstream, self.record, self.send
+        record.status = response.status
+        await send_start(send, response.status, headers)
+        scanner = EventStreamScanner(self.surface)
+        failure: HeadroomError | None = None
+        try:
+            try:
+                while chunk := await response.next_chunk():
+                    if record.ttfb_ms is None:
+                        record.ttfb_ms = (time.perf_counter() - self.started) * 1000
+                    if self.strip_usage:
+                        chunk = scanner.drop_usage_events(chunk)
+                        if not chunk:
+                            continue
+                    else:
+                        scanner.feed(chunk)
+                    await send_chunk(send, chunk)
+            except asyncio.CancelledError as exc:
+                response.close()
+                if not is_shutdown_deadline(exc):
+                    raise
+                # SIGTERM's drain deadline passed with this stream still open: end it
+                # with an error event instead of a cut that could look complete.
+                failure = errors.shutting_down(self.services.config.server.shutdown_timeout)
+            except Exception as exc:
+                mapped = upstream.map_exception(exc, phase="streaming the response")
+                failure = mapped if isinstance(mapped, HeadroomError) else errors.upstream_broken(
+                    upstream.base_url, f"{type(exc).__name__}: {exc}"
+                )
+            finally:
+                response.release()
+            if failure is None and not scanner.done:
+                failure = errors.upstream_broken(
+                    upstream.base_url, f"the stream ended without its final {self.surface.stream_end_event}"
+                )
+            tail = scanner.leftover() if self.strip_usage else b""
+            if failure is not None:
+                record.action = Action.UPSTREAM_ERROR
+                record.error_code = failure.code
+                tail = (b"\n\n" if not scanner.at_boundary else b"") + self.surface.error_event(failure)
+            await send_chunk(send, tail, more=False)
+        finally:
+            self.take_usage(scanner.usage)
+            if scanner.failed:
+                # vLLM's own error event: the client got it as sent; the record says the
+                # request failed upstream (not with the upstream's code, which would make
+                # the error_code label set unbounded).
+                record.action = Action.UPSTREAM_ERROR
+                if record.error_code is None:
+                    record.error_code = ErrorCode.UPSTREAM_STREAM_ERROR
+
+    # -- answers and the record ---------------------------------------------------------------
+
+    async def answer_error(self, err: HeadroomError, action: Action) -> None:
+        record = self.record
+        record.action = action
+        record.status = err.status
+        if record.error_code is None:
+            record.error_code = err.code
+        await send_whole(self.send, err.status, self.surface.error_body(err), err.response_headers(self.info))
+
+    def take_usage(self, usage: Usage) -> None:
+        record = self.record
+        if usage.prompt_tokens is not None:
+            record.upstream_prompt_tokens = usage.prompt_tokens
+        if usage.completion_tokens is not None:
+            record.completion_tokens = usage.completion_tokens
+        record.finish_reasons.extend(usage.finish_reasons)
+
+    def finish(self) -> None:
+        record = self.record
+        record.latency_ms = (time.perf_counter() - self.started) * 1000
+        if (
+            record.prompt_tokens is not None
+            and record.upstream_prompt_tokens is not None
+            and record.prompt_tokens != record.upstream_prompt_tokens
+        ):
+            log.warning(
+                "prompt-token drift on model %s: headroom counted %d, the upstream reported %d",
+                record.model, record.prompt_tokens, record.upstream_prompt_tokens,
+            )
+        try:
+            self.services.recorder.record(record)
+        except Exception:  # recording must never fail a request
+            log.exception("could not record a request's length figures")
+
+
+def headroom_headers(prompt: int | None, max_model_len: int | None, d: Decision, request_id: str) -> Headers:
+    """The x-headroom-* headers that tell the client what headroom did."""
+    headers = [(b"x-headroom-action", d.action.encode()), (b"x-request-id", request_id.encode())]
+    if prompt is not None:
+        headers.append((b"x-headroom-prompt-tokens", str(prompt).encode()))
+    if max_model_len is not None:
+        headers.append((b"x-headroom-max-model-len", str(max_model_len).encode()))
+    if d.requested is not None:
+        headers.append((b"x-headroom-requested-max-tokens", str(d.requested).encode()))
+    if d.granted is not None:
+        headers.append((b"x-headroom-granted-max-tokens", str(d.granted).encode()))
+    return headers
+
+
+def _replace_header(headers: Headers, name: bytes, value: object) -> Headers:
+    return [(k, v) for k, v in headers if k != name] + [(name, str(value).encode())]

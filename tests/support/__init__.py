@@ -1,0 +1,1 @@
+"""Shared test helpers: the fake vLLM, in-thread servers, headroom stacks, transports, deploy linters."""
