@@ -16,6 +16,7 @@ import asyncio
 import gc
 import hmac
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from starlette.routing import Router
@@ -35,6 +36,7 @@ from .pages import routes
 from .passthrough import Passthrough
 from .recorder import Recorder
 from .surfaces import ADMITTED, Surface
+from .upstream import Transport
 
 log = logging.getLogger("headroom")
 
@@ -43,9 +45,15 @@ OPEN_PATHS = LOCAL_PATHS | {"/health", "/ping", "/version"}       # no API key n
 
 
 class HeadroomApp:
-    def __init__(self, config: Config, recorder: Recorder | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        recorder: Recorder | None = None,
+        *,
+        transport_for: Callable[[str], Transport] | None = None,
+    ) -> None:
         self.config = config
-        self.backends = Backends(config)
+        self.backends = Backends(config, transport_for)
         self.counter = PromptCounter(config, self.backends)
         self.backends.on_change(self._models_changed)
         self.recorder = recorder if recorder is not None else make_recorder(config)

@@ -22,7 +22,7 @@ from .config import Config
 from .errors import HeadroomError
 from .gate import UpstreamGate
 from .models import ModelInfo, ModelRegistry
-from .upstream import Upstream
+from .upstream import Transport, Upstream
 
 
 @dataclass
@@ -34,7 +34,9 @@ class Backend:
 
 
 class Backends:
-    def __init__(self, config: Config) -> None:
+    """`transport_for(url)` gives each upstream its transport (default: `proxy.http1.Pool`)."""
+
+    def __init__(self, config: Config, transport_for: Callable[[str], Transport] | None = None) -> None:
         up = config.upstream
         entries = [("default", up.url, up.api_key)] + [(u.name, u.url, u.api_key) for u in config.upstreams]
         self.items: list[Backend] = []
@@ -46,6 +48,7 @@ class Backends:
                 idle_timeout=up.idle_timeout,
                 max_connections=up.max_connections,
                 api_key=api_key,
+                transport=transport_for(url) if transport_for is not None else None,
             )
             registry = ModelRegistry(config, _fetcher(upstream))
             gate = UpstreamGate(url, up.max_concurrent_requests, up.queue_timeout)

@@ -112,7 +112,6 @@ class MetricsConfig:
 class LoggingConfig:
     level: Literal["debug", "info", "warning", "error"] = "info"
     json: bool = False
-    log_text: bool = False                 # never log prompt/completion text unless set
 
 
 @dataclass

@@ -39,8 +39,8 @@ log = logging.getLogger("headroom.counting")
 
 # Long prompts are counted on threads the OS runs only when the event loop does
 # not want the CPU: `encode_batch_fast` releases the GIL, but on a proxy given
-# one core the loop and a 60 ms count still share that core.  At nice +10 (the
-# first design) the kernel's EEVDF scheduler (Linux 6.6+) lets the counting
+# one core the loop and a 60 ms count still share that core.  At nice +10 the
+# kernel's EEVDF scheduler (Linux 6.6+) lets the counting
 # thread finish its slice before a woken loop runs: small requests' p99 rose
 # from ~1 to ~5.5 ms while 23k-token chats were counted.  SCHED_IDLE threads are
 # preempted as soon as the loop wakes: p99 1.6 ms in the same bench (bench/,

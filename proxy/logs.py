@@ -1,9 +1,7 @@
 """Logging set-up: plain lines or one JSON object per line (`[logging] json = true`).
 
 headroom's own log lines carry numbers, model names and request ids only;
-prompt and completion text never reach a logger unless the operator turns on
-`logging.log_text` (nothing in headroom logs text today; the switch exists so
-that a future debug aid has to ask for it).
+prompt and completion text never reach a logger.
 """
 
 from __future__ import annotations

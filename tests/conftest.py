@@ -14,6 +14,13 @@ MODELS = SHARED / "models"
 CAPTURES = SHARED / "vllm" / "captures"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that needs the real vLLM is slow, whether or not its module says so."""
+    for item in items:
+        if item.get_closest_marker("realvllm") or "real_vllm" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
     if not SHARED.is_dir():

@@ -28,6 +28,8 @@ from proxy.pages import routes
 from proxy.recorder import Recorder
 from proxy.record import LengthRecord
 
+pytestmark = pytest.mark.slow
+
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",

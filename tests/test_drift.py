@@ -10,11 +10,12 @@ import httpx
 import pytest
 
 from proxy.app import HeadroomApp
-from proxy.config import Config, ModelConfig, UpstreamConfig
+from proxy.config import Config
 from proxy.backends import Backends
 from proxy.counting import PromptCounter
 from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread
+from tests.support.stack import fake_counter, make_config
 from tokenizer_cache import load_model_tokenizer
 
 HELLO = [{"role": "user", "content": "Hello!"}]
@@ -23,20 +24,6 @@ HELLO = [{"role": "user", "content": "Hello!"}]
 @pytest.fixture(scope="module")
 def qwen3(qwen3_dir):
     return load_model_tokenizer(qwen3_dir)
-
-
-def counter_with_offset(tok, offset: int):
-    def count(endpoint: str, body: dict) -> int:
-        base = tok.count_chat(body) if endpoint == "chat" else sum(tok.count_completion(body))
-        return base + offset
-
-    return count
-
-
-def config_for(fake: FakeVLLM, qwen3_dir) -> Config:
-    config = Config(upstream=UpstreamConfig(url=fake.base_url, timeout=10.0))
-    config.models["tiny-qwen"] = ModelConfig(tokenizer=str(qwen3_dir))
-    return config
 
 
 def sse_events(text: str) -> list[str]:
@@ -51,8 +38,8 @@ def metric_value(metrics: str, name: str, model: str = "tiny-qwen") -> float | N
 
 
 def test_stream_usage_is_requested_upstream_and_hidden_from_the_client(qwen3, qwen3_dir) -> None:
-    with FakeVLLM(count_prompt=counter_with_offset(qwen3, 0)) as fake:
-        app = HeadroomApp(config_for(fake, qwen3_dir))
+    with FakeVLLM(count_prompt=fake_counter(qwen3, 0)) as fake:
+        app = HeadroomApp(make_config(fake.base_url, qwen3_dir))
         with serve_in_thread(app) as base:
             body = {"model": "tiny-qwen", "messages": HELLO, "max_tokens": 3, "stream": True}
             through = httpx.post(base + "/v1/chat/completions", json=body, timeout=10).text
@@ -69,8 +56,8 @@ def test_stream_usage_is_requested_upstream_and_hidden_from_the_client(qwen3, qw
 
 
 def test_stream_usage_kept_when_the_client_asked(qwen3, qwen3_dir) -> None:
-    with FakeVLLM(count_prompt=counter_with_offset(qwen3, 0)) as fake:
-        with serve_in_thread(HeadroomApp(config_for(fake, qwen3_dir))) as base:
+    with FakeVLLM(count_prompt=fake_counter(qwen3, 0)) as fake:
+        with serve_in_thread(HeadroomApp(make_config(fake.base_url, qwen3_dir))) as base:
             body = {"model": "tiny-qwen", "messages": HELLO, "max_tokens": 2, "stream": True,
                     "stream_options": {"include_usage": True}}
             raw = json.dumps(body).encode()
@@ -82,8 +69,8 @@ def test_stream_usage_kept_when_the_client_asked(qwen3, qwen3_dir) -> None:
 
 def test_drift_is_exported_and_logged_without_text(qwen3, qwen3_dir, caplog) -> None:
     caplog.set_level(logging.WARNING, logger="headroom")
-    with FakeVLLM(count_prompt=counter_with_offset(qwen3, 3)) as fake:
-        with serve_in_thread(HeadroomApp(config_for(fake, qwen3_dir))) as base:
+    with FakeVLLM(count_prompt=fake_counter(qwen3, 3)) as fake:
+        with serve_in_thread(HeadroomApp(make_config(fake.base_url, qwen3_dir))) as base:
             response = httpx.post(base + "/v1/chat/completions",
                                   json={"model": "tiny-qwen", "messages": [{"role": "user", "content": "SECRET-MARKER"}],
                                         "max_tokens": 2})
@@ -99,8 +86,8 @@ def test_upstream_length_rejection_after_clamp_is_retried_once(qwen3, qwen3_dir)
     # The fake counts 40 tokens more than headroom and rejects like old vLLM:
     # headroom's clamp is too generous, the upstream says so with its numbers,
     # and headroom retries once with the limit those numbers allow.
-    with FakeVLLM(mode="legacy", count_prompt=counter_with_offset(qwen3, 40)) as fake:
-        with serve_in_thread(HeadroomApp(config_for(fake, qwen3_dir))) as base:
+    with FakeVLLM(mode="legacy", count_prompt=fake_counter(qwen3, 40)) as fake:
+        with serve_in_thread(HeadroomApp(make_config(fake.base_url, qwen3_dir))) as base:
             response = httpx.post(base + "/v1/chat/completions",
                                   json={"model": "tiny-qwen", "messages": HELLO, "max_tokens": 99999})
             metrics = httpx.get(base + "/metrics").text
@@ -115,8 +102,8 @@ def test_upstream_length_rejection_after_clamp_is_retried_once(qwen3, qwen3_dir)
 @pytest.mark.parametrize("offset,expected", [(0, True), (1, False)])
 async def test_startup_parity_check(qwen3, qwen3_dir, offset: int, expected: bool, caplog) -> None:
     caplog.set_level(logging.WARNING, logger="headroom")
-    async with FakeVLLM(count_prompt=counter_with_offset(qwen3, offset)) as fake:
-        config = config_for(fake, qwen3_dir)
+    async with FakeVLLM(count_prompt=fake_counter(qwen3, offset)) as fake:
+        config = make_config(fake.base_url, qwen3_dir)
         backends = Backends(config)
         try:
             counter = PromptCounter(config, backends)
@@ -141,8 +128,8 @@ def test_parity_result_reaches_metrics(qwen3_dir) -> None:
 
 def test_resent_conversation_hits_the_piece_cache(qwen3, qwen3_dir) -> None:
     """An agent resending its conversation: the second request's pieces come from the cache."""
-    with FakeVLLM(count_prompt=counter_with_offset(qwen3, 0)) as fake:
-        with serve_in_thread(HeadroomApp(config_for(fake, qwen3_dir))) as base:
+    with FakeVLLM(count_prompt=fake_counter(qwen3, 0)) as fake:
+        with serve_in_thread(HeadroomApp(make_config(fake.base_url, qwen3_dir))) as base:
             turn = [{"role": "user", "content": "Explain KV caches. " * 50},
                     {"role": "assistant", "content": "They store keys and values. " * 50}]
             counts = []

@@ -13,15 +13,14 @@ import json
 from pathlib import Path
 from typing import Iterator
 
-import httpx
 import openai
 import pytest
 
 from proxy import jsonbody
 from proxy.app import HeadroomApp
-from proxy.config import Config, ModelConfig, UpstreamConfig
 from tests.support.fakevllm import FakeVLLM, FaultSpec
 from tests.support.servers import serve_in_thread
+from tests.support.stack import Stack, fake_counter, make_config, running_stack
 from tokenizer_cache import load_model_tokenizer
 
 MML = 2048
@@ -32,47 +31,15 @@ def qwen3(qwen3_dir: Path):
     return load_model_tokenizer(qwen3_dir)
 
 
-def fake_counter(tok):
-    def count(endpoint: str, body: dict) -> int:
-        return tok.count_chat(body) if endpoint == "chat" else sum(tok.count_completion(body))
-
-    return count
-
-
-def make_config(upstream: str, tokenizer_dir: Path | None, **policy) -> Config:
-    config = Config(upstream=UpstreamConfig(url=upstream, connect_timeout=2.0, timeout=10.0))
-    if tokenizer_dir is not None:
-        config.models["tiny-qwen"] = ModelConfig(tokenizer=str(tokenizer_dir))
-    for key, value in policy.items():
-        setattr(config.policy, key, value)
-    return config
-
-
-class Stack:
-    def __init__(self, fake: FakeVLLM, base_url: str, app: HeadroomApp) -> None:
-        self.fake = fake
-        self.base_url = base_url
-        self.app = app
-        self.client = openai.OpenAI(base_url=base_url + "/v1", api_key="sk-test", max_retries=0)
-        self.http = httpx.Client(base_url=base_url, timeout=10)
-
-    def chat_requests(self):
-        return [r for r in self.fake.requests if r.path == "/v1/chat/completions"]
-
-
 @pytest.fixture
 def stack_factory(qwen3, qwen3_dir) -> Iterator:
     opened = []
 
     def build(mode: str = "v0.32", tokenizer: bool = True, fake_kwargs: dict | None = None, **policy) -> Stack:
-        fake = FakeVLLM(max_model_len=MML, count_prompt=fake_counter(qwen3), mode=mode, **(fake_kwargs or {}))
-        fake.__enter__()
-        opened.append(fake)
-        app = HeadroomApp(make_config(fake.base_url, qwen3_dir if tokenizer else None, **policy))
-        ctx = serve_in_thread(app)
-        base_url = ctx.__enter__()
+        ctx = running_stack(qwen3_dir if tokenizer else None, recorder=None, policy=policy, fake_kwargs={
+            "max_model_len": MML, "count_prompt": fake_counter(qwen3), "mode": mode, **(fake_kwargs or {})})
         opened.append(ctx)
-        return Stack(fake, base_url, app)
+        return ctx.__enter__()
 
     yield build
     for item in reversed(opened):

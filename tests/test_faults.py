@@ -14,20 +14,21 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
-import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import httpx
 import openai
 import pytest
 
 from proxy.app import HeadroomApp
-from proxy.config import Config, ModelConfig, ServerConfig, UpstreamConfig
-from proxy.record import LengthRecord
+from proxy.config import Config
 from tests.support.fakevllm import FakeVLLM, FaultSpec
-from tests.support.servers import serve_in_thread
+from tests.support.servers import free_port, serve_in_thread
+from tests.support.stack import ListRecorder, Stack
+from tests.support.stack import make_config as shared_make_config
+from tests.support.stack import running_stack as shared_running_stack
 from tokenizer_cache import load_model_tokenizer
 
 CHAT = "/v1/chat/completions"
@@ -40,104 +41,15 @@ MAX_BODY = 256 * 1024        # server.max_body_bytes of the shared stack
 # Plumbing
 # ---------------------------------------------------------------------------
 
-class _NoMetrics:
-    """Stands in for proxy.metrics.Metrics where a test only wants the records."""
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        return lambda *args, **kwargs: None
-
-
-class ListRecorder:
-    """A recorder (the interface HeadroomApp feeds) that keeps records for assertions.
-
-    Records are written after the last response byte is sent, so a test that
-    has just read a response waits for the record instead of sleeping.
-    """
-
-    lengthlog = None
-
-    def __init__(self) -> None:
-        self.metrics = _NoMetrics()
-        self.records: list[LengthRecord] = []
-        self.length_retries: list[str | None] = []
-        self._cond = threading.Condition()
-
-    def record(self, rec: LengthRecord) -> None:
-        with self._cond:
-            self.records.append(rec)
-            self._cond.notify_all()
-
-    def count_length_retry(self, model: str | None) -> None:
-        self.length_retries.append(model)
-
-    def routes(self) -> list[Any]:
-        return []
-
-    def close(self) -> None:
-        pass
-
-    def attach_lengthlog(self, lengthlog: Any) -> None:
-        self.lengthlog = lengthlog
-
-    def wait_for(self, count: int, timeout: float = 10.0) -> list[LengthRecord]:
-        with self._cond:
-            assert self._cond.wait_for(lambda: len(self.records) >= count, timeout), (
-                f"expected {count} length records, got {len(self.records)}"
-            )
-            return list(self.records)
-
-    def last(self) -> LengthRecord:
-        return self.wait_for(len(self.records) or 1)[-1]
-
-
-class Stack:
-    def __init__(self, fake: FakeVLLM, base_url: str, app: HeadroomApp, recorder: ListRecorder | None) -> None:
-        self.fake = fake
-        self.base_url = base_url
-        self.app = app
-        self.recorder = recorder
-        self.port = int(base_url.rsplit(":", 1)[1])
-        self.client = openai.OpenAI(base_url=base_url + "/v1", api_key="sk-test", max_retries=0, timeout=10)
-        self.http = httpx.Client(base_url=base_url, timeout=10)
-
-    def chat_requests(self) -> list[Any]:
-        return [r for r in self.fake.requests if r.path == CHAT]
-
-    def next_record(self, before: int) -> LengthRecord:
-        assert self.recorder is not None
-        return self.recorder.wait_for(before + 1)[before]
-
-
 def make_config(upstream: str, tokenizer_dir: Path | None, *, timeout: float = STALL_TIMEOUT,
                 max_body_bytes: int = MAX_BODY, **upstream_kw: Any) -> Config:
-    config = Config(
-        server=ServerConfig(max_body_bytes=max_body_bytes),
-        upstream=UpstreamConfig(url=upstream, connect_timeout=2.0, timeout=timeout, **upstream_kw),
-    )
-    if tokenizer_dir is not None:
-        config.models["tiny-qwen"] = ModelConfig(tokenizer=str(tokenizer_dir))
-    return config
+    """This module's stack: short stall timeout, small body limit."""
+    return shared_make_config(upstream, tokenizer_dir, timeout=timeout, max_body_bytes=max_body_bytes, **upstream_kw)
 
 
-
-@contextlib.contextmanager
-def running_stack(
-    tokenizer_dir: Path | None,
-    *,
-    fake_kwargs: dict[str, Any] | None = None,
-    recorder: Any = "list",
-    configure: Callable[[Config], None] | None = None,
-    **config_kw: Any,
-) -> Iterator[Stack]:
-    """FakeVLLM + HeadroomApp under uvicorn; headroom stops before the fake."""
-    with FakeVLLM(**(fake_kwargs or {})) as fake:
-        rec = ListRecorder() if recorder == "list" else recorder
-        config = make_config(fake.base_url, tokenizer_dir, **config_kw)
-        if configure is not None:
-            configure(config)
-        app = HeadroomApp(config, recorder=rec)
-        with serve_in_thread(app) as base:
-            yield Stack(fake, base, app, rec if isinstance(rec, ListRecorder) else None)
+def running_stack(tokenizer_dir: Path | None, *, timeout: float = STALL_TIMEOUT, max_body_bytes: int = MAX_BODY,
+                  **kw: Any) -> contextlib.AbstractContextManager[Stack]:
+    return shared_running_stack(tokenizer_dir, timeout=timeout, max_body_bytes=max_body_bytes, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -163,11 +75,6 @@ def stack(_shared_stack: Stack) -> Iterator[Stack]:
     fake.engine_dead = False
     fake.tokens_per_second = None
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def assert_openai_error(response: httpx.Response, *statuses: int) -> dict[str, Any]:

@@ -33,6 +33,8 @@ from proxy.config import Config, ModelConfig, ServerConfig, UpstreamConfig
 from tests.support.fakevllm import FakeVLLM
 from tokenizer_cache import load_model_tokenizer
 
+pytestmark = pytest.mark.slow
+
 FUZZ_EXAMPLES = int(os.environ.get("HEADROOM_FUZZ_EXAMPLES", "10000"))
 BATCH = 10                # bodies per hypothesis example: amortizes hypothesis' per-example cost
 MML = 256                 # small: the fake's generations stay short whatever limit gets through

@@ -20,7 +20,10 @@ import openai
 import pytest
 
 from tests.support.fakevllm import FakeVLLM
-from tests.test_load import HeadroomProcess, free_port, wait_until
+from tests.support.process import HeadroomProcess, wait_until
+from tests.support.servers import free_port
+
+pytestmark = pytest.mark.slow
 
 CHAT = "/v1/chat/completions"
 

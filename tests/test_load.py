@@ -19,102 +19,21 @@ import asyncio
 import hashlib
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import httpx
 import pytest
 
 from tests.support.fakevllm import FakeVLLM, stream_events
+from tests.support.process import HeadroomProcess, wait_until
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
 STREAMS = int(os.environ.get("HEADROOM_LOAD_STREAMS", "1000"))
 CHAT = "/v1/chat/completions"
-
-
-# ---------------------------------------------------------------------------
-# A headroom subprocess
-# ---------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class HeadroomProcess:
-    """`python -m proxy.cli serve` with its stderr drained (start-up is awaited on uvicorn's line)."""
-
-    def __init__(self, upstream: str, tmp: Path, tokenizer_dir: Path, extra_toml: str = "",
-                 extra_args: list[str] | None = None) -> None:
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        config = tmp / "headroom.toml"
-        config.write_text(
-            f'[upstream]\nurl = "{upstream}"\ntimeout = 30.0\n{extra_toml}\n'
-            f'[models."tiny-qwen"]\ntokenizer = "{tokenizer_dir}"\n'
-        )
-        self.lines: list[str] = []
-        self._started = threading.Event()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy.cli", "serve", "--config", str(config), "--port", str(self.port),
-             "--log-level", "info", *(extra_args or [])],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )
-        self._drain = threading.Thread(target=self._read, daemon=True)
-        self._drain.start()
-        if not self._started.wait(60) or self.proc.poll() is not None:
-            self.proc.kill()
-            raise RuntimeError("headroom did not start:\n" + "\n".join(self.lines[-30:]))
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line.rstrip())
-            if "Application startup complete" in line:
-                self._started.set()
-        self._started.set()
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def fds(self) -> int:
-        return len(os.listdir(f"/proc/{self.pid}/fd"))
-
-    def status(self, field: str) -> int:
-        """A /proc/<pid>/status figure in KiB (VmRSS, VmHWM)."""
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-        raise KeyError(field)
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait()
-        self._drain.join(5)
-        return code
-
-
-def wait_until(predicate: Any, timeout: float) -> bool:
-    """For state in another process, which cannot notify us: re-check until true or timeout."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def peak_overlap(intervals: list[tuple[float, float]]) -> int:

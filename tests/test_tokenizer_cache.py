@@ -199,3 +199,30 @@ def test_nothing_found_is_none(tmp_path):
     make_snapshot(hub, "models--org--name", "r1", 1_000, with_tokenizer=False)
     assert find_tokenizer_dir("org/name", None, hf_home=str(tmp_path / "hf")) is None
     assert find_tokenizer_dir("org/other", str(tmp_path / "missing"), hf_home=str(tmp_path / "hf")) is None
+
+
+def test_the_public_surface_is_what_the_package_exports() -> None:
+    """The proxy imports tokenizer_cache's names from the package, never from its private
+    modules, so the inside can move; this pins what the package offers (STYLE.md, HTTPX)."""
+    import tokenizer_cache
+
+    exported = {name for name in dir(tokenizer_cache) if not name.startswith("_")}
+    modules = {name for name in exported if type(getattr(tokenizer_cache, name)).__name__ == "module"}
+    assert exported - modules == set(tokenizer_cache.__all__) == {
+        "CountError", "DEFAULT_PIECE_CACHE_ENTRIES", "ModelTokenizer", "PieceCacheStats", "PieceCountCache",
+        "PieceCounter", "PieceTally", "TokenizerCache", "UnsupportedContent", "find_tokenizer_dir",
+        "load_model_tokenizer",
+    }
+
+
+def test_the_proxy_uses_only_the_public_surface() -> None:
+    import ast
+    from pathlib import Path
+
+    proxy = Path(__file__).resolve().parents[1] / "proxy"
+    private = []
+    for path in proxy.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tokenizer_cache."):
+                private.append(f"{path.name}: from {node.module}")
+    assert private == []

@@ -215,10 +215,6 @@ class ModelTokenizer:
     def tokenizer(self) -> Tokenizer:
         return self._tokenizer
 
-    @property
-    def has_chat_template(self) -> bool:
-        return bool(self._templates)
-
     def __repr__(self) -> str:
         return f"ModelTokenizer({str(self.source_dir)!r})"
 

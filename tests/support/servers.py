@@ -65,3 +65,10 @@ def serve_in_thread(app: Any, *, lifespan: str = "on", **uvicorn_kwargs: Any) ->
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the kernel picks it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,179 @@
+"""headroom in front of an upstream, the way the end-to-end tests build it.
+
+`make_config` is the one test configuration (a model named `tiny-qwen`
+counted with a local tokenizer); `running_stack` serves FakeVLLM + headroom
+under uvicorn on loopback; `ListRecorder` keeps the length records for
+assertions; `call_app` drives headroom in-process, without sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+from proxy.app import HeadroomApp
+from proxy.config import Config, ModelConfig, ServerConfig, UpstreamConfig
+from proxy.metrics import Metrics
+from proxy.record import LengthRecord
+from proxy.recorder import Recorder
+from tests.support.fakevllm import FakeVLLM
+from tests.support.servers import serve_in_thread
+
+CHAT = "/v1/chat/completions"
+MODEL = "tiny-qwen"
+
+
+def make_config(upstream: str, tokenizer_dir: Path | None, *, timeout: float = 10.0,
+                max_body_bytes: int | None = None, policy: dict[str, Any] | None = None,
+                **upstream_kw: Any) -> Config:
+    """One upstream at `upstream`; `tiny-qwen` counted with `tokenizer_dir` (None: by the upstream)."""
+    server = ServerConfig() if max_body_bytes is None else ServerConfig(max_body_bytes=max_body_bytes)
+    config = Config(server=server,
+                    upstream=UpstreamConfig(url=upstream, connect_timeout=2.0, timeout=timeout, **upstream_kw))
+    if tokenizer_dir is not None:
+        config.models[MODEL] = ModelConfig(tokenizer=str(tokenizer_dir))
+    for key, value in (policy or {}).items():
+        setattr(config.policy, key, value)
+    return config
+
+
+def fake_counter(tok: Any, offset: int = 0) -> Callable[[str, dict], int]:
+    """A FakeVLLM prompt counter from a headroom tokenizer (`offset` tokens off, to simulate drift)."""
+    def count(endpoint: str, body: dict) -> int:
+        base = tok.count_chat(body) if endpoint == "chat" else sum(tok.count_completion(body))
+        return base + offset
+
+    return count
+
+
+class ListRecorder(Recorder):
+    """A Recorder that keeps every record for assertions, and no metrics.
+
+    Records are written after the last response byte is sent, so a test that
+    has just read a response waits for the record instead of sleeping.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(Metrics())
+        self.records: list[LengthRecord] = []
+        self.length_retries: list[str | None] = []
+        self._cond = threading.Condition()
+
+    def record(self, rec: LengthRecord) -> None:
+        with self._cond:
+            self.records.append(rec)
+            self._cond.notify_all()
+
+    def count_length_retry(self, model: str | None) -> None:
+        self.length_retries.append(model)
+
+    def wait_for(self, count: int, timeout: float = 10.0) -> list[LengthRecord]:
+        with self._cond:
+            assert self._cond.wait_for(lambda: len(self.records) >= count, timeout), (
+                f"expected {count} length records, got {len(self.records)}"
+            )
+            return list(self.records)
+
+    def last(self) -> LengthRecord:
+        return self.wait_for(len(self.records) or 1)[-1]
+
+
+class Stack:
+    """A running FakeVLLM + headroom, with an openai client and an httpx client on headroom."""
+
+    def __init__(self, fake: FakeVLLM, base_url: str, app: HeadroomApp, recorder: ListRecorder | None) -> None:
+        self.fake = fake
+        self.base_url = base_url
+        self.app = app
+        self.recorder = recorder
+        self.port = int(base_url.rsplit(":", 1)[1])
+        self.client = openai.OpenAI(base_url=base_url + "/v1", api_key="sk-test", max_retries=0, timeout=10)
+        self.http = httpx.Client(base_url=base_url, timeout=10)
+
+    def chat_requests(self) -> list[Any]:
+        return [r for r in self.fake.requests if r.path == CHAT]
+
+    def next_record(self, before: int) -> LengthRecord:
+        assert self.recorder is not None
+        return self.recorder.wait_for(before + 1)[before]
+
+
+@contextlib.contextmanager
+def running_stack(
+    tokenizer_dir: Path | None,
+    *,
+    fake_kwargs: dict[str, Any] | None = None,
+    recorder: Recorder | None | str = "list",
+    configure: Callable[[Config], None] | None = None,
+    **config_kw: Any,
+) -> Iterator[Stack]:
+    """FakeVLLM + HeadroomApp under uvicorn; headroom stops before the fake."""
+    with FakeVLLM(**(fake_kwargs or {})) as fake:
+        rec = ListRecorder() if recorder == "list" else recorder
+        assert rec is None or isinstance(rec, Recorder)
+        config = make_config(fake.base_url, tokenizer_dir, **config_kw)
+        if configure is not None:
+            configure(config)
+        app = HeadroomApp(config, recorder=rec)
+        with serve_in_thread(app) as base:
+            yield Stack(fake, base, app, rec if isinstance(rec, ListRecorder) else None)
+
+
+# ---------------------------------------------------------------------------
+# In-process: an ASGI call without a server
+# ---------------------------------------------------------------------------
+
+@dataclass
+class Answer:
+    """What the client received from one in-process call."""
+
+    status: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+    chunks: list[bytes] = field(default_factory=list)
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+async def call_app(app: Any, method: str, path: str, body: bytes = b"",
+                   headers: list[tuple[bytes, bytes]] | None = None) -> Answer:
+    """One request to an ASGI app, the way uvicorn delivers it: the body, then a
+    disconnect only once the response is complete."""
+    answer = Answer()
+    done = asyncio.Event()
+    delivered = False
+    all_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   *(headers or [])]
+    scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(), "query_string": b"",
+             "headers": all_headers, "http_version": "1.1", "scheme": "http",
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            answer.status = message["status"]
+            answer.headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in message["headers"]}
+        elif message["type"] == "http.response.body":
+            answer.chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                done.set()
+
+    await app(scope, receive, send)
+    done.set()
+    return answer

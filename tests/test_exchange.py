@@ -1,0 +1,250 @@
+"""proxy.exchange in-process: one admitted request through an in-memory upstream, no sockets.
+
+The upstream is `tests.support.transport.MockTransport`, injected through the
+`Upstream` transport seam; the client side is a plain ASGI call.  Each test
+names one step of the flow (prepare, forward and its one retry, relay whole or
+streamed, finish) and checks what the upstream received, what the client got
+and the one length record.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.app import HeadroomApp
+from proxy.record import LengthRecord
+from tests.support.stack import CHAT, MODEL, ListRecorder, call_app, make_config
+from tests.support.transport import MockResponse, MockTransport, SentRequest
+from tokenizer_cache import load_model_tokenizer
+
+MML = 2048
+PROXY = Path(__file__).resolve().parents[1] / "proxy"
+
+
+def models_card() -> MockResponse:
+    return MockResponse.json({"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": MML}]})
+
+
+def completion(prompt_tokens: int, completion_tokens: int = 3) -> MockResponse:
+    return MockResponse.json({
+        "id": "chatcmpl-1", "object": "chat.completion", "model": MODEL,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    })
+
+
+class Upstream:
+    """Answers /v1/models with the card and chat requests with `chat_answers`, in order."""
+
+    def __init__(self, *chat_answers: Any) -> None:
+        self.answers = list(chat_answers)
+        self.transport = MockTransport(self.handle)
+
+    def handle(self, sent: SentRequest) -> MockResponse:
+        if sent.path == "/v1/models":
+            return models_card()
+        if sent.path != CHAT:     # the start-up parity probes' /tokenize: not an OpenAI route here
+            return MockResponse.json({"detail": "Not Found"}, status=404)
+        answer = self.answers.pop(0)
+        return answer(sent) if callable(answer) else answer
+
+    def chats(self) -> list[SentRequest]:
+        return [s for s in self.transport.sent if s.path == CHAT]
+
+
+@pytest.fixture(scope="module")
+def qwen3(qwen3_dir: Path) -> Any:
+    return load_model_tokenizer(qwen3_dir)
+
+
+def app_for(upstream: Upstream, qwen3_dir: Path, **policy: Any) -> tuple[HeadroomApp, ListRecorder]:
+    recorder = ListRecorder()
+    config = make_config("http://upstream.test", qwen3_dir, policy=policy)
+    return HeadroomApp(config, recorder, transport_for=lambda url: upstream.transport), recorder
+
+
+def chat_body(**fields: Any) -> bytes:
+    return json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Hello!"}], **fields}).encode()
+
+
+async def test_a_limit_that_does_not_fit_is_clamped_and_recorded_once(qwen3_dir: Path, qwen3: Any) -> None:
+    prompt = qwen3.count_chat({"messages": [{"role": "user", "content": "Hello!"}]})
+    upstream = Upstream(lambda sent: completion(prompt))
+    app, recorder = app_for(upstream, qwen3_dir, margin_tokens=16)
+
+    answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=65535))
+
+    assert answer.status == 200
+    granted = MML - prompt - 16
+    assert upstream.chats()[0].json()["max_tokens"] == granted
+    assert answer.headers["x-headroom-action"] == "clamped"
+    assert answer.headers["x-headroom-granted-max-tokens"] == str(granted)
+    [rec] = recorder.records
+    assert (rec.action, rec.status, rec.prompt_tokens, rec.upstream_prompt_tokens) == ("clamped", 200, prompt, prompt)
+    assert (rec.requested_max_tokens, rec.granted_max_tokens, rec.completion_tokens) == (65535, granted, 3)
+    assert rec.finish_reasons == ["length"] and rec.endpoint == "chat" and rec.model == MODEL
+
+
+async def test_a_fitting_request_reaches_the_upstream_byte_for_byte(qwen3_dir: Path, qwen3: Any) -> None:
+    upstream = Upstream(completion(10))
+    app, _ = app_for(upstream, qwen3_dir)
+    body = b'{"model": "tiny-qwen",  "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 7}'
+
+    answer = await call_app(app, "POST", CHAT, body)
+
+    assert answer.status == 200 and answer.headers["x-headroom-action"] == "pass"
+    assert upstream.chats()[0].body == body
+
+
+async def test_a_length_refusal_is_retried_once_with_the_upstreams_own_numbers(qwen3_dir: Path, qwen3: Any) -> None:
+    prompt = qwen3.count_chat({"messages": [{"role": "user", "content": "Hello!"}]})
+    theirs = prompt + 40           # the upstream counts 40 more than headroom: a drift
+    refusal = MockResponse.json({"error": {
+        "message": f"'max_tokens' or 'max_completion_tokens' is too large: {MML - prompt - 16}. This model's "
+                   f"maximum context length is {MML} tokens and your request has {theirs} input tokens "
+                   f"({MML - prompt - 16} > {MML} - {theirs}).",
+        "type": "BadRequestError", "param": "max_tokens", "code": 400}}, status=400)
+    upstream = Upstream(refusal, lambda sent: completion(theirs))
+    app, recorder = app_for(upstream, qwen3_dir, margin_tokens=16)
+
+    answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=65535))
+
+    assert answer.status == 200
+    first, second = upstream.chats()
+    assert first.json()["max_tokens"] == MML - prompt - 16
+    assert second.json()["max_tokens"] == MML - theirs
+    assert answer.headers["x-headroom-granted-max-tokens"] == str(MML - theirs)
+    [rec] = recorder.records
+    assert (rec.length_retries, rec.granted_max_tokens, rec.action) == (1, MML - theirs, "clamped")
+    assert recorder.length_retries == [MODEL]
+
+
+async def test_a_second_length_refusal_is_explained_not_retried(qwen3_dir: Path, qwen3: Any) -> None:
+    prompt = qwen3.count_chat({"messages": [{"role": "user", "content": "Hello!"}]})
+
+    def refusal(sent: SentRequest) -> MockResponse:
+        asked = sent.json()["max_tokens"]
+        theirs = MML - asked + 5
+        return MockResponse.json({"error": {
+            "message": f"'max_tokens' or 'max_completion_tokens' is too large: {asked}. This model's maximum "
+                       f"context length is {MML} tokens and your request has {theirs} input tokens "
+                       f"({asked} > {MML} - {theirs}).",
+            "type": "BadRequestError", "param": "max_tokens", "code": 400}}, status=400)
+
+    upstream = Upstream(refusal, refusal)
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=65535))
+
+    assert answer.status == 400 and len(upstream.chats()) == 2
+    error = json.loads(answer.body)["error"]
+    assert error["code"] == "context_length_exceeded" and str(prompt) in error["message"]
+    [rec] = recorder.records
+    assert (rec.action, rec.status, rec.error_code, rec.length_retries) == (
+        "upstream_error", 400, "context_length_exceeded", 1)
+
+
+async def test_a_stream_without_usage_gets_it_upstream_and_not_the_client(qwen3_dir: Path, qwen3: Any) -> None:
+    prompt = qwen3.count_chat({"messages": [{"role": "user", "content": "Hello!"}]})
+    chunk = {"id": "c", "object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": {"content": "hi"}, "finish_reason": None}], "usage": None}
+    last = {"id": "c", "object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": {}, "finish_reason": "length"}], "usage": None}
+    usage = {"id": "c", "object": "chat.completion.chunk", "choices": [],
+             "usage": {"prompt_tokens": prompt, "completion_tokens": 2, "total_tokens": prompt + 2}}
+    upstream = Upstream(MockResponse.events([chunk, last, usage]))
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=5, stream=True))
+
+    assert upstream.chats()[0].json()["stream_options"] == {"include_usage": True}
+    events = [line for line in answer.body.split(b"\n") if line.startswith(b"data: ")]
+    assert len(events) == 3 and events[-1] == b"data: [DONE]"
+    assert not any(b'"choices":[]' in e for e in events)
+    [rec] = recorder.records
+    assert (rec.upstream_prompt_tokens, rec.completion_tokens, rec.finish_reasons) == (prompt, 2, ["length"])
+
+
+async def test_a_stream_that_breaks_off_ends_with_an_error_event(qwen3_dir: Path) -> None:
+    chunk = {"id": "c", "object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}
+    upstream = Upstream(MockResponse.events([chunk], done=False))
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=5, stream=True, stream_options={
+        "include_usage": True}))
+
+    data = [line[6:] for line in answer.body.split(b"\n") if line.startswith(b"data: ")]
+    assert data[-1] == b"[DONE]"
+    error = json.loads(data[-2])["error"]
+    assert error["code"] == "upstream_connection_error" and "[DONE]" in error["message"]
+    [rec] = recorder.records
+    assert (rec.action, rec.error_code) == ("upstream_error", "upstream_connection_error")
+
+
+async def test_the_upstreams_error_event_is_relayed_and_recorded(qwen3_dir: Path) -> None:
+    error = {"error": {"message": "engine broke", "type": "InternalServerError", "code": 500}}
+    upstream = Upstream(MockResponse.events([error]))
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=5, stream=True, stream_options={
+        "include_usage": True}))
+
+    assert b"engine broke" in answer.body
+    [rec] = recorder.records
+    assert (rec.action, rec.error_code) == ("upstream_error", "upstream_stream_error")
+
+
+async def test_headroom_refuses_an_unsaveable_prompt_without_the_upstream(qwen3_dir: Path) -> None:
+    upstream = Upstream()
+    app, recorder = app_for(upstream, qwen3_dir)
+    body = chat_body(messages=[{"role": "user", "content": "hello " * 3000}])
+
+    answer = await call_app(app, "POST", CHAT, body)
+
+    assert answer.status == 400 and upstream.chats() == []
+    assert json.loads(answer.body)["error"]["code"] == "context_length_exceeded"
+    [rec] = recorder.records
+    assert (rec.action, rec.status, rec.error_code) == ("rejected", 400, "context_length_exceeded")
+
+
+def _names_a_record(node: ast.expr) -> bool:
+    """`rec`, `record`, `x.record`: how the code names a LengthRecord."""
+    if isinstance(node, ast.Name):
+        return node.id in ("rec", "record")
+    return isinstance(node, ast.Attribute) and node.attr == "record"
+
+
+def test_the_exchange_is_the_only_writer_of_the_length_record() -> None:
+    """No module but proxy/exchange.py sets a field of a length record (or adds a finish reason)."""
+    names = {f.name for f in fields(LengthRecord)}
+    writers: list[str] = []
+    for path in sorted(PROXY.glob("*.py")):
+        if path.name == "exchange.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = list(node.targets)
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            for target in targets:
+                if isinstance(target, ast.Attribute) and target.attr in names and _names_a_record(target.value):
+                    writers.append(f"{path.name}:{node.lineno} .{target.attr}")
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("append", "extend") and isinstance(node.func.value, ast.Attribute)
+                    and node.func.value.attr == "finish_reasons" and _names_a_record(node.func.value.value)):
+                writers.append(f"{path.name}:{node.lineno} .finish_reasons")
+    assert writers == []
+    # The check sees the exchange's own writes, so it would see anyone else's.
+    exchange = ast.parse((PROXY / "exchange.py").read_text(encoding="utf-8"))
+    assert any(isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Attribute) and t.attr in names and _names_a_record(t.value) for t in n.targets)
+        for n in ast.walk(exchange))
