@@ -6,16 +6,24 @@ Output: a `Decision` saying what to forward (which completion-limit fields to
 rewrite, and to what) or which error to answer with.  No I/O and no globals,
 so every branch is a cheap unit test (tests/test_admission.py).
 
-Rules (README "How clamping works"):
+The rule that shapes every branch (README "Never worse than vLLM alone"): a
+request vLLM would serve is served, with at least as many completion tokens as
+vLLM would allow (vLLM 0.32 clamps prompt + limit > max_model_len to the
+room itself; older versions refuse it); a request vLLM would refuse for length
+is served whenever any completion fits, and refused otherwise with exact
+numbers and advice that makes it pass.
+
 - a prompt of `max_model_len` tokens or more cannot be saved → reject with the
   exact count (vLLM would say "at least N" or "max_tokens must be at least 1");
+  only when the count is exact: an unverified count lets the upstream judge;
 - room = max_model_len − prompt; a request whose completion limit fits in the
-  room is forwarded untouched: the margin never turns a fitting request into a
-  rejection;
+  room is forwarded untouched;
 - a limit larger than the room (this includes a limit above `max_model_len`,
-  which even vLLM 0.32 rejects) is rewritten to room − margin, or rejected
-  under policy `reject`, or rejected when room − margin is below the minimum
-  completion the operator allows;
+  which even vLLM 0.32 rejects) is rewritten to the room less the margin (but
+  at least `min_completion_tokens`), or rejected under policy `reject`, or
+  rejected when the room itself is below `min_completion_tokens`;
+- the margin is 0 by default: the count is exact, and a count known to drift
+  adds the drift seen (`drift_margin`); an operator may ask for more;
 - an operator ceiling lowers any larger limit; an operator default fills an
   absent limit; a surface whose engine applies an implicit limit
   (`/v1/completions`: 16) has it checked like an explicit one (older vLLM
@@ -39,7 +47,7 @@ class Policy:
     """What the operator allows: the `[policy]` configuration table, and per model after
     `[models."name"]` overrides are applied (`Config.policy_for`)."""
 
-    margin_tokens: int = 16
+    margin_tokens: int = 0
     margin_fraction: float = 0.0
     min_completion_tokens: int = 1
     on_overflow: Literal["clamp", "reject"] = "clamp"
@@ -139,24 +147,21 @@ def decide(
     model: str,
     prompt_param: str,
     implicit_max_tokens: int | None = None,
+    count_exact: bool = True,
+    drift_margin: int = 0,
 ) -> Decision:
     """Admit, clamp or reject one request.  `prompt_tokens` has one count per prompt.
 
     `prompt_param` names the field holding the prompt (for the error);
     `implicit_max_tokens` is the limit the engine applies when the client sends
     none (vLLM's 16 on /v1/completions), checked like an explicit one.
+    `count_exact` says the count is known to be the upstream's (verified, or
+    never contradicted); when it is not, headroom refuses nothing on its own
+    count and holds back `drift_margin` tokens, the drift it has seen.
     """
     longest = max(prompt_tokens)
     asked = requested.value
-
-    if longest >= max_model_len:
-        return Decision(
-            Action.REJECTED, asked, error=errors.prompt_too_long(longest, max_model_len, model, prompt_param)
-        )
-
-    room = max_model_len - longest
-    margin = policy.margin(longest)
-    safe_room = room - margin
+    margin = policy.margin(longest) + (0 if count_exact else drift_margin)
 
     # What the upstream will use as the limit, and where it came from.
     effective = asked
@@ -165,30 +170,37 @@ def decide(
         effective, source = policy.default_max_tokens, "operator"
     elif effective is None and implicit_max_tokens is not None:
         effective, source = implicit_max_tokens, "engine"
-
-    if effective is None:
-        # Chat without a limit: vLLM grants max_model_len − prompt itself, which always fits.
-        if policy.max_tokens_ceiling is not None and policy.max_tokens_ceiling < room:
-            granted = min(policy.max_tokens_ceiling, room)
-            return Decision(Action.PASS, None, granted, {requested.default_field: granted}, margin=margin)
-        return Decision(Action.PASS, None, margin=margin)
-
     target = effective
-    if policy.max_tokens_ceiling is not None:
+    if target is not None and policy.max_tokens_ceiling is not None:
         target = min(target, policy.max_tokens_ceiling)
 
+    if longest >= max_model_len:
+        if count_exact:
+            return Decision(Action.REJECTED, asked, error=errors.prompt_too_long(
+                longest, max_model_len, model, prompt_param, policy.min_completion_tokens))
+        # The count may be off, so the upstream judges; a limit above max_model_len,
+        # which vLLM refuses whatever the prompt, is lowered to it first.
+        if target is not None and target > max_model_len:
+            return Decision(Action.CLAMPED, asked, max_model_len,
+                            {f: max_model_len for f in requested.fields_to_set()}, margin=margin)
+        return Decision(Action.PASS, asked, asked, margin=margin)
+
+    room = max_model_len - longest
+    if target is None or effective is None:
+        # Chat without a limit: vLLM grants max_model_len − prompt itself, which always fits.
+        if policy.max_tokens_ceiling is not None and policy.max_tokens_ceiling < room:
+            granted = policy.max_tokens_ceiling
+            return Decision(Action.PASS, None, granted, {requested.default_field: granted}, margin=margin)
+        return Decision(Action.PASS, None, margin=margin)
     if target > room:
+        if room < policy.min_completion_tokens:
+            return Decision(Action.REJECTED, asked, margin=margin, error=errors.not_enough_room(
+                longest, max_model_len, policy.min_completion_tokens, model, prompt_param))
         if policy.on_overflow == "reject" and source == "client":
-            error = errors.completion_too_long(
-                target, requested.field, longest, max_model_len, margin, max(safe_room, 0)
-            )
+            error = errors.completion_too_long(target, requested.field, longest, max_model_len)
             return Decision(Action.REJECTED, asked, error=error, margin=margin)
-        if safe_room < policy.min_completion_tokens:
-            error = errors.not_enough_room(
-                longest, max_model_len, margin, max(safe_room, 0), policy.min_completion_tokens, model, prompt_param
-            )
-            return Decision(Action.REJECTED, asked, error=error, margin=margin)
-        target = safe_room
+        # The whole room, less the margin; a margin shortens a completion, it never refuses one.
+        target = max(room - margin, policy.min_completion_tokens)
 
     if target == effective and source == "client":
         return Decision(Action.PASS, asked, asked, None, margin=margin)

@@ -59,6 +59,8 @@ class HeadroomApp:
         self.recorder = recorder if recorder is not None else make_recorder(config)
         metrics = self.recorder.metrics
         self.counter.on_parity.append(metrics.set_tokenizer_parity)
+        self.counter.on_trust.append(lambda trust: metrics.set_count_mode(trust.model, trust.mode))
+        self.recorder.counting = lambda: {m: t.describe() for m, t in self.counter.trust_states().items()}
         if self.counter.piece_cache is not None:
             metrics.attach_piece_cache(self.counter.piece_cache.stats)
         self._policies: dict[str | None, Policy] = {}

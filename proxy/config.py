@@ -93,6 +93,9 @@ class TokenizersConfig:
     # Bodies larger than this are counted in a worker thread so one long
     # prompt cannot stall the event loop for everyone else.
     offload_above_bytes: int = 16 * 1024
+    # Compare each model's count with the upstream's /tokenize at start-up
+    # (proxy.trust): a mismatch switches the model to the upstream's count.
+    parity_check: bool = True
 
 
 @dataclass

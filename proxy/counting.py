@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from tokenizer_cache import CountError, ModelTokenizer, PieceCountCache, TokenizerCache, find_tokenizer_dir
 
@@ -32,6 +32,7 @@ from .backends import Backends
 from .config import Config
 from .models import ModelInfo
 from .surfaces import Surface
+from .trust import CountTrust
 from .upstream import Upstream
 
 log = logging.getLogger("headroom.counting")
@@ -76,7 +77,12 @@ def _long_prompt_pool() -> concurrent.futures.ThreadPoolExecutor:
 
 @dataclass(frozen=True)
 class Count:
+    """A request's prompt tokens, one figure per prompt, and how far they can be trusted."""
+
     per_prompt: list[int]
+    exact: bool = True          # the upstream's count (see proxy.trust)
+    margin: int = 0             # tokens to hold back when not exact
+    source: Literal["local", "upstream"] = "local"
 
     @property
     def total(self) -> int:
@@ -100,6 +106,8 @@ class PromptCounter:
         self._ready_max = config.tokenizers.cache_size
         self._hf_home = config.tokenizers.hf_home or os.environ.get("HF_HOME")
         self.on_parity: list[Callable[[str, bool], None]] = []
+        self.on_trust: list[Callable[[CountTrust], None]] = []
+        self._trust: dict[str, CountTrust] = {}
 
     # -- where each model's tokenizer is -------------------------------------
 
@@ -127,9 +135,34 @@ class PromptCounter:
         return self._cache.piece_cache
 
     def forget_dirs(self) -> None:
-        """Called when the upstream's model list changes: roots may have moved."""
+        """Called when the upstream's model list changes: roots may have moved, and
+        what was learnt about each model's count starts again with its new probes."""
         self._dirs.clear()
         self._ready.clear()
+        self._trust.clear()
+
+    # -- how far each model's count is trusted (proxy.trust) -------------------
+
+    def trust(self, model: str) -> CountTrust:
+        found = self._trust.get(model)
+        if found is None:
+            found = self._trust[model] = CountTrust(model)
+        return found
+
+    def trust_states(self) -> dict[str, CountTrust]:
+        return dict(self._trust)
+
+    def answered(self, model: str, counted: int, reported: int) -> None:
+        """The upstream's usage for a request counted with `counted` tokens."""
+        trust = self.trust(model)
+        self._changed(trust, trust.answered(counted, reported))
+
+    def _changed(self, trust: CountTrust, change: str | None) -> None:
+        if change is None:
+            return
+        log.warning("model %s: %s", trust.model, change)
+        for callback in self.on_trust:
+            callback(trust)
 
     async def tokenizer(self, model: str) -> ModelTokenizer | None:
         ready = self._ready.get(model)
@@ -161,8 +194,10 @@ class PromptCounter:
             )
             if tok is not None and tok.piece_fallback:
                 log.info("model %s: counting whole prompts (no per-piece cache): %s", model, tok.piece_fallback)
-            if tok is not None:
+            if tok is not None and self._config.tokenizers.parity_check:
                 result = await self.parity_check(model, tok)
+                trust = self.trust(model)
+                self._changed(trust, trust.probes(result))
                 if result is not None:
                     for callback in self.on_parity:
                         callback(model, result)
@@ -208,8 +243,25 @@ class PromptCounter:
     async def count(self, model: str, surface: Surface, body: dict[str, Any], body_size: int) -> Count:
         """The request's prompt tokens, one figure per prompt: locally, else by the upstream."""
         tok = await self.tokenizer(model)
+        trust = self.trust(model)
         if tok is None:
-            return await self._count_upstream(model, surface, body)
+            counted = await self._count_upstream(model, surface, body)
+            return Count(counted, trust.exact, trust.margin, "upstream")
+        local = await self._count_local(tok, surface, body, body_size)
+        if trust.mode == "upstream":
+            try:
+                counted = await self._count_upstream(model, surface, body)
+            except errors.HeadroomError as exc:
+                if exc.status < 500:
+                    raise      # /tokenize refused the request: vLLM's chat would refuse it too
+                # /tokenize unavailable: the local count, held for what it is, not exact.
+                return Count(local, False, max(trust.max_under, 1), "local")
+            self._changed(trust, trust.shadow(sum(local), sum(counted)))
+            return Count(counted, True, 0, "upstream")
+        return Count(local, trust.exact, trust.margin, "local")
+
+    async def _count_local(self, tok: ModelTokenizer, surface: Surface, body: dict[str, Any],
+                           body_size: int) -> list[int]:
         try:
             if body_size > self._config.tokenizers.offload_above_bytes:
                 result = await asyncio.get_running_loop().run_in_executor(
@@ -219,14 +271,13 @@ class PromptCounter:
                 result = surface.count(tok, body)
         except CountError as exc:
             raise errors.invalid_prompt(exc.message, getattr(exc, "param", None) or surface.prompt_param) from None
-        per_prompt = [result] if isinstance(result, int) else list(result)
-        return Count(per_prompt)
+        return [result] if isinstance(result, int) else list(result)
 
     def _upstream(self, model: str) -> Upstream:
         backend = self._backends.for_model(model) or self._backends.default
         return backend.upstream
 
-    async def _count_upstream(self, model: str, surface: Surface, body: dict[str, Any]) -> Count:
+    async def _count_upstream(self, model: str, surface: Surface, body: dict[str, Any]) -> list[int]:
         """Ask vLLM's /tokenize for the count (exact; it does not enforce max_model_len)."""
         upstream = self._upstream(model)
         counts: list[int] = []
@@ -244,7 +295,7 @@ class PromptCounter:
                     f"The upstream could not tokenize this request: {message}", surface.prompt_param
                 )
             raise errors.upstream_not_ready(upstream.base_url, status, f"/tokenize failed: {message}")
-        return Count(counts)
+        return counts
 
 
 _WEATHER_TOOL = {

@@ -210,76 +210,73 @@ def unauthorized() -> HeadroomError:
 # Admission (headroom's own length decisions)
 # ---------------------------------------------------------------------------
 
-def prompt_too_long(prompt_tokens: int, max_model_len: int, model: str, param: str) -> HeadroomError:
-    over = prompt_tokens - max_model_len + 1
+def tokens_to_remove(prompt_tokens: int, max_model_len: int, min_completion: int) -> int:
+    """How much shorter a prompt must be for `min_completion` completion tokens to fit."""
+    return max(0, prompt_tokens + min_completion - max_model_len)
+
+
+def prompt_too_long(
+    prompt_tokens: int, max_model_len: int, model: str, param: str, min_completion: int = 1
+) -> HeadroomError:
+    cut = tokens_to_remove(prompt_tokens, max_model_len, min_completion)
     return HeadroomError(
         400,
         f"This model's maximum context length is {max_model_len} tokens. However, your prompt is "
         f"{prompt_tokens} tokens (counted with {model}'s own tokenizer and chat template), which "
-        f"leaves no room for any output. Remove at least {over} tokens from the prompt (or serve the "
+        f"leaves no room for any output. Remove at least {cut} tokens from the prompt (or serve the "
         f"model with a larger --max-model-len).",
         code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
         param=param,
         details={
             "prompt_tokens": prompt_tokens,
             "max_model_len": max_model_len,
-            "tokens_to_remove": over,
+            "tokens_to_remove": cut,
         },
     )
 
 
 def not_enough_room(
-    prompt_tokens: int,
-    max_model_len: int,
-    margin: int,
-    available: int,
-    min_completion: int,
-    model: str,
-    param: str,
+    prompt_tokens: int, max_model_len: int, min_completion: int, model: str, param: str
 ) -> HeadroomError:
-    need_cut = min_completion - available
+    """The room left is below the operator's `policy.min_completion_tokens`."""
+    room = max_model_len - prompt_tokens
+    cut = tokens_to_remove(prompt_tokens, max_model_len, min_completion)
     return HeadroomError(
         400,
         f"This model's maximum context length is {max_model_len} tokens. Your prompt is "
-        f"{prompt_tokens} tokens, so after headroom's safety margin of {margin} tokens only "
-        f"{available} tokens are left for the completion, fewer than the minimum of "
-        f"{min_completion} this deployment allows. Remove at least {need_cut} tokens from the prompt.",
+        f"{prompt_tokens} tokens (counted with {model}'s own tokenizer and chat template), so only "
+        f"{room} tokens are left for the completion, fewer than the minimum of {min_completion} this "
+        f"deployment allows (policy.min_completion_tokens). Remove at least {cut} tokens from the prompt.",
         code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
         param=param,
         details={
             "prompt_tokens": prompt_tokens,
             "max_model_len": max_model_len,
-            "margin_tokens": margin,
-            "available_completion_tokens": available,
+            "available_completion_tokens": room,
             "min_completion_tokens": min_completion,
-            "tokens_to_remove": need_cut,
+            "tokens_to_remove": cut,
         },
     )
 
 
 def completion_too_long(
-    requested: int,
-    field_name: str,
-    prompt_tokens: int,
-    max_model_len: int,
-    margin: int,
-    available: int,
+    requested: int, field_name: str, prompt_tokens: int, max_model_len: int
 ) -> HeadroomError:
     """Policy `reject`: the client asked for more than fits and the operator chose not to clamp."""
+    room = max_model_len - prompt_tokens
     return HeadroomError(
         400,
         f"This model's maximum context length is {max_model_len} tokens. Your prompt is "
         f"{prompt_tokens} tokens and you requested {requested} completion tokens ({field_name}), "
-        f"{prompt_tokens + requested} in total. At most {available} completion tokens fit "
-        f"(after a safety margin of {margin}): set {field_name} to {available} or less.",
+        f"{prompt_tokens + requested} in total. At most {room} completion tokens fit: set {field_name} "
+        f"to {room} or less.",
         code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
         param=field_name,
         details={
             "prompt_tokens": prompt_tokens,
             "max_model_len": max_model_len,
             "requested_max_tokens": requested,
-            "margin_tokens": margin,
-            "available_completion_tokens": available,
+            "available_completion_tokens": room,
         },
     )
 

@@ -93,6 +93,7 @@ class AdmittedExchange:
         self.limit_fields: list[str] = []  # the completion-limit fields a retry rewrites
         self.strip_usage = False           # headroom asked for the stream's usage: remove it again
         self.backend: Backend | None = None
+        self.count_source: str | None = None   # how the prompt was counted: local | upstream | margin
 
     async def run(self) -> None:
         try:
@@ -139,8 +140,12 @@ class AdmittedExchange:
                 model=model,
                 prompt_param=surface.prompt_param,
                 implicit_max_tokens=surface.implicit_max_tokens,
+                count_exact=count.exact,
+                drift_margin=count.margin,
             )
-        self.info = headroom_headers(record.prompt_tokens, max_model_len, decision, self.request_id)
+            self.count_source = count.source if count.exact else "margin"
+        self.info = headroom_headers(record.prompt_tokens, max_model_len, decision, self.request_id,
+                                     self.count_source)
         record.action = decision.action
         record.granted_max_tokens = decision.granted
         if decision.error is not None:
@@ -307,11 +312,13 @@ class AdmittedExchange:
     # -- answers and the record ---------------------------------------------------------------
 
     async def answer_error(self, err: HeadroomError, action: Action) -> None:
+        """The error in the surface's shape; the record and x-headroom-action say what happened."""
         record = self.record
         record.action = action
         record.status = err.status
         if record.error_code is None:
             record.error_code = err.code
+        self.info = _replace_header(self.info, b"x-headroom-action", action)
         await send_whole(self.send, err.status, self.surface.error_body(err), err.response_headers(self.info))
 
     def take_usage(self, usage: Usage) -> None:
@@ -325,26 +332,29 @@ class AdmittedExchange:
     def finish(self) -> None:
         record = self.record
         record.latency_ms = (time.perf_counter() - self.started) * 1000
-        if (
-            record.prompt_tokens is not None
-            and record.upstream_prompt_tokens is not None
-            and record.prompt_tokens != record.upstream_prompt_tokens
-        ):
-            log.warning(
-                "prompt-token drift on model %s: headroom counted %d, the upstream reported %d",
-                record.model, record.prompt_tokens, record.upstream_prompt_tokens,
-            )
+        if record.model is not None and record.prompt_tokens is not None and record.upstream_prompt_tokens is not None:
+            if record.prompt_tokens != record.upstream_prompt_tokens:
+                log.warning(
+                    "prompt-token drift on model %s: headroom counted %d, the upstream reported %d",
+                    record.model, record.prompt_tokens, record.upstream_prompt_tokens,
+                )
+            self.services.counter.answered(record.model, record.prompt_tokens, record.upstream_prompt_tokens)
         try:
             self.services.recorder.record(record)
         except Exception:  # recording must never fail a request
             log.exception("could not record a request's length figures")
 
 
-def headroom_headers(prompt: int | None, max_model_len: int | None, d: Decision, request_id: str) -> Headers:
-    """The x-headroom-* headers that tell the client what headroom did."""
+def headroom_headers(prompt: int | None, max_model_len: int | None, d: Decision, request_id: str,
+                     count_source: str | None = None) -> Headers:
+    """The x-headroom-* headers that tell the client what headroom did, and on which numbers."""
     headers = [(b"x-headroom-action", d.action.encode()), (b"x-request-id", request_id.encode())]
     if prompt is not None:
         headers.append((b"x-headroom-prompt-tokens", str(prompt).encode()))
+    if count_source is not None:
+        headers.append((b"x-headroom-count", count_source.encode()))
+    if d.margin:
+        headers.append((b"x-headroom-margin-tokens", str(d.margin).encode()))
     if max_model_len is not None:
         headers.append((b"x-headroom-max-model-len", str(max_model_len).encode()))
     if d.requested is not None:

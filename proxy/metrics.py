@@ -201,6 +201,12 @@ class Metrics:
             "1 when headroom's count matched the upstream's /tokenize on the start-up probes, 0 when not.",
             ["model"], registry=self.registry,
         )
+        self.count_mode = Gauge(
+            "headroom_count_mode",
+            "How each model's prompts are counted: 1 for the current mode (local: headroom's exact count; "
+            "upstream: the upstream's /tokenize, after drift; margin: neither is exact, a margin is held back).",
+            ["model", "mode"], registry=self.registry,
+        )
         self.length_retries = Counter(
             "headroom_length_retries_total",
             "Requests re-sent with a smaller completion limit after an upstream length error.",
@@ -259,6 +265,12 @@ class Metrics:
     def set_tokenizer_parity(self, model: str | None, matches: bool) -> None:
         """Result of the start-up comparison with the upstream's /tokenize."""
         self.tokenizer_parity.labels(self.model_label(model)).set(1 if matches else 0)
+
+    def set_count_mode(self, model: str, mode: str) -> None:
+        """Which of proxy.trust's modes counts this model's prompts now."""
+        label = self.model_label(model)
+        for name in ("local", "upstream", "margin"):
+            self.count_mode.labels(label, name).set(1 if name == mode else 0)
 
     def count_length_retry(self, model: str | None) -> None:
         """The app retried a request after an upstream length error (not visible in a record)."""

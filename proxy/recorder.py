@@ -83,6 +83,8 @@ class Recorder:
         self.lengthlog = lengthlog
         self.window = RecentWindow(window_records, window_seconds, max_models)
         self.clock = clock
+        # How each model is counted (proxy.trust), for /stats; set by the app.
+        self.counting: Callable[[], dict[str, dict[str, Any]]] = dict
         if lengthlog is not None:
             self.attach_lengthlog(lengthlog)
 
@@ -109,6 +111,7 @@ class Recorder:
             "generated_at": now,
             "window": {"max_records": self.window.max_records, "max_age_s": self.window.max_age_s},
             "models": [model_stats(m, snapshot[m]) for m in sorted(snapshot) if snapshot[m]],
+            "counting": self.counting(),
         }
 
     def close(self) -> None:

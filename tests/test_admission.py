@@ -80,8 +80,10 @@ def test_less_room_than_minimum_is_rejected_when_a_clamp_is_needed() -> None:
     d = decide([2000], 2048, mt(500), policy, **CHAT)
     assert d.action == "rejected"
     assert d.error.code == "context_length_exceeded"
-    assert d.error.details["available_completion_tokens"] == 2048 - 2000 - 16
-    assert d.error.details["tokens_to_remove"] == 64 - 32
+    assert d.error.details["available_completion_tokens"] == 2048 - 2000
+    # Following the advice leaves exactly the minimum: 1952 + 64 = 2048.
+    assert d.error.details["tokens_to_remove"] == 2000 + 64 - 2048 == 16
+    assert decide([2000 - 16], 2048, mt(500), policy, **CHAT).action == "clamped"
 
 
 def test_small_room_but_fitting_request_still_passes() -> None:
@@ -90,10 +92,10 @@ def test_small_room_but_fitting_request_still_passes() -> None:
     assert (d.action, d.rewrite) == ("pass", None)
 
 
-def test_margin_eating_all_room_rejects_overflowing_request() -> None:
+def test_a_margin_shortens_a_completion_but_never_refuses_one() -> None:
+    # 8 tokens of room, a 16-token margin: vLLM alone would serve 8 tokens, so headroom serves.
     d = decide([2040], 2048, mt(100), Policy(margin_tokens=16), **CHAT)
-    assert d.action == "rejected"
-    assert d.error.details["available_completion_tokens"] == 0
+    assert (d.action, d.granted) == ("clamped", 1)
 
 
 # --- limits above max_model_len (vLLM 0.32 still rejects these)
@@ -129,7 +131,9 @@ def test_policy_reject_explains_instead_of_clamping() -> None:
     d = decide([6000], 8192, mt(4000), Policy(on_overflow="reject", margin_tokens=16), **CHAT)
     assert d.action == "rejected"
     assert d.error.param == "max_tokens"
-    assert "2176" in d.error.message and "6000" in d.error.message and "4000" in d.error.message
+    # The advice is the exact room: set max_tokens to 2192 and the request passes.
+    assert "2192" in d.error.message and "6000" in d.error.message and "4000" in d.error.message
+    assert decide([6000], 8192, mt(2192), Policy(on_overflow="reject", margin_tokens=16), **CHAT).action == "pass"
 
 
 def test_margin_fraction_of_prompt() -> None:
@@ -230,3 +234,46 @@ def test_chat_prefers_max_completion_tokens() -> None:
         "max_completion_tokens",
         ["max_completion_tokens", "max_tokens"],
     )
+
+
+# --- never worse than vLLM alone (issue: refused or granted less than vLLM would)
+
+
+@pytest.mark.parametrize("prompt", range(2033, 2048))
+def test_the_last_tokens_of_room_are_served_with_the_default_policy(prompt: int) -> None:
+    # vLLM 0.32 answers these with the room (1-15 tokens); headroom must not refuse them.
+    d = decide([prompt], 2048, mt(16), Policy(), **CHAT)
+    assert (d.action, d.granted) == ("clamped", 2048 - prompt)
+
+
+def test_the_default_policy_grants_what_vllm_would() -> None:
+    # vLLM 0.32 clamps a 1,509-token prompt with max_tokens 1000 on a 2,048 model to 539.
+    assert decide([1509], 2048, mt(1000), Policy(), **CHAT).granted == 539
+    assert decide([1509], 2048, mt(), Policy(), **CMPL).granted is None      # 16 fits: vLLM's own default
+    assert decide([2040], 2048, mt(), Policy(), **CMPL).granted == 8          # vLLM 0.32: min(16, room)
+
+
+@pytest.mark.parametrize("prompt, asked", [(2509, 16), (2048, 1), (2100, None), (2049, 65535)])
+def test_the_advice_for_a_prompt_too_long_makes_it_pass(prompt: int, asked: int | None) -> None:
+    d = decide([prompt], 2048, mt(asked), Policy(), **CHAT)
+    assert d.action == "rejected"
+    cut = d.error.details["tokens_to_remove"]
+    assert f"Remove at least {cut} tokens" in d.error.message
+    again = decide([prompt - cut], 2048, mt(asked), Policy(), **CHAT)
+    assert again.action in ("pass", "clamped") and again.error is None
+    assert decide([prompt - cut + 1], 2048, mt(asked), Policy(), **CHAT).action == "rejected"
+
+
+def test_an_unverified_count_refuses_nothing_itself() -> None:
+    # headroom's count says 2100 > 2048, but it may be off: the upstream judges.
+    d = decide([2100], 2048, mt(100), Policy(), **CHAT, count_exact=False, drift_margin=40)
+    assert (d.action, d.rewrite, d.error) == ("pass", None, None)
+    # A limit above max_model_len is refused by vLLM whatever the prompt: lowered to it.
+    d = decide([2100], 2048, mt(65535), Policy(), **CHAT, count_exact=False, drift_margin=40)
+    assert (d.action, d.granted) == ("clamped", 2048)
+
+
+def test_an_unverified_count_holds_back_the_drift_seen() -> None:
+    d = decide([1000], 2048, mt(65535), Policy(), **CHAT, count_exact=False, drift_margin=40)
+    assert (d.action, d.granted, d.margin) == ("clamped", 2048 - 1000 - 40, 40)
+    assert decide([1000], 2048, mt(65535), Policy(), **CHAT, drift_margin=40).granted == 1048

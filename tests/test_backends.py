@@ -12,13 +12,17 @@ from proxy.app import HeadroomApp
 from proxy.config import Config, ConfigError, ModelConfig, UpstreamConfig, UpstreamEntry, load_config
 from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread
+from tests.support.stack import fake_counter
+from tokenizer_cache import load_model_tokenizer
 
 HELLO = [{"role": "user", "content": "Hello!"}]
 
 
 @pytest.fixture
 def two_upstreams(qwen3_dir: Path):
-    with FakeVLLM(model="alpha", max_model_len=2048) as a, FakeVLLM(model="beta", max_model_len=4096) as b:
+    counter = fake_counter(load_model_tokenizer(qwen3_dir))   # both count as vLLM would
+    with FakeVLLM(model="alpha", max_model_len=2048, count_prompt=counter) as a, \
+            FakeVLLM(model="beta", max_model_len=4096, count_prompt=counter) as b:
         config = Config(upstream=UpstreamConfig(url=a.base_url, timeout=10.0),
                         upstreams=[UpstreamEntry(name="big", url=b.base_url)])
         for name in ("alpha", "beta"):
@@ -33,7 +37,7 @@ def test_requests_are_routed_by_model(two_upstreams) -> None:
     for model, fake, other, mml in (("alpha", a, b, 2048), ("beta", b, a, 4096)):
         raw = client.chat.completions.with_raw_response.create(model=model, messages=HELLO, max_tokens=99999)
         assert raw.headers["x-headroom-max-model-len"] == str(mml)
-        assert raw.headers["x-headroom-granted-max-tokens"] == str(mml - 10 - 16)
+        assert raw.headers["x-headroom-granted-max-tokens"] == str(mml - 10)
         assert raw.parse().model == model
         assert any(r.path == "/v1/chat/completions" and r.json["model"] == model for r in fake.requests)
         assert not any(r.path == "/v1/chat/completions" and r.json["model"] == model for r in other.requests)

@@ -88,7 +88,7 @@ def test_max_tokens_above_max_model_len_is_clamped_and_succeeds(stack: Stack) ->
     assert raw.headers["x-headroom-prompt-tokens"] == "10"          # captures/b01: usage.prompt_tokens 10
     assert raw.headers["x-headroom-max-model-len"] == str(MML)
     assert raw.headers["x-headroom-requested-max-tokens"] == "65535"
-    granted = MML - 10 - 16
+    granted = MML - 10
     assert raw.headers["x-headroom-granted-max-tokens"] == str(granted)
     assert completion.usage.prompt_tokens == 10
     assert completion.usage.completion_tokens == granted
@@ -113,7 +113,7 @@ def test_legacy_vllm_overflow_is_saved(stack_factory, qwen3) -> None:
     raw = stack.client.chat.completions.with_raw_response.create(
         model="tiny-qwen", messages=messages, max_tokens=1000
     )
-    assert raw.parse().usage.completion_tokens == MML - 1500 - 16
+    assert raw.parse().usage.completion_tokens == MML - 1500
     assert raw.headers["x-headroom-action"] == "clamped"
 
 
@@ -121,9 +121,9 @@ def test_both_limit_fields_are_rewritten_together(stack: Stack) -> None:
     raw = stack.client.chat.completions.with_raw_response.create(
         model="tiny-qwen", messages=HELLO, max_tokens=3, max_completion_tokens=99999
     )
-    assert raw.parse().usage.completion_tokens == MML - 10 - 16
+    assert raw.parse().usage.completion_tokens == MML - 10
     sent = stack.chat_requests()[-1].json
-    assert sent["max_tokens"] == sent["max_completion_tokens"] == MML - 10 - 16
+    assert sent["max_tokens"] == sent["max_completion_tokens"] == MML - 10
 
 
 def test_fitting_request_is_forwarded_byte_for_byte(stack: Stack) -> None:
@@ -156,7 +156,7 @@ def test_policy_reject_explains_instead(stack_factory) -> None:
         stack.client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=4000)
     err = info.value.body
     assert err["code"] == "context_length_exceeded"
-    assert "4000" in err["message"] and str(MML - 10 - 16) in err["message"]
+    assert "4000" in err["message"] and str(MML - 10) in err["message"]
     assert stack.chat_requests() == []
 
 
@@ -221,7 +221,7 @@ def test_completions_batch_is_clamped_by_longest_prompt(stack: Stack, qwen3) -> 
     prompts = ["Hello, world!", "word " * 1000]
     longest = max(qwen3.count_completion({"prompt": prompts}))
     raw = stack.client.completions.with_raw_response.create(model="tiny-qwen", prompt=prompts, max_tokens=5000)
-    assert raw.headers["x-headroom-granted-max-tokens"] == str(MML - longest - 16)
+    assert raw.headers["x-headroom-granted-max-tokens"] == str(MML - longest)
     assert len(raw.parse().choices) == 2
 
 
@@ -231,7 +231,7 @@ def test_completions_token_ids_are_counted_as_is(stack: Stack) -> None:
     )
     assert raw.headers["x-headroom-prompt-tokens"] == "2000"
     assert raw.headers["x-headroom-action"] == "clamped"
-    assert raw.parse().usage.completion_tokens == MML - 2000 - 16
+    assert raw.parse().usage.completion_tokens == MML - 2000
 
 
 # --- streaming ------------------------------------------------------------------
@@ -256,7 +256,7 @@ def test_streamed_overflow_request_streams_to_completion(stack_factory, qwen3) -
             finish = choice.finish_reason or finish
     assert finish == "length"
     assert usage.prompt_tokens == 1990
-    assert usage.completion_tokens == MML - 1990 - 16
+    assert usage.completion_tokens == MML - 1990
 
 
 def test_stream_error_before_start_is_plain_json(stack: Stack, qwen3) -> None:

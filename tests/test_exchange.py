@@ -248,3 +248,70 @@ def test_the_exchange_is_the_only_writer_of_the_length_record() -> None:
     assert any(isinstance(n, ast.Assign) and any(
         isinstance(t, ast.Attribute) and t.attr in names and _names_a_record(t.value) for t in n.targets)
         for n in ast.walk(exchange))
+
+
+# ---------------------------------------------------------------------------
+# Self-healing counts (proxy.trust): the upstream's numbers win once headroom's are known to be off
+# ---------------------------------------------------------------------------
+
+class CountingUpstream(Upstream):
+    """/tokenize and usage from headroom's own count plus an offset each (a template or tokenizer mismatch)."""
+
+    def __init__(self, qwen3: Any, *, tokenize_offset: int, usage_offset: int) -> None:
+        super().__init__()
+        self.qwen3 = qwen3
+        self.tokenize_offset = tokenize_offset
+        self.usage_offset = usage_offset
+
+    def handle(self, sent: SentRequest) -> MockResponse:
+        if sent.path == "/v1/models":
+            return models_card()
+        body = sent.json()
+        local = self.qwen3.count_chat({k: v for k, v in body.items() if k != "model"})
+        if sent.path == "/tokenize":
+            return MockResponse.json({"count": local + self.tokenize_offset, "max_model_len": MML, "tokens": []})
+        return completion(local + self.usage_offset)
+
+
+async def started(app: HeadroomApp) -> None:
+    """The model list read and the start-up probes run, as serving does in the background."""
+    await app.backends.refresh_all()
+    await app.counter.preload([MODEL])
+
+
+async def test_probes_that_differ_make_the_upstream_count(qwen3_dir: Path, qwen3: Any) -> None:
+    upstream = CountingUpstream(qwen3, tokenize_offset=3, usage_offset=3)
+    app, recorder = app_for(upstream, qwen3_dir)
+    await started(app)
+    local = qwen3.count_chat({"messages": [{"role": "user", "content": "Hello!"}]})
+
+    answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=65535))
+
+    assert answer.status == 200
+    assert answer.headers["x-headroom-count"] == "upstream"
+    assert answer.headers["x-headroom-prompt-tokens"] == str(local + 3)
+    assert upstream.chats()[0].json()["max_tokens"] == MML - local - 3
+    [rec] = recorder.records
+    assert rec.prompt_tokens == rec.upstream_prompt_tokens == local + 3     # no drift left
+    stats = app.recorder.stats()["counting"][MODEL]
+    assert (stats["mode"], stats["parity"]) == ("upstream", False)
+    assert b'headroom_count_mode{mode="upstream",model="tiny-qwen"} 1.0' in app.recorder.metrics.render()[0]
+
+
+async def test_recurring_drift_that_tokenize_cannot_fix_holds_the_drift_back(qwen3_dir: Path, qwen3: Any) -> None:
+    # /tokenize agrees with headroom, the answers do not (gpt-oss: /tokenize renders another template).
+    upstream = CountingUpstream(qwen3, tokenize_offset=0, usage_offset=5)
+    app, _ = app_for(upstream, qwen3_dir)
+    await started(app)
+    local = qwen3.count_chat({"messages": [{"role": "user", "content": "Hello!"}]})
+
+    modes = []
+    for _ in range(4):
+        answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=65535))
+        assert answer.status == 200
+        modes.append(answer.headers["x-headroom-count"])
+
+    # local, local (second drift: switch), upstream (drifts too: nothing is exact), then a margin.
+    assert modes == ["local", "local", "upstream", "margin"]
+    assert upstream.chats()[-1].json()["max_tokens"] == MML - local - 5
+    assert answer.headers["x-headroom-margin-tokens"] == "5"

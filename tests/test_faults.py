@@ -791,8 +791,9 @@ def test_response_headers_carry_only_headroom_numbers(stack: Stack) -> None:
     response = stack.http.post(CHAT, json={**chat(), "user": "evil\r\nx: y", "max_tokens": "7"})
     headroom = {k: v for k, v in response.headers.items() if k.startswith("x-headroom-")}
     assert headroom["x-headroom-action"] in ("pass", "clamped")
+    assert headroom["x-headroom-count"] in ("local", "upstream", "margin")
     for name, value in headroom.items():
-        if name != "x-headroom-action":
+        if name not in ("x-headroom-action", "x-headroom-count"):
             assert value.isdigit(), (name, value)
 
 

@@ -588,6 +588,7 @@ def headroom_exposition() -> dict[str, set[str]]:
                                  action="upstream_error", status=400, error_code="context_length_exceeded"))
     metrics.count_length_retry("m")
     metrics.set_tokenizer_parity("m", True)
+    metrics.set_count_mode("m", "local")
     body, _ = metrics.render()
     names: dict[str, set[str]] = {}
     for line in body.decode().splitlines():

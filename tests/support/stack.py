@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from proxy.record import LengthRecord
 from proxy.recorder import Recorder
 from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread
+from tokenizer_cache import ModelTokenizer, load_model_tokenizer
 
 CHAT = "/v1/chat/completions"
 MODEL = "tiny-qwen"
@@ -115,8 +117,15 @@ def running_stack(
     configure: Callable[[Config], None] | None = None,
     **config_kw: Any,
 ) -> Iterator[Stack]:
-    """FakeVLLM + HeadroomApp under uvicorn; headroom stops before the fake."""
-    with FakeVLLM(**(fake_kwargs or {})) as fake:
+    """FakeVLLM + HeadroomApp under uvicorn; headroom stops before the fake.
+
+    With a tokenizer, the fake counts prompts with it too (as vLLM would count
+    them with the model's own files), unless `fake_kwargs` says otherwise.
+    """
+    fake_kwargs = dict(fake_kwargs or {})
+    if tokenizer_dir is not None and "count_prompt" not in fake_kwargs:
+        fake_kwargs["count_prompt"] = fake_counter(_tokenizer(tokenizer_dir))
+    with FakeVLLM(**fake_kwargs) as fake:
         rec = ListRecorder() if recorder == "list" else recorder
         assert rec is None or isinstance(rec, Recorder)
         config = make_config(fake.base_url, tokenizer_dir, **config_kw)
@@ -125,6 +134,11 @@ def running_stack(
         app = HeadroomApp(config, recorder=rec)
         with serve_in_thread(app) as base:
             yield Stack(fake, base, app, rec if isinstance(rec, ListRecorder) else None)
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(directory: Path) -> ModelTokenizer:
+    return load_model_tokenizer(directory)
 
 
 # ---------------------------------------------------------------------------
