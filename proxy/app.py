@@ -31,7 +31,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 
 from starlette.routing import Router
 
-from . import errors, jsonbody
+from . import errors, health, jsonbody
 from .admission import Decision, Policy, decide, read_requested_limit
 from .config import Config
 from .counting import PromptCounter
@@ -59,7 +59,7 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 ADMITTED = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
-LOCAL_PATHS = frozenset({"/metrics", "/stats", "/dashboard"})   # headroom's own pages
+LOCAL_PATHS = frozenset({"/metrics", "/stats", "/dashboard"}) | health.PATHS   # headroom's own pages
 OPEN_PATHS = LOCAL_PATHS | {"/health", "/ping", "/version"}       # no API key needed
 MAX_ERROR_BODY = 1024 * 1024      # how much of an upstream error body is read
 MAX_BUFFERED_PASSTHROUGH = 1024 * 1024  # larger pass-through request bodies are streamed
@@ -77,7 +77,8 @@ class HeadroomApp:
             self.counter.on_parity.append(metrics.set_tokenizer_parity)
             if self.counter.piece_cache is not None:
                 metrics.attach_piece_cache(self.counter.piece_cache.stats)
-        self._local = Router(routes=self.recorder.routes())
+            metrics.attach_gates(lambda: [(b.name, b.gate) for b in self.backends.items])
+        self._local = Router(routes=self.recorder.routes() + health.routes(self.backends, self.counter))
         self._background: set[asyncio.Task[Any]] = set()
         self._api_keys = [k.encode() for k in config.server.api_keys]
         self._policies: dict[str | None, Policy] = {}
