@@ -42,7 +42,7 @@ class Backends:
                 max_connections=up.max_connections,
                 api_key=api_key,
             )
-            registry = ModelRegistry(config, _fetcher(upstream))
+            registry = ModelRegistry(config, _fetcher(upstream), url=url, name=name)
             gate = UpstreamGate(url, up.max_concurrent_requests, up.queue_timeout)
             self.items.append(Backend(name, upstream, registry, gate))
 
