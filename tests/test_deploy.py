@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml  # PyYAML: test dependency only (a hard import: a skip would hide a broken compose file)
 
+from proxy.app import LOCAL_PATHS
 from proxy.capacity import kv_bytes_per_token, startup_check
 from proxy.cli import build_parser, serve_overrides
 from proxy.config import load_config
@@ -352,7 +353,8 @@ def rule_healthcheck(instructions: list[Instruction], **_: Any) -> list[str]:
     """A HEALTHCHECK on headroom's own endpoint and port.
 
     /health (and /v1/…) are relayed to vLLM: checking them would mark headroom
-    unhealthy whenever vLLM restarts.  /metrics and /stats are headroom's own.
+    unhealthy whenever vLLM restarts.  /live, /metrics, /stats … are headroom's own
+    (`proxy.app.LOCAL_PATHS`).
     """
     checks = [i for i in stages(instructions)[-1] if i.keyword == "HEALTHCHECK"]
     if not checks:
@@ -365,7 +367,7 @@ def rule_healthcheck(instructions: list[Instruction], **_: Any) -> list[str]:
     port = listen_port(instructions)
     for url in urls:
         parts = urlsplit(url)
-        if parts.path not in ("/metrics", "/stats"):
+        if parts.path not in LOCAL_PATHS:
             problems.append(f"HEALTHCHECK checks {parts.path}, which is not headroom's own endpoint")
         if port is not None and parts.port != port:
             problems.append(f"HEALTHCHECK checks port {parts.port} but CMD listens on {port}")
@@ -1116,8 +1118,8 @@ def _mutate(old: str, new: str) -> str:
         (lambda: _mutate("USER headroom\n", "USER root\n"), "runs as root"),
         (lambda: _mutate('ENTRYPOINT ["headroom"]', "ENTRYPOINT headroom"), "shell form"),
         (lambda: re.sub(r"HEALTHCHECK .*?\]\n", "", GOOD, flags=re.S), "no HEALTHCHECK"),
-        (lambda: _mutate("127.0.0.1:8100/metrics", "127.0.0.1:8100/health"), "not headroom's own endpoint"),
-        (lambda: _mutate("127.0.0.1:8100/metrics", "127.0.0.1:8000/metrics"), "CMD listens on 8100"),
+        (lambda: _mutate("127.0.0.1:8100/live", "127.0.0.1:8100/health"), "not headroom's own endpoint"),
+        (lambda: _mutate("127.0.0.1:8100/live", "127.0.0.1:8000/live"), "CMD listens on 8100"),
         (lambda: _mutate("pip install --no-cache-dir /wheels", "pip install /wheels"), "without --no-cache-dir"),
         (lambda: _mutate("COPY proxy ./proxy", "COPY proxies ./proxy"), "does not exist"),
         (lambda: _mutate("COPY proxy ./proxy", "COPY tests ./tests"), "excluded by .dockerignore"),

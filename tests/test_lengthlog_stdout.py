@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +15,7 @@ import httpx
 import pytest
 
 from proxy.lengthlog import LengthLog
+from proxy.logs import JsonFormatter
 from proxy.record import LengthRecord
 from tests.fakevllm import FakeVLLM
 from tests.test_load import free_port
@@ -85,6 +88,11 @@ def test_serve_writes_records_to_stdout_and_report_reads_them_from_stdin(qwen3_d
                 reader.join(10)
 
     records = [json.loads(line) for line in stdout]        # nothing but records on stdout
+    # the README's `grep '^{"ts":[0-9]'` keeps exactly the records, never a log line (plain or JSON)
+    assert all(re.match(r'\{"ts":[0-9]', line) for line in stdout)
+    assert not any(re.match(r'\{"ts":[0-9]', line) for line in stderr)
+    json_log = JsonFormatter().format(logging.LogRecord("headroom", logging.INFO, "", 0, "x", None, None))
+    assert not re.match(r'\{"ts":[0-9]', json_log)
     assert [r["requested_max_tokens"] for r in records] == [5, 7, 65535]
     assert [r["action"] for r in records] == ["pass", "pass", "clamped"]
     assert any("length log standard output" in line for line in stderr)
