@@ -44,10 +44,11 @@ USER headroom
 WORKDIR /var/lib/headroom
 EXPOSE 8100
 
-# Liveness of headroom itself: /metrics is served by headroom; /health is relayed
-# to vLLM and would mark headroom unhealthy whenever vLLM is (re)starting.
+# Liveness of headroom itself: /live is served by headroom (200 while its event loop
+# runs); /health is relayed to vLLM and would mark headroom unhealthy whenever vLLM
+# is (re)starting. GET /ready says whether the upstream answered and tokenizers loaded.
 HEALTHCHECK --interval=15s --timeout=3s --start-period=20s --retries=3 \
-  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8100/metrics', timeout=2).read()"]
+  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8100/live', timeout=2).read()"]
 
 ENTRYPOINT ["headroom"]
 CMD ["serve", "--config", "/etc/headroom/headroom.toml", "--host", "0.0.0.0", "--port", "8100", "--upstream", "http://vllm:8000"]

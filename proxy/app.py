@@ -21,7 +21,7 @@ from typing import Any
 
 from starlette.routing import Router
 
-from . import errors
+from . import errors, health
 from .admission import Policy
 from .asgi import Receive, Scope, Send, header, request_id, send_whole
 from .backends import Backend, Backends
@@ -40,7 +40,7 @@ from .upstream import Transport
 
 log = logging.getLogger("headroom")
 
-LOCAL_PATHS = frozenset({"/metrics", "/stats", "/dashboard"})   # headroom's own pages
+LOCAL_PATHS = frozenset({"/metrics", "/stats", "/dashboard"}) | health.PATHS   # headroom's own pages
 OPEN_PATHS = LOCAL_PATHS | {"/health", "/ping", "/version"}       # no API key needed
 
 
@@ -63,9 +63,10 @@ class HeadroomApp:
         self.recorder.counting = lambda: {m: t.describe() for m, t in self.counter.trust_states().items()}
         if self.counter.piece_cache is not None:
             metrics.attach_piece_cache(self.counter.piece_cache.stats)
+        metrics.attach_gates(lambda: [(b.name, b.gate) for b in self.backends.items])
         self._policies: dict[str | None, Policy] = {}
         self.services = ExchangeServices(config, self.backends, self.counter, self.recorder, self._policy)
-        self._local = Router(routes=routes(self.recorder))
+        self._local = Router(routes=routes(self.recorder) + health.routes(self.backends, self.counter))
         self._passthrough = Passthrough(self.backends)
         self._background: set[asyncio.Task[Any]] = set()
         self._api_keys = [k.encode() for k in config.server.api_keys]

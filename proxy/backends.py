@@ -50,7 +50,7 @@ class Backends:
                 api_key=api_key,
                 transport=transport_for(url) if transport_for is not None else None,
             )
-            registry = ModelRegistry(config, _fetcher(upstream))
+            registry = ModelRegistry(config, _fetcher(upstream), url=url, name=name)
             gate = UpstreamGate(url, up.max_concurrent_requests, up.queue_timeout)
             self.items.append(Backend(name, upstream, registry, gate))
 

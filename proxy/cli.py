@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--upstream", metavar="URL", help="the vLLM server, e.g. http://127.0.0.1:8000")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8100)")
-    serve.add_argument("--length-log", metavar="FILE", help="append one JSON line of length figures per request")
+    serve.add_argument("--length-log", metavar="FILE",
+                       help="append one JSON line of length figures per request to FILE ('-': standard output)")
     serve.add_argument(
         "--upstream-timeout",
         type=float,
@@ -101,7 +102,7 @@ def summary(config: Config) -> str:
         f"  policy     {config.policy.on_overflow}, margin {config.policy.margin_tokens} tokens"
         + (f" + {config.policy.margin_fraction:.1%} of the prompt" if config.policy.margin_fraction else "")
         + f", min completion {config.policy.min_completion_tokens}",
-        f"  length log {config.length_log.path or 'off'}",
+        f"  length log {_length_log_target(config.length_log.path)}",
         f"  api keys   {len(config.server.api_keys) or 'none (open)'}",
         f"  back-pressure {config.upstream.max_concurrent_requests or 'off'}"
         + (f" in flight per upstream, wait {config.upstream.queue_timeout:g} s"
@@ -112,6 +113,12 @@ def summary(config: Config) -> str:
         parts = [f"{k}={v}" for k, v in vars(model).items() if v is not None]
         lines.append(f"  model      {name}: {', '.join(parts) or 'no overrides'}")
     return "\n".join(lines)
+
+
+def _length_log_target(path: str | None) -> str:
+    if path == "-":
+        return "standard output (JSON lines; headroom's own log goes to standard error)"
+    return path or "off"
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -1,7 +1,11 @@
 """`headroom count`: count a request's prompt tokens offline, as vLLM would.
 
-    headroom count --tokenizer DIR [--endpoint chat|completions] [FILE|-]
+    headroom count [--tokenizer DIR | --model ID] [--endpoint chat|completions] [FILE|-]
     headroom count --jsonl CASES.jsonl --models-root DIR
+
+Without --tokenizer, the tokenizer is looked up in the Hugging Face cache
+($HF_HOME/hub/models--ORG--NAME/snapshots/*/, where vLLM downloads models) by
+--model, else by the request's own "model"; nothing is downloaded.
 
 The first form prints `{"prompt_tokens": N}` (plus `"per_prompt"` for a
 completions request with several prompts), or `{"error": {...}}` with exit
@@ -14,11 +18,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 from typing import Any, TextIO
 
-from tokenizer_cache import CountError, ModelTokenizer, TokenizerCache, load_model_tokenizer
+from tokenizer_cache import (
+    CountError,
+    ModelTokenizer,
+    TokenizerCache,
+    find_tokenizer_dir,
+    load_model_tokenizer,
+)
 
 EXIT_OK = 0
 EXIT_REJECTED = 1
@@ -39,6 +50,9 @@ def register(subparsers: Any) -> None:
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", metavar="DIR", help="model directory holding tokenizer.json")
+    parser.add_argument("--model", metavar="ID",
+                        help="find the tokenizer of this model id in the Hugging Face cache "
+                             "(default: the request's \"model\")")
     parser.add_argument(
         "--endpoint",
         choices=("chat", "completions"),
@@ -75,9 +89,6 @@ def count_request(tokenizer: ModelTokenizer, endpoint: str, body: Any) -> dict[s
 
 
 def _run_single(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    if not args.tokenizer:
-        err.write("headroom count: --tokenizer DIR is required (or use --jsonl with --models-root)\n")
-        return EXIT_BAD_INPUT
     try:
         text = sys.stdin.read() if args.input == "-" else pathlib.Path(args.input).read_text(encoding="utf-8")
         body = json.loads(text)
@@ -94,8 +105,11 @@ def _run_single(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if endpoint is None:
         err.write("headroom count: cannot tell the endpoint (no 'messages' or 'prompt'); pass --endpoint\n")
         return EXIT_BAD_INPUT
+    directory = args.tokenizer or _cached_tokenizer_dir(args.model or body.get("model"), err)
+    if directory is None:
+        return EXIT_BAD_INPUT
     try:
-        tokenizer = load_model_tokenizer(args.tokenizer)
+        tokenizer = load_model_tokenizer(directory)
     except (OSError, ValueError) as exc:
         err.write(f"headroom count: {exc}\n")
         return EXIT_BAD_INPUT
@@ -105,6 +119,19 @@ def _run_single(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         _emit(out, {"error": {"message": exc.message, "param": exc.param}})
         return EXIT_REJECTED
     return EXIT_OK
+
+
+def _cached_tokenizer_dir(model: Any, err: TextIO) -> pathlib.Path | None:
+    """The model's tokenizer in the Hugging Face cache, or None (and why, on err)."""
+    if not isinstance(model, str) or not model:
+        err.write("headroom count: pass --tokenizer DIR or --model ID (the request names no model)\n")
+        return None
+    found = find_tokenizer_dir(model, None)
+    if found is None:
+        hub = pathlib.Path(os.environ.get("HF_HOME") or "~/.cache/huggingface").expanduser() / "hub"
+        err.write(f"headroom count: no tokenizer for {model} in the Hugging Face cache ({hub}); "
+                  "pass --tokenizer DIR (a folder holding tokenizer.json)\n")
+    return found
 
 
 def _case_result(cache: TokenizerCache, root: pathlib.Path, line: str, number: int) -> dict[str, Any]:

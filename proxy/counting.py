@@ -108,6 +108,11 @@ class PromptCounter:
         self.on_parity: list[Callable[[str, bool], None]] = []
         self.on_trust: list[Callable[[CountTrust], None]] = []
         self._trust: dict[str, CountTrust] = {}
+        # model -> how it is counted once its tokenizer was looked for: "local"
+        # (loaded) or "upstream" (POST /tokenize).  Kept across model-list
+        # changes, so a refresh does not make a known model "pending" again
+        # (GET /ready reads it).
+        self.counted_by: dict[str, str] = {}
 
     # -- where each model's tokenizer is -------------------------------------
 
@@ -170,14 +175,17 @@ class PromptCounter:
             return ready
         directory = self.tokenizer_dir(model)
         if directory is None:
+            self.counted_by[model] = "upstream"
             return None
         try:
             tok = await asyncio.to_thread(self._cache.get, directory)
         except (OSError, ValueError) as exc:
             log.warning("cannot load the tokenizer of %s from %s: %s", model, directory, exc)
             self._dirs[model] = None
+            self.counted_by[model] = "upstream"
             return None
         self._ready[model] = tok
+        self.counted_by[model] = "local"
         if len(self._ready) > self._ready_max:
             self._ready.popitem(last=False)
         return tok

@@ -8,7 +8,9 @@ A cap in front lets the operator bound that queue instead: requests beyond
 503 with Retry-After, which the openai client retries by itself.
 
 A slot is held for the whole exchange, the relay of a stream included,
-because that is how long vLLM works on the request.
+because that is how long vLLM works on the request.  The gate also counts
+what passes through it, capped or not (`in_flight`, `waiting`): /metrics
+exports both, and an autoscaler can scale on them.
 """
 
 from __future__ import annotations
@@ -26,19 +28,28 @@ class UpstreamGate:
         self.limit = limit
         self.queue_timeout = queue_timeout
         self._free = asyncio.Semaphore(limit) if limit > 0 else None
+        self.in_flight = 0      # requests holding a slot: forwarded and not finished
+        self.waiting = 0        # requests queued for a slot (only when capped)
 
     async def acquire(self) -> None:
         """Take a slot, waiting up to `queue_timeout`; raises the 503 `upstream_busy` if none frees."""
         if self._free is None:
+            self.in_flight += 1
             return
         if not self._free.locked():
             await self._free.acquire()     # a free slot: taken at once, without wait_for's task
+            self.in_flight += 1
             return
+        self.waiting += 1
         try:
             await asyncio.wait_for(self._free.acquire(), self.queue_timeout)
         except asyncio.TimeoutError:
             raise errors.upstream_busy(self.upstream, self.limit, self.queue_timeout) from None
+        finally:
+            self.waiting -= 1
+        self.in_flight += 1
 
     def release(self) -> None:
+        self.in_flight -= 1
         if self._free is not None:
             self._free.release()

@@ -22,6 +22,10 @@ Why it is built this way:
   `max_bytes` only by a single line longer than the room left; a writer
   that finds the path now names a different inode (another process
   rotated) reopens instead of rotating again.
+* **Or JSON lines on standard output** (`path = "-"`), for a cluster's log
+  pipeline: the same lines, written to a duplicate of file descriptor 1, never
+  rotated.  headroom's own log lines go to standard error, so standard output
+  carries nothing but records (`headroom report -` reads them back).
 * **A broken disk degrades to one warning.**  An unwritable path or a full disk
   logs ONE warning (then at most one per `warn_interval_s`) and counts the lost
   records in `write_errors`; nothing is raised towards the caller.
@@ -48,6 +52,7 @@ from .record import LengthRecord
 logger = logging.getLogger("headroom.lengthlog")
 
 _OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+STDOUT = "-"        # the `path` that means standard output
 _STOP = object()
 
 
@@ -102,6 +107,7 @@ class LengthLog:
         flush_interval_s: float = 0.1,
     ) -> None:
         self.path = Path(path)
+        self.to_stdout = os.fspath(path) == STDOUT
         self.max_bytes = max_bytes          # 0: never rotate
         self.backups = backups              # 0: rotation truncates (like RotatingFileHandler)
         self.warn_interval_s = warn_interval_s
@@ -246,7 +252,16 @@ class LengthLog:
                 room -= len(lines[end])
                 end += 1
         data = b"".join(lines[start:end]) if end - start > 1 else lines[start]
-        return end, os.write(fd, data), len(data)
+        return end, self._write(fd, data), len(data)
+
+    def _write(self, fd: int, data: bytes) -> int:
+        """One write; on standard output the rest of a short write too (no other writer
+        shares it, so finishing the line cannot interleave with anyone's)."""
+        written = os.write(fd, data)
+        if self.to_stdout:
+            while 0 < written < len(data):
+                written += os.write(fd, data[written:])
+        return written
 
     @contextlib.contextmanager
     def _rotation_lock(self) -> Iterator[bool]:
@@ -272,6 +287,8 @@ class LengthLog:
 
         Raises OSError when the file cannot be opened; None while backing off.
         """
+        if self._fd is not None and self.to_stdout:
+            return self._fd
         if self._fd is not None:
             try:
                 st = os.stat(self.path)
@@ -286,6 +303,10 @@ class LengthLog:
         return self._fd
 
     def _open(self) -> None:
+        if self.to_stdout:
+            # A duplicate: closing the log never closes the process's stdout.
+            self._fd, self._ino, self._regular = os.dup(1), None, False
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, _OPEN_FLAGS, 0o644)
         st = os.fstat(fd)

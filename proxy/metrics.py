@@ -280,6 +280,10 @@ class Metrics:
         """Export the per-piece count cache's hits, misses, evictions and size."""
         self.registry.register(_PieceCacheCollector(stats))
 
+    def attach_gates(self, gates: Callable[[], Iterable[tuple[str, Any]]]) -> None:
+        """Export each upstream's in-flight and queued requests (`proxy.gate.UpstreamGate`)."""
+        self.registry.register(_GateCollector(gates))
+
     def attach_lengthlog(self, stats: LengthLogStats) -> None:
         """Export the record file's written / dropped / failed counts."""
         self.registry.register(_LengthLogCollector(stats))
@@ -384,3 +388,36 @@ class _PieceCacheCollector(Collector):
         yield CounterMetricFamily("headroom_piece_cache_lookups", "", labels=["result"])
         yield CounterMetricFamily("headroom_piece_cache_evictions", "")
         yield GaugeMetricFamily("headroom_piece_cache_entries", "")
+
+
+class _GateCollector(Collector):
+    """Requests in flight to each upstream and queued for a slot, read at scrape time.
+
+    `gates` yields (upstream name, gate) pairs; a gate is anything with
+    `in_flight` and `waiting` counts.  The name is `default` for `[upstream]`
+    and the `[[upstreams]]` entry's name otherwise: a bounded label set.
+    """
+
+    def __init__(self, gates: Callable[[], Iterable[tuple[str, Any]]]) -> None:
+        self._gates = gates
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        in_flight = GaugeMetricFamily(
+            "headroom_in_flight_requests",
+            "Chat and completions requests forwarded to the upstream and not finished (a stream until its last byte).",
+            labels=["upstream"],
+        )
+        queued = GaugeMetricFamily(
+            "headroom_queued_requests",
+            "Requests waiting for a slot under upstream.max_concurrent_requests.",
+            labels=["upstream"],
+        )
+        for name, gate in self._gates():
+            in_flight.add_metric([safe_label(name)], gate.in_flight)
+            queued.add_metric([safe_label(name)], gate.waiting)
+        yield in_flight
+        yield queued
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("headroom_in_flight_requests", "", labels=["upstream"])
+        yield GaugeMetricFamily("headroom_queued_requests", "", labels=["upstream"])

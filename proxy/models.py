@@ -7,7 +7,14 @@ fetched at start-up, retried in the background until the upstream answers
 (vLLM takes tens of seconds to minutes to load), refreshed on an interval, and
 refreshed at once (coalesced) when a request names a model not seen yet.
 
-`parse_models` is pure; `ModelRegistry` owns the I/O.
+What the operator is told: while the upstream has never answered, one
+warning saying what headroom waits for and how to point it elsewhere, then a
+short reminder once a minute; when an upstream that answered stops, one
+warning; when it answers again, one line saying so and for how long it was
+gone.
+
+`parse_models`, `waiting_message` and `outage_message` are pure;
+`ModelRegistry` owns the I/O.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import Config
+from .errors import HeadroomError
 
 log = logging.getLogger("headroom.models")
 
@@ -65,15 +73,49 @@ def parse_models(payload: Any, overrides: Mapping[str, Any] | None = None) -> di
     return result
 
 
+def waiting_message(name: str, url: str, error: str) -> str:
+    """The one warning for an upstream that has not answered since start-up."""
+    if name == "default":
+        where = "--upstream URL, HEADROOM_UPSTREAM_URL=URL, or url in the [upstream] section of the config file"
+    else:
+        where = f"the url of the [[upstreams]] entry named {name!r} in the config file"
+    return (
+        f"waiting for the upstream at {url} to answer GET /v1/models. {_sentence(error)} headroom retries "
+        f"in the background; until it answers, requests get an explained 502/503 and GET /ready answers "
+        f"503. If vLLM listens elsewhere, point headroom at it with {where}."
+    )
+
+
+def outage_message(url: str, error: str) -> str:
+    """The one warning for an upstream that answered before and stopped."""
+    return (
+        f"the upstream at {url} stopped answering GET /v1/models. {_sentence(error)} headroom keeps "
+        f"its last model list and retries in the background."
+    )
+
+
+def _sentence(text: str) -> str:
+    return text if text.endswith((".", "?", "!")) else text + "."
+
+
+def describe_error(exc: BaseException) -> str:
+    """A failure as one line: headroom's own errors are already sentences."""
+    return str(exc) if isinstance(exc, HeadroomError) else f"{type(exc).__name__}: {exc}"
+
+
 Fetch = Callable[[], Awaitable[Any]]
 
 
 class ModelRegistry:
     """The served models, kept fresh from the upstream; safe to query from any request."""
 
-    def __init__(self, config: Config, fetch_models: Fetch) -> None:
+    def __init__(self, config: Config, fetch_models: Fetch, *, url: str | None = None,
+                 name: str = "default") -> None:
         self._config = config
         self._fetch = fetch_models
+        self.url = url if url is not None else config.upstream.url     # for the operator's messages
+        self.name = name
+        self._failing_since: float | None = None
         self._models: dict[str, ModelInfo] = {}
         self._order: list[str] = []
         self._loaded = False
@@ -125,14 +167,9 @@ class ModelRegistry:
         except Exception as exc:  # any failure leaves the previous list in place
             self.last_error = f"{type(exc).__name__}: {exc}"
             self.last_exception = exc
-            # vLLM can take minutes to load: say so once, then once a minute, not every retry.
-            now = time.monotonic()
-            if now - self._last_warning >= 60.0:
-                self._last_warning = now
-                log.warning("could not read the upstream's /v1/models (retrying in the background): %s",
-                            self.last_error)
+            self._tell_failure(exc)
             return False
-        self._last_warning = -math.inf
+        self._tell_recovery()
         self.last_error = None
         self.last_exception = None
         changed = models != self._models
@@ -145,6 +182,32 @@ class ModelRegistry:
             for callback in self.on_change:
                 callback(models)
         return True
+
+    def _tell_failure(self, exc: BaseException) -> None:
+        """vLLM can take minutes to load: the explanation once, then a reminder once a minute."""
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = self._last_warning = now
+            error = describe_error(exc)
+            if self._loaded:
+                log.warning(outage_message(self.url, error))
+            else:
+                log.warning(waiting_message(self.name, self.url, error))
+        elif now - self._last_warning >= 60.0:
+            self._last_warning = now
+            log.warning("still no answer from the upstream at %s after %.0f s: %s",
+                        self.url, now - self._failing_since, describe_error(exc))
+
+    def _tell_recovery(self) -> None:
+        if self._failing_since is None:
+            return
+        gone = time.monotonic() - self._failing_since
+        self._failing_since = None
+        self._last_warning = -math.inf
+        if self._loaded:
+            log.info("the upstream at %s answers GET /v1/models again, after %.0f s", self.url, gone)
+        else:
+            log.info("the upstream at %s answered GET /v1/models, after %.0f s of waiting", self.url, gone)
 
     def start(self) -> None:
         """Start the background loop: retry quickly until loaded, then refresh on the interval."""

@@ -1,14 +1,16 @@
 """The README's examples, run for real: what it shows is what headroom prints.
 
 The curl/openai examples run against a fake vLLM of the older, rejecting kind
-(`max_model_len` 8192) that counts with the real Qwen3 tokenizer; `plan` and
-`report` are run with the README's own arguments and their output compared
-line by line.
+(`max_model_len` 8192) serving `Qwen/Qwen3-8B` and counting with the real
+Qwen3 tokenizer; `plan` and `report` are run with the README's own arguments
+and their output compared line by line; the `count` example's shell lines run
+as written, with `headroom` on the PATH and a Hugging Face cache holding Qwen3.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import subprocess
@@ -26,6 +28,7 @@ from tokenizer_cache import load_model_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+MODEL = "Qwen/Qwen3-8B"       # the README's examples use a real model name
 
 
 def block_after(marker: str) -> list[str]:
@@ -52,9 +55,9 @@ def stack(qwen3, qwen3_dir):
     def count(endpoint: str, body: dict) -> int:
         return qwen3.count_chat(body) if endpoint == "chat" else sum(qwen3.count_completion(body))
 
-    with FakeVLLM(max_model_len=8192, count_prompt=count, mode="legacy") as fake:
+    with FakeVLLM(model=MODEL, max_model_len=8192, count_prompt=count, mode="legacy") as fake:
         config = Config(upstream=UpstreamConfig(url=fake.base_url, timeout=30.0))
-        config.models["tiny-qwen"] = ModelConfig(tokenizer=str(qwen3_dir))
+        config.models[MODEL] = ModelConfig(tokenizer=str(qwen3_dir))
         with serve_in_thread(HeadroomApp(config)) as base:
             yield fake, base
 
@@ -89,7 +92,7 @@ def test_curl_clamp_example(stack) -> None:
 
 def test_rejection_example(stack, qwen3) -> None:
     _, base = stack
-    body = {"model": "tiny-qwen", "messages": [{"role": "user", "content": " ".join(["hello"] * 9000)}],
+    body = {"model": MODEL, "messages": [{"role": "user", "content": " ".join(["hello"] * 9000)}],
             "max_tokens": 100}
     response = httpx.post(base + "/v1/chat/completions", json=body, timeout=30)
     lines = README.splitlines()
@@ -101,14 +104,35 @@ def test_rejection_example(stack, qwen3) -> None:
     assert response.json() == documented
 
 
-def test_count_example(tmp_path, qwen3_dir) -> None:
-    request = tmp_path / "request.json"
-    request.write_text(json.dumps({"model": "tiny-qwen", "messages": [
-        {"role": "user", "content": " ".join(["hello"] * 9000)}], "max_tokens": 100}))
-    block = block_after("$ headroom count")
-    out = subprocess.run([sys.executable, "-m", "proxy.count_cli", "--tokenizer", str(qwen3_dir), str(request)],
-                         capture_output=True, text=True, check=True).stdout
-    assert out.strip() == block[1]
+def shell_example(marker: str) -> tuple[str, list[str]]:
+    """A `$ ` block as (the shell script it types, the output lines it shows after the last command)."""
+    block = block_after(marker)
+    last = max(i for i, line in enumerate(block) if line.startswith("$ "))
+    end = last + 1
+    script = [line.removeprefix("$ ") for line in block[:end]]
+    return "\n".join(script) + "\n", block[end:]
+
+
+def test_count_example_runs_as_written(tmp_path, qwen3_dir) -> None:
+    # A Hugging Face cache as vLLM leaves it, holding the real Qwen3 tokenizer, and
+    # `headroom` on the PATH as after `. .venv/bin/activate`.
+    snapshot = tmp_path / "hf" / "hub" / "models--Qwen--Qwen3-8B" / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    for file in qwen3_dir.iterdir():
+        (snapshot / file.name).symlink_to(file)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "headroom").write_text(f'#!/bin/sh\nexec {sys.executable} -m proxy.cli "$@"\n')
+    (bin_dir / "headroom").chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    script, shown = shell_example("$ cat > request.json")
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(["bash", "-euc", script], cwd=work, env=env, capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == shown
+    assert json.loads((work / "request.json").read_text())["model"] == MODEL
 
 
 def test_plan_example() -> None:
@@ -127,15 +151,15 @@ def test_report_example(tmp_path, qwen3, qwen3_dir) -> None:
     def count(endpoint: str, body: dict) -> int:
         return qwen3.count_chat(body)
 
-    with FakeVLLM(max_model_len=4096, count_prompt=count) as fake:
+    with FakeVLLM(model=MODEL, max_model_len=4096, count_prompt=count) as fake:
         config = Config(upstream=UpstreamConfig(url=fake.base_url, timeout=10.0),
                         length_log=LengthLogConfig(path=str(log_path)))
-        config.models["tiny-qwen"] = ModelConfig(tokenizer=str(qwen3_dir))
+        config.models[MODEL] = ModelConfig(tokenizer=str(qwen3_dir))
         with serve_in_thread(HeadroomApp(config)) as base, httpx.Client(base_url=base, timeout=10) as client:
             for _ in range(150):
                 n_words = int(rng.lognormvariate(4.0, 0.8)) + 1
                 client.post("/v1/chat/completions", json={
-                    "model": "tiny-qwen",
+                    "model": MODEL,
                     "messages": [{"role": "user", "content": " ".join(rng.choice(words) for _ in range(n_words))}],
                     "max_tokens": rng.choice([4, 8, 16, 32, 64]),
                 })

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 from urllib.parse import urlsplit
 
+from proxy.app import LOCAL_PATHS
 from proxy.cli import build_parser
 from proxy.lengthlog import LengthLogStats
 from proxy.metrics import Metrics
@@ -330,7 +331,8 @@ def rule_healthcheck(instructions: list[Instruction], **_: Any) -> list[str]:
     """A HEALTHCHECK on headroom's own endpoint and port.
 
     /health (and /v1/…) are relayed to vLLM: checking them would mark headroom
-    unhealthy whenever vLLM restarts.  /metrics and /stats are headroom's own.
+    unhealthy whenever vLLM restarts.  /live, /metrics, /stats … are headroom's own
+    (`proxy.app.LOCAL_PATHS`).
     """
     checks = [i for i in stages(instructions)[-1] if i.keyword == "HEALTHCHECK"]
     if not checks:
@@ -343,7 +345,7 @@ def rule_healthcheck(instructions: list[Instruction], **_: Any) -> list[str]:
     port = listen_port(instructions)
     for url in urls:
         parts = urlsplit(url)
-        if parts.path not in ("/metrics", "/stats"):
+        if parts.path not in LOCAL_PATHS:
             problems.append(f"HEALTHCHECK checks {parts.path}, which is not headroom's own endpoint")
         if port is not None and parts.port != port:
             problems.append(f"HEALTHCHECK checks port {parts.port} but CMD listens on {port}")

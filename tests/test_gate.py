@@ -1,0 +1,96 @@
+"""proxy.gate: the in-flight and queued counts, and their gauges on /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.app import HeadroomApp, make_recorder
+from proxy.config import Config, ModelConfig, UpstreamConfig
+from proxy.errors import HeadroomError
+from proxy.gate import UpstreamGate
+from proxy.recorder import Recorder
+from proxy.record import LengthRecord
+from tests.support.fakevllm import FakeVLLM
+from tests.support.servers import serve_in_thread
+
+
+async def test_uncapped_gate_counts_in_flight() -> None:
+    gate = UpstreamGate("http://vllm:8000", 0, 1.0)
+    await gate.acquire()
+    await gate.acquire()
+    assert (gate.in_flight, gate.waiting) == (2, 0)
+    gate.release()
+    gate.release()
+    assert (gate.in_flight, gate.waiting) == (0, 0)
+
+
+async def test_capped_gate_counts_the_queue_and_the_timeouts() -> None:
+    gate = UpstreamGate("http://vllm:8000", 1, 30.0)
+    await gate.acquire()
+    second = asyncio.ensure_future(gate.acquire())
+    while gate.waiting == 0:             # let the second request reach the queue
+        await asyncio.sleep(0)
+    assert (gate.in_flight, gate.waiting) == (1, 1)
+    gate.release()
+    await second
+    assert (gate.in_flight, gate.waiting) == (1, 0)
+
+    gate.queue_timeout = 0.01
+    with pytest.raises(HeadroomError):
+        await gate.acquire()             # times out in the queue: never in flight
+    assert (gate.in_flight, gate.waiting) == (1, 0)
+    third = asyncio.ensure_future(gate.acquire())
+    while gate.waiting == 0:
+        await asyncio.sleep(0)
+    third.cancel()                       # the client left while queued
+    with pytest.raises(asyncio.CancelledError):
+        await third
+    assert (gate.in_flight, gate.waiting) == (1, 0)
+    gate.release()
+    assert gate.in_flight == 0
+
+
+class NotifyingRecorder(Recorder):
+    """The real Recorder, plus an event per finished request (a test waits on it, not on time)."""
+
+    def __init__(self, base: Recorder) -> None:
+        super().__init__(base.metrics)
+        self.finished = threading.Event()
+
+    def record(self, rec: LengthRecord) -> None:
+        super().record(rec)
+        self.finished.set()
+
+
+def gauge(text: str, name: str) -> dict[str, float]:
+    for family in text_string_to_metric_families(text):
+        if family.name == name:
+            return {s.labels["upstream"]: s.value for s in family.samples}
+    raise AssertionError(f"{name} is not on /metrics")
+
+
+def test_in_flight_gauge_follows_an_open_stream(qwen3_dir: Path) -> None:
+    with FakeVLLM(tokens_per_second=20) as fake:
+        config = Config(upstream=UpstreamConfig(url=fake.base_url, timeout=30.0))
+        config.models["tiny-qwen"] = ModelConfig(tokenizer=str(qwen3_dir))
+        recorder = NotifyingRecorder(make_recorder(config))
+        with serve_in_thread(HeadroomApp(config, recorder=recorder)) as base, \
+                httpx.Client(base_url=base, timeout=30) as http:
+            assert gauge(http.get("/metrics").text, "headroom_in_flight_requests") == {"default": 0}
+            body = {"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 8, "stream": True}
+            with http.stream("POST", "/v1/chat/completions", json=body) as response:
+                chunks = response.iter_bytes()
+                next(chunks)                                   # the stream is open
+                metrics = http.get("/metrics").text
+                assert gauge(metrics, "headroom_in_flight_requests") == {"default": 1}
+                assert gauge(metrics, "headroom_queued_requests") == {"default": 0}
+                b"".join(chunks)
+            assert recorder.finished.wait(10)
+            assert gauge(http.get("/metrics").text, "headroom_in_flight_requests") == {"default": 0}
