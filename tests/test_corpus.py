@@ -15,19 +15,7 @@ import pytest
 from proxy import count_cli
 from tokenizer_cache import CountError, TokenizerCache
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-CORPUS_FILES = [SHARED / "corpus" / "token_cases.jsonl", SHARED / "corpus" / "token_cases_spm.jsonl"]
-
-
-def _load_cases() -> list[dict]:
-    cases = []
-    for path in CORPUS_FILES:
-        with path.open(encoding="utf-8") as handle:
-            cases.extend(json.loads(line) for line in handle if line.strip())
-    return cases
-
-
-CASES = _load_cases()
+from tests.support.corpus import CASES, CORPUS_FILES, SHARED
 
 
 @pytest.fixture(scope="module")

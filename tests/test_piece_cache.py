@@ -38,7 +38,7 @@ from tokenizer_cache import (
 )
 from tokenizer_cache._added_split import AddedTokenSplitter, SplitToken
 from tokenizer_cache._piece_support import fallback_reason, split_tokens
-from tests.test_corpus import CASES  # the 320 corpus requests, loaded once
+from tests.support.corpus import CASES  # the 320 corpus requests, loaded once
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 MODELS = SHARED / "models"
