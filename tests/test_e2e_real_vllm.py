@@ -71,7 +71,7 @@ def test_max_tokens_65535_succeeds_where_vllm_alone_refuses(through: Through) ->
         model="tiny-qwen", messages=messages, max_tokens=65535
     )
     completion = raw.parse()
-    granted = 2048 - prompt - 16
+    granted = 2048 - prompt          # the whole room: what vLLM 0.32 grants for a limit it accepts
     assert raw.headers["x-headroom-action"] == "clamped"
     assert raw.headers["x-headroom-prompt-tokens"] == str(prompt)
     assert raw.headers["x-headroom-granted-max-tokens"] == str(granted)
@@ -184,7 +184,7 @@ def test_streamed_overflow_request_streams_to_completion(through: Through) -> No
         for choice in chunk.choices:
             finish = choice.finish_reason or finish
     assert finish == "length"
-    assert usage.completion_tokens == 2048 - usage.prompt_tokens - 16
+    assert usage.completion_tokens == 2048 - usage.prompt_tokens     # the whole room, as vLLM grants it
     assert chunks >= usage.completion_tokens
 
 

@@ -1,0 +1,140 @@
+"""The promise, as a judge: is an outcome through headroom at least as good as vLLM's alone?
+
+For one request sent twice, once to vLLM and once through headroom:
+* vLLM answers 200 → headroom answers 200 with at least as many completion tokens;
+* vLLM refuses it for length → headroom answers 200 whenever any completion fits,
+  else a 400 with the exact prompt count and advice (tokens to remove) that works;
+* vLLM refuses it for another reason → headroom refuses it too (4xx), never a 5xx.
+
+`sweep_cases` is the grid the issue asks for: prompt sizes around
+max_model_len × completion limits × chat and completions × streamed or not.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+OFFSETS = (-64, -33, -17, -16, -15, -9, -2, -1, 0, 1, 2, 17, 64)
+STREAM_OFFSETS = (-16, -1, 0, 1)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: int
+    completion_tokens: int | None = None       # generated (the tiny random model never stops early)
+    code: Any = None
+    message: str = ""
+    details: dict[str, Any] | None = None      # error.headroom
+
+    @property
+    def length_refusal(self) -> bool:
+        text = self.message.lower()
+        return self.status == 400 and any(w in text for w in (
+            "context length", "max_model_len", "input tokens", "max_tokens must be at least"))
+
+
+@dataclass(frozen=True)
+class Case:
+    endpoint: str          # CHAT or COMPLETIONS
+    prompt_tokens: int
+    limit: int | None
+    stream: bool
+
+    @property
+    def name(self) -> str:
+        kind = "chat" if self.endpoint == CHAT else "cmpl"
+        return f"{kind}-{self.prompt_tokens}-{self.limit}{'-stream' if self.stream else ''}"
+
+
+def limits_for(prompt: int, max_model_len: int) -> list[int | None]:
+    room = max_model_len - prompt
+    values: list[int | None] = [None, 1, 16, room - 1, room, room + 1, max_model_len, 65535]
+    seen: list[int | None] = []
+    for value in values:
+        if (value is None or value >= 1) and value not in seen:
+            seen.append(value)
+    return seen
+
+
+def sweep_cases(max_model_len: int) -> Iterator[Case]:
+    for endpoint in (CHAT, COMPLETIONS):
+        for offset in OFFSETS:
+            prompt = max_model_len + offset
+            for limit in limits_for(prompt, max_model_len):
+                yield Case(endpoint, prompt, limit, False)
+                if offset in STREAM_OFFSETS:
+                    yield Case(endpoint, prompt, limit, True)
+
+
+def send(client: httpx.Client, url: str, case: Case, body: dict[str, Any]) -> Outcome:
+    """POST one request; a stream is read to its end and its usage chunk taken."""
+    payload = dict(body)
+    if case.limit is not None:
+        payload["max_tokens"] = case.limit
+    if case.stream:
+        payload["stream"] = True
+        payload["stream_options"] = {"include_usage": True}
+    response = client.post(url + case.endpoint, json=payload)
+    if response.status_code != 200:
+        try:
+            error = response.json().get("error", {})
+        except ValueError:
+            error = {"message": response.text}
+        if not isinstance(error, dict):
+            error = {"message": str(error)}
+        return Outcome(response.status_code, code=error.get("code"), message=str(error.get("message", "")),
+                       details=error.get("headroom"))
+    if not case.stream:
+        return Outcome(200, response.json()["usage"]["completion_tokens"])
+    completion = None
+    for line in response.text.split("\n"):
+        if line.startswith("data: {"):
+            event = json.loads(line[6:])
+            if "error" in event:
+                return Outcome(500, message=str(event["error"]))
+            if event.get("usage"):
+                completion = event["usage"]["completion_tokens"]
+    return Outcome(200, completion)
+
+
+def judge(case: Case, through: Outcome, direct: Outcome, max_model_len: int,
+          resend: Callable[[int], Outcome]) -> str | None:
+    """None when `through` is at least as good as `direct`, else what is worse.
+
+    `resend(tokens_to_remove)` sends the same request with the prompt that much
+    shorter, through headroom: the advice of a refusal must make it pass.
+    """
+    if through.status >= 500:
+        return f"headroom answered {through.status}: {through.message[:200]}"
+    if direct.status == 200:
+        if through.status != 200:
+            return f"refused ({through.status} {through.message[:160]}) where vLLM served"
+        if (through.completion_tokens or 0) < (direct.completion_tokens or 0):
+            return f"granted {through.completion_tokens} where vLLM granted {direct.completion_tokens}"
+        return None
+    if direct.length_refusal:
+        if case.prompt_tokens < max_model_len:
+            if through.status != 200 or not through.completion_tokens:
+                return f"vLLM refused for length, a completion fits, headroom answered {through.status}"
+            return None
+        if through.status != 400 or through.code != "context_length_exceeded" or not through.details:
+            return f"an unsaveable prompt got {through.status} {through.code}, not headroom's explained 400"
+        if through.details.get("prompt_tokens") != case.prompt_tokens:
+            return f"the refusal says {through.details.get('prompt_tokens')} tokens, the prompt is {case.prompt_tokens}"
+        cut = through.details["tokens_to_remove"]
+        if cut != case.prompt_tokens + 1 - max_model_len:
+            return f"advises removing {cut} tokens, {case.prompt_tokens + 1 - max_model_len} would do"
+        again = resend(cut)
+        if again.status != 200:
+            return f"following the advice (remove {cut}) still gets {again.status} {again.message[:120]}"
+        return None
+    if not 400 <= through.status < 500:
+        return f"vLLM refused ({direct.status}), headroom answered {through.status}"
+    return None
