@@ -30,7 +30,8 @@ CHAT_OVERHEAD = 8          # Qwen3's template around one user message, with the 
 def body_for(case: Case, tokens: int, model: str = "tiny-qwen") -> dict[str, Any]:
     """A request whose prompt is exactly `tokens` long (Qwen3: one token per " hello")."""
     if case.endpoint == CHAT:
-        return {"model": model, "messages": [{"role": "user", "content": " ".join(["hello"] * (tokens - CHAT_OVERHEAD))}]}
+        text = " ".join(["hello"] * (tokens - CHAT_OVERHEAD))
+        return {"model": model, "messages": [{"role": "user", "content": text}]}
     return {"model": model, "prompt": " ".join(["hello"] * tokens)}
 
 
@@ -63,9 +64,9 @@ def test_the_prompts_are_the_sizes_the_sweep_names(qwen3_dir: Path) -> None:
 
 def test_never_worse_than_a_legacy_vllm_that_refuses_overflow(qwen3_dir: Path) -> None:
     qwen3 = load_model_tokenizer(qwen3_dir)
-    with FakeVLLM(mode="legacy", count_prompt=fake_counter(qwen3)) as fake:
-        with serve_in_thread(HeadroomApp(make_config(fake.base_url, qwen3_dir))) as base:
-            checked, failures = run_sweep(fake.base_url, base, 2048)
+    with FakeVLLM(mode="legacy", count_prompt=fake_counter(qwen3)) as fake, \
+            serve_in_thread(HeadroomApp(make_config(fake.base_url, qwen3_dir))) as base:
+        checked, failures = run_sweep(fake.base_url, base, 2048)
     assert checked > 200 and failures == []
 
 
