@@ -5,16 +5,13 @@ from __future__ import annotations
 import json
 import random
 
-import httpx
 import numpy as np
 import pytest
 
 from proxy import demand as dm
-from proxy.app import HeadroomApp
-from proxy.config import Config, LengthLogConfig, ModelConfig, UpstreamConfig
+from proxy.config import Config, LengthLogConfig
 from proxy.record import LengthRecord
-from tests.support.fakevllm import FakeVLLM
-from tests.support.servers import serve_in_thread
+from tests.support.stack import MODEL, running_stack
 from tokenizer_cache import load_model_tokenizer
 
 
@@ -188,18 +185,18 @@ def test_demand_from_proxied_records_matches_what_was_sent(tmp_path, qwen3, qwen
     rng = random.Random(16)
     log_path = tmp_path / "lengths.jsonl"
     sent: list[tuple[int, int]] = []      # (prompt tokens, max_tokens asked)
-    with FakeVLLM(max_model_len=512, count_prompt=lambda endpoint, body: qwen3.count_chat(body)) as fake:
-        config = Config(upstream=UpstreamConfig(url=fake.base_url, timeout=10.0),
-                        length_log=LengthLogConfig(path=str(log_path)))
-        config.models["tiny-qwen"] = ModelConfig(tokenizer=str(qwen3_dir))
-        with serve_in_thread(HeadroomApp(config)) as base, httpx.Client(base_url=base, timeout=10) as client:
-            for _ in range(120):
-                words = int(rng.lognormvariate(5.4, 0.6)) + 1
-                body = {"model": "tiny-qwen",
-                        "messages": [{"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(words))}],
-                        "max_tokens": rng.choice([8, 32, 128, 400])}
-                client.post("/v1/chat/completions", json=body)
-                sent.append((qwen3.count_chat(body), body["max_tokens"]))
+
+    def log_lengths(config: Config) -> None:
+        config.length_log = LengthLogConfig(path=str(log_path))
+
+    with running_stack(qwen3_dir, fake_kwargs={"max_model_len": 512}, recorder=None, configure=log_lengths) as stack:
+        for _ in range(120):
+            words = int(rng.lognormvariate(5.4, 0.6)) + 1
+            body = {"model": MODEL, "max_tokens": rng.choice([8, 32, 128, 400]),
+                    "messages": [{"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(words))}]}
+            stack.http.post("/v1/chat/completions", json=body)
+            sent.append((qwen3.count_chat(body), body["max_tokens"]))
+    # leaving the stack ran headroom's shutdown, which flushed the length log
     records = [json.loads(line) for line in log_path.read_text().splitlines()]
     assert len(records) == 120
     actions = [r["action"] for r in records]
