@@ -16,6 +16,9 @@ summarised in DESIGN.md §1):
   exact (integer bytes) and floor once at the end.
 * A request of T tokens occupies ceil(T / block) × block slots; concurrency =
   floor(KV tokens ÷ slots).  GPUs for a target = ceil(target ÷ concurrency).
+* Tensor parallelism over N GPUs (vLLM 0.32, `tensor_parallel_split`): each
+  GPU holds 1/N of the weights and max(1, KV heads ÷ N) KV heads, so every
+  figure above is per GPU and one replica is N GPUs.
 
 Units are explicit everywhere: GiB = 2^30 bytes, GB = 10^9 bytes
 (`parse_bytes` refuses an ambiguous "80G").
@@ -25,10 +28,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -59,6 +63,10 @@ VLLM_STARTUP_ERROR = (
 
 class UnsupportedConfigError(ValueError):
     """The config describes an attention layout whose KV size we cannot state exactly."""
+
+
+class TensorParallelError(ValueError):
+    """vLLM refuses this tensor-parallel size for the model; the message is vLLM's own."""
 
 
 # ---------------------------------------------------------------------------
@@ -177,9 +185,11 @@ class KvLayout:
     elements_per_layer: int    # per token per layer (K+V for MHA/GQA, the latent for MLA)
     dtype_bytes: int
     bytes_per_token: int
-    kv_heads: int | None = None
+    kv_heads: int | None = None          # per GPU (= the model's KV heads without tensor parallelism)
     head_dim: int | None = None
     notes: tuple[str, ...] = ()
+    tensor_parallel_size: int = 1
+    kv_heads_total: int | None = None    # the model's num_key_value_heads
 
 
 def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -240,7 +250,67 @@ def _layer_kinds(cfg: Mapping[str, Any], num_layers: int) -> list[str]:
     return ["full"] * num_layers
 
 
-def kv_layout(config: Mapping[str, Any], kv_cache_dtype: str = "auto") -> KvLayout:
+@dataclass(frozen=True)
+class TensorParallelSplit:
+    """How vLLM 0.32 splits one model's attention over `size` GPUs."""
+
+    size: int
+    attention_heads: int                 # num_attention_heads
+    kv_heads: int | None                 # num_key_value_heads (None for MLA: one latent, no KV heads)
+    attention_heads_per_gpu: int
+    kv_heads_per_gpu: int | None         # max(1, kv_heads ÷ size)
+    kv_head_replicas: int                # GPUs holding a copy of each KV head (1 unless size > kv_heads)
+
+
+def tensor_parallel_split(config: Mapping[str, Any], size: int) -> TensorParallelSplit:
+    """vLLM 0.32's two tensor-parallel rules, with its own messages (TensorParallelError).
+
+    * `ModelConfig.verify_with_parallel_config` (vllm/config/model.py), at start-up:
+      "Total number of attention heads (64) must be divisible by tensor parallel size (3)."
+    * `QKVParallelLinear.__init__` (vllm/model_executor/layers/linear.py), at
+      weight loading, through `divide()` (vllm/distributed/utils.py): with size
+      ≥ KV heads, size must be a multiple of the KV heads (each head is then
+      replicated size ÷ KV heads times), else the KV heads must be a multiple of
+      size — an AssertionError "8 is not divisible by 3" / "16 is not
+      divisible by 12".
+    Per GPU vLLM caches `max(1, KV heads // size)` heads (`get_num_kv_heads`);
+    MLA models cache the whole latent on every GPU.
+    """
+    if size < 1:
+        raise ValueError(f"tensor_parallel_size must be at least 1, got {size}")
+    cfg = text_config(config)
+    heads = _int_field(cfg, "num_attention_heads")
+    if heads % size:
+        raise TensorParallelError(
+            f"Total number of attention heads ({heads}) must be divisible by tensor parallel size ({size})."
+        )
+    if cfg.get("kv_lora_rank") is not None and cfg.get("qk_rope_head_dim") is not None:
+        return TensorParallelSplit(size, heads, None, heads // size, None, size)
+    kv = cfg.get("num_key_value_heads") or heads
+    if size >= kv:
+        if size % kv:
+            raise TensorParallelError(f"{size} is not divisible by {kv}")
+        replicas = size // kv
+    else:
+        if kv % size:
+            raise TensorParallelError(f"{kv} is not divisible by {size}")
+        replicas = 1
+    return TensorParallelSplit(size, heads, kv, heads // size, max(1, kv // size), replicas)
+
+
+def valid_tensor_parallel_sizes(config: Mapping[str, Any], up_to: int = 8) -> list[int]:
+    """The sizes 1..up_to vLLM accepts for this model (8 = the GPUs of one node)."""
+    sizes = []
+    for size in range(1, up_to + 1):
+        try:
+            tensor_parallel_split(config, size)
+        except TensorParallelError:
+            continue
+        sizes.append(size)
+    return sizes
+
+
+def kv_layout(config: Mapping[str, Any], kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1) -> KvLayout:
     """Per-token KV-cache size of a HF `config.json`, as vLLM allocates it.
 
     * MHA/GQA: 2 × KV layers × `num_key_value_heads` (default
@@ -261,10 +331,14 @@ def kv_layout(config: Mapping[str, Any], kv_cache_dtype: str = "auto") -> KvLayo
       allocator sizes them in its own way; a single bytes-per-token number
       would be silently wrong.  `use_sliding_window: false` (Qwen2.5) and
       `sliding_window: null` mean no sliding layers.
+    * `tensor_parallel_size` N: the figure is per GPU, with max(1, KV heads ÷ N)
+      heads (`tensor_parallel_split`, which refuses what vLLM refuses); an MLA
+      latent is not split.
     """
     cfg = text_config(config)
     nbytes = dtype_bytes(kv_cache_dtype, config)
     num_layers = _int_field(cfg, "num_hidden_layers")
+    split = tensor_parallel_split(config, tensor_parallel_size) if tensor_parallel_size != 1 else None
 
     if cfg.get("kv_lora_rank") is not None and cfg.get("qk_rope_head_dim") is not None:
         if cfg.get("index_topk") is not None:
@@ -278,7 +352,8 @@ def kv_layout(config: Mapping[str, Any], kv_cache_dtype: str = "auto") -> KvLayo
             elements_per_layer=latent, dtype_bytes=nbytes,
             bytes_per_token=num_layers * latent * nbytes,
             notes=(f"MLA: one latent of kv_lora_rank + qk_rope_head_dim = {latent} elements "
-                   "per token per layer",),
+                   "per token per layer" + (", on every GPU" if split else ""),),
+            tensor_parallel_size=tensor_parallel_size,
         )
 
     heads = _int_field(cfg, "num_attention_heads")
@@ -310,17 +385,25 @@ def kv_layout(config: Mapping[str, Any], kv_cache_dtype: str = "auto") -> KvLayo
             "is an upper bound"
         )
     attention = "hybrid" if kv_layers < num_layers else ("mha" if kv_heads == heads else "gqa")
-    elements = 2 * kv_heads * head_dim
+    per_gpu = kv_heads
+    if split is not None:
+        assert split.kv_heads_per_gpu is not None
+        per_gpu = split.kv_heads_per_gpu
+        if split.kv_head_replicas > 1:
+            notes.append(f"tensor parallel {tensor_parallel_size} > {kv_heads} KV heads: each GPU caches one head, "
+                         f"every head is replicated on {split.kv_head_replicas} GPUs")
+    elements = 2 * per_gpu * head_dim
     return KvLayout(
         attention=attention, num_layers=num_layers, kv_layers=kv_layers,
         elements_per_layer=elements, dtype_bytes=nbytes,
         bytes_per_token=kv_layers * elements * nbytes,
-        kv_heads=kv_heads, head_dim=head_dim, notes=tuple(notes),
+        kv_heads=per_gpu, head_dim=head_dim, notes=tuple(notes),
+        tensor_parallel_size=tensor_parallel_size, kv_heads_total=kv_heads,
     )
 
 
-def kv_bytes_per_token(config: Mapping[str, Any], kv_cache_dtype: str = "auto") -> int:
-    return kv_layout(config, kv_cache_dtype).bytes_per_token
+def kv_bytes_per_token(config: Mapping[str, Any], kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1) -> int:
+    return kv_layout(config, kv_cache_dtype, tensor_parallel_size).bytes_per_token
 
 
 def load_model_config(path: str | Path) -> dict[str, Any]:
@@ -347,20 +430,28 @@ class Preset:
     params: int
 
 
-def _preset(name: str, layers: int, heads: int, kv_heads: int, hidden: int, params: int) -> Preset:
+def _preset(name: str, layers: int, heads: int, kv_heads: int, hidden: int, params: int,
+            vocab: int, context: int, **extra: Any) -> Preset:
     return Preset(name, {
         "num_hidden_layers": layers, "num_attention_heads": heads,
         "num_key_value_heads": kv_heads, "hidden_size": hidden, "head_dim": 128,
-        "torch_dtype": "bfloat16",
+        "torch_dtype": "bfloat16", "vocab_size": vocab, "tie_word_embeddings": False,
+        "max_position_embeddings": context, **extra,
     }, params)
 
 
+# The parameter counts also follow from the shapes (embeddings + lm_head +
+# layers × (q, k, v, o, MLP, norms)); tests/test_capacity.py recomputes two.
 PRESETS: dict[str, Preset] = {p.name: p for p in (
-    _preset("Qwen2.5-7B", 28, 28, 4, 3584, 7_615_616_512),
-    _preset("Mistral-7B-v0.3", 32, 32, 8, 4096, 7_248_023_552),
-    _preset("Qwen3-8B", 36, 32, 8, 4096, 8_190_735_360),
-    _preset("Qwen2.5-32B", 64, 40, 8, 5120, 32_763_876_352),
-    _preset("Qwen2.5-72B", 80, 64, 8, 8192, 72_706_203_648),
+    _preset("Qwen2.5-7B", 28, 28, 4, 3584, 7_615_616_512, 152_064, 32_768),
+    _preset("Mistral-7B-v0.3", 32, 32, 8, 4096, 7_248_023_552, 32_768, 32_768),
+    _preset("Qwen3-8B", 36, 32, 8, 4096, 8_190_735_360, 151_936, 40_960),
+    _preset("Qwen2.5-32B", 64, 40, 8, 5120, 32_763_876_352, 152_064, 32_768),
+    _preset("Qwen2.5-72B", 80, 64, 8, 8192, 72_706_203_648, 152_064, 32_768),
+    # the issue's "70B in bf16 on one 80 GiB GPU"
+    _preset("Llama-3.1-70B", 80, 64, 8, 8192, 70_553_706_496, 128_256, 131_072,
+            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
 )}
 
 
@@ -384,6 +475,11 @@ class MemoryBudget:
     weights_bytes: int
     activation_bytes: int
     kv_memory_bytes: int       # usable − weights − activations (may be negative)
+
+    @property
+    def shortfall_bytes(self) -> int:
+        """How much memory is missing before any KV cache is left (0 when some is)."""
+        return max(0, -self.kv_memory_bytes)
 
 
 def weights_bytes(params: int, bytes_per_param: int = 2) -> int:
@@ -526,6 +622,8 @@ class PlanInputs:
     max_model_len: int | None = None
     target_concurrency: int | None = None
     gpu_hourly_usd: float | None = None
+    max_num_seqs: int | None = None      # vLLM's cap on sequences running at once (None: not applied)
+    tensor_parallel_size: int = 1        # GPUs per replica; every other figure is per GPU
 
 
 @dataclass(frozen=True)
@@ -546,6 +644,9 @@ class Plan:
     gpus_at_max_model_len: int | None = None
     monthly_cost_at_max_model_len_usd: float | None = None
     warnings: tuple[str, ...] = field(default=())
+    # `concurrent_requests` is the memory bound; vLLM runs at most max_num_seqs at once
+    concurrency: int = 0
+    limited_by: str = "memory"           # "memory" or "max_num_seqs"
 
 
 def make_plan(inputs: PlanInputs) -> Plan:
@@ -554,10 +655,15 @@ def make_plan(inputs: PlanInputs) -> Plan:
                        inputs.weights_bytes, inputs.activation_bytes)
     tokens = kv_tokens(memory.kv_memory_bytes, inputs.bytes_per_token)
     per_gpu = concurrent_requests(tokens, inputs.tokens_per_request, inputs.block_size)
+    effective, limited_by = per_gpu, "memory"
+    if inputs.max_num_seqs is not None and inputs.max_num_seqs < per_gpu:
+        effective, limited_by = inputs.max_num_seqs, "max_num_seqs"
+    tp = inputs.tensor_parallel_size
     gpus = None
     cost = None
     if inputs.target_concurrency is not None:
-        gpus = gpus_for_target(inputs.target_concurrency, per_gpu)
+        replicas = gpus_for_target(inputs.target_concurrency, effective)
+        gpus = None if replicas is None else replicas * tp
         if gpus is not None and inputs.gpu_hourly_usd is not None:
             cost = monthly_cost(gpus, inputs.gpu_hourly_usd)
     startup = None
@@ -572,8 +678,11 @@ def make_plan(inputs: PlanInputs) -> Plan:
         startup = startup_check(inputs.max_model_len, memory.kv_memory_bytes,
                                 inputs.bytes_per_token, inputs.block_size)
         at_max = concurrent_requests(tokens, inputs.max_model_len, inputs.block_size)
+        if inputs.max_num_seqs is not None:
+            at_max = min(at_max, inputs.max_num_seqs)
         if inputs.target_concurrency is not None:
-            gpus_at_max = gpus_for_target(inputs.target_concurrency, at_max)
+            replicas_at_max = gpus_for_target(inputs.target_concurrency, at_max)
+            gpus_at_max = None if replicas_at_max is None else replicas_at_max * tp
             if gpus_at_max is not None and inputs.gpu_hourly_usd is not None:
                 cost_at_max = monthly_cost(gpus_at_max, inputs.gpu_hourly_usd)
         if not startup.fits:
@@ -590,4 +699,5 @@ def make_plan(inputs: PlanInputs) -> Plan:
         mean_last_block_waste=mean_last_block_waste(inputs.block_size),
         startup=startup, concurrent_at_max_model_len=at_max, gpus_at_max_model_len=gpus_at_max,
         monthly_cost_at_max_model_len_usd=cost_at_max, warnings=tuple(warnings),
+        concurrency=effective, limited_by=limited_by,
     )

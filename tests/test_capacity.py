@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -355,3 +356,131 @@ def test_decimal_gb_differs_by_several_percent():
     assert gib == 395_717
     assert 0.05 < (gib - gb) / gib < 0.15
     assert math.isclose(gb, 358_910, abs_tol=1)
+
+
+# --- tensor parallelism (vLLM 0.32's rules) ----------------------------------
+
+QWEN72 = cap.PRESETS["Qwen2.5-72B"]
+
+
+@pytest.mark.parametrize("tp, kv_per_gpu, bpt", [
+    (1, 8, 2 * 80 * 8 * 128 * 2),      # 327,680 B = 320 KiB, the article's figure
+    (2, 4, 2 * 80 * 4 * 128 * 2),      # 163,840 B = 160 KiB per GPU
+    (4, 2, 2 * 80 * 2 * 128 * 2),      # 81,920 B
+    (8, 1, 2 * 80 * 1 * 128 * 2),      # 40,960 B
+    (16, 1, 2 * 80 * 1 * 128 * 2),     # 16 > 8 KV heads: one head per GPU, each replicated twice
+])
+def test_tp_splits_kv_heads_per_gpu(tp, kv_per_gpu, bpt):
+    layout = cap.kv_layout(QWEN72.config, tensor_parallel_size=tp)
+    assert layout.kv_heads == kv_per_gpu and layout.kv_heads_total == 8
+    assert layout.bytes_per_token == bpt
+    split = cap.tensor_parallel_split(QWEN72.config, tp)
+    assert split.kv_heads_per_gpu == kv_per_gpu and split.attention_heads_per_gpu == 64 // tp
+    assert split.kv_head_replicas == (2 if tp == 16 else 1)
+
+
+def test_tp_replication_is_noted():
+    assert any("replicated on 2 GPUs" in n for n in cap.kv_layout(QWEN72.config, tensor_parallel_size=16).notes)
+
+
+@pytest.mark.parametrize("tp", [3, 5, 6, 7])
+def test_odd_tp_against_64_heads_8_kv_heads_is_refused_with_vllms_reason(tp):
+    with pytest.raises(cap.TensorParallelError) as caught:
+        cap.kv_layout(QWEN72.config, tensor_parallel_size=tp)
+    # vllm/config/model.py ModelConfig.verify_with_parallel_config, verbatim
+    assert str(caught.value) == (
+        f"Total number of attention heads (64) must be divisible by tensor parallel size ({tp})."
+    )
+
+
+def test_kv_heads_rule_from_qkv_parallel_linear():
+    # 24 attention heads divide by 3, the 8 KV heads do not: vLLM's QKVParallelLinear
+    # asserts divide(8, 3) at weight loading ("8 is not divisible by 3").
+    config = {"num_hidden_layers": 2, "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128}
+    with pytest.raises(cap.TensorParallelError, match=r"^8 is not divisible by 3$"):
+        cap.tensor_parallel_split(config, 3)
+    # 12 GPUs ≥ 8 KV heads: the GPUs must be a multiple of the heads
+    config = dict(config, num_attention_heads=48)
+    with pytest.raises(cap.TensorParallelError, match=r"^12 is not divisible by 8$"):
+        cap.tensor_parallel_split(config, 12)
+    assert cap.valid_tensor_parallel_sizes(config, 16) == [1, 2, 4, 8, 16]
+
+
+def test_mla_latent_is_not_split():
+    config = {"num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+              "hidden_size": 7168, "kv_lora_rank": 512, "qk_rope_head_dim": 64}
+    assert cap.kv_layout(config, "bf16", 8).bytes_per_token == cap.kv_layout(config, "bf16").bytes_per_token == 70272
+    assert cap.tensor_parallel_split(config, 8).kv_heads_per_gpu is None
+
+
+def _tp_plan(tp: int, **kw) -> cap.Plan:
+    # weights per GPU = 72,706,203,648 params × 2 B ÷ tp
+    return cap.make_plan(cap.PlanInputs(
+        bytes_per_token=cap.kv_bytes_per_token(QWEN72.config, tensor_parallel_size=tp), gpu_memory_bytes=H100,
+        weights_bytes=QWEN72.params * 2 // tp, tensor_parallel_size=tp, **kw))
+
+
+def test_qwen25_72b_tp2_on_h100_hand_computed():
+    # usable = floor(80 × 2^30 × 0.92) = 79,027,398,246 B
+    # KV = 79,027,398,246 − 72,706,203,648 − 4,294,967,296 = 2,026,227,302 B (1.89 GiB)
+    # tokens = floor(2,026,227,302 ÷ 163,840) = 12,367; 1,500-token requests: 12,367 ÷ 1,504 = 8
+    p = _tp_plan(2, target_concurrency=100)
+    assert p.memory.usable_bytes == 79_027_398_246
+    assert p.memory.kv_memory_bytes == 2_026_227_302
+    assert p.kv_tokens == 12_367 and p.kv_blocks == 772
+    assert p.concurrent_requests == 8
+    assert p.gpus_for_target == 13 * 2          # ceil(100 ÷ 8) = 13 replicas of 2 GPUs
+
+
+def test_qwen25_72b_tp4_on_h100_hand_computed():
+    # KV = 79,027,398,246 − 36,353,101,824 − 4,294,967,296 = 38,379,329,126 B (35.74 GiB)
+    # tokens = floor(38,379,329,126 ÷ 81,920) = 468,497; ÷ 1,504 = 311 concurrent
+    p = _tp_plan(4, max_model_len=32768)
+    assert p.memory.kv_memory_bytes == 38_379_329_126
+    assert round(p.memory.kv_memory_bytes / GIB, 2) == 35.74
+    assert p.kv_tokens == 468_497
+    assert p.concurrent_requests == 311
+    assert p.startup is not None and p.startup.fits
+    # 32,768 tokens = 2,048 blocks: floor(468,497 ÷ 16) = 29,281 blocks hold 14 such requests
+    assert p.concurrent_at_max_model_len == 14
+
+
+def test_tp2_does_not_start_at_qwen72b_default_32k():
+    p = _tp_plan(2, max_model_len=32768)
+    assert not p.startup.fits and p.startup.estimated_max_model_len == 772 * 16 == 12_352
+
+
+def test_max_num_seqs_caps_concurrency_below_the_memory_bound():
+    # Qwen2.5-7B fp8 KV on an H100: memory holds 1,379, vLLM's default max_num_seqs there is 1,024
+    p = plan("Qwen2.5-7B", H100, "fp8", max_num_seqs=1024, target_concurrency=2100)
+    assert p.concurrent_requests == 1379
+    assert p.concurrency == 1024 and p.limited_by == "max_num_seqs"
+    assert p.gpus_for_target == 3                # ceil(2100 ÷ 1024); the memory bound alone would say 2
+    assert cap.make_plan(dataclasses.replace(p.inputs, max_num_seqs=None)).gpus_for_target == 2
+    not_binding = plan("Qwen3-8B", H100, max_num_seqs=1024)
+    assert not_binding.concurrency == 263 and not_binding.limited_by == "memory"
+
+
+def test_shortfall_is_positive_when_kv_memory_is_negative():
+    # the issue's 70B bf16 on one 80 GiB GPU: 73.6 − 131.42 − 4 = −61.82 GiB
+    llama = cap.PRESETS["Llama-3.1-70B"]
+    p = cap.make_plan(cap.PlanInputs(bytes_per_token=cap.kv_bytes_per_token(llama.config), gpu_memory_bytes=H100,
+                                     weights_bytes=llama.params * 2))
+    assert p.memory.kv_memory_bytes < 0
+    assert round(p.memory.shortfall_bytes / GIB, 2) == 61.82
+    assert p.kv_tokens == 0 and p.concurrency == 0
+
+
+@pytest.mark.parametrize("name, vocab, hidden, inter, layers, heads, kv, qkv_bias, qk_norm", [
+    # embeddings + lm_head + layers × (q, k, v, o, gate/up/down, 2 norms [+ biases] [+ q/k norms]) + final norm
+    ("Llama-3.1-70B", 128_256, 8192, 28_672, 80, 64, 8, False, False),
+    ("Qwen2.5-72B", 152_064, 8192, 29_568, 80, 64, 8, True, False),
+    ("Qwen3-8B", 151_936, 4096, 12_288, 36, 32, 8, False, True),
+])
+def test_preset_parameter_counts_follow_from_the_shapes(name, vocab, hidden, inter, layers, heads, kv, qkv_bias,
+                                                         qk_norm):
+    hd = 128
+    per_layer = (hidden * heads * hd + 2 * hidden * kv * hd + heads * hd * hidden + 3 * hidden * inter + 2 * hidden
+                 + (heads * hd + 2 * kv * hd if qkv_bias else 0) + (2 * hd if qk_norm else 0))
+    assert 2 * vocab * hidden + layers * per_layer + hidden == cap.PRESETS[name].params
+    assert cap.PRESETS[name].config["vocab_size"] == vocab

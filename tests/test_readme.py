@@ -135,10 +135,13 @@ def test_count_example_runs_as_written(tmp_path, qwen3_dir) -> None:
     assert json.loads((work / "request.json").read_text())["model"] == MODEL
 
 
-def test_plan_example() -> None:
-    block = block_after("$ headroom plan")
+@pytest.mark.parametrize("marker", ["$ headroom plan --preset Qwen3-8B", "$ headroom plan --preset Llama-3.1-70B"])
+def test_plan_example(marker: str) -> None:
+    block = block_after(marker)
     argv = block[0].split("headroom plan", 1)[1].split()
-    out = subprocess.run([sys.executable, "-m", "proxy.plan_cli", *argv], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "proxy.plan_cli", *argv], capture_output=True, text=True)
+    # exit 1 is the answer "vLLM would not start with this", printed first
+    assert out.returncode == (1 if block[1].startswith("DOES NOT FIT") else 0), out.stderr
     assert [line.rstrip() for line in out.stdout.strip().splitlines()] == [line.rstrip() for line in block[1:]]
 
 
