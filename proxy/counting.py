@@ -213,17 +213,20 @@ class PromptCounter:
     async def parity_check(self, model: str, tok: ModelTokenizer) -> bool | None:
         """Count a few built-in conversations locally and with the upstream's /tokenize.
 
-        True: every count matched. False: a mismatch (logged as a warning naming
+        True: every probe matched. False: a mismatch (logged as a warning naming
         the model: a wrong tokenizer directory or chat template would make every
-        clamp wrong). None: the upstream has no usable /tokenize (not vLLM).
+        clamp wrong), which includes one side refusing a probe the other counts.
+        None: nothing could be compared (no usable /tokenize, not vLLM; or both
+        sides refused every probe).
         """
         mismatches = []
+        compared = 0
         upstream = self._upstream(model)
         for name, probe in PARITY_PROBES.items():
             try:
-                local = await asyncio.to_thread(tok.count_chat, probe)
+                local: int | None = await asyncio.to_thread(tok.count_chat, probe)
             except CountError:
-                continue  # the template cannot render this probe (e.g. no tool support)
+                local = None      # the template cannot render this probe (e.g. no tool support)
             try:
                 status, answer = await upstream.post_json(
                     "/tokenize", {"model": model, "add_generation_prompt": True, **probe}
@@ -232,10 +235,15 @@ class PromptCounter:
                 return None
             if status == 404:
                 return None
-            if status != 200 or not isinstance(answer, dict) or not isinstance(answer.get("count"), int):
-                continue
-            if answer["count"] != local:
-                mismatches.append(f"{name}: headroom {local}, upstream {answer['count']}")
+            theirs = answer.get("count") if status == 200 and isinstance(answer, dict) else None
+            if status >= 500 or (status == 200 and not isinstance(theirs, int)):
+                continue          # the upstream failed, not the probe: nothing learnt
+            if local is None and theirs is None:
+                continue          # both refuse it: they agree, but nothing was counted
+            compared += 1
+            if local != theirs:
+                shown = [("refused" if c is None else str(c)) for c in (local, theirs)]
+                mismatches.append(f"{name}: headroom {shown[0]}, upstream {shown[1]}")
         if mismatches:
             log.warning(
                 "model %s: headroom's token counts differ from the upstream's /tokenize (%s); check the "
@@ -243,7 +251,10 @@ class PromptCounter:
                 model, "; ".join(mismatches), tok.source_dir,
             )
             return False
-        log.info("model %s: token counts match the upstream's /tokenize", model)
+        if compared == 0:
+            log.warning("model %s: no start-up probe could be compared with the upstream's /tokenize", model)
+            return None
+        log.info("model %s: token counts match the upstream's /tokenize (%d probes)", model, compared)
         return True
 
     # -- counting -------------------------------------------------------------

@@ -315,3 +315,34 @@ async def test_recurring_drift_that_tokenize_cannot_fix_holds_the_drift_back(qwe
     assert modes == ["local", "local", "upstream", "margin"]
     assert upstream.chats()[-1].json()["max_tokens"] == MML - local - 5
     assert answer.headers["x-headroom-margin-tokens"] == "5"
+
+
+class RefusingUpstream(CountingUpstream):
+    """/tokenize refuses every request carrying tools (a template without tool support upstream)."""
+
+    def handle(self, sent: SentRequest) -> MockResponse:
+        if sent.path == "/tokenize" and "tools" in sent.json():
+            return MockResponse.json({"error": {"message": "tools unsupported", "type": "BadRequestError",
+                                                "code": 400}}, status=400)
+        return super().handle(sent)
+
+
+async def test_a_probe_only_one_side_can_render_is_a_mismatch(qwen3_dir: Path, qwen3: Any) -> None:
+    upstream = RefusingUpstream(qwen3, tokenize_offset=0, usage_offset=0)
+    app, _ = app_for(upstream, qwen3_dir)
+    await started(app)
+    state = app.recorder.stats()["counting"][MODEL]
+    assert (state["parity"], state["mode"]) == (False, "upstream")
+
+
+async def test_probes_nobody_could_compare_are_not_a_match(qwen3_dir: Path, qwen3: Any) -> None:
+    class Broken(CountingUpstream):
+        def handle(self, sent: SentRequest) -> MockResponse:
+            if sent.path == "/tokenize":
+                return MockResponse.json({"detail": "internal"}, status=500)
+            return super().handle(sent)
+
+    app, _ = app_for(Broken(qwen3, tokenize_offset=0, usage_offset=0), qwen3_dir)
+    await started(app)
+    state = app.recorder.stats()["counting"][MODEL]
+    assert (state["parity"], state["mode"]) == (None, "local")
