@@ -12,8 +12,15 @@ import pathlib
 
 
 def _holds_tokenizer(directory: pathlib.Path) -> bool:
+    """tokenizer.json, or a Mistral tokenizer file (vLLM's mistral mode needs no tokenizer.json)."""
     try:
-        return directory.is_dir() and os.access(directory, os.R_OK) and (directory / "tokenizer.json").is_file()
+        if not (directory.is_dir() and os.access(directory, os.R_OK)):
+            return False
+        if (directory / "tokenizer.json").is_file():
+            return True
+        return (directory / "tekken.json").is_file() or any(
+            entry.is_file() for entry in directory.glob("tokenizer.model.v*")
+        )
     except OSError:
         return False
 
@@ -52,10 +59,11 @@ def default_hf_home() -> pathlib.Path:
 def find_tokenizer_dir(model_id: str, root: str | None, hf_home: str | None = None) -> pathlib.Path | None:
     """The directory to load `model_id`'s tokenizer from, or None.
 
-    `root` wins when it is a readable directory holding tokenizer.json.
+    `root` wins when it is a readable directory holding tokenizer.json (or,
+    for Mistral-format models, tekken.json / tokenizer.model.v*).
     Otherwise the HF cache under `hf_home` (default: $HF_HOME or
     ~/.cache/huggingface) is searched for `model_id`, then for `root` when it
-    looks like ORG/NAME; the newest snapshot holding tokenizer.json is used.
+    looks like ORG/NAME; the newest snapshot holding such a file is used.
     """
     if root:
         root_path = pathlib.Path(root).expanduser()
