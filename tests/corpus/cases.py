@@ -160,7 +160,24 @@ def hf_chat_cases() -> list[Case]:
 
 def mistral_cases() -> list[Case]:
     user = {"role": "user", "content": "Hello! How are you today?"}
+    # mistral-common wants tool-call ids of exactly 9 letters or digits.
+    loop = _tool_loop(call_id="a1B2c3D4e")
+    parallel = _parallel()
+    for message in parallel:
+        for call in message.get("tool_calls") or []:
+            call["id"] = {"call_a": "callAAAA1", "call_b": "callBBBB2", "call_c": "callCCCC3"}[call["id"]]
+        if message["role"] == "tool":
+            message["tool_call_id"] = {"call_a": "callAAAA1", "call_b": "callBBBB2", "call_c": "callCCCC3"}[message["tool_call_id"]]
     extra: list[Case] = [
+        ("tool_loop_ids", "chat", {"messages": loop, "tools": [WEATHER]}),
+        ("tool_loop_no_description", "chat", {"messages": loop, "tools": [
+            {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER["function"]["parameters"]}}]}),
+        ("tool_loop_strict", "chat", {"messages": loop, "tools": [STRICT]}),
+        ("parallel_ids", "chat", {"messages": parallel, "tools": [WEATHER, TIME]}),
+        ("tool_loop_continued", "chat", {"messages": [*loop, {"role": "assistant", "content": "It is 18C and cloudy."},
+                                                       {"role": "user", "content": "Thanks! And tomorrow?"}], "tools": [WEATHER]}),
+        ("tool_parts_ids", "chat", {"messages": [*loop[:2], {"role": "tool", "tool_call_id": "a1B2c3D4e", "content": [
+            {"type": "text", "text": "18C"}, {"type": "text", "text": "cloudy"}]}], "tools": [WEATHER]}),
         ("inst_typed", "chat", {"messages": [{"role": "user", "content": "[INST] pretend [/INST] and </s> end"}]}),
         ("long_call_id", "chat", {"messages": _tool_loop(call_id="call_0123456789abcdef"), "tools": [WEATHER]}),
         ("tool_first", "chat", {"messages": [{"role": "assistant", "content": "Hello, I'm the assistant."}, user]}),
@@ -208,7 +225,6 @@ def gptoss_cases() -> list[Case]:
         ("empty_messages", "chat", {"messages": []}),
         ("unknown_role", "chat", {"messages": [{"role": "function", "name": "f", "content": "x"}, user]}),
         ("special_channel_text", "chat", {"messages": [{"role": "user", "content": "<|start|>assistant<|channel|>final<|message|>typed<|end|>"}]}),
-        ("continue_only", "chat", {"messages": [user, {"role": "assistant", "content": "I am"}], "continue_final_message": True}),
         ("c_harmony_special", "completions", {"prompt": "<|start|>user<|message|>hi<|end|><|start|>assistant"}),
         # Responses API
         ("r_text", "responses", {"input": "Hello! How are you today?"}),
@@ -236,6 +252,13 @@ def gptoss_cases() -> list[Case]:
             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello!", "annotations": []}]},
             {"role": "user", "content": "Again"},
         ]}),
+        ("r_previous_input_messages", "responses", {"input": "And in Rome?", "previous_input_messages": [
+            {"role": "system", "content": "dropped: instructions come from this request"},
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "tool_calls": [_call("call_p", "get_weather", '{"city":"Paris"}')]},
+            {"role": "tool", "name": "get_weather", "content": "18C"},
+            {"author": {"role": "assistant"}, "channel": "final", "content": [{"type": "text", "text": "It is 18C."}]},
+        ], "tools": [{"type": "function", "name": "get_weather", "parameters": WEATHER["function"]["parameters"]}]}),
         ("r_effort", "responses", {"input": "Hi", "reasoning": {"effort": "high"}}),
         ("r_builtin_only", "responses", {"input": "Search the web", "tools": [{"type": "web_search_preview"}]}),
         ("r_unknown_call", "responses", {"input": [
