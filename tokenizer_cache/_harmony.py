@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime
 import functools
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -499,20 +500,42 @@ def _previous_input_messages(body: Mapping[str, Any]) -> list[Message]:
         return []
     if not isinstance(previous, list):
         raise _chat._bad_type("previous_input_messages", "an array of messages", previous)
-    from openai_harmony import Message, Role
+    from openai_harmony import Role
 
-    result = []
+    result: list[Message] = []
     for i, raw in enumerate(previous):
         where = f"previous_input_messages[{i}]"
         if isinstance(raw, dict) and isinstance(raw.get("author"), dict):
-            try:
-                converted = [Message.from_dict({**raw["author"], **{k: v for k, v in raw.items() if k != "author"}})]
-            except (ValueError, KeyError, TypeError) as exc:
-                raise CountError(f"'{where}' is not a harmony message: {exc}", param="previous_input_messages")
+            converted = [_previous_harmony_message(raw, where)]
         else:
             converted = _previous_chat_message(_check_message(raw, where))
         result.extend(m for m in converted if m.author.role not in (Role.SYSTEM, Role.DEVELOPER))
     return result
+
+
+def _previous_harmony_message(raw: dict[str, Any], where: str) -> Message:
+    """`_parse_harmony_format_message`: a message already in harmony's own shape."""
+    from openai_harmony import Author, Message, Role, TextContent
+
+    author = raw["author"]
+    content = raw.get("content", "")
+    if isinstance(content, list):
+        contents = [TextContent(text=part.get("text", "")) if isinstance(part, dict) else None for part in content]
+        if any(part is None for part in contents):
+            raise _chat._bad_type(f"{where}.content", "an array of content objects", content)
+    else:
+        contents = [TextContent(text=content if isinstance(content, str) else "")]
+    try:
+        role = Role(author.get("role"))
+        name = author.get("name")
+        message = Message(author=Author.new(role, name), content=contents) if name else Message.from_role_and_contents(role, contents)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise CountError(f"'{where}' is not a harmony message: {exc}", param="previous_input_messages") from exc
+    for key, setter in (("channel", message.with_channel), ("recipient", message.with_recipient),
+                        ("content_type", message.with_content_type)):  # fmt: skip
+        if raw.get(key):
+            setter(raw[key])
+    return message
 
 
 def _previous_chat_message(message: dict[str, Any]) -> list[Message]:
@@ -574,6 +597,20 @@ def _header_tokens() -> tuple[int, int, int, int]:
     return tuple(enc.encode(text, allowed_special="all")[0] for text in ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>"))  # type: ignore[return-value]
 
 
+@functools.cache
+def _special_text() -> re.Pattern[str]:
+    return re.compile("|".join(re.escape(token) for token in sorted(encoding().special_tokens_set, key=len, reverse=True)))
+
+
+def _encode_plain(text: str) -> list[int]:
+    """`encoding().encode(text)` with its defaults (special-token text refused), minus
+    the regex over all ~1,000 special tokens it compiles on every call (~3 ms)."""
+    match = _special_text().search(text)
+    if match is not None:
+        raise CountError(f"The conversation cannot be rendered in the harmony format: special token {match.group()!r} in a header.")
+    return encoding().encode(text, disallowed_special=())
+
+
 def legacy_tool_call_headers(ids: list[int]) -> list[int]:
     """vLLM's `_use_legacy_tool_call_headers`: every header shaped
     `<|start|>assistant<|channel|>CH to=RCPT <|constrain|>TYPE<|message|>` (how
@@ -603,8 +640,8 @@ def legacy_tool_call_headers(ids: list[int]) -> list[int]:
             channel_name, recipient = middle[:-1].split(" to=", 1)
             if channel_name and recipient and content_type:
                 rewritten = (
-                    [start, *enc.encode(f"assistant to={recipient}"), channel,
-                     *enc.encode(f"{channel_name} {content_type}"), message]
+                    [start, *_encode_plain(f"assistant to={recipient}"), channel,
+                     *_encode_plain(f"{channel_name} {content_type}"), message]
                 )  # fmt: skip
         out.extend(rewritten if rewritten is not None else ids[i : end + 1])
         i = end + 1
