@@ -25,7 +25,7 @@ from ._errors import CountError
 from ._family import TOKENIZER_MODES, detect_family
 from ._gptoss import HarmonyTokenizer
 from ._harmony import HarmonyOptions
-from ._locate import find_tokenizer_dir
+from ._locate import find_tokenizer_dir, holds_tokenizer
 from ._mistral import MistralTokenizer
 from ._model import ModelTokenizer, load_model_tokenizer
 from ._piece_cache import DEFAULT_MAX_ENTRIES as DEFAULT_PIECE_CACHE_ENTRIES
@@ -50,5 +50,6 @@ __all__ = [
     "UnsupportedContent",
     "detect_family",
     "find_tokenizer_dir",
+    "holds_tokenizer",
     "load_model_tokenizer",
 ]

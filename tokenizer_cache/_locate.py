@@ -11,7 +11,7 @@ import os
 import pathlib
 
 
-def _holds_tokenizer(directory: pathlib.Path) -> bool:
+def holds_tokenizer(directory: pathlib.Path) -> bool:
     """tokenizer.json, or a Mistral tokenizer file (vLLM's mistral mode needs no tokenizer.json)."""
     try:
         if not (directory.is_dir() and os.access(directory, os.R_OK)):
@@ -37,7 +37,7 @@ def _cache_dir_name(repo_id: str) -> str:
 def _newest_snapshot(repo_dir: pathlib.Path) -> pathlib.Path | None:
     snapshots = repo_dir / "snapshots"
     try:
-        candidates = [s for s in snapshots.iterdir() if _holds_tokenizer(s)]
+        candidates = [s for s in snapshots.iterdir() if holds_tokenizer(s)]
     except OSError:
         return None
     if not candidates:
@@ -67,7 +67,7 @@ def find_tokenizer_dir(model_id: str, root: str | None, hf_home: str | None = No
     """
     if root:
         root_path = pathlib.Path(root).expanduser()
-        if _holds_tokenizer(root_path):
+        if holds_tokenizer(root_path):
             return root_path.resolve()
     hub = (pathlib.Path(hf_home).expanduser() if hf_home else default_hf_home()) / "hub"
     repo_ids = [model_id] if model_id else []
