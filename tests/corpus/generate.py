@@ -27,15 +27,17 @@ checks headroom against them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests.corpus import cases as corpus_cases
 from tests.corpus.targets import TARGETS, Target, mistral_data_dir
+from tests.corpus.tiny_models import BUILDER_VERSION
+from tests.realvllm.locking import exclusive_lock
 from tests.realvllm.server import (
     LAUNCHER,
     free_port,
@@ -80,18 +84,25 @@ def tokenizer_source(target: Target) -> Path:
 
 
 def build_model(target: Target, python: Path, log: Path) -> Path:
+    """The target's tiny model under ~/.cache/headroom/family-corpus/, built once (under a lock)."""
     out = cache_root() / "family-corpus" / target.name
-    marker = out / "headroom-tiny-model.json"
-    if marker.is_file():
-        return out
-    if out.exists():
-        subprocess.run(["rm", "-rf", str(out)], check=True)
-    with open(log, "w") as handle:
-        subprocess.run(
-            [str(python), str(CORPUS_DIR / "tiny_models.py"), "--family", target.family,
-             "--tokenizer", str(tokenizer_source(target)), "--out", str(out)],
-            stdout=handle, stderr=subprocess.STDOUT, env=quiet_env(), check=True, timeout=900,
-        )  # fmt: skip
+    with exclusive_lock(cache_root() / "family-corpus" / f".{target.name}.lock"):
+        try:
+            if json.loads((out / "headroom-tiny-model.json").read_text())["builder_version"] == BUILDER_VERSION:
+                return out
+        except (OSError, ValueError, KeyError):
+            pass
+        staging = out.with_name(f".{target.name}-staging")
+        shutil.rmtree(staging, ignore_errors=True)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "w") as handle:
+            subprocess.run(
+                [str(python), str(CORPUS_DIR / "tiny_models.py"), "--family", target.family,
+                 "--tokenizer", str(tokenizer_source(target)), "--out", str(staging)],
+                stdout=handle, stderr=subprocess.STDOUT, env=quiet_env(), check=True, timeout=900,
+            )  # fmt: skip
+        shutil.rmtree(out, ignore_errors=True)
+        staging.rename(out)
     return out
 
 
@@ -178,7 +189,9 @@ def case_id(target: Target, shape: str, endpoint: str, body: dict[str, Any]) -> 
     return f"{target.name}:{shape}:{digest}"
 
 
-def run_target(target: Target, python: Path, log_dir: Path) -> list[dict[str, Any]]:
+@contextlib.contextmanager
+def served(target: Target, python: Path, log_dir: Path) -> Iterator[str]:
+    """`vllm serve` on the target's tiny model; yields the base URL (no /v1) and always stops it."""
     model = build_model(target, python, log_dir / f"{target.name}-build.log")
     port = free_port()
     log = log_dir / f"{target.name}-server.log"
@@ -188,13 +201,22 @@ def run_target(target: Target, python: Path, log_dir: Path) -> list[dict[str, An
         "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--served-model-name", SERVED, *target.server_flags,
     ]  # fmt: skip
     with open(log, "w") as handle:
-        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=server_env(), start_new_session=True)
-    lines = []
-    debug = []
+        process = subprocess.Popen(
+            command, stdout=handle, stderr=subprocess.STDOUT, env=server_env(), start_new_session=True
+        )
     try:
         base = f"http://127.0.0.1:{port}"
-        started = time.monotonic()
         wait_until_healthy(process, base, log, 300)
+        yield base
+    finally:
+        stop_server(process)
+
+
+def run_target(target: Target, python: Path, log_dir: Path) -> list[dict[str, Any]]:
+    lines = []
+    debug = []
+    started = time.monotonic()
+    with served(target, python, log_dir) as base:
         print(f"{target.name}: server up in {time.monotonic() - started:.0f} s", flush=True)
         for shape, endpoint, body in CASES[target.cases]():
             recorded = send(base, endpoint, body)
@@ -212,8 +234,6 @@ def run_target(target: Target, python: Path, log_dir: Path) -> list[dict[str, An
             debug.append({"id": lines[-1]["id"], "status": recorded.status, "ids": recorded.ids})
             print(f"  {lines[-1]['id']}: {recorded.count if recorded.error is None else 'ERROR ' + recorded.error[:80]}"
                   f" (tokenize {upstream if not isinstance(upstream, str) else upstream[:40]})", flush=True)
-    finally:
-        stop_server(process)
     (log_dir / f"{target.name}-ids.jsonl").write_text("".join(json.dumps(d) + "\n" for d in debug))
     return lines
 
