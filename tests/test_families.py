@@ -235,3 +235,31 @@ def test_gpt_oss_folder_without_chat_template_counts_chats(tmp_path: Path):
     # The piece cache keeps the class: chats still go through harmony.
     cached = TokenizerCache().get(folder)
     assert isinstance(cached, HarmonyTokenizer) and cached.count_chat({"messages": [USER]}) == model.count_chat({"messages": [USER]})
+
+
+def test_counting_from_many_threads_gives_the_sequential_counts(tmp_path: Path):
+    """The proxy counts long prompts in worker threads: the harmony encoding and
+    mistral-common's tokenizer are shared by all of them."""
+    import concurrent.futures
+
+    from tests.corpus import cases
+    from tests.corpus.targets import TARGETS, mistral_data_dir
+
+    target = TARGETS["mistral_tekken_v3"]
+    folder = _touch(tmp_path / "mistral", "consolidated.safetensors")
+    (folder / "tekken.json").symlink_to(mistral_data_dir() / str(target.mistral_file))
+    mistral = load_model_tokenizer(folder)
+    bodies = [body for _shape, endpoint, body in cases.mistral_cases() if endpoint == "chat"] * 4
+
+    def both(body: dict) -> tuple[object, object]:
+        results = []
+        for fn in (lambda: len(_ids(body)), lambda: mistral.count_chat(body)):
+            try:
+                results.append(fn())
+            except CountError as exc:
+                results.append(exc.message)
+        return results[0], results[1]
+
+    sequential = [both(body) for body in bodies]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        assert list(pool.map(both, bodies)) == sequential
