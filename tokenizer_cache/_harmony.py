@@ -69,7 +69,7 @@ class HarmonyOptions:
 
 @functools.cache
 def encoding() -> HarmonyEncoding:
-    """The HARMONY_GPT_OSS encoding (loaded once, ~0.2 s; the vocabulary ships inside the wheel)."""
+    """The HARMONY_GPT_OSS encoding, loaded once per process (the vocabulary ships inside the wheel)."""
     from openai_harmony import HarmonyEncodingName, load_harmony_encoding
 
     return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
