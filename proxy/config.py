@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
+from tokenizer_cache import holds_tokenizer
+
 from .admission import Policy
 
 MiB = 1024 * 1024
@@ -75,6 +77,8 @@ class ModelConfig:
 
     max_model_len: int | None = None
     tokenizer: str | None = None
+    # vLLM's --tokenizer-mode for this model: "auto" detects Mistral-format folders as vLLM does.
+    tokenizer_mode: Literal["auto", "hf", "mistral"] = "auto"
     margin_tokens: int | None = None
     margin_fraction: float | None = None
     min_completion_tokens: int | None = None
@@ -309,9 +313,10 @@ def _check_semantics(config: Config) -> None:
     for name, model in config.models.items():
         if model.max_model_len is not None and model.max_model_len < 1:
             raise ConfigError(f"'models.\"{name}\".max_model_len' must be at least 1")
-        if model.tokenizer is not None and not (Path(model.tokenizer) / "tokenizer.json").is_file():
+        if model.tokenizer is not None and not holds_tokenizer(Path(model.tokenizer)):
             raise ConfigError(
-                f"'models.\"{name}\".tokenizer' = {model.tokenizer!r} is not a directory holding tokenizer.json"
+                f"'models.\"{name}\".tokenizer' = {model.tokenizer!r} is not a directory holding tokenizer.json "
+                "(or, for a Mistral-format model, tekken.json or tokenizer.model.v*)"
             )
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tokenizer_cache import CountError, ModelTokenizer, PieceCountCache, TokenizerCache, find_tokenizer_dir
+from tokenizer_cache import CountError, CountingModel, PieceCountCache, TokenizerCache, find_tokenizer_dir
 
 from . import errors
 from .backends import Backends
@@ -102,7 +102,7 @@ class PromptCounter:
         # thread (asyncio.to_thread + TokenizerCache.get's Path.resolve() were ~20 %
         # of headroom's CPU per small request, profiled at 64 connections).
         # Bounded like the cache itself; cleared when the model list changes.
-        self._ready: OrderedDict[str, ModelTokenizer] = OrderedDict()
+        self._ready: OrderedDict[str, CountingModel] = OrderedDict()
         self._ready_max = config.tokenizers.cache_size
         self._hf_home = config.tokenizers.hf_home or os.environ.get("HF_HOME")
         self.on_parity: list[Callable[[str, bool], None]] = []
@@ -122,6 +122,18 @@ class PromptCounter:
         found = self._resolve(model, seen=set())
         self._dirs[model] = found
         return found
+
+    def tokenizer_mode(self, model: str) -> str:
+        """vLLM's --tokenizer-mode for the model (a LoRA adapter takes its base model's)."""
+        override = self._config.models.get(model)
+        if override is not None and override.tokenizer_mode != "auto":
+            return override.tokenizer_mode
+        info = self._backends.info(model)
+        if info is not None and info.parent and info.parent != model:
+            parent = self._config.models.get(info.parent)
+            if parent is not None:
+                return parent.tokenizer_mode
+        return "auto"
 
     def _resolve(self, model: str, seen: set[str]) -> Path | None:
         seen.add(model)
@@ -169,7 +181,7 @@ class PromptCounter:
         for callback in self.on_trust:
             callback(trust)
 
-    async def tokenizer(self, model: str) -> ModelTokenizer | None:
+    async def tokenizer(self, model: str) -> CountingModel | None:
         ready = self._ready.get(model)
         if ready is not None:
             return ready
@@ -178,7 +190,7 @@ class PromptCounter:
             self.counted_by[model] = "upstream"
             return None
         try:
-            tok = await asyncio.to_thread(self._cache.get, directory)
+            tok = await asyncio.to_thread(self._cache.get, directory, self.tokenizer_mode(model))
         except (OSError, ValueError) as exc:
             log.warning("cannot load the tokenizer of %s from %s: %s", model, directory, exc)
             self._dirs[model] = None
@@ -203,14 +215,17 @@ class PromptCounter:
             if tok is not None and tok.piece_fallback:
                 log.info("model %s: counting whole prompts (no per-piece cache): %s", model, tok.piece_fallback)
             if tok is not None and self._config.tokenizers.parity_check:
-                result = await self.parity_check(model, tok)
+                # vLLM's /tokenize renders the HF template even for gpt-oss, whose chats
+                # it renders with harmony: those probes are checked against usage instead.
+                by_tokenize = tok.family != "harmony"
+                result = await (self.parity_check(model, tok) if by_tokenize else self.parity_by_usage(model, tok))
                 trust = self.trust(model)
-                self._changed(trust, trust.probes(result))
+                self._changed(trust, trust.probes(result, by_tokenize=by_tokenize))
                 if result is not None:
                     for callback in self.on_parity:
                         callback(model, result)
 
-    async def parity_check(self, model: str, tok: ModelTokenizer) -> bool | None:
+    async def parity_check(self, model: str, tok: CountingModel) -> bool | None:
         """Count a few built-in conversations locally and with the upstream's /tokenize.
 
         True: every probe matched. False: a mismatch (logged as a warning naming
@@ -257,6 +272,43 @@ class PromptCounter:
         log.info("model %s: token counts match the upstream's /tokenize (%d probes)", model, compared)
         return True
 
+    async def parity_by_usage(self, model: str, tok: CountingModel) -> bool | None:
+        """The probes as one-token chat completions, their usage against headroom's count.
+
+        For models whose /tokenize does not render what the chat renders; costs
+        one prefill and one generated token per probe, once per model.
+        """
+        upstream = self._upstream(model)
+        mismatches = []
+        compared = 0
+        for name, probe in PARITY_PROBES.items():
+            try:
+                local: int | None = await asyncio.to_thread(tok.count_chat, probe)
+            except CountError:
+                local = None
+            try:
+                status, answer = await upstream.post_json(
+                    "/v1/chat/completions", {"model": model, "max_tokens": 1, **probe})
+            except errors.HeadroomError:
+                return None
+            usage = answer.get("usage") if status == 200 and isinstance(answer, dict) else None
+            theirs = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+            if status >= 500 or (status == 200 and not isinstance(theirs, int)):
+                continue
+            if local is None and theirs is None:
+                continue
+            compared += 1
+            if local != theirs:
+                mismatches.append(f"{name}: headroom {local}, upstream usage {theirs}")
+        if mismatches:
+            log.warning("model %s: headroom's token counts differ from the upstream's usage (%s)",
+                        model, "; ".join(mismatches))
+            return False
+        if compared == 0:
+            return None
+        log.info("model %s: token counts match the upstream's usage (%d probes)", model, compared)
+        return True
+
     # -- counting -------------------------------------------------------------
 
     async def count(self, model: str, surface: Surface, body: dict[str, Any], body_size: int) -> Count:
@@ -279,7 +331,7 @@ class PromptCounter:
             return Count(counted, True, 0, "upstream")
         return Count(local, trust.exact, trust.margin, "local")
 
-    async def _count_local(self, tok: ModelTokenizer, surface: Surface, body: dict[str, Any],
+    async def _count_local(self, tok: CountingModel, surface: Surface, body: dict[str, Any],
                            body_size: int) -> list[int]:
         try:
             if body_size > self._config.tokenizers.offload_above_bytes:

@@ -209,9 +209,10 @@ def test_the_public_surface_is_what_the_package_exports() -> None:
     exported = {name for name in dir(tokenizer_cache) if not name.startswith("_")}
     modules = {name for name in exported if type(getattr(tokenizer_cache, name)).__name__ == "module"}
     assert exported - modules == set(tokenizer_cache.__all__) == {
-        "CountError", "DEFAULT_PIECE_CACHE_ENTRIES", "ModelTokenizer", "PieceCacheStats", "PieceCountCache",
-        "PieceCounter", "PieceTally", "TokenizerCache", "UnsupportedContent", "find_tokenizer_dir",
-        "load_model_tokenizer",
+        "CountError", "CountingModel", "DEFAULT_PIECE_CACHE_ENTRIES", "HarmonyOptions", "HarmonyTokenizer",
+        "MistralTokenizer", "ModelTokenizer", "PieceCacheStats", "PieceCountCache", "PieceCounter", "PieceTally",
+        "TOKENIZER_MODES", "TokenizerCache", "UnsupportedContent", "detect_family", "find_tokenizer_dir",
+        "holds_tokenizer", "load_model_tokenizer",
     }
 
 

@@ -213,11 +213,7 @@ def parse_messages(
     body: Mapping[str, Any], content_format: ContentFormat, template_knows_developer: bool
 ) -> list[dict[str, Any]]:
     """The conversation vLLM passes to the template, built from `body["messages"]`."""
-    messages = body.get("messages")
-    if messages is None:
-        raise CountError("'messages' is required for a chat request.", param="messages")
-    if not isinstance(messages, list):
-        raise _bad_type("messages", "an array of message objects", messages)
+    messages = message_list(body)
     if not messages:
         raise CountError("'messages' is empty: send at least one message.", param="messages")
     conversation = [
@@ -226,6 +222,35 @@ def parse_messages(
     if not template_knows_developer:
         conversation = _developer_as_system(conversation, content_format)
     return conversation
+
+
+def message_list(body: Mapping[str, Any]) -> list[Any]:
+    """`body["messages"]`, which must be an array (it may be empty: whether that can be
+    rendered is the renderer's business)."""
+    messages = body.get("messages")
+    if messages is None:
+        raise CountError("'messages' is required for a chat request.", param="messages")
+    if not isinstance(messages, list):
+        raise _bad_type("messages", "an array of message objects", messages)
+    return messages
+
+
+def check_message_shape(message: Any, where: str) -> str:
+    """The checks vLLM's request model makes on every message, whatever renders it:
+    an object with a string role, content a string, a part list, or null (null
+    only on assistant and function messages; a missing content is fine on any).
+    Returns the role."""
+    if not isinstance(message, dict):
+        raise _bad_type(where, "an object", message)
+    role = message.get("role")
+    if not isinstance(role, str):
+        raise _bad_type(f"{where}.role", "a string", role)
+    content = message.get("content")
+    if content is None and "content" in message and role not in ("assistant", "function"):
+        raise CountError(f"'{where}.content' must not be null for a {role!r} message.", param="messages")
+    if content is not None and not isinstance(content, (str, list)):
+        raise _bad_type(f"{where}.content", "a string, an array of content parts or null", content)
+    return role
 
 
 def _parse_message(message: Any, where: str, content_format: ContentFormat) -> dict[str, Any]:

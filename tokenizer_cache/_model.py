@@ -9,6 +9,7 @@ counting then only validates the request, renders and encodes.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -23,9 +24,12 @@ from tokenizers import Tokenizer
 from . import _chat, _completion
 from ._content_format import ContentFormat, detect_content_format
 from ._errors import CountError
+from ._family import detect_family
+from ._harmony import HarmonyOptions
 from ._jinja import compile_template, parse_template
 from ._piece_cache import PieceCountCache
 from ._piece_count import PieceCounter, PieceTally
+from ._protocol import CountingModel
 from ._render import render
 
 # The special-token attributes transformers exposes to templates
@@ -119,7 +123,10 @@ def _template_sources(directory: pathlib.Path, config: Mapping[str, Any]) -> dic
 
 
 class ModelTokenizer:
-    """Counts prompt tokens for one model exactly as vLLM does."""
+    """Counts prompt tokens for one model exactly as vLLM does (HF tokenizer + chat template)."""
+
+    # Which renderer vLLM uses for this model (`_family.Family`).
+    family = "hf"
 
     def __init__(
         self,
@@ -158,16 +165,7 @@ class ModelTokenizer:
 
     def count_completion(self, body: dict) -> list[int]:
         """Prompt tokens of a /v1/completions request, one figure per prompt."""
-        if not isinstance(body, dict):
-            raise CountError("The request body must be a JSON object.")
-        add_special_tokens = _chat._as_bool(body, "add_special_tokens", True)
-        counts = []
-        for prompt in _completion.parse_prompts(body):
-            if isinstance(prompt, str):
-                counts.append(self.count_text(prompt, add_special_tokens=add_special_tokens))
-            else:
-                counts.append(len(prompt))
-        return counts
+        return _completion.count_prompts(body, lambda text, special: self.count_text(text, add_special_tokens=special))
 
     def count_text(self, text: str, *, add_special_tokens: bool) -> int:
         """Tokens of `text`; the post-processor decides what add_special_tokens adds."""
@@ -195,15 +193,10 @@ class ModelTokenizer:
         counter, fallback = None, None
         if piece_cache is not None:
             counter, fallback = PieceCounter.for_tokenizer(self._tokenizer, piece_cache, self._identity)
-        return ModelTokenizer(
-            self.source_dir,
-            self._tokenizer,
-            self._templates,
-            self._special_tokens,
-            piece_counter=counter,
-            piece_fallback=fallback,
-            identity=self._identity,
-        )
+        clone = copy.copy(self)  # keeps a subclass and its own state
+        clone._piece_counter = counter
+        clone.piece_fallback = fallback
+        return clone
 
     @property
     def piece_counter(self) -> PieceCounter | None:
@@ -272,19 +265,48 @@ def _read_config(path: pathlib.Path) -> dict[str, Any]:
 
 
 def load_model_tokenizer(
-    directory: str | os.PathLike, *, piece_cache: PieceCountCache | None = None
-) -> ModelTokenizer:
-    """Load tokenizer.json and compile the chat template(s) of a model directory.
+    directory: str | os.PathLike,
+    *,
+    piece_cache: PieceCountCache | None = None,
+    tokenizer_mode: str = "auto",
+    harmony_options: HarmonyOptions | None = None,
+) -> CountingModel:
+    """Load a model directory's tokenizer the way vLLM would for `tokenizer_mode`.
+
+    The renderer follows vLLM's choice (`_family.detect_family`): a gpt-oss
+    config gives a HarmonyTokenizer, a Mistral-format folder (or
+    tokenizer_mode "mistral") a MistralTokenizer, anything else a
+    ModelTokenizer on tokenizer.json and the chat template(s).
 
     With `piece_cache`, texts are counted piece by piece between added tokens
     and only pieces not seen before are encoded (`_piece_count`), unless the
     tokenizer's pieces are not independent (then `piece_fallback` says why).
-    Raises FileNotFoundError when the directory or its tokenizer.json is
-    missing, ValueError when a file is malformed.  Never downloads.
+    Raises FileNotFoundError when the directory or its tokenizer file is
+    missing, ValueError when a file is malformed or the tokenizer mode unknown.
+    Never downloads.
     """
     source_dir = pathlib.Path(directory).expanduser().resolve()
     if not source_dir.is_dir():
         raise FileNotFoundError(f"Tokenizer directory {source_dir} does not exist.")
+    family = detect_family(source_dir, tokenizer_mode)
+    if family == "mistral":
+        from ._mistral import load_mistral_tokenizer
+
+        return load_mistral_tokenizer(source_dir)
+    model = _load_hf(source_dir)
+    if family == "harmony":
+        from ._gptoss import HarmonyTokenizer
+
+        harmony = HarmonyTokenizer(
+            source_dir, model._tokenizer, model._templates, model._special_tokens, identity=model._identity
+        )
+        harmony.harmony_options = harmony_options or HarmonyOptions.from_env()
+        model = harmony
+    return model.with_piece_cache(piece_cache) if piece_cache is not None else model
+
+
+def _load_hf(source_dir: pathlib.Path) -> ModelTokenizer:
+    """tokenizer.json + tokenizer_config.json (+ chat_template.jinja), compiled once."""
     tokenizer_file = source_dir / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise FileNotFoundError(
@@ -311,5 +333,4 @@ def load_model_tokenizer(
     identity = hashlib.blake2b(
         raw + (b"\x01" if tokenizer.encode_special_tokens else b"\x00"), digest_size=32
     ).digest()
-    model = ModelTokenizer(source_dir, tokenizer, templates, special_token_variables(config), identity=identity)
-    return model.with_piece_cache(piece_cache) if piece_cache is not None else model
+    return ModelTokenizer(source_dir, tokenizer, templates, special_token_variables(config), identity=identity)
