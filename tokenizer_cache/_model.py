@@ -9,6 +9,7 @@ counting then only validates the request, renders and encodes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -131,8 +132,13 @@ class ModelTokenizer:
         piece_counter: PieceCounter | None = None,
         piece_fallback: str | None = None,
         identity: bytes | None = None,
+        model_vocab_size: int | None = None,
     ) -> None:
         self.source_dir = source_dir
+        # The model's embedding rows (config.json `vocab_size`), when the
+        # directory says: vLLM accepts prompt ids up to the larger of it and the
+        # tokenizer's own largest id.
+        self.model_vocab_size = model_vocab_size
         self._tokenizer = tokenizer
         self._templates = templates
         self._special_tokens = special_tokens
@@ -166,8 +172,33 @@ class ModelTokenizer:
             if isinstance(prompt, str):
                 counts.append(self.count_text(prompt, add_special_tokens=add_special_tokens))
             else:
+                self._check_in_vocabulary(prompt)
                 counts.append(len(prompt))
         return counts
+
+    @functools.cached_property
+    def max_token_id(self) -> int:
+        """The tokenizer's largest id, added tokens included (vLLM's
+        `tokenizer.max_token_id`, vllm/tokenizers/hf.py `get_cached_tokenizer`)."""
+        return max(self._tokenizer.get_vocab(with_added_tokens=True).values())
+
+    @property
+    def token_id_limit(self) -> int | None:
+        """The largest prompt token id vLLM accepts (vllm/renderers/base.py
+        `validate_token_ids`: the larger of the tokenizer's largest id and the
+        model's `vocab_size - 1`), or None when the directory has no config.json:
+        then the model may have more rows than the tokenizer has ids (Qwen3-8B:
+        151,936 vs 151,669) and refusing any id would refuse what vLLM serves."""
+        if self.model_vocab_size is None:
+            return None
+        return max(self.max_token_id, self.model_vocab_size - 1)
+
+    def _check_in_vocabulary(self, prompt: list[int]) -> None:
+        limit = self.token_id_limit
+        if limit is not None:
+            largest = max(prompt)
+            if largest > limit:
+                raise CountError(f"Token id {largest} is out of vocabulary", param="prompt")
 
     def count_text(self, text: str, *, add_special_tokens: bool) -> int:
         """Tokens of `text`; the post-processor decides what add_special_tokens adds."""
@@ -203,6 +234,7 @@ class ModelTokenizer:
             piece_counter=counter,
             piece_fallback=fallback,
             identity=self._identity,
+            model_vocab_size=self.model_vocab_size,
         )
 
     @property
@@ -275,6 +307,20 @@ def _read_config(path: pathlib.Path) -> dict[str, Any]:
     return config
 
 
+def _model_vocab_size(path: pathlib.Path) -> int | None:
+    """config.json's `vocab_size` (or its `text_config`'s, for multimodal models); None if absent."""
+    try:
+        config = _read_config(path)
+    except ValueError:
+        return None
+    for section in (config, config.get("text_config")):
+        if isinstance(section, dict):
+            size = section.get("vocab_size")
+            if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+                return size
+    return None
+
+
 def load_model_tokenizer(
     directory: str | os.PathLike, *, piece_cache: PieceCountCache | None = None
 ) -> ModelTokenizer:
@@ -315,5 +361,12 @@ def load_model_tokenizer(
     identity = hashlib.blake2b(
         raw + (b"\x01" if tokenizer.encode_special_tokens else b"\x00"), digest_size=32
     ).digest()
-    model = ModelTokenizer(source_dir, tokenizer, templates, special_token_variables(config), identity=identity)
+    model = ModelTokenizer(
+        source_dir,
+        tokenizer,
+        templates,
+        special_token_variables(config),
+        identity=identity,
+        model_vocab_size=_model_vocab_size(source_dir / "config.json"),
+    )
     return model.with_piece_cache(piece_cache) if piece_cache is not None else model
