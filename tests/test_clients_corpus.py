@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tokenizer_cache import CountError, TokenizerCache
+from tests.test_corpus import check_case
+from tokenizer_cache import TokenizerCache
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -61,16 +62,4 @@ def test_responses_bodies_are_stored_with_their_counts():
 
 @pytest.mark.parametrize("case", CASES, ids=[case["id"] for case in CASES])
 def test_case(case: dict, cache: TokenizerCache):
-    tokenizer = cache.get(SHARED / case["model_dir"])
-    request = case["request"]
-
-    def count() -> int:
-        if case["endpoint"] == "chat":
-            return tokenizer.count_chat(request)
-        return sum(tokenizer.count_completion(request))
-
-    if case["expected_error"] is not None:
-        with pytest.raises(CountError):
-            count()
-    else:
-        assert count() == case["expected_prompt_tokens"]
+    check_case(case, cache)
