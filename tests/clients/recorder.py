@@ -220,11 +220,13 @@ class Recorder:
     """See the module docstring.  Use as a context manager; `base_url` has no /v1."""
 
     def __init__(self, script: Script | None = None, *, count_via: str | None = None,
-                 forward_to: str | None = None, model: str = "tiny-qwen") -> None:
+                 forward_to: str | None = None, model: str = "tiny-qwen",
+                 count_paths: tuple[str, ...] = GENERATION_PATHS) -> None:
         if (script is None) == (forward_to is None):
             raise ValueError("give a script (scripted upstream) or forward_to (tap), not both")
         self.script = script
         self.count_via = count_via
+        self.count_paths = count_paths  # the generation paths count_via is asked to count
         self.forward_to = forward_to
         self.model = model
         self.exchanges: list[Exchange] = []
@@ -294,7 +296,7 @@ class Recorder:
     async def _scripted(self, path: str, body: dict[str, Any], exchange: Exchange) -> Response:
         assert self.script is not None
         prompt_tokens = 0
-        if self.count_via is not None:
+        if self.count_via is not None and path in self.count_paths:
             counted = await self._http().post(self.count_via + path, json=_counting_body(path, body))
             if counted.status_code != 200:
                 exchange.answer = counted.json()
