@@ -11,6 +11,7 @@ shape.  Every count must be exact; a body vLLM refused must raise CountError.
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections import Counter
 from pathlib import Path
 
@@ -58,6 +59,15 @@ def test_responses_bodies_are_stored_with_their_counts():
     lines = _lines(RESPONSES)
     assert lines and all(line["endpoint"] == "responses" for line in lines)
     assert all(line["expected_prompt_tokens"] or line["expected_error"] for line in lines)
+
+
+def test_qwen35_cases_hold_no_combining_marks():
+    # tests/clients/tiny_models.py served Qwen3.5's files through transformers'
+    # Qwen2 tokenizer class, which splits differently only around combining marks.
+    for case in CASES:
+        if case["model_dir"] == "models/Qwen--Qwen3.5-9B":
+            text = json.dumps(case["request"], ensure_ascii=False)
+            assert not any(unicodedata.combining(ch) for ch in text), case["id"]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case["id"] for case in CASES])
