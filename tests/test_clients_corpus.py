@@ -5,7 +5,9 @@ openai, openai-agents, langchain-openai, llama-index, litellm, instructor and a
 hand-written Aider-style session (tests/clients/capture.py), each with the
 `usage.prompt_tokens` a real vLLM 0.32 reported for it
 (tests/clients/ground_truth.py), per tokenizer whose template supports the
-shape.  Every count must be exact; a body vLLM refused must raise CountError.
+shape.  tests/corpus/fields.jsonl adds hand-written bodies on the edges of
+vLLM's request models (tests/clients/fields.py), answered by the same server.
+Every count must be exact; a body vLLM refused must raise CountError.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ CORPUS = ROOT / "tests" / "corpus"
 CLIENTS = CORPUS / "clients.jsonl"
 CAPTURED = CORPUS / "clients_captured.jsonl"
 RESPONSES = CORPUS / "clients_responses.jsonl"
+FIELDS = CORPUS / "fields.jsonl"
 
 
 def _lines(path: Path) -> list[dict]:
@@ -33,6 +36,7 @@ def _lines(path: Path) -> list[dict]:
 
 
 CASES = _lines(CLIENTS)
+FIELD_CASES = _lines(FIELDS)
 
 
 @pytest.fixture(scope="module")
@@ -72,4 +76,15 @@ def test_qwen35_cases_hold_no_combining_marks():
 
 @pytest.mark.parametrize("case", CASES, ids=[case["id"] for case in CASES])
 def test_case(case: dict, cache: TokenizerCache):
+    check_case(case, cache)
+
+
+def test_field_cases_cover_both_outcomes():
+    assert len(FIELD_CASES) == len(_lines(CORPUS / "fields_captured.jsonl"))
+    refused = [case for case in FIELD_CASES if case["expected_error"] is not None]
+    assert 0 < len(refused) < len(FIELD_CASES)
+
+
+@pytest.mark.parametrize("case", FIELD_CASES, ids=[case["id"] for case in FIELD_CASES])
+def test_field_case(case: dict, cache: TokenizerCache):
     check_case(case, cache)
