@@ -23,10 +23,10 @@ Test-only code: answers are buffered, not streamed through.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -102,8 +102,13 @@ def plan_answer(script: Script, body: dict[str, Any]) -> tuple[str | None, list[
     return script.text, []
 
 
+_counter = itertools.count(1)
+
+
 def _ids() -> str:
-    return uuid.uuid4().hex[:24]
+    """Ids for answers (call_…, chatcmpl-…): a counter restarted by each scripted
+    recorder, so capturing a scenario twice records the same bodies."""
+    return f"{next(_counter):024x}"
 
 
 def chat_answer(body: dict[str, Any], text: str | None, calls: list[tuple[str, str]], usage: dict[str, int]) -> dict:
@@ -238,6 +243,9 @@ class Recorder:
     # -- lifecycle ---------------------------------------------------------
 
     def __enter__(self) -> Self:
+        global _counter
+        if self.script is not None:
+            _counter = itertools.count(1)
         app = Starlette(routes=[Route("/{path:path}", self._handle, methods=["GET", "POST", "DELETE"])])
         self.base_url = self._stack.enter_context(serve_in_thread(app, lifespan="off"))
         return self
