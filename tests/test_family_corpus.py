@@ -23,6 +23,7 @@ import pytest
 
 from tests.corpus.targets import TARGETS, Target, mistral_data_dir
 from tests.support import npm_tokenizers
+from tests.support.corpus import count_case
 from tokenizer_cache import CountError, TokenizerCache
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
@@ -93,20 +94,11 @@ def test_each_corpus_has_at_least_30_requests():
         assert len({case["id"] for case in cases}) == len(cases), target.name
 
 
-def count(model: Any, case: dict[str, Any]) -> int:
-    request = case["request"]
-    if case["endpoint"] == "chat":
-        return model.count_chat(request)
-    if case["endpoint"] == "responses":
-        return model.count_responses(request)
-    return sum(model.count_completion(request))
-
-
 @pytest.mark.parametrize("case", CASES, ids=[case["id"] for case in CASES])
 def test_case(case: dict[str, Any], cache: TokenizerCache, folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
     model = cache.get(_folder(folders, case["target"], tmp_path_factory))
     if case["expected_error"] is not None:
         with pytest.raises(CountError):
-            count(model, case)
+            count_case(model, case)
     else:
-        assert count(model, case) == case["expected_prompt_tokens"]
+        assert count_case(model, case) == case["expected_prompt_tokens"]

@@ -27,7 +27,7 @@ from tests.corpus import generate
 from tests.corpus.targets import TARGETS
 from tests.realvllm.fixture import MODE_ENV, parse_mode
 from tests.realvllm.venv import SetupError, ensure_vllm_venv
-from tests.test_family_corpus import count
+from tests.support.corpus import count_case as count
 from tokenizer_cache import CountError, TokenizerCache
 
 pytestmark = [pytest.mark.slow, pytest.mark.realvllm]

@@ -31,6 +31,11 @@ _TEXT_PART_KEYS = {
     "refusal": "refusal",
     "thinking": "thinking",
 }
+# Roles whose messages vLLM's request model validates with OpenAI's own
+# message types (their content parts are checked strictly); other roles go
+# through vLLM's custom message type, which accepts any part.
+_OPENAI_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+_RESPONSES_TEXT_PARTS = frozenset({"input_text", "output_text"})
 # Part types that carry media: counting them needs the model's multimodal processor.
 _MEDIA_PART_TYPES = frozenset(
     {
@@ -112,11 +117,12 @@ def _bad_type(param: str, expected: str, value: Any) -> CountError:
     return CountError(f"'{param}' must be {expected}, got {_type_name(value)}.", param=param)
 
 
-def _as_bool(body: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = body.get(key, default)
-    if isinstance(value, bool):
+def _lax_bool(value: Any, where: str) -> bool | None:
+    """pydantic's lax `bool | None` (vLLM's request models): booleans, 0/1, and
+    the usual yes/no strings; anything else is a 400 naming the field."""
+    if value is None or isinstance(value, bool):
         return value
-    if isinstance(value, int) and value in (0, 1):
+    if isinstance(value, (int, float)) and value in (0, 1):
         return bool(value)
     if isinstance(value, str):
         lowered = value.strip().lower()
@@ -124,7 +130,15 @@ def _as_bool(body: Mapping[str, Any], key: str, default: bool) -> bool:
             return True
         if lowered in _FALSE_STRINGS:
             return False
-    raise _bad_type(key, "a boolean", value)
+    raise _bad_type(where, "a boolean", value)
+
+
+def _as_bool(body: Mapping[str, Any], key: str, default: bool) -> bool:
+    """A required-bool request field: like `_lax_bool`, but null is refused too."""
+    value = _lax_bool(body.get(key, default), key)
+    if value is None:
+        raise _bad_type(key, "a boolean", None)
+    return value
 
 
 def chat_options(body: Mapping[str, Any]) -> ChatOptions:
@@ -166,9 +180,16 @@ def check_no_request_template(body: Mapping[str, Any]) -> None:
 # ---------------------------------------------------------------------------
 
 def parse_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-    """Tools as vLLM's pydantic model dumps them:
-    `{"type": "function", "function": {"name", "description", "parameters"}}`,
-    in that key order, unknown keys dropped, missing ones null."""
+    """Tools as vLLM 0.32 hands them to the template: `tool.model_dump()` of
+    `ChatCompletionToolsParam` (vllm/renderers/online_renderer.py `render_chat`),
+    whose serialisers (vllm/entrypoints/openai/chat_completion/protocol.py
+    `ChatCompletionToolsParam._serialize`, vllm/entrypoints/generate/base/protocol.py
+    `FunctionDefinition._serialize`) keep only the declared fields, in declaration
+    order: `{"type", "function": {"name", "description", "parameters", "strict"?,
+    "defer_loading"?}, "defer_loading"?}`.  `description` and `parameters` are
+    printed as null when missing; `strict` and `defer_loading` are dropped only
+    when null (`false` stays); a tool-level `defer_loading` is copied into the
+    function when the function has none (`_propagate_defer_loading`)."""
     tools = body.get("tools")
     if tools is None:
         return None
@@ -199,10 +220,21 @@ def _parse_tool(tool: Any, where: str) -> dict[str, Any]:
     parameters = function.get("parameters")
     if parameters is not None and not isinstance(parameters, dict):
         raise _bad_type(f"{where}.function.parameters", "an object", parameters)
-    return {
-        "type": "function",
-        "function": {"name": name, "description": description, "parameters": parameters},
-    }
+    strict = _lax_bool(function.get("strict"), f"{where}.function.strict")
+    defer_loading = _lax_bool(function.get("defer_loading"), f"{where}.function.defer_loading")
+    tool_defer_loading = _lax_bool(tool.get("defer_loading"), f"{where}.defer_loading")
+    if defer_loading is None:
+        defer_loading = tool_defer_loading
+
+    dumped_function: dict[str, Any] = {"name": name, "description": description, "parameters": parameters}
+    if strict is not None:
+        dumped_function["strict"] = strict
+    if defer_loading is not None:
+        dumped_function["defer_loading"] = defer_loading
+    dumped: dict[str, Any] = {"type": "function", "function": dumped_function}
+    if tool_defer_loading is not None:
+        dumped["defer_loading"] = tool_defer_loading
+    return dumped
 
 
 # ---------------------------------------------------------------------------
@@ -254,13 +286,29 @@ def check_message_shape(message: Any, where: str) -> str:
 
 
 def _parse_message(message: Any, where: str, content_format: ContentFormat) -> dict[str, Any]:
+    """One message as vLLM's `_parse_chat_message_content` (vllm/renderers/chat_utils.py)
+    builds it, after the request model's validation (checked on a real vLLM 0.32):
+    `content: null` is a 400 except on assistant messages and on legacy `function`
+    messages that have a name; a `name` that is not a string (null too) is a 400."""
     if not isinstance(message, dict):
         raise _bad_type(where, "an object", message)
     role = message.get("role")
     if not isinstance(role, str):
         raise _bad_type(f"{where}.role", "a string", role)
+    if "name" in message and not isinstance(message["name"], str):
+        raise _bad_type(f"{where}.name", "a string", message["name"])
+    if "content" in message and message["content"] is None and role != "assistant" and not (
+        role == "function" and "name" in message
+    ):
+        raise CountError(
+            f"'{where}.content' is null; only assistant messages may have null content "
+            "(send a string or an array of content parts).",
+            param=f"{where}.content",
+        )
 
-    content = _parse_content(message.get("content"), f"{where}.content", content_format)
+    content = _parse_content(
+        message.get("content"), f"{where}.content", content_format, role in _OPENAI_ROLES
+    )
     result: dict[str, Any] = {"role": role, "content": content}
 
     if role == "assistant":
@@ -271,9 +319,8 @@ def _parse_message(message: Any, where: str, content_format: ContentFormat) -> d
                 result["tool_calls"] = parsed_calls
         reasoning = message.get("reasoning")
         if reasoning is not None:
-            if not isinstance(reasoning, str):
-                raise _bad_type(f"{where}.reasoning", "a string", reasoning)
-            # vLLM copies it under both names for templates old and new.
+            # Passed on as sent, whatever its type (the request model does not
+            # check it), under both names for templates old and new.
             result["reasoning"] = reasoning
             result["reasoning_content"] = reasoning
     elif role == "tool":
@@ -285,13 +332,17 @@ def _parse_message(message: Any, where: str, content_format: ContentFormat) -> d
         if isinstance(content, list):
             result["content"] = _flatten_tool_content(content)
 
-    name = message.get("name")
-    if isinstance(name, str):
-        result["name"] = name
+    if "name" in message:
+        result["name"] = message["name"]
+    task = message.get("task")
+    if isinstance(task, str):
+        result["task"] = task
+    if role == "developer":
+        result["tools"] = message.get("tools")
     return result
 
 
-def _parse_content(content: Any, where: str, content_format: ContentFormat) -> Any:
+def _parse_content(content: Any, where: str, content_format: ContentFormat, openai_role: bool) -> Any:
     """`string`: one string ("\\n"-joined non-empty texts); `openai`: a list of text parts."""
     if content is None:
         parts: list[Any] = []
@@ -304,7 +355,7 @@ def _parse_content(content: Any, where: str, content_format: ContentFormat) -> A
     else:
         raise _bad_type(where, "a string, an array of content parts or null", content)
 
-    parsed = [_parse_part(part, f"{where}[{i}]") for i, part in enumerate(parts)]
+    parsed = [_parse_part(part, f"{where}[{i}]", openai_role) for i, part in enumerate(parts)]
     if content_format == "openai":
         return [part for part in parsed if part is not None]
     # vLLM drops skipped and empty parts before joining.
@@ -317,8 +368,13 @@ def _parse_content(content: Any, where: str, content_format: ContentFormat) -> A
     return "\n".join(texts)
 
 
-def _parse_part(part: Any, where: str) -> dict[str, Any] | None:
-    """One content part as the OpenAI-form dict, or None when vLLM skips it."""
+def _parse_part(part: Any, where: str, openai_role: bool) -> dict[str, Any] | None:
+    """One content part as the OpenAI-form dict, or None when vLLM skips it.
+
+    On the OpenAI roles the request model checks parts against OpenAI's part
+    types first: a text part must carry a string, and the Responses-style
+    `input_text` / `output_text` parts are refused (400 on a real vLLM 0.32);
+    on other roles vLLM skips a text part without text."""
     if isinstance(part, str):
         return {"type": "text", "text": part}
     if not isinstance(part, dict):
@@ -335,7 +391,15 @@ def _parse_part(part: Any, where: str) -> dict[str, Any] | None:
         raise CountError(f"Invalid 'type' field in content part '{where}'.", param="type")
     if kind in _TEXT_PART_KEYS:
         text = part.get(_TEXT_PART_KEYS[kind])
+        if openai_role and kind in _RESPONSES_TEXT_PARTS:
+            raise CountError(
+                f"Unsupported content part type {kind!r} in '{where}' for this message; "
+                'use {"type": "text", "text": ...}.',
+                param="type",
+            )
         if text is None:
+            if openai_role:
+                raise _bad_type(f"{where}.{_TEXT_PART_KEYS[kind]}", "a string", text)
             return None  # vLLM logs and skips a text part without text
         if not isinstance(text, str):
             raise _bad_type(f"{where}.{_TEXT_PART_KEYS[kind]}", "a string", text)
@@ -375,7 +439,11 @@ def _flatten_tool_content(parts: list[dict[str, Any]]) -> Any:
 
 def _parse_tool_calls(tool_calls: Any, where: str) -> list[dict[str, Any]]:
     """Copies of the calls with `arguments` parsed to an object (vLLM `_postprocess_messages`);
-    an empty list is dropped so templates take the plain assistant path."""
+    an empty list is dropped so templates take the plain assistant path.
+
+    The request model (OpenAI's `ChatCompletionMessageFunctionToolCallParam`)
+    requires `id`, `type` and `function.{name, arguments}`, all strings: a call
+    missing one, or with `arguments` already an object, is a 400 on vLLM 0.32."""
     if not isinstance(tool_calls, list):
         raise _bad_type(where, "an array of tool calls", tool_calls)
     parsed = []
@@ -384,18 +452,23 @@ def _parse_tool_calls(tool_calls: Any, where: str) -> list[dict[str, Any]]:
         if not isinstance(call, dict):
             raise CountError("assistant tool_calls entries must be objects.", param="tool_calls")
         function = call.get("function")
-        if call.get("type", "function") != "function" or not isinstance(function, dict):
+        if call.get("type") != "function" or not isinstance(function, dict):
             raise CountError(
                 f"'{at}': chat completions only support assistant tool_calls of type 'function' "
-                "with a 'function' object.",
+                "with a 'function' object (and 'type': 'function' given).",
                 param="tool_calls",
             )
+        if not isinstance(call.get("id"), str):
+            raise _bad_type(f"{at}.id", "a string", call.get("id"))
         name = function.get("name")
         if not isinstance(name, str):
             raise _bad_type(f"{at}.function.name", "a string", name)
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str):
+            raise _bad_type(f"{at}.function.arguments", "a JSON string", arguments)
         new_call = dict(call)
         new_function = dict(function)
-        new_function["arguments"] = _parse_arguments(function.get("arguments"))
+        new_function["arguments"] = _parse_arguments(arguments)
         new_call["function"] = new_function
         parsed.append(new_call)
     return parsed
@@ -415,35 +488,37 @@ def _parse_arguments(arguments: Any) -> dict[str, Any]:
 
 
 def _developer_as_system(conversation: list[dict[str, Any]], content_format: ContentFormat) -> list[dict[str, Any]]:
-    """For templates that never mention "developer": developer messages become
-    system messages; if that leaves a system message anywhere but first, or
-    more than one, all system messages merge into one first message ("\\n\\n")."""
+    """For templates that never mention "developer" (vllm/renderers/hf.py
+    `_convert_developer_to_system`, `_consolidate_system_messages`): developer
+    messages become system messages without their `tools`; if that leaves a
+    system message anywhere but first, or more than one, the non-empty system
+    contents merge into one first message of plain text joined with "\\n\\n"
+    (a part list joined with "\\n" first), whatever the content format."""
     if not any(message["role"] == "developer" for message in conversation):
         return conversation
-    converted = [
-        {**message, "role": "system"} if message["role"] == "developer" else message
-        for message in conversation
-    ]
+    converted = []
+    for message in conversation:
+        if message["role"] == "developer":
+            message = {key: value for key, value in message.items() if key != "tools"}
+            message["role"] = "system"
+        converted.append(message)
     system_at = [i for i, message in enumerate(converted) if message["role"] == "system"]
     if system_at == [0]:
         return converted
-    systems = [converted[i] for i in system_at]
-    merged: dict[str, Any] = {"role": "system", "content": _join_contents(systems, content_format)}
+    texts = [_system_text(converted[i]["content"]) for i in system_at]
+    merged: dict[str, Any] = {"role": "system", "content": "\n\n".join(text for text in texts if text)}
     rest = [message for message in converted if message["role"] != "system"]
     return [merged, *rest]
 
 
-def _join_contents(messages: list[dict[str, Any]], content_format: ContentFormat) -> Any:
-    texts = []
-    for message in messages:
-        content = message["content"]
-        if isinstance(content, list):
-            content = "".join(part.get("text", "") for part in content if part.get("type") == "text")
-        texts.append(content or "")
-    joined = "\n\n".join(texts)
-    if content_format == "openai":
-        return [{"type": "text", "text": joined}]
-    return joined
+def _system_text(content: Any) -> Any:
+    if isinstance(content, list):
+        return "\n".join(
+            part["text"] if isinstance(part, dict) else part
+            for part in content
+            if (isinstance(part, dict) and "text" in part) or isinstance(part, str)
+        )
+    return content
 
 
 # ---------------------------------------------------------------------------

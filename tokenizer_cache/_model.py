@@ -10,6 +10,7 @@ counting then only validates the request, renders and encodes.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -138,8 +139,13 @@ class ModelTokenizer:
         piece_counter: PieceCounter | None = None,
         piece_fallback: str | None = None,
         identity: bytes | None = None,
+        model_vocab_size: int | None = None,
     ) -> None:
         self.source_dir = source_dir
+        # The model's embedding rows (config.json `vocab_size`), when the
+        # directory says: vLLM accepts prompt ids up to the larger of it and the
+        # tokenizer's own largest id.
+        self.model_vocab_size = model_vocab_size
         self._tokenizer = tokenizer
         self._templates = templates
         self._special_tokens = special_tokens
@@ -165,7 +171,34 @@ class ModelTokenizer:
 
     def count_completion(self, body: dict) -> list[int]:
         """Prompt tokens of a /v1/completions request, one figure per prompt."""
-        return _completion.count_prompts(body, lambda text, special: self.count_text(text, add_special_tokens=special))
+        return _completion.count_prompts(
+            body, lambda text, special: self.count_text(text, add_special_tokens=special),
+            check_ids=self._check_in_vocabulary,
+        )
+
+    @functools.cached_property
+    def max_token_id(self) -> int:
+        """The tokenizer's largest id, added tokens included (vLLM's
+        `tokenizer.max_token_id`, vllm/tokenizers/hf.py `get_cached_tokenizer`)."""
+        return max(self._tokenizer.get_vocab(with_added_tokens=True).values())
+
+    @property
+    def token_id_limit(self) -> int | None:
+        """The largest prompt token id vLLM accepts (vllm/renderers/base.py
+        `validate_token_ids`: the larger of the tokenizer's largest id and the
+        model's `vocab_size - 1`), or None when the directory has no config.json:
+        then the model may have more rows than the tokenizer has ids (Qwen3-8B:
+        151,936 vs 151,669) and refusing any id would refuse what vLLM serves."""
+        if self.model_vocab_size is None:
+            return None
+        return max(self.max_token_id, self.model_vocab_size - 1)
+
+    def _check_in_vocabulary(self, prompt: list[int]) -> None:
+        limit = self.token_id_limit
+        if limit is not None:
+            largest = max(prompt)
+            if largest > limit:
+                raise CountError(f"Token id {largest} is out of vocabulary", param="prompt")
 
     def count_text(self, text: str, *, add_special_tokens: bool) -> int:
         """Tokens of `text`; the post-processor decides what add_special_tokens adds."""
@@ -264,6 +297,20 @@ def _read_config(path: pathlib.Path) -> dict[str, Any]:
     return config
 
 
+def _model_vocab_size(path: pathlib.Path) -> int | None:
+    """config.json's `vocab_size` (or its `text_config`'s, for multimodal models); None if absent."""
+    try:
+        config = _read_config(path)
+    except ValueError:
+        return None
+    for section in (config, config.get("text_config")):
+        if isinstance(section, dict):
+            size = section.get("vocab_size")
+            if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+                return size
+    return None
+
+
 def load_model_tokenizer(
     directory: str | os.PathLike,
     *,
@@ -333,4 +380,11 @@ def _load_hf(source_dir: pathlib.Path) -> ModelTokenizer:
     identity = hashlib.blake2b(
         raw + (b"\x01" if tokenizer.encode_special_tokens else b"\x00"), digest_size=32
     ).digest()
-    return ModelTokenizer(source_dir, tokenizer, templates, special_token_variables(config), identity=identity)
+    return ModelTokenizer(
+        source_dir,
+        tokenizer,
+        templates,
+        special_token_variables(config),
+        identity=identity,
+        model_vocab_size=_model_vocab_size(source_dir / "config.json"),
+    )
