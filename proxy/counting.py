@@ -369,28 +369,68 @@ class PromptCounter:
         return counts
 
 
-_WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
+def _tool(name: str, description: str, strict: bool | None = None, **extra: Any) -> dict[str, Any]:
+    function: dict[str, Any] = {
+        "name": name,
+        "description": description,
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                       "additionalProperties": False},
+    }
+    if strict is not None:
+        function["strict"] = strict
+    return {"type": "function", "function": function, **extra}
 
-# Built-in conversations for the start-up parity check: plain, multi-turn with
-# non-ASCII text, and one with tools (the shape most likely to differ).
+
+# Built-in conversations for the start-up parity check: the shapes real traffic
+# has (a system prompt, tools as the Agents SDK and LlamaIndex send them, with
+# `strict` true and false and `defer_loading`, text parts, a tool round trip,
+# non-ASCII text, a developer message with reasoning in the history, a system
+# message that is not first).  Where a template cannot render one, the
+# upstream must refuse it too, else it is a mismatch (parity_check).
 PARITY_PROBES: dict[str, dict[str, Any]] = {
     "plain": {"messages": [{"role": "user", "content": "Hello! How are you today?"}]},
+    "system": {"messages": [{"role": "system", "content": "You are a careful assistant. Answer briefly."},
+                            {"role": "user", "content": "What is the capital of France?"}]},
+    "tools_strict": {
+        "messages": [{"role": "user", "content": "Weather in Seoul?"}],
+        "tools": [_tool("get_weather", "Current weather for a city", strict=True),
+                  _tool("get_forecast", "Forecast for a city", strict=False, defer_loading=True)],
+    },
+    "parts": {"messages": [
+        {"role": "system", "content": [{"type": "text", "text": "Be terse."}, {"type": "text", "text": "No lists."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Describe rain."}, {"type": "text", "text": "Briefly."}]},
+    ]},
+    "tool_loop": {
+        "messages": [
+            {"role": "user", "content": "Weather in Seoul?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": '{"city": "Seoul"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 21, "sky": "clear"}'},
+            {"role": "user", "content": "And tomorrow?"},
+        ],
+        "tools": [_tool("get_weather", "Current weather for a city", strict=True)],
+    },
     "multi_turn": {
         "messages": [
             {"role": "system", "content": "You are a helpful assistant."},
-            {"role": "user", "content": "세종대왕이 한글을 만든 이유는? 🐶"},
+            {"role": "user", "content": "세종대왕이 한글을 만든 이유는? 🐶 漢字, café, naïve, e\u0301"},
             {"role": "assistant", "content": "To make reading easy for everyone."},
             {"role": "user", "content": "Thanks!"},
         ]
     },
-    "tools": {"messages": [{"role": "user", "content": "Weather in Seoul?"}], "tools": [_WEATHER_TOOL]},
+    "developer_reasoning": {"messages": [
+        {"role": "developer", "content": "Prefer metric units."},
+        {"role": "user", "content": "How far is a marathon?"},
+        {"role": "assistant", "content": "About 42 km.", "reasoning": "The marathon is 42.195 km."},
+        {"role": "user", "content": "In miles?"},
+    ]},
+    "system_not_first": {"messages": [
+        {"role": "user", "content": "Hi."},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "system", "content": "From now on answer in French."},
+        {"role": "user", "content": "How are you?"},
+    ]},
 }
 
 
