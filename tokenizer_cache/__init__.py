@@ -16,7 +16,7 @@ Everything else lives in private modules; import from here.
 
 from ._cache import TokenizerCache
 from ._chat import UnsupportedContent
-from ._errors import CountError
+from ._errors import CountError, MediaNotCountable
 from ._locate import find_tokenizer_dir
 from ._model import ModelTokenizer, load_model_tokenizer
 from ._piece_cache import DEFAULT_MAX_ENTRIES as DEFAULT_PIECE_CACHE_ENTRIES
@@ -26,6 +26,7 @@ from ._piece_count import PieceCounter, PieceTally
 __all__ = [
     "CountError",
     "DEFAULT_PIECE_CACHE_ENTRIES",
+    "MediaNotCountable",
     "ModelTokenizer",
     "PieceCacheStats",
     "PieceCountCache",
