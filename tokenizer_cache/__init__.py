@@ -15,7 +15,6 @@ Everything else lives in private modules; import from here.
 """
 
 from ._cache import TokenizerCache
-from ._chat import UnsupportedContent
 from ._errors import CountError, MediaNotCountable
 from ._locate import find_tokenizer_dir
 from ._model import ModelTokenizer, load_model_tokenizer
@@ -24,8 +23,8 @@ from ._piece_cache import PieceCacheStats, PieceCountCache
 from ._piece_count import PieceCounter, PieceTally
 
 __all__ = [
-    "CountError",
     "DEFAULT_PIECE_CACHE_ENTRIES",
+    "CountError",
     "MediaNotCountable",
     "ModelTokenizer",
     "PieceCacheStats",
@@ -33,7 +32,6 @@ __all__ = [
     "PieceCounter",
     "PieceTally",
     "TokenizerCache",
-    "UnsupportedContent",
     "find_tokenizer_dir",
     "load_model_tokenizer",
 ]

@@ -48,7 +48,8 @@ _XMP_ORIENTATION = re.compile(rb'tiff:Orientation(="|>)([0-9])')
 
 
 class ByteSource(Protocol):
-    size: int
+    @property
+    def size(self) -> int: ...
 
     def read(self, offset: int, count: int) -> bytes: ...
 
