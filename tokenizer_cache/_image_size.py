@@ -11,12 +11,17 @@ orientation wherever Pillow finds one (EXIF first, else an XMP
 
 - PNG: IHDR; eXIf, and tEXt/zTXt/iTXt "Raw profile type exif" and
   "XML:com.adobe.xmp" chunks anywhere in the file (exif_transpose loads the
-  image first, which reads the chunks after the pixel data too).
+  image first, which reads the chunks after the pixel data too); a chunk
+  that runs past the end of the data is a truncated file Pillow refuses.
 - JPEG: the first SOF marker's height and width (SOF0-SOF15 except DHT, JPG,
   DAC); APP1 "Exif" segments (concatenated, as Pillow does) and APP1 XMP.
 - GIF: the logical screen, grown to cover the first frame's extent.
 - WebP: the VP8/VP8L/VP8X canvas; the EXIF and "XMP " chunks.
 - BMP: the DIB header's width and height.
+
+(For Qwen-VL, Gemma 3 and LLaVA-1.5 the token count does not change when
+width and height swap; the orientation matters to arithmetic that is not
+symmetric, such as Pixtral's rows of patches.)
 
 Work is bounded: the reader only reads headers and chunk/segment lengths and
 skips pixel data by offset (`_data_url.Base64Bytes` decodes any byte range on
@@ -174,14 +179,19 @@ def _png(source: ByteSource) -> tuple[int, int, int]:
     exif: bytes | None = None
     raw_profile: bytes | None = None
     xmp: bytes | None = None
-    offset, budget = 8, _MAX_METADATA_BYTES
+    offset, budget, seen_data = 8, _MAX_METADATA_BYTES, False
     for _ in range(_MAX_CHUNKS):
         chunk = source.read(offset, 8)
         if len(chunk) < 8:
-            break  # a file cut short after IHDR: Pillow opens it and stops reading
+            if not seen_data:
+                raise _Broken  # Pillow's open reads chunks up to IDAT
+            break  # no IEND: Pillow stops reading there
         length, kind = struct.unpack(">L4s", chunk)
         if kind == b"IEND":
             break
+        if offset + 12 + length > source.size:
+            raise _Broken  # a chunk cut short: open or load fails with "truncated"
+        seen_data = seen_data or kind == b"IDAT"
         if kind in (b"eXIf", b"tEXt", b"zTXt", b"iTXt") and length <= budget:
             budget -= length
             data = source.read(offset + 8, length)
