@@ -5,9 +5,10 @@ by Pillow).  `tests/data/media_cases.jsonl` holds the same cases with what vLLM
 0.32 answered (`usage.prompt_tokens`, or the error status and message); the
 fast tier counts them with headroom (tests/test_media_corpus.py) and the
 real-vLLM tier checks that file against a live server
-(tests/test_media_real_vllm.py).  Regenerate the file with a server running:
+(tests/test_media_real_vllm.py).  `build_gemma3_cases()` and `tests/data/media_cases_gemma3.jsonl` do the same
+for the tiny Gemma 3 vision model.  Regenerate a file with its server running:
 
-    python -m tests.media_cases --base-url http://127.0.0.1:PORT
+    python -m tests.media_cases --base-url http://127.0.0.1:PORT [--family gemma3]
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from PIL import Image
 from tests.realvllm.tiny_vl_model import STRING_TEMPLATE
 
 CORPUS = Path(__file__).resolve().parent / "data" / "media_cases.jsonl"
+GEMMA3_CORPUS = Path(__file__).resolve().parent / "data" / "media_cases_gemma3.jsonl"
 MODEL = "tiny-qwen2-vl"
+GEMMA3_MODEL = "tiny-gemma3-vl"
 
 
 def data_url(
@@ -147,19 +150,61 @@ def build_cases() -> list[dict[str, Any]]:
     return cases
 
 
-def vllm_request(case: dict[str, Any]) -> dict[str, Any]:
+def build_gemma3_cases() -> list[dict[str, Any]]:
+    """Gemma 3: a fixed image budget, newline merging around each image, pan-and-scan crops."""
+    cases: list[dict[str, Any]] = []
+
+    def add(case_id: str, request: dict[str, Any]) -> None:
+        cases.append({"id": case_id, "template": "openai", "request": request})
+
+    add("image-only", {"messages": [user(image(data_url((640, 480))))]})
+    add("text-then-image", {"messages": [user(text("Describe this:"), image(data_url((300, 900), "JPEG")))]})
+    add("image-then-text", {"messages": [user(image(data_url((1, 1))), text("What colour?"))]})
+    add("text-newline-image", {"messages": [user(text("Look\n"), image(data_url((64, 64))), text("\nthen answer"))]})
+    add("two-images-adjacent", {"messages": [user(image(data_url((100, 100))), image(data_url((2000, 100), "WEBP")))]})
+    add("three-images-with-text", {"messages": [user(
+        text("a"), image(data_url((100, 100))), text("b"), image(data_url((50, 500))), text("c"),
+        image(data_url((999, 333), "GIF")))]})  # fmt: skip
+    add("system-prefix-then-image", {"messages": [
+        {"role": "system", "content": "You describe images."},
+        user(image(data_url((400, 400))), text("Go.")),
+    ]})  # fmt: skip
+    add("images-in-two-turns", {"messages": [
+        user(image(data_url((200, 200))), text("First?")),
+        {"role": "assistant", "content": "A square."},
+        user(text("And this one?"), image(data_url((1200, 400), "JPEG"))),
+    ]})  # fmt: skip
+    add("no-generation-prompt", {"messages": [user(image(data_url((128, 256))))], "add_generation_prompt": False})
+    add("input-image-part", {"messages": [user(
+        {"type": "input_image", "image_url": data_url((640, 360)), "detail": "high"}, text("and?"))]})  # fmt: skip
+    for width, height in [(1200, 300), (300, 1000), (500, 500), (400, 200), (550, 500), (2600, 260), (780, 256)]:
+        add(f"pan-and-scan-{width}x{height}", {"messages": [user(text("Read it."), image(data_url((width, height))))],
+                                              "mm_processor_kwargs": {"do_pan_and_scan": True}})  # fmt: skip
+    add("pan-and-scan-max-crops-6", {"messages": [user(image(data_url((3000, 300))))],
+                                    "mm_processor_kwargs": {"do_pan_and_scan": True,
+                                                            "pan_and_scan_max_num_crops": 6}})  # fmt: skip
+    add("pan-and-scan-scoped", {"messages": [user(image(data_url((1200, 300))), image(data_url((300, 300))))],
+                               "mm_processor_kwargs": {"images_kwargs": {"do_pan_and_scan": True,
+                                                                         "pan_and_scan_min_crop_size": 100}}})  # fmt: skip
+    add("pan-and-scan-off-explicitly", {"messages": [user(image(data_url((1200, 300))))],
+                                       "mm_processor_kwargs": {"do_pan_and_scan": False}})  # fmt: skip
+    add("error-bad-base64", {"messages": [user(image("data:image/png;base64,iVBO!w0KGgo="))]})
+    return cases
+
+
+def vllm_request(case: dict[str, Any], model: str = MODEL) -> dict[str, Any]:
     """The body sent to vLLM: the case's request plus model, max_tokens and the string template."""
-    body = {"model": MODEL, "max_tokens": 1, **case["request"]}
+    body = {"model": model, "max_tokens": 1, **case["request"]}
     if case["template"] == "string":
         body["chat_template"] = STRING_TEMPLATE
     return body
 
 
-def ask_vllm(base_url: str, case: dict[str, Any]) -> dict[str, Any]:
+def ask_vllm(base_url: str, case: dict[str, Any], model: str = MODEL) -> dict[str, Any]:
     """vLLM's answer as corpus fields: the prompt tokens, or the error status and message."""
     request = urllib.request.Request(
         f"{base_url}/v1/chat/completions",
-        json.dumps(vllm_request(case)).encode(),
+        json.dumps(vllm_request(case, model)).encode(),
         {"content-type": "application/json"},
     )
     try:
@@ -174,14 +219,20 @@ def ask_vllm(base_url: str, case: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write tests/data/media_cases.jsonl from a running tiny Qwen2-VL vLLM.")
+    parser = argparse.ArgumentParser(description="Record a media corpus from a running tiny vision vLLM.")
     parser.add_argument("--base-url", required=True)
-    parser.add_argument("--out", type=Path, default=CORPUS)
+    parser.add_argument("--family", choices=("qwen2_vl", "gemma3"), default="qwen2_vl")
     args = parser.parse_args(argv)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as handle:
-        handle.writelines(json.dumps({**case, **ask_vllm(args.base_url, case)}, sort_keys=True) + "\n" for case in build_cases())
-    print(f"wrote {args.out}")
+    if args.family == "gemma3":
+        out, model, cases = GEMMA3_CORPUS, GEMMA3_MODEL, build_gemma3_cases()
+    else:
+        out, model, cases = CORPUS, MODEL, build_cases()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", encoding="utf-8") as handle:
+        handle.writelines(
+            json.dumps({**case, **ask_vllm(args.base_url, case, model)}, sort_keys=True) + "\n" for case in cases
+        )
+    print(f"wrote {out}")
     return 0
 
 

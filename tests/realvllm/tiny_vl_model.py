@@ -185,28 +185,42 @@ def write_tokenizer_dir(out: Path, tokenizer_source: Path, template: str = OPENA
     (out / "chat_template.jinja").write_text(template, encoding="utf-8")
 
 
-def expected_manifest(tokenizer_source: Path) -> dict:
+def expected_manifest(tokenizer_source: Path, module: str = __name__, version: int = BUILDER_VERSION) -> dict:
     return {
-        "builder_version": BUILDER_VERSION,
+        "builder": module,
+        "builder_version": version,
         "tokenizer_sha256": {name: file_sha256(tokenizer_source / name) for name in TOKENIZER_FILES},
     }
 
 
-def is_current(model_dir: Path, tokenizer_source: Path) -> bool:
-    manifest = model_dir / MANIFEST
-    if not manifest.exists() or not (model_dir / "model.safetensors").exists():
+def is_current(model_dir: Path, manifest: dict) -> bool:
+    path = model_dir / MANIFEST
+    if not path.exists() or not (model_dir / "model.safetensors").exists():
         return False
     try:
-        return json.loads(manifest.read_text()) == expected_manifest(tokenizer_source)
+        return json.loads(path.read_text()) == manifest
     except ValueError:
         return False
 
 
-def ensure_tiny_vl_model(model_dir: Path, tokenizer_source: Path, python: Path, log_path: Path) -> bool:
-    """Build into `model_dir` unless a current build is there; True when it built (caller holds a lock)."""
+def ensure_built(
+    model_dir: Path,
+    tokenizer_source: Path,
+    python: Path,
+    log_path: Path,
+    module: str = __name__,
+    version: int = BUILDER_VERSION,
+) -> bool:
+    """Run builder `module` (``python -m module --out --tokenizer``) into `model_dir` unless a
+    current build is there; True when it built.  The caller holds a lock.
+
+    The build happens in a sibling temporary directory renamed into place at
+    the end, so a reader never sees half a model.
+    """
     from .venv import SetupError, log_tail, quiet_env
 
-    if is_current(model_dir, tokenizer_source):
+    manifest = expected_manifest(tokenizer_source, module, version)
+    if is_current(model_dir, manifest):
         return False
     model_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}-", dir=model_dir.parent))
@@ -214,17 +228,16 @@ def ensure_tiny_vl_model(model_dir: Path, tokenizer_source: Path, python: Path, 
     try:
         with open(log_path, "w") as log:
             result = subprocess.run(
-                [str(python), "-m", "tests.realvllm.tiny_vl_model", "--out", str(staging),
-                 "--tokenizer", str(tokenizer_source)],
+                [str(python), "-m", module, "--out", str(staging), "--tokenizer", str(tokenizer_source)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**quiet_env(), "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
                 timeout=600,
                 check=False,
-            )  # fmt: skip
+            )
         if result.returncode != 0:
-            raise SetupError(f"building the tiny VL model failed (exit {result.returncode}):\n{log_tail(log_path)}")
-        (staging / MANIFEST).write_text(json.dumps(expected_manifest(tokenizer_source), indent=2, sort_keys=True))
+            raise SetupError(f"building {model_dir.name} failed (exit {result.returncode}):\n{log_tail(log_path)}")
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
         if model_dir.exists():
             shutil.rmtree(model_dir)
         os.replace(staging, model_dir)
@@ -232,6 +245,23 @@ def ensure_tiny_vl_model(model_dir: Path, tokenizer_source: Path, python: Path, 
         if staging.exists():
             shutil.rmtree(staging)
     return True
+
+
+def random_weights(shapes: dict[str, tuple[int, ...]], seed: int) -> dict:
+    """Seeded bf16 tensors: norms one, biases zero, the rest N(0, 0.02). Needs torch."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, shape in sorted(shapes.items()):
+        if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight")):
+            tensor = torch.ones(shape)
+        elif name.endswith("bias"):
+            tensor = torch.zeros(shape)
+        else:
+            tensor = torch.randn(shape, generator=generator) * 0.02
+        tensors[name] = tensor.to(torch.bfloat16).contiguous()
+    return tensors
 
 
 def write_model(out: Path, tokenizer_source: Path) -> None:
@@ -245,17 +275,7 @@ def write_model(out: Path, tokenizer_source: Path) -> None:
     with torch.device("meta"):
         shapes = {name: tuple(t.shape) for name, t in Qwen2VLForConditionalGeneration(config).state_dict().items()}
     shapes.pop("lm_head.weight", None)  # tied to the embedding
-    generator = torch.Generator().manual_seed(SEED)
-    tensors = {}
-    for name, shape in sorted(shapes.items()):
-        if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight")):
-            tensor = torch.ones(shape)
-        elif name.endswith("bias"):
-            tensor = torch.zeros(shape)
-        else:
-            tensor = torch.randn(shape, generator=generator) * 0.02
-        tensors[name] = tensor.to(torch.bfloat16).contiguous()
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(random_weights(shapes, SEED), str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
 def main(argv: list[str] | None = None) -> int:

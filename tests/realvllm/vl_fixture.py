@@ -22,7 +22,7 @@ import pytest
 from .fixture import MODE_ENV, SHARED_DIR, RealVllm, parse_mode
 from .locking import exclusive_lock
 from .server import MAX_MODEL_LEN, running_server
-from .tiny_vl_model import ensure_tiny_vl_model
+from .tiny_vl_model import ensure_built
 from .venv import SetupError, cache_root, ensure_vllm_venv
 from .vision_overlay import ensure_vision_overlay
 
@@ -48,7 +48,7 @@ def real_vllm_vl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealVllm]
             model_dir = cache_root() / "tiny-qwen2-vl"
             started = time.monotonic()
             with exclusive_lock(cache_root() / ".tiny-qwen2-vl.lock"):
-                if ensure_tiny_vl_model(model_dir, QWEN25_TOKENIZER_DIR, venv.python, log_dir / "build.log"):
+                if ensure_built(model_dir, QWEN25_TOKENIZER_DIR, venv.python, log_dir / "build.log"):
                     timings["model_build_s"] = time.monotonic() - started
             server = stack.enter_context(
                 running_server(
