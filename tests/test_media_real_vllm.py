@@ -22,7 +22,16 @@ import pytest
 
 from proxy.app import HeadroomApp
 from proxy.config import Config, UpstreamConfig
-from tests.media_cases import CORPUS, ask_vllm, build_cases, data_url, image, text, user, vllm_request
+from tests.media_cases import (
+    CORPUS,
+    ask_vllm,
+    build_cases,
+    data_url,
+    image,
+    text,
+    user,
+    vllm_request,
+)
 from tests.servers import serve_in_thread
 from tokenizer_cache import load_model_tokenizer
 
