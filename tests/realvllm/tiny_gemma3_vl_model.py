@@ -27,7 +27,7 @@ from .tiny_model import full_vocab_size
 from .tiny_vl_model import TOKENIZER_FILES, random_weights
 from .venv import cache_root
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 SEED = 20261202
 GEMMA3_TOKENIZER_DIR = cache_root() / "tokenizers" / "gemma3"
 
@@ -125,7 +125,17 @@ def write_model(out: Path, tokenizer_source: Path) -> None:
     with torch.device("meta"):
         shapes = {name: tuple(t.shape) for name, t in Gemma3ForConditionalGeneration(config).state_dict().items()}
     shapes.pop("lm_head.weight", None)  # tied to the embedding
+    # transformers 5 holds the SigLIP tower without its "vision_model" level;
+    # checkpoints (and vLLM's loader) keep it.
+    shapes = {_checkpoint_name(name): shape for name, shape in shapes.items()}
     save_file(random_weights(shapes, SEED), str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _checkpoint_name(name: str) -> str:
+    prefix = "model.vision_tower."
+    if name.startswith(prefix) and not name.startswith(prefix + "vision_model."):
+        return prefix + "vision_model." + name[len(prefix):]
+    return name
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,8 @@
 Why: transformers 5.19's Qwen2-VL processor loads a video processor that needs
 torchvision, and ``vllm/model_executor/models/qwen2_vl.py`` imports
 ``transformers.models.qwen2_vl.image_processing_qwen2_vl``, which imports it at
-module level. The vLLM venv has no torchvision on purpose (venv.py): the only
+module level; vLLM's model inspection of Gemma3ForConditionalGeneration fails
+without it the same way. The vLLM venv has no torchvision on purpose (venv.py): the only
 build the registry serves, 0.28.0 (the release paired with torch 2.13), is a
 CUDA build whose C++ ops cannot load beside the CPU torch, and importing it
 then dies registering fake kernels for ``torchvision::nms``/``qnms``, ops that
@@ -12,7 +13,7 @@ never got defined.
 So it goes into a separate directory put on PYTHONPATH for the vision server
 alone, with a ``sitecustomize.py`` that defines those two op schemas just
 before torchvision is first imported. torchvision then imports without its C++
-ops, which only detection models use; transformers' Qwen2-VL image and video
+ops, which only detection models use; transformers' Qwen2-VL and Gemma 3
 processors use its Python transforms on torch tensors. That is the torchvision
 backend production GPU installs run, so the image grid arithmetic under test is
 the one they use. The text server (and every other user of the venv) never
