@@ -5,10 +5,11 @@ by Pillow).  `tests/data/media_cases.jsonl` holds the same cases with what vLLM
 0.32 answered (`usage.prompt_tokens`, or the error status and message); the
 fast tier counts them with headroom (tests/test_media_corpus.py) and the
 real-vLLM tier checks that file against a live server
-(tests/test_media_real_vllm.py).  `build_gemma3_cases()` and `tests/data/media_cases_gemma3.jsonl` do the same
-for the tiny Gemma 3 vision model.  Regenerate a file with its server running:
+(tests/test_media_real_vllm.py).  `build_gemma3_cases()` / `tests/data/media_cases_gemma3.jsonl` and
+`build_llava_cases()` / `tests/data/media_cases_llava.jsonl` do the same for
+the tiny Gemma 3 and LLaVA-style models.  Regenerate a file with its server running:
 
-    python -m tests.media_cases --base-url http://127.0.0.1:PORT [--family gemma3]
+    python -m tests.media_cases --base-url http://127.0.0.1:PORT [--family gemma3|llava]
 """
 
 from __future__ import annotations
@@ -28,9 +29,13 @@ from PIL import Image
 from tests.realvllm.tiny_vl_model import STRING_TEMPLATE
 
 CORPUS = Path(__file__).resolve().parent / "data" / "media_cases.jsonl"
+# 8 grey frames at 5 fps, written once with OpenCV in the vLLM venv (no OpenCV here).
+VIDEO = Path(__file__).resolve().parent / "data" / "video-8-frames-200x120.mp4"
 GEMMA3_CORPUS = Path(__file__).resolve().parent / "data" / "media_cases_gemma3.jsonl"
 MODEL = "tiny-qwen2-vl"
 GEMMA3_MODEL = "tiny-gemma3-vl"
+LLAVA_CORPUS = Path(__file__).resolve().parent / "data" / "media_cases_llava.jsonl"
+LLAVA_MODEL = "tiny-llava"
 
 
 def data_url(
@@ -71,11 +76,15 @@ def user(*parts: Any) -> dict[str, Any]:
 
 
 def build_cases() -> list[dict[str, Any]]:
-    """Each case: id, template ("openai" or "string"), request (without model/max_tokens)."""
+    """Each case: id, template ("openai" or "string"), request (without model/max_tokens),
+    and "headroom": "not_countable" where headroom must forward instead of counting."""
     cases: list[dict[str, Any]] = []
 
-    def add(case_id: str, request: dict[str, Any], template: str = "openai") -> None:
-        cases.append({"id": case_id, "template": template, "request": request})
+    def add(case_id: str, request: dict[str, Any], template: str = "openai", headroom: str = "count") -> None:
+        case = {"id": case_id, "template": template, "request": request}
+        if headroom != "count":
+            case["headroom"] = headroom  # what headroom does instead of counting
+        cases.append(case)
 
     # One image: sizes and aspect ratios across smart_resize's branches
     # (rounding, below min_pixels, above max_pixels, extreme ratios).
@@ -141,6 +150,14 @@ def build_cases() -> list[dict[str, Any]]:
     add("string-placeholder-typed", {"messages": [user(
         text("Here: <|vision_start|><|image_pad|><|vision_end|> what?"), image(data_url((640, 480))))]}, "string")  # fmt: skip
 
+    # Served by vLLM, not counted by headroom: forwarded uncounted, never refused.
+    video = "data:video/mp4;base64," + base64.b64encode(VIDEO.read_bytes()).decode()
+    add("video-not-countable", {"messages": [user(text("What happens?"), {"type": "video_url", "video_url": {"url": video}})]},
+        headroom="not_countable")
+    add("video-and-image-not-countable", {"messages": [user(
+        image(data_url((300, 300))), {"type": "video_url", "video_url": {"url": video}})]},
+        headroom="not_countable")  # fmt: skip
+
     # What vLLM refuses.
     add("error-aspect-ratio-201", {"messages": [user(image(data_url((201, 1))))]})
     add("error-bad-base64", {"messages": [user(image("data:image/png;base64,iVBO!w0KGgo="))]})
@@ -192,6 +209,28 @@ def build_gemma3_cases() -> list[dict[str, Any]]:
     return cases
 
 
+def build_llava_cases() -> list[dict[str, Any]]:
+    """LLaVA-1.5 style: every image is the same fixed grid, whatever its size."""
+    cases: list[dict[str, Any]] = []
+
+    def add(case_id: str, request: dict[str, Any]) -> None:
+        cases.append({"id": case_id, "template": "openai", "request": request})
+
+    for width, height in [(1, 1), (336, 336), (640, 480), (2000, 100), (77, 1500)]:
+        add(f"size-{width}x{height}", {"messages": [user(text("What is it?"), image(data_url((width, height))))]})
+    add("jpeg-and-webp", {"messages": [user(image(data_url((500, 400), "JPEG")), image(data_url((90, 60), "WEBP")))]})
+    add("images-in-two-turns", {"messages": [
+        user(image(data_url((200, 200))), text("First?")),
+        {"role": "assistant", "content": "A square."},
+        user(text("And this one?"), image(data_url((1200, 400), "JPEG"))),
+    ]})  # fmt: skip
+    add("three-images", {"messages": [user(*[image(data_url((50 * (i + 1), 40))) for i in range(3)])]})
+    add("error-truncated-png", {"messages": [user(image(
+        "data:image/png;base64," + base64.b64encode(base64.b64decode(data_url((64, 64)).partition(",")[2])[:45]).decode()
+    ))]})  # fmt: skip
+    return cases
+
+
 def vllm_request(case: dict[str, Any], model: str = MODEL) -> dict[str, Any]:
     """The body sent to vLLM: the case's request plus model, max_tokens and the string template."""
     body = {"model": model, "max_tokens": 1, **case["request"]}
@@ -221,10 +260,12 @@ def ask_vllm(base_url: str, case: dict[str, Any], model: str = MODEL) -> dict[st
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Record a media corpus from a running tiny vision vLLM.")
     parser.add_argument("--base-url", required=True)
-    parser.add_argument("--family", choices=("qwen2_vl", "gemma3"), default="qwen2_vl")
+    parser.add_argument("--family", choices=("qwen2_vl", "gemma3", "llava"), default="qwen2_vl")
     args = parser.parse_args(argv)
     if args.family == "gemma3":
         out, model, cases = GEMMA3_CORPUS, GEMMA3_MODEL, build_gemma3_cases()
+    elif args.family == "llava":
+        out, model, cases = LLAVA_CORPUS, LLAVA_MODEL, build_llava_cases()
     else:
         out, model, cases = CORPUS, MODEL, build_cases()
     out.parent.mkdir(parents=True, exist_ok=True)

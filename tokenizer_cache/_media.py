@@ -361,7 +361,7 @@ def load_media_model(
     if architecture == "Gemma3ForConditionalGeneration":
         return _gemma3(directory, tokenizer, tokenizer_config)
     if architecture == "LlavaForConditionalGeneration":
-        return _llava(directory, config, tokenizer)
+        return _llava(config, tokenizer)
     return None, f"no multimodal arithmetic for architecture {architecture!r}"
 
 
@@ -442,10 +442,9 @@ def _gemma3(
 _LLAVA_TOWERS = {"clip_vision_model": 1, "siglip_vision_model": 0}  # extra class token
 
 
-def _llava(directory: pathlib.Path, config: Mapping[str, Any], tokenizer: Tokenizer) -> tuple[MediaModel | None, str]:
-    processor = _json(directory / "processor_config.json") or {}
-    if processor.get("processor_class", "LlavaProcessor") != "LlavaProcessor":
-        return None, f"LLaVA with {processor.get('processor_class')!r} is not a fixed grid"
+def _llava(config: Mapping[str, Any], tokenizer: Tokenizer) -> tuple[MediaModel | None, str]:
+    """vLLM picks Pixtral's processor for a Pixtral tower and LLaVA's for CLIP/SigLIP
+    (`_build_llava_or_pixtral_hf_info`); only the latter is a fixed grid."""
     vision = config.get("vision_config") or {}
     tower = vision.get("model_type", "clip_vision_model")
     image_size, patch_size = vision.get("image_size"), vision.get("patch_size")

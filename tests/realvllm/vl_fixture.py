@@ -1,8 +1,9 @@
 """Fixtures for real vLLM 0.32 CPU servers with tiny vision models: ``real_vllm_vl``
-(Qwen2-VL, Qwen2.5 tokenizer) and ``real_vllm_gemma3_vl`` (Gemma 3, npm tokenizer).
+(Qwen2-VL, Qwen2.5 tokenizer), ``real_vllm_gemma3_vl`` (Gemma 3, npm tokenizer)
+and ``real_vllm_llava`` (LLaVA-1.5-style CLIP grid, Qwen2.5 tokenizer).
 
 Module-scoped, so each runs only while the tests that ask for it run (≈ 2.5 GiB,
-≈ 40-90 s to start) and stops before the next module. ``HEADROOM_REAL_VLLM``
+≈ 1-3 min to start) and stops before the next module. ``HEADROOM_REAL_VLLM``
 decides what happens when one cannot be had, as for ``real_vllm``.
 
 The servers trust request-level ``mm_processor_kwargs`` and chat templates
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from . import tiny_gemma3_vl_model, tiny_vl_model
+from . import tiny_gemma3_vl_model, tiny_llava_model, tiny_vl_model
 from .fixture import MODE_ENV, SHARED_DIR, RealVllm, parse_mode
 from .locking import exclusive_lock
 from .server import MAX_MODEL_LEN, running_server
@@ -31,7 +32,11 @@ from .vision_overlay import ensure_vision_overlay
 QWEN25_TOKENIZER_DIR = SHARED_DIR / "models" / "Qwen--Qwen2.5-7B-Instruct"
 VL_MODEL_NAME = "tiny-qwen2-vl"
 GEMMA3_VL_MODEL_NAME = "tiny-gemma3-vl"
+LLAVA_MODEL_NAME = "tiny-llava"
 VL_SERVER_ARGS = ("--trust-request-mm-kwargs", "--trust-request-chat-template")
+# vLLM warms the multimodal processor up before it answers /health: 90 s and
+# more for Gemma 3 on a busy 2-core machine, beyond the text server's 180 s.
+VL_HEALTH_TIMEOUT_S = 600.0
 
 
 def _serve(
@@ -66,6 +71,7 @@ def _serve(
                     venv.python,
                     model_dir,
                     log_dir / "vllm-server.log",
+                    timeout=VL_HEALTH_TIMEOUT_S,
                     served_model_name=served_name,
                     extra_args=VL_SERVER_ARGS,
                     extra_env=env,
@@ -104,3 +110,10 @@ def real_vllm_gemma3_vl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Re
     yield from _serve(tmp_path_factory, GEMMA3_VL_MODEL_NAME, tiny_gemma3_vl_model.GEMMA3_TOKENIZER_DIR,
                       tiny_gemma3_vl_model.__name__, tiny_gemma3_vl_model.BUILDER_VERSION,
                       needs_torchvision=True)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def real_vllm_llava(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealVllm]:
+    """vLLM serving the tiny LLaVA-style model as ``tiny-llava`` (max_model_len 2048)."""
+    yield from _serve(tmp_path_factory, LLAVA_MODEL_NAME, QWEN25_TOKENIZER_DIR, tiny_llava_model.__name__,
+                      tiny_llava_model.BUILDER_VERSION, needs_torchvision=True)  # fmt: skip
