@@ -18,7 +18,6 @@ reader skips over the pixel data without touching it (`Base64Bytes.read`).
 from __future__ import annotations
 
 import binascii
-from dataclasses import dataclass
 
 from ._errors import CountError, MediaNotCountable
 
@@ -27,17 +26,21 @@ NON_BASE64 = "Non-base64 digit found"
 BAD_SCHEME = "The URL must be either a HTTP, data or file URL."
 
 
-@dataclass(frozen=True)
 class Base64Bytes:
-    """The bytes a base64 text decodes to, decoded piecewise on demand."""
+    """The bytes a base64 text decodes to, decoded piecewise on demand.
 
-    text: str
+    The text is `source[start:]`, kept as the caller's string so a large data
+    URL is never copied.
+    """
 
-    @property
-    def size(self) -> int:
-        """Decoded length (the text's length was checked to be a multiple of 4)."""
-        padding = len(self.text) - len(self.text.rstrip("="))
-        return len(self.text) // 4 * 3 - min(padding, 2)
+    __slots__ = ("_source", "_start", "size")
+
+    def __init__(self, source: str, start: int = 0) -> None:
+        self._source = source
+        self._start = start
+        length = len(source) - start
+        padding = (length >= 1 and source.endswith("=")) + (length >= 2 and source.endswith("=="))
+        self.size = length // 4 * 3 - padding  # the length was checked to be a multiple of 4
 
     def read(self, offset: int, count: int) -> bytes:
         """Up to `count` bytes from `offset` (fewer at the end); raises CountError on
@@ -45,8 +48,8 @@ class Base64Bytes:
         if count <= 0 or offset >= self.size:
             return b""
         first = offset // 3
-        last = min((offset + count + 2) // 3, len(self.text) // 4)
-        chunk = self.text[first * 4 : last * 4]
+        last = min((offset + count + 2) // 3, (len(self._source) - self._start) // 4)
+        chunk = self._source[self._start + first * 4 : self._start + last * 4]
         try:
             data = binascii.a2b_base64(chunk, strict_mode=True)
         except (binascii.Error, ValueError):
@@ -63,19 +66,19 @@ def open_media_url(url: str, where: str) -> Base64Bytes:
     non-base64 data URLs (vLLM answers 501 for those: let it say so).
     """
     if url[:5].lower() == "data:":
-        spec, comma, payload = url[5:].partition(",")
-        if not comma:
+        comma = url.find(",", 5)
+        if comma < 0:
             raise CountError(f"Invalid data URL {url[:32]!r}: missing ',' separator.", param="messages")
-        _media_type, semicolon, encoding = spec.rpartition(";")
+        _media_type, semicolon, encoding = url[5:comma].rpartition(";")
         if not semicolon or encoding != "base64":
             raise MediaNotCountable(
                 f"'{where}' is a data URL that is not base64; vLLM refuses it with 501.",
                 reason="image_format",
                 where=where,
             )
-        if len(payload) % 4:
+        if (len(url) - comma - 1) % 4:
             raise CountError(NON_BASE64, param="messages")
-        return Base64Bytes(payload)
+        return Base64Bytes(url, comma + 1)
     scheme = url.partition(":")[0].lower() if ":" in url else ""
     if scheme.startswith("http") or scheme == "file":
         raise MediaNotCountable(

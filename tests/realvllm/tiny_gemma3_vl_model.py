@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from .tiny_model import full_vocab_size
-from .tiny_vl_model import TOKENIZER_FILES, random_weights
+from .tiny_vl_model import TOKENIZER_FILES, checkpoint_names, random_weights
 from .venv import cache_root
 
 BUILDER_VERSION = 2
@@ -125,17 +125,8 @@ def write_model(out: Path, tokenizer_source: Path) -> None:
     with torch.device("meta"):
         shapes = {name: tuple(t.shape) for name, t in Gemma3ForConditionalGeneration(config).state_dict().items()}
     shapes.pop("lm_head.weight", None)  # tied to the embedding
-    # transformers 5 holds the SigLIP tower without its "vision_model" level;
-    # checkpoints (and vLLM's loader) keep it.
-    shapes = {_checkpoint_name(name): shape for name, shape in shapes.items()}
+    shapes = checkpoint_names(shapes)
     save_file(random_weights(shapes, SEED), str(out / "model.safetensors"), metadata={"format": "pt"})
-
-
-def _checkpoint_name(name: str) -> str:
-    prefix = "model.vision_tower."
-    if name.startswith(prefix) and not name.startswith(prefix + "vision_model."):
-        return prefix + "vision_model." + name[len(prefix):]
-    return name
 
 
 def main(argv: list[str] | None = None) -> int:

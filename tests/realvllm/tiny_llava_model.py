@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 
 from .tiny_model import full_vocab_size
-from .tiny_vl_model import IMAGE_PAD, TOKENIZER_FILES, random_weights
+from .tiny_vl_model import IMAGE_PAD, TOKENIZER_FILES, checkpoint_names, random_weights
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 SEED = 20261203
 
 TEMPLATE = """\
@@ -131,7 +131,7 @@ def write_model(out: Path, tokenizer_source: Path) -> None:
     with torch.device("meta"):
         shapes = {name: tuple(t.shape) for name, t in LlavaForConditionalGeneration(config).state_dict().items()}
     shapes.pop("lm_head.weight", None)  # tied to the embedding
-    save_file(random_weights(shapes, SEED), str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(random_weights(checkpoint_names(shapes), SEED), str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -247,6 +247,18 @@ def ensure_built(
     return True
 
 
+def checkpoint_names(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """transformers 5 holds a CLIP/SigLIP tower without its "vision_model" level in
+    memory; checkpoints, and vLLM's loader, keep it."""
+    prefix = "model.vision_tower."
+    return {
+        prefix + "vision_model." + name[len(prefix):]
+        if name.startswith(prefix) and not name.startswith(prefix + "vision_model.")
+        else name: shape
+        for name, shape in shapes.items()
+    }
+
+
 def random_weights(shapes: dict[str, tuple[int, ...]], seed: int) -> dict:
     """Seeded bf16 tensors: norms one, biases zero, the rest N(0, 0.02). Needs torch."""
     import torch
