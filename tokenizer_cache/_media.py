@@ -42,8 +42,24 @@ What each family puts there (chosen, as vLLM does, by config.json's
   (image_size / patch_size)**2, plus 1 for CLIP's class token, minus 1 when
   ``vision_feature_select_strategy`` is "default".
 
-Everything else (videos, audio, embeddings, other architectures, LLaVA-NeXT's
-any-resolution tiling) is reported as MediaNotCountable.
+Everything else is reported as MediaNotCountable, for these reasons:
+
+- Videos: vLLM decodes the container with OpenCV (frame count from the
+  container, checked by seeking to the end, broken frames skipped), samples
+  ``num_frames`` (32) or by ``fps`` from --media-io-kwargs, and the video
+  processor samples again; the count depends on decoding, not on a header.
+- Audio: the count follows the decoded, resampled duration (and not every
+  model takes audio); nothing in a header gives it for compressed formats.
+- Embeddings (``image_embeds``, ...): the count is the tensor's row count.
+- LLaVA-NeXT / OneVision any-resolution tiling, Pixtral, InternVL, ...: not
+  reproduced here yet.
+
+Where headroom cannot count, vLLM 0.32 can: ``POST /tokenize`` with the chat
+runs the same multimodal processor (media included; measured equal to
+``usage.prompt_tokens`` for images and a video), while the render endpoints
+(``/v1/chat/completions/render``) answer 403 unless vLLM runs with
+--enable-scale-out.  Server-level --mm-processor-kwargs and
+--media-io-kwargs are not visible to headroom; the defaults are assumed.
 """
 
 from __future__ import annotations
