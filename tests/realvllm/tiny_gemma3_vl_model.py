@@ -17,14 +17,11 @@ pan-and-scan unless a request asks for it).
 
 from __future__ import annotations
 
-import argparse
-import json
-import shutil
 import sys
 from pathlib import Path
 
 from .tiny_model import full_vocab_size
-from .tiny_vl_model import TOKENIZER_FILES, checkpoint_names, random_weights
+from .tiny_vl_model import builder_main, save_random_weights, write_files
 from .venv import cache_root
 
 BUILDER_VERSION = 2
@@ -101,9 +98,6 @@ def preprocessor_config() -> dict:
 
 def write_tokenizer_dir(out: Path, tokenizer_source: Path) -> None:
     """Everything headroom reads (no weights)."""
-    out.mkdir(parents=True, exist_ok=True)
-    for name in TOKENIZER_FILES:
-        shutil.copyfile(tokenizer_source / name, out / name)
     vocab_size = full_vocab_size(tokenizer_source / "tokenizer.json")
     files = {
         "config.json": model_config(vocab_size),
@@ -111,32 +105,16 @@ def write_tokenizer_dir(out: Path, tokenizer_source: Path) -> None:
         "processor_config.json": {"image_seq_length": 256, "processor_class": "Gemma3Processor"},
         "generation_config.json": {"bos_token_id": 2, "eos_token_id": [1, 106], "pad_token_id": 0},
     }
-    for name, content in files.items():
-        (out / name).write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
+    write_files(out, tokenizer_source, files)
 
 
 def write_model(out: Path, tokenizer_source: Path) -> None:
-    import torch
-    from safetensors.torch import save_file
-    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
-
     write_tokenizer_dir(out, tokenizer_source)
-    config = Gemma3Config.from_pretrained(out)
-    with torch.device("meta"):
-        shapes = {name: tuple(t.shape) for name, t in Gemma3ForConditionalGeneration(config).state_dict().items()}
-    shapes.pop("lm_head.weight", None)  # tied to the embedding
-    shapes = checkpoint_names(shapes)
-    save_file(random_weights(shapes, SEED), str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_random_weights(out, "Gemma3ForConditionalGeneration", SEED)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Build the tiny random-weight Gemma 3 vision test model.")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--tokenizer", type=Path, required=True, help="directory with the Gemma 3 tokenizer files")
-    args = parser.parse_args(argv)
-    write_model(args.out, args.tokenizer)
-    print(f"tiny Gemma 3 vision model written to {args.out}")
-    return 0
+    return builder_main(write_model, "Build the tiny random-weight Gemma 3 vision test model.", argv)
 
 
 if __name__ == "__main__":

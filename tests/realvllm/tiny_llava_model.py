@@ -13,14 +13,11 @@ transformers' class on the meta device, values seeded.
 
 from __future__ import annotations
 
-import argparse
-import json
-import shutil
 import sys
 from pathlib import Path
 
 from .tiny_model import full_vocab_size
-from .tiny_vl_model import IMAGE_PAD, TOKENIZER_FILES, checkpoint_names, random_weights
+from .tiny_vl_model import IMAGE_PAD, builder_main, save_random_weights, write_files
 
 BUILDER_VERSION = 2
 SEED = 20261203
@@ -100,9 +97,7 @@ def preprocessor_config() -> dict:
 
 
 def write_tokenizer_dir(out: Path, tokenizer_source: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    for name in TOKENIZER_FILES:
-        shutil.copyfile(tokenizer_source / name, out / name)
+    """Everything headroom reads (no weights)."""
     vocab_size = full_vocab_size(tokenizer_source / "tokenizer.json")
     files = {
         "config.json": model_config(vocab_size),
@@ -116,32 +111,16 @@ def write_tokenizer_dir(out: Path, tokenizer_source: Path) -> None:
         },
         "generation_config.json": {"bos_token_id": 151643, "eos_token_id": [151645, 151643]},
     }
-    for name, content in files.items():
-        (out / name).write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
-    (out / "chat_template.jinja").write_text(TEMPLATE, encoding="utf-8")
+    write_files(out, tokenizer_source, files, TEMPLATE)
 
 
 def write_model(out: Path, tokenizer_source: Path) -> None:
-    import torch
-    from safetensors.torch import save_file
-    from transformers import LlavaConfig, LlavaForConditionalGeneration
-
     write_tokenizer_dir(out, tokenizer_source)
-    config = LlavaConfig.from_pretrained(out)
-    with torch.device("meta"):
-        shapes = {name: tuple(t.shape) for name, t in LlavaForConditionalGeneration(config).state_dict().items()}
-    shapes.pop("lm_head.weight", None)  # tied to the embedding
-    save_file(random_weights(checkpoint_names(shapes), SEED), str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_random_weights(out, "LlavaForConditionalGeneration", SEED)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Build the tiny random-weight LLaVA-style test model.")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--tokenizer", type=Path, required=True)
-    args = parser.parse_args(argv)
-    write_model(args.out, args.tokenizer)
-    print(f"tiny LLaVA model written to {args.out}")
-    return 0
+    return builder_main(write_model, "Build the tiny random-weight LLaVA-style test model.", argv)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from .tiny_model import file_sha256, full_vocab_size
@@ -173,16 +174,25 @@ def generation_config() -> dict:
     return {"bos_token_id": BOS_TOKEN_ID, "eos_token_id": EOS_TOKEN_IDS, "pad_token_id": BOS_TOKEN_ID}
 
 
-def write_tokenizer_dir(out: Path, tokenizer_source: Path, template: str = OPENAI_TEMPLATE) -> None:
-    """Everything headroom reads (no weights): what the fast tier counts with."""
+def write_files(out: Path, tokenizer_source: Path, files: dict[str, dict], template: str | None = None) -> None:
+    """Copy the tokenizer files and write the JSON `files` (and chat_template.jinja)."""
     out.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
         shutil.copyfile(tokenizer_source / name, out / name)
-    vocab_size = full_vocab_size(tokenizer_source / "tokenizer.json")
-    (out / "config.json").write_text(json.dumps(model_config(vocab_size), indent=2, sort_keys=True) + "\n")
-    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor_config(), indent=2, sort_keys=True) + "\n")
-    (out / "generation_config.json").write_text(json.dumps(generation_config(), indent=2, sort_keys=True) + "\n")
-    (out / "chat_template.jinja").write_text(template, encoding="utf-8")
+    for name, content in files.items():
+        (out / name).write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
+    if template is not None:
+        (out / "chat_template.jinja").write_text(template, encoding="utf-8")
+
+
+def write_tokenizer_dir(out: Path, tokenizer_source: Path, template: str = OPENAI_TEMPLATE) -> None:
+    """Everything headroom reads (no weights): what the fast tier counts with."""
+    files = {
+        "config.json": model_config(full_vocab_size(tokenizer_source / "tokenizer.json")),
+        "preprocessor_config.json": preprocessor_config(),
+        "generation_config.json": generation_config(),
+    }
+    write_files(out, tokenizer_source, files, template)
 
 
 def expected_manifest(tokenizer_source: Path, module: str = __name__, version: int = BUILDER_VERSION) -> dict:
@@ -276,28 +286,41 @@ def random_weights(shapes: dict[str, tuple[int, ...]], seed: int) -> dict:
     return tensors
 
 
-def write_model(out: Path, tokenizer_source: Path) -> None:
-    """The whole model directory. Needs torch, safetensors and transformers (the vLLM venv has them)."""
+def save_random_weights(out: Path, architecture: str, seed: int) -> None:
+    """model.safetensors for `out`/config.json: tensor names and shapes from transformers'
+    class `architecture` built on the meta device, seeded values, the tied lm_head left
+    out, checkpoint names.  Needs torch, safetensors and transformers (the vLLM venv)."""
     import torch
+    import transformers
     from safetensors.torch import save_file
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
-    write_tokenizer_dir(out, tokenizer_source)
-    config = Qwen2VLConfig.from_pretrained(out)
+    config = transformers.AutoConfig.from_pretrained(out)
     with torch.device("meta"):
-        shapes = {name: tuple(t.shape) for name, t in Qwen2VLForConditionalGeneration(config).state_dict().items()}
+        model = getattr(transformers, architecture)(config)
+        shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     shapes.pop("lm_head.weight", None)  # tied to the embedding
-    save_file(random_weights(shapes, SEED), str(out / "model.safetensors"), metadata={"format": "pt"})
+    tensors = random_weights(checkpoint_names(shapes), seed)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+def builder_main(write_model: Callable[[Path, Path], None], description: str, argv: list[str] | None) -> int:
+    """The command line every builder module runs as: --out DIR --tokenizer DIR."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--tokenizer", type=Path, required=True, help="directory with the real tokenizer files")
+    args = parser.parse_args(argv)
+    write_model(args.out, args.tokenizer)
+    print(f"written to {args.out}")
+    return 0
+
+
+def write_model(out: Path, tokenizer_source: Path) -> None:
+    write_tokenizer_dir(out, tokenizer_source)
+    save_random_weights(out, "Qwen2VLForConditionalGeneration", SEED)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Build the tiny random-weight Qwen2-VL test model.")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--tokenizer", type=Path, required=True, help="directory with the Qwen2.5 tokenizer files")
-    args = parser.parse_args(argv)
-    write_model(args.out, args.tokenizer)
-    print(f"tiny VL model written to {args.out}")
-    return 0
+    return builder_main(write_model, "Build the tiny random-weight Qwen2-VL test model.", argv)
 
 
 if __name__ == "__main__":
