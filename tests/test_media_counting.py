@@ -28,6 +28,7 @@ from tokenizer_cache import (
     ModelTokenizer,
     load_model_tokenizer,
 )
+from tokenizer_cache._media import QwenVL, load_media_model
 
 QWEN25 = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "Qwen--Qwen2.5-7B-Instruct"
 PNG = data_url((640, 480))  # 391 image tokens at the tiny model's pixel bounds
@@ -170,3 +171,17 @@ def test_an_image_request_is_counted_without_decoding_the_image(qwen: ModelToken
     # the first chunks (signature, IHDR) decode; the chunk walk then meets a length past the end
     with pytest.raises(CountError):
         qwen.count_chat(chat(user(image(huge))))
+
+
+GRIDS = json.loads((Path(__file__).resolve().parent / "data" / "qwen_vl_grids.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(GRIDS))
+def test_published_pixel_bounds_match_transformers_image_processor(tmp_path: Path, name: str):
+    """tests/qwen_grid_cases.py ran transformers' processor at the published bounds (up to 16,384 tokens)."""
+    config = {"image_processor_type": "Qwen2VLImageProcessor", **GRIDS[name]["config"]}
+    tok = tokenizer_dir(tmp_path, processor_config={"image_processor": config})
+    model, _ = load_media_model(tmp_path, tok.tokenizer, {})
+    assert isinstance(model, QwenVL)
+    for width, height, tokens in GRIDS[name]["cases"]:
+        assert model.image_tokens((width, height), model.min_pixels, model.max_pixels) == tokens, (width, height)
