@@ -57,8 +57,10 @@ Everything else is reported as MediaNotCountable, for these reasons:
 Where headroom cannot count, vLLM 0.32 can: ``POST /tokenize`` with the chat
 runs the same multimodal processor (media included; measured equal to
 ``usage.prompt_tokens`` for images and a video), while the render endpoints
-(``/v1/chat/completions/render``) answer 403 unless vLLM runs with
---enable-scale-out.  Server-level --mm-processor-kwargs and
+(``/v1/chat/completions/render``) answer 403 "Scale-out endpoints are
+disabled" unless vLLM runs with --enable-scale-out; with it, the length of
+the ``token_ids`` they return equalled ``usage.prompt_tokens`` on all 51
+served requests of tests/data/media_cases.jsonl, videos included.  Server-level --mm-processor-kwargs and
 --media-io-kwargs are not visible to headroom; the defaults are assumed.
 """
 
