@@ -25,7 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tokenizer_cache import CountError, CountingModel, PieceCountCache, TokenizerCache, find_tokenizer_dir
+from tokenizer_cache import (
+    CountError,
+    CountingModel,
+    MediaNotCountable,
+    PieceCountCache,
+    TokenizerCache,
+    find_tokenizer_dir,
+)
 
 from . import errors
 from .backends import Backends
@@ -83,6 +90,7 @@ class Count:
     exact: bool = True          # the upstream's count (see proxy.trust)
     margin: int = 0             # tokens to hold back when not exact
     source: Literal["local", "upstream"] = "local"
+    uncounted: str | None = None  # why nothing could count it (then per_prompt is empty)
 
     @property
     def total(self) -> int:
@@ -318,7 +326,10 @@ class PromptCounter:
         if tok is None:
             counted = await self._count_upstream(model, surface, body)
             return Count(counted, trust.exact, trust.margin, "upstream")
-        local = await self._count_local(tok, surface, body, body_size)
+        try:
+            local = await self._count_local(tok, surface, body, body_size)
+        except MediaNotCountable as exc:
+            return await self._count_media_upstream(model, surface, body, exc)
         if trust.mode == "upstream":
             try:
                 counted = await self._count_upstream(model, surface, body)
@@ -330,6 +341,15 @@ class PromptCounter:
             self._changed(trust, trust.shadow(sum(local), sum(counted)))
             return Count(counted, True, 0, "upstream")
         return Count(local, trust.exact, trust.margin, "local")
+
+    async def _count_media_upstream(self, model: str, surface: Surface, body: dict[str, Any],
+                                    exc: MediaNotCountable) -> Count:
+        """Media headroom cannot count: vLLM's /tokenize runs the model's multimodal
+        processor and is exact; if it cannot answer, the request goes uncounted (never a 400)."""
+        try:
+            return Count(await self._count_upstream(model, surface, body), True, 0, "upstream")
+        except errors.HeadroomError:
+            return Count([], False, 0, "local", uncounted=exc.reason)
 
     async def _count_local(self, tok: CountingModel, surface: Surface, body: dict[str, Any],
                            body_size: int) -> list[int]:

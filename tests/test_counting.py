@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
-from tokenizer_cache import CountError, UnsupportedContent, load_model_tokenizer
+from tokenizer_cache import CountError, MediaNotCountable, load_model_tokenizer
 from tokenizer_cache._content_format import detect_content_format
 from tokenizer_cache._jinja import parse_template
 
@@ -175,12 +175,14 @@ def test_tool_message_parts_are_always_flattened(model):
     assert tok.render_chat(chat(user("q"), tool)).endswith('tool="x\\n\\ny";')
 
 
-def test_media_parts_cannot_be_counted(model):
+def test_media_for_a_model_without_multimodal_arithmetic_is_not_countable(model):
+    """Not a CountError: headroom cannot tell that vLLM would refuse it, so it must not 400."""
     tok = model()
     body = chat(user([{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]))
-    with pytest.raises(UnsupportedContent) as caught:
+    with pytest.raises(MediaNotCountable) as caught:
         tok.count_chat(body)
-    assert isinstance(caught.value, CountError)
+    assert not isinstance(caught.value, CountError)
+    assert caught.value.reason == "model"
 
 
 def test_unknown_part_type_is_rejected(model):

@@ -218,7 +218,7 @@ def test_the_public_surface_is_what_the_package_exports() -> None:
     assert exported - modules == set(tokenizer_cache.__all__) == {
         "CountError", "CountingModel", "DEFAULT_PIECE_CACHE_ENTRIES", "HarmonyOptions", "HarmonyTokenizer",
         "MistralTokenizer", "ModelTokenizer", "PieceCacheStats", "PieceCountCache", "PieceCounter", "PieceTally",
-        "TOKENIZER_MODES", "TokenizerCache", "UnsupportedContent", "detect_family", "find_tokenizer_dir",
+        "TOKENIZER_MODES", "TokenizerCache", "MediaNotCountable", "detect_family", "find_tokenizer_dir",
         "holds_tokenizer", "load_model_tokenizer",
     }
 

@@ -20,8 +20,7 @@ Everything else lives in private modules; import from here.
 """
 
 from ._cache import TokenizerCache
-from ._chat import UnsupportedContent
-from ._errors import CountError
+from ._errors import CountError, MediaNotCountable
 from ._family import TOKENIZER_MODES, detect_family
 from ._gptoss import HarmonyTokenizer
 from ._harmony import HarmonyOptions
@@ -39,6 +38,7 @@ __all__ = [
     "DEFAULT_PIECE_CACHE_ENTRIES",
     "HarmonyOptions",
     "HarmonyTokenizer",
+    "MediaNotCountable",
     "MistralTokenizer",
     "ModelTokenizer",
     "PieceCacheStats",
@@ -47,7 +47,6 @@ __all__ = [
     "PieceTally",
     "TOKENIZER_MODES",
     "TokenizerCache",
-    "UnsupportedContent",
     "detect_family",
     "find_tokenizer_dir",
     "holds_tokenizer",

@@ -18,7 +18,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
-from ._errors import CountError
+from ._errors import CountError, MediaNotCountable
+from ._media import MediaItem
 
 ContentFormat = Literal["string", "openai"]
 
@@ -36,22 +37,32 @@ _TEXT_PART_KEYS = {
 # through vLLM's custom message type, which accepts any part.
 _OPENAI_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 _RESPONSES_TEXT_PARTS = frozenset({"input_text", "output_text"})
-# Part types that carry media: counting them needs the model's multimodal processor.
-_MEDIA_PART_TYPES = frozenset(
-    {
-        "image_url",
-        "input_image",
-        "image_pil",
-        "image_embeds",
-        "audio_url",
-        "input_audio",
-        "audio_embeds",
-        "video_url",
-        "prompt_embeds",
-    }
+# Part types that carry media, and the modality vLLM files each under
+# (`_parse_chat_message_content_part`).
+_MEDIA_PART_TYPES = {
+    "image_url": "image",
+    "input_image": "image",
+    "image_pil": "image",
+    "image_embeds": "image",
+    "audio_url": "audio",
+    "input_audio": "audio",
+    "audio_embeds": "audio",
+    "video_url": "video",
+    "video_embeds": "video",
+    "prompt_embeds": "prompt_embeds",
+}
+# Keys that make an untyped part (or one with a uuid) a media part, in the
+# order vLLM tries them (`_parse_chat_message_content_mm_part`).
+_MEDIA_KEYS = ("image_url", "image_pil", "image_embeds", "audio_embeds", "video_embeds", "prompt_embeds",
+               "audio_url", "input_audio", "video_url")
+# Fields of vLLM's content-part types; any other field of a media part is
+# handed to the template beside {"type": modality} (`_collect_extra_fields`).
+_KNOWN_PART_FIELDS = frozenset(
+    {"audio_embeds", "audio_url", "closed", "data", "file", "image_embeds", "image_pil", "image_url",
+     "input_audio", "name", "prompt_cache_breakpoint", "refusal", "text", "thinking", "type", "uuid",
+     "video_embeds", "video_url"}
 )
-_MEDIA_KEYS = ("image_url", "image_pil", "image_embeds", "audio_embeds", "prompt_embeds", "audio_url",
-               "input_audio", "video_url")
+_IMAGE_DETAILS = frozenset({"auto", "low", "high", "original"})
 
 # transformers' `apply_chat_template` named parameters: accepted as
 # chat_template_kwargs even when the template never reads them
@@ -81,11 +92,6 @@ _FORBIDDEN_KWARGS = ("chat_template", "tokenize")
 # pydantic's lax bool parsing, which vLLM's request model uses.
 _TRUE_STRINGS = frozenset({"1", "on", "t", "true", "y", "yes"})
 _FALSE_STRINGS = frozenset({"0", "off", "f", "false", "n", "no"})
-
-
-class UnsupportedContent(CountError):
-    """The request is valid but holds media (images, audio, video) that a text
-    tokenizer cannot count; only the model's multimodal processor can."""
 
 
 @dataclass(frozen=True)
@@ -241,19 +247,37 @@ def _parse_tool(tool: Any, where: str) -> dict[str, Any]:
 # Messages
 # ---------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Conversation:
+    """What the template gets, and the media parts in the order vLLM tracks them."""
+
+    messages: list[dict[str, Any]]
+    media: list[MediaItem]
+
+
 def parse_messages(
-    body: Mapping[str, Any], content_format: ContentFormat, template_knows_developer: bool
-) -> list[dict[str, Any]]:
-    """The conversation vLLM passes to the template, built from `body["messages"]`."""
+    body: Mapping[str, Any],
+    content_format: ContentFormat,
+    template_knows_developer: bool,
+    placeholders: Mapping[str, str] | None = None,
+) -> Conversation:
+    """The conversation vLLM passes to the template, built from `body["messages"]`.
+
+    `placeholders` is the model's text per media modality, needed where a
+    "string"-format template gets media (vLLM's `get_placeholder_str`); a
+    media part of a modality it lacks is MediaNotCountable there.
+    """
     messages = message_list(body)
     if not messages:
         raise CountError("'messages' is empty: send at least one message.", param="messages")
+    media: list[MediaItem] = []
     conversation = [
-        _parse_message(message, f"messages[{i}]", content_format) for i, message in enumerate(messages)
+        _parse_message(message, f"messages[{i}]", content_format, media, placeholders or {})
+        for i, message in enumerate(messages)
     ]
     if not template_knows_developer:
         conversation = _developer_as_system(conversation, content_format)
-    return conversation
+    return Conversation(conversation, media)
 
 
 def message_list(body: Mapping[str, Any]) -> list[Any]:
@@ -285,7 +309,13 @@ def check_message_shape(message: Any, where: str) -> str:
     return role
 
 
-def _parse_message(message: Any, where: str, content_format: ContentFormat) -> dict[str, Any]:
+def _parse_message(
+    message: Any,
+    where: str,
+    content_format: ContentFormat,
+    media: list[MediaItem],
+    placeholders: Mapping[str, str],
+) -> dict[str, Any]:
     """One message as vLLM's `_parse_chat_message_content` (vllm/renderers/chat_utils.py)
     builds it, after the request model's validation (checked on a real vLLM 0.32):
     `content: null` is a 400 except on assistant messages and on legacy `function`
@@ -307,7 +337,7 @@ def _parse_message(message: Any, where: str, content_format: ContentFormat) -> d
         )
 
     content = _parse_content(
-        message.get("content"), f"{where}.content", content_format, role in _OPENAI_ROLES
+        message.get("content"), f"{where}.content", content_format, role in _OPENAI_ROLES, media, placeholders
     )
     result: dict[str, Any] = {"role": role, "content": content}
 
@@ -342,8 +372,16 @@ def _parse_message(message: Any, where: str, content_format: ContentFormat) -> d
     return result
 
 
-def _parse_content(content: Any, where: str, content_format: ContentFormat, openai_role: bool) -> Any:
-    """`string`: one string ("\\n"-joined non-empty texts); `openai`: a list of text parts."""
+def _parse_content(
+    content: Any,
+    where: str,
+    content_format: ContentFormat,
+    openai_role: bool,
+    media: list[MediaItem],
+    placeholders: Mapping[str, str],
+) -> Any:
+    """`string`: one string ("\\n"-joined non-empty texts, media placeholders
+    first); `openai`: a list of parts, media as `{"type": modality}`."""
     if content is None:
         parts: list[Any] = []
     elif isinstance(content, str):
@@ -355,21 +393,48 @@ def _parse_content(content: Any, where: str, content_format: ContentFormat, open
     else:
         raise _bad_type(where, "a string, an array of content parts or null", content)
 
-    parsed = [_parse_part(part, f"{where}[{i}]", openai_role) for i, part in enumerate(parts)]
+    first_media = len(media)
+    parsed = [_parse_part(part, f"{where}[{i}]", openai_role, media) for i, part in enumerate(parts)]
     if content_format == "openai":
         return [part for part in parsed if part is not None]
     # vLLM drops skipped and empty parts before joining.
     texts = []
     for part in parsed:
-        if part is not None:
+        if part is not None and part["type"] in ("text", "tool_reference"):
             text = part["text"] if part["type"] == "text" else part["name"]
             if text:
                 texts.append(text)
-    return "\n".join(texts)
+    return _with_placeholders("\n".join(texts), media[first_media:], placeholders)
 
 
-def _parse_part(part: Any, where: str, openai_role: bool) -> dict[str, Any] | None:
+def _with_placeholders(text: str, items: list[MediaItem], placeholders: Mapping[str, str]) -> str:
+    """vLLM's `_get_full_multimodal_text_prompt` (interleave_mm_strings off, the
+    default): each item's placeholder not already typed in the text goes first."""
+    if not items:
+        return text
+    counts: dict[str, int] = {}
+    for item in items:
+        placeholder = placeholders.get(item.modality)
+        if placeholder is None:
+            raise _not_countable(item)
+        counts[placeholder] = counts.get(placeholder, 0) + 1
+    missing: list[str] = []
+    for placeholder, count in counts.items():
+        count -= text.count(placeholder)
+        if count < 0:
+            raise CountError(
+                f"Found more '{placeholder}' placeholders in input prompt than actual multimodal data items.",
+                param="messages",
+            )
+        missing.extend([placeholder] * count)
+    return "\n".join([*missing, text] if text else missing)
+
+
+def _parse_part(part: Any, where: str, openai_role: bool, media: list[MediaItem]) -> dict[str, Any] | None:
     """One content part as the OpenAI-form dict, or None when vLLM skips it.
+
+    A media part is recorded in `media` and becomes `{"type": modality}` plus
+    its fields vLLM does not know.
 
     On the OpenAI roles the request model checks parts against OpenAI's part
     types first: a text part must carry a string, and the Responses-style
@@ -383,7 +448,7 @@ def _parse_part(part: Any, where: str, openai_role: bool) -> dict[str, Any] | No
     if kind is None or part.get("uuid") is not None:
         for key in _MEDIA_KEYS:
             if key in part:
-                raise _media(where, key)
+                return _media_part(part, key, _untyped_url(part.get(key)), where, media)
         if "tool_reference" in part:
             return _tool_reference(part.get("tool_reference"), where)
         raise CountError(f"Missing 'type' field in content part '{where}'.", param="type")
@@ -407,12 +472,51 @@ def _parse_part(part: Any, where: str, openai_role: bool) -> dict[str, Any] | No
     if kind == "tool_reference":
         return _tool_reference(part.get("name"), where)
     if kind in _MEDIA_PART_TYPES:
-        raise _media(where, kind)
-    supported = ", ".join(sorted(set(_TEXT_PART_KEYS) | _MEDIA_PART_TYPES | {"tool_reference"}))
+        return _media_part(part, kind, _typed_url(part, kind, where), where, media)
+    supported = ", ".join(sorted(set(_TEXT_PART_KEYS) | set(_MEDIA_PART_TYPES) | {"tool_reference"}))
     raise CountError(
         f"Unsupported chat content part type: {kind!r} in '{where}'. Supported types: {supported}.",
         param="type",
     )
+
+
+def _untyped_url(value: Any) -> str | None:
+    """`{"image_url": "..."}`, or with a uuid `{"image_url": {"url": "..."}}`."""
+    if isinstance(value, dict):
+        value = value.get("url")
+    return value if isinstance(value, str) else None
+
+
+def _typed_url(part: dict[str, Any], kind: str, where: str) -> str | None:
+    """The URL of a typed part, validated as vLLM's pydantic models do."""
+    if kind in ("image_url", "video_url", "audio_url"):
+        spec = part.get(kind)
+        if not isinstance(spec, dict) or not isinstance(spec.get("url"), str):
+            raise CountError(f"'{where}.{kind}' must be an object with a string 'url'.", param="messages")
+        if kind == "image_url" and "detail" in spec and spec["detail"] not in _IMAGE_DETAILS:
+            raise CountError(
+                f"'{where}.image_url.detail' must be one of auto, low, high, original.", param="messages"
+            )
+        return str(spec["url"])
+    if kind == "input_image":
+        if part.get("detail") not in _IMAGE_DETAILS:
+            raise CountError(
+                f"'{where}.detail' is required on an input_image part: auto, low, high or original.",
+                param="messages",
+            )
+        url = part.get("image_url")
+        if url is not None and not isinstance(url, str):
+            raise _bad_type(f"{where}.image_url", "a string", url)
+        return url
+    return None
+
+
+def _media_part(
+    part: dict[str, Any], kind: str, url: str | None, where: str, media: list[MediaItem]
+) -> dict[str, Any]:
+    item = MediaItem(modality=_MEDIA_PART_TYPES[kind], part_type=kind, url=url, where=where)
+    media.append(item)
+    return {"type": item.modality, **{k: v for k, v in part.items() if k not in _KNOWN_PART_FIELDS}}
 
 
 def _tool_reference(name: Any, where: str) -> dict[str, Any]:
@@ -421,11 +525,22 @@ def _tool_reference(name: Any, where: str) -> dict[str, Any]:
     return {"type": "tool_reference", "name": name}
 
 
-def _media(where: str, kind: str) -> UnsupportedContent:
-    return UnsupportedContent(
-        f"'{where}' is a {kind} part; headroom counts text only and cannot count media tokens "
-        "without the model's multimodal processor.",
-        param="messages",
+def _not_countable(item: MediaItem) -> MediaNotCountable:
+    return MediaNotCountable(
+        f"'{item.where}' is a {item.part_type} part, and headroom has no {item.modality} arithmetic for "
+        "this model.",
+        reason="model" if item.modality == "image" else "modality",
+        where=item.where,
+    )
+
+
+def media_not_countable(where: str, kind: str) -> MediaNotCountable:
+    """A media part in a conversation whose renderer counts no media (Mistral's path)."""
+    modality = _MEDIA_PART_TYPES.get(kind, "media")
+    return MediaNotCountable(
+        f"'{where}' is a {kind} part, and headroom has no {modality} arithmetic for this model.",
+        reason="model" if modality == "image" else "modality",
+        where=where,
     )
 
 

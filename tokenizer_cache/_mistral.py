@@ -208,7 +208,7 @@ def _message(message: Any, where: str) -> dict[str, Any]:
             if isinstance(part, dict) and (part.get("type") in _chat._MEDIA_PART_TYPES or any(
                 key in part for key in _chat._MEDIA_KEYS
             )):
-                raise _chat._media(f"{where}.content[{i}]", str(part.get("type")))
+                raise _chat.media_not_countable(f"{where}.content[{i}]", str(part.get("type")))
     if role == "assistant":
         calls = message.get("tool_calls")
         if calls is None:

@@ -24,10 +24,13 @@ from tokenizers import Tokenizer
 
 from . import _chat, _completion
 from ._content_format import ContentFormat, detect_content_format
-from ._errors import CountError
+from ._data_url import open_media_url
+from ._errors import CountError, MediaNotCountable
 from ._family import detect_family
 from ._harmony import HarmonyOptions
+from ._image_size import image_size
 from ._jinja import compile_template, parse_template
+from ._media import MediaItem, MediaModel, load_media_model
 from ._piece_cache import PieceCountCache
 from ._piece_count import PieceCounter, PieceTally
 from ._protocol import CountingModel
@@ -140,6 +143,8 @@ class ModelTokenizer:
         piece_fallback: str | None = None,
         identity: bytes | None = None,
         model_vocab_size: int | None = None,
+        media_model: MediaModel | None = None,
+        media_unsupported: str = "",
     ) -> None:
         self.source_dir = source_dir
         # The model's embedding rows (config.json `vocab_size`), when the
@@ -153,21 +158,37 @@ class ModelTokenizer:
         # Why this tokenizer is counted whole although a piece cache was offered.
         self.piece_fallback = piece_fallback
         self._identity = identity
+        self._media_model = media_model
+        # Why media cannot be counted for this model ("" when they can).
+        self.media_unsupported = media_unsupported
 
     # -- public ----------------------------------------------------------
 
     def count_chat(self, body: dict) -> int:
-        """Prompt tokens of a /v1/chat/completions request; raises CountError."""
+        """Prompt tokens of a /v1/chat/completions request, media included.
+
+        Raises CountError where vLLM would answer 400, MediaNotCountable where
+        the request holds media this model's arithmetic cannot count (then
+        forward it unclamped: it is not an invalid request).
+        """
         return self.tally_chat(body).tokens
 
     def tally_chat(self, body: dict) -> PieceTally:
         """`count_chat` plus the work it took (how much was encoded rather than cached)."""
-        text, add_special_tokens = self._render(body)
+        text, add_special_tokens, media = self._render(body)
+        if media:
+            tokens = self._count_with_media(text, add_special_tokens, media, body)
+            return PieceTally(tokens=tokens, pieces=1, added_tokens=0, encoded_pieces=1, encoded_tokens=tokens)
         return self.tally_text(text, add_special_tokens=add_special_tokens)
 
     def render_chat(self, body: dict) -> str:
-        """The prompt text vLLM would encode for this chat request."""
+        """The prompt text vLLM would encode for this chat request (media as placeholders)."""
         return self._render(body)[0]
+
+    @property
+    def media_family(self) -> str | None:
+        """The multimodal arithmetic this model counts images with ("qwen2_vl", "gemma3", ...)."""
+        return self._media_model.family if self._media_model is not None else None
 
     def count_completion(self, body: dict) -> list[int]:
         """Prompt tokens of a /v1/completions request, one figure per prompt."""
@@ -264,25 +285,59 @@ class ModelTokenizer:
             f"be rendered. Available templates: {sorted(self._templates)}."
         )
 
-    def _render(self, body: Any) -> tuple[str, bool]:
+    def _render(self, body: Any) -> tuple[str, bool, list[MediaItem]]:
         if not isinstance(body, dict):
             raise CountError("The request body must be a JSON object.")
         _chat.check_no_request_template(body)
         options = _chat.chat_options(body)
         tools = _chat.parse_tools(body)
         template = self._select_template(tools)
-        conversation = _chat.parse_messages(body, template.content_format, template.knows_developer)
+        placeholders = self._media_model.placeholders if self._media_model is not None else None
+        conversation = _chat.parse_messages(
+            body, template.content_format, template.knows_developer, placeholders
+        )
         named, extra = _chat.split_kwargs(_chat.template_kwargs(body, options), template.variables)
         variables = {**self._special_tokens, **extra}
         variables.update(
-            messages=conversation,
+            messages=conversation.messages,
             tools=tools,
             documents=named.get("documents"),
             add_generation_prompt=options.add_generation_prompt,
             continue_final_message=options.continue_final_message,
         )
         text = render(template.compiled, variables, continue_final_message=options.continue_final_message)
-        return text, options.add_special_tokens
+        return text, options.add_special_tokens, conversation.media
+
+    def _count_with_media(self, text: str, add_special_tokens: bool, media: list[MediaItem], body: dict) -> int:
+        """Encode the prompt to ids, then let the model's arithmetic expand each image.
+
+        Media requests are counted whole, not piece by piece: the arithmetic
+        needs the ids around each placeholder.  Each image's header is read
+        before the prompt is encoded, so an image vLLM would refuse fails fast.
+        """
+        model = self._media_model
+        if model is None:
+            first = media[0]
+            raise MediaNotCountable(
+                f"'{first.where}' is a {first.part_type} part and this model has no multimodal arithmetic "
+                f"in headroom ({self.media_unsupported}).",
+                reason="model",
+                where=first.where,
+            )
+        kwargs = body.get("mm_processor_kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise CountError("'mm_processor_kwargs' must be an object.", param="mm_processor_kwargs")
+        sizes = []
+        for item in media:
+            if item.modality != "image" or item.part_type not in ("image_url", "input_image") or item.url is None:
+                raise MediaNotCountable(
+                    f"'{item.where}' is a {item.part_type} part; headroom counts images given by URL only.",
+                    reason="modality",
+                    where=item.where,
+                )
+            sizes.append(image_size(open_media_url(item.url, item.where), item.where))
+        ids = self._tokenizer.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
+        return model.count(list(ids), sizes, kwargs)
 
 
 def _read_config(path: pathlib.Path) -> dict[str, Any]:
@@ -380,6 +435,7 @@ def _load_hf(source_dir: pathlib.Path) -> ModelTokenizer:
     identity = hashlib.blake2b(
         raw + (b"\x01" if tokenizer.encode_special_tokens else b"\x00"), digest_size=32
     ).digest()
+    media_model, media_unsupported = load_media_model(source_dir, tokenizer, config)
     return ModelTokenizer(
         source_dir,
         tokenizer,
@@ -387,4 +443,6 @@ def _load_hf(source_dir: pathlib.Path) -> ModelTokenizer:
         special_token_variables(config),
         identity=identity,
         model_vocab_size=_model_vocab_size(source_dir / "config.json"),
+        media_model=media_model,
+        media_unsupported=media_unsupported,
     )
