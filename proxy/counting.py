@@ -250,6 +250,8 @@ class PromptCounter:
                 local: int | None = await asyncio.to_thread(tok.count_chat, probe)
             except CountError:
                 local = None      # the template cannot render this probe (e.g. no tool support)
+            except MediaNotCountable:
+                continue          # a model headroom counts no images for: the upstream counts those
             try:
                 status, answer = await upstream.post_json(
                     "/tokenize", {"model": model, "add_generation_prompt": True, **probe}
@@ -294,6 +296,8 @@ class PromptCounter:
                 local: int | None = await asyncio.to_thread(tok.count_chat, probe)
             except CountError:
                 local = None
+            except MediaNotCountable:
+                continue
             try:
                 status, answer = await upstream.post_json(
                     "/v1/chat/completions", {"model": model, "max_tokens": 1, **probe})
@@ -401,11 +405,15 @@ def _tool(name: str, description: str, strict: bool | None = None, **extra: Any)
     return {"type": "function", "function": function, **extra}
 
 
+# A 27x29 PNG (data URL): a size that is not a multiple of any patch grid.
+_PROBE_IMAGE = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAABsAAAAdCAIAAADU74AfAAAAJ0lEQVR4nGPUqDjBQFXARF3jRk0cNXHU"
+                "xFETR00cNXHUxFETB62JACQeAaLILPZmAAAAAElFTkSuQmCC")
+
 # Built-in conversations for the start-up parity check: the shapes real traffic
 # has (a system prompt, tools as the Agents SDK and LlamaIndex send them, with
 # `strict` true and false and `defer_loading`, text parts, a tool round trip,
-# non-ASCII text, a developer message with reasoning in the history, a system
-# message that is not first).  Where a template cannot render one, the
+# non-ASCII text, a developer message with reasoning in the history, an image
+# for the models whose images headroom counts, a system message that is not first).  Where a template cannot render one, the
 # upstream must refuse it too, else it is a mismatch (parity_check).
 PARITY_PROBES: dict[str, dict[str, Any]] = {
     "plain": {"messages": [{"role": "user", "content": "Hello! How are you today?"}]},
@@ -445,6 +453,10 @@ PARITY_PROBES: dict[str, dict[str, Any]] = {
         {"role": "assistant", "content": "About 42 km.", "reasoning": "The marathon is 42.195 km."},
         {"role": "user", "content": "In miles?"},
     ]},
+    "image": {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is in this image?"},
+        {"type": "image_url", "image_url": {"url": _PROBE_IMAGE}},
+    ]}]},
     "system_not_first": {"messages": [
         {"role": "user", "content": "Hi."},
         {"role": "assistant", "content": "Hello."},
