@@ -8,7 +8,8 @@ different directories load in parallel (the lock is not held while loading).
 
 The models loaded here share one `PieceCountCache` (per-piece token counts,
 so a resent conversation only encodes what is new); `piece_cache_entries=0`
-turns it off.
+turns it off.  `engine` chooses the encoder as `load_model_tokenizer` does
+("auto": the fast engine wherever it passes its self-check).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class TokenizerCache:
         *,
         loader: Loader | None = None,
         piece_cache_entries: int = DEFAULT_MAX_ENTRIES,
+        engine: str = "auto",
     ) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
@@ -45,7 +47,7 @@ class TokenizerCache:
         # One table for every model: the digests are keyed by tokenizer.
         self.piece_cache = PieceCountCache(piece_cache_entries) if piece_cache_entries else None
         if loader is None:
-            loader = functools.partial(load_model_tokenizer, piece_cache=self.piece_cache)
+            loader = functools.partial(load_model_tokenizer, piece_cache=self.piece_cache, engine=engine)
         self._loader = loader
         self._lock = threading.Lock()
         self._entries: OrderedDict[pathlib.Path, ModelTokenizer] = OrderedDict()

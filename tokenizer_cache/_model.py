@@ -22,6 +22,7 @@ from tokenizers import Tokenizer
 
 from . import _chat, _completion
 from ._content_format import ContentFormat, detect_content_format
+from ._encoder import Encoder, EncoderChoice, ReferenceEncoder, select_encoder
 from ._errors import CountError
 from ._jinja import compile_template, parse_template
 from ._piece_cache import PieceCountCache
@@ -131,9 +132,12 @@ class ModelTokenizer:
         piece_counter: PieceCounter | None = None,
         piece_fallback: str | None = None,
         identity: bytes | None = None,
+        encoder: EncoderChoice | None = None,
     ) -> None:
         self.source_dir = source_dir
         self._tokenizer = tokenizer
+        self._choice = encoder or EncoderChoice(ReferenceEncoder(tokenizer))
+        self._encoder: Encoder = self._choice.encoder
         self._templates = templates
         self._special_tokens = special_tokens
         self._piece_counter = piece_counter
@@ -176,25 +180,33 @@ class ModelTokenizer:
     def tally_text(self, text: str, *, add_special_tokens: bool) -> PieceTally:
         """Count `text`, through the piece cache when this model has one.
 
-        Without it, `encode_batch_fast` gives the same ids as `encode` but releases the GIL
-        while it works and skips offset tracking: a long prompt counted in a
-        worker thread then leaves the event loop running, and counting is
-        about twice as fast (bench/count_bench.py).
+        Either way the model's encoder counts what is not cached: the fast
+        engine when it passed the self-check at load, else `tokenizers`
+        (`engine`, `engine_fallback`).  Both release the GIL, so a long
+        prompt counted in a worker thread leaves the event loop running.
         """
         if self._piece_counter is not None:
             return self._piece_counter.count(text, add_special_tokens=add_special_tokens)
-        encodings = self._tokenizer.encode_batch_fast([text], add_special_tokens=add_special_tokens)
-        # len(Encoding) is the number of ids without building a Python list of
-        # them: for 100k tokens that list costs 2-4 ms with the GIL held.
-        tokens = len(encodings[0])
+        tokens = self._encoder.count(text, add_special_tokens)
         return PieceTally(tokens=tokens, pieces=1, added_tokens=0, encoded_pieces=1, encoded_tokens=tokens)
 
     def with_piece_cache(self, piece_cache: PieceCountCache | None) -> ModelTokenizer:
-        """The same model (same tokenizer and templates, nothing reloaded)
+        """The same model (same tokenizer, templates and encoder, nothing reloaded)
         counting through `piece_cache`, or whole texts when it is None."""
+        return self._copy(piece_cache, self._choice)
+
+    def with_encoder(self, encoder: Encoder | EncoderChoice) -> ModelTokenizer:
+        """The same model counting with `encoder` (benchmarks and tests compare engines this way)."""
+        choice = encoder if isinstance(encoder, EncoderChoice) else EncoderChoice(encoder)
+        cache = self._piece_counter.cache if self._piece_counter is not None else None
+        return self._copy(cache, choice)
+
+    def _copy(self, piece_cache: PieceCountCache | None, choice: EncoderChoice) -> ModelTokenizer:
         counter, fallback = None, None
         if piece_cache is not None:
-            counter, fallback = PieceCounter.for_tokenizer(self._tokenizer, piece_cache, self._identity)
+            counter, fallback = PieceCounter.for_tokenizer(
+                self._tokenizer, piece_cache, self._identity, choice.encoder
+            )
         return ModelTokenizer(
             self.source_dir,
             self._tokenizer,
@@ -203,7 +215,19 @@ class ModelTokenizer:
             piece_counter=counter,
             piece_fallback=fallback,
             identity=self._identity,
+            encoder=choice,
         )
+
+    @property
+    def engine(self) -> str:
+        """Which engine counts this model's tokens: "fastokens" or "tokenizers"."""
+        return self._encoder.name
+
+    @property
+    def engine_fallback(self) -> str | None:
+        """Why this model counts with `tokenizers` although a faster engine was wanted
+        (not installed, cannot load the tokenizer, failed the self-check); None otherwise."""
+        return self._choice.fallback_reason
 
     @property
     def piece_counter(self) -> PieceCounter | None:
@@ -276,14 +300,15 @@ def _read_config(path: pathlib.Path) -> dict[str, Any]:
 
 
 def load_model_tokenizer(
-    directory: str | os.PathLike, *, piece_cache: PieceCountCache | None = None
+    directory: str | os.PathLike, *, piece_cache: PieceCountCache | None = None, engine: str = "auto"
 ) -> ModelTokenizer:
     """Load tokenizer.json and compile the chat template(s) of a model directory.
 
     With `piece_cache`, texts are counted piece by piece between added tokens
     and only pieces not seen before are encoded (`_piece_count`), unless the
     tokenizer's pieces are not independent (then `piece_fallback` says why).
-    Raises FileNotFoundError when the directory or its tokenizer.json is
+    `engine` picks the encoder ("auto": fastokens when it passes the
+    self-check, see `_encoder.select_encoder`).  Raises FileNotFoundError when the directory or its tokenizer.json is
     missing, ValueError when a file is malformed.  Never downloads.
     """
     source_dir = pathlib.Path(directory).expanduser().resolve()
@@ -315,5 +340,8 @@ def load_model_tokenizer(
     identity = hashlib.blake2b(
         raw + (b"\x01" if tokenizer.encode_special_tokens else b"\x00"), digest_size=32
     ).digest()
-    model = ModelTokenizer(source_dir, tokenizer, templates, special_token_variables(config), identity=identity)
+    choice = select_encoder(tokenizer, raw.decode("utf-8"), engine=engine, source=str(source_dir))
+    model = ModelTokenizer(
+        source_dir, tokenizer, templates, special_token_variables(config), identity=identity, encoder=choice
+    )
     return model.with_piece_cache(piece_cache) if piece_cache is not None else model

@@ -1,0 +1,383 @@
+"""Fast tokenizer engines against `tokenizers`: exactness first, then speed.
+
+    python bench/engine_bench.py exactness [--random 3000]
+    python bench/engine_bench.py speed [--rounds 5]
+    python bench/engine_bench.py chat [--rounds 5]
+
+`exactness`: for every tokenizer in ../shared/models, every corpus request
+rendered with headroom's renderer plus `--random` texts from tests/textgen.py
+(and for tokenizers edited to use the flags the shipped ones lack: lstrip,
+single_word, Metaspace, a BOS/EOS post-processor, encode_special_tokens ...),
+each encoded with add_special_tokens off and on: the token ids of each engine
+are compared with `tokenizers`' `encode`.  A row says how many texts differ.
+
+`speed`: the same text (Python source, English documentation, Korean; about
+1k / 10k / 100k tokens) encoded by each engine and by `encode_batch_fast` in
+the same run: process CPU ms (all threads) and wall ms, medians of --rounds
+after one warm-up, and the ratio to encode_batch_fast.  Also whether each
+engine releases the GIL: two threads counting at once vs one after the other.
+
+`chat`: count_chat of a 100k / 10k / 800-token chat on Qwen3-8B through
+headroom with each encoder (rendering included), CPU ms and ratio.
+
+Candidates: fastokens, tokie, kitoken (PyPI; `pip install` them), bpe-openai
+(only OpenAI's own encodings, it cannot load a tokenizer.json).  Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from tokenizers import Tokenizer
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.textgen import random_texts  # noqa: E402
+from tokenizer_cache import CountError, load_model_tokenizer  # noqa: E402
+
+SHARED = ROOT.parent / "shared"
+MODELS = SHARED / "models"
+CORPUS = [SHARED / "corpus" / "token_cases.jsonl", SHARED / "corpus" / "token_cases_spm.jsonl"]
+
+
+class Engine(Protocol):
+    def ids(self, text: str, add_special_tokens: bool) -> list[int]: ...
+    def count(self, text: str, add_special_tokens: bool) -> int: ...
+
+
+class Reference:
+    def __init__(self, spec: str, encode_special_tokens: bool) -> None:
+        self.tok = Tokenizer.from_str(spec)
+        self.tok.encode_special_tokens = encode_special_tokens
+
+    def ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def count(self, text: str, add_special_tokens: bool) -> int:
+        return len(self.tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0])
+
+
+class Fastokens:
+    def __init__(self, spec: str, encode_special_tokens: bool) -> None:
+        import fastokens
+
+        self.tok = fastokens.Tokenizer.from_json_str(spec)
+        self.tok.no_truncation()
+        self.tok.no_padding()
+        self.split = encode_special_tokens
+
+    def ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=add_special_tokens, split_special_tokens=self.split).ids
+
+    def count(self, text: str, add_special_tokens: bool) -> int:
+        return len(self.tok.encode(text, add_special_tokens=add_special_tokens, split_special_tokens=self.split))
+
+
+class Tokie:
+    def __init__(self, spec: str, encode_special_tokens: bool) -> None:
+        import tempfile
+
+        import tokie
+
+        if encode_special_tokens:
+            raise NotImplementedError("no switch for encoding special tokens as text")
+        with tempfile.NamedTemporaryFile("w", suffix=".json", encoding="utf-8") as handle:
+            handle.write(spec)
+            handle.flush()
+            self.tok = tokie.Tokenizer.from_json(handle.name)
+
+    def ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def count(self, text: str, add_special_tokens: bool) -> int:
+        return len(self.tok.encode(text, add_special_tokens=add_special_tokens))
+
+
+class Kitoken:
+    def __init__(self, spec: str, encode_special_tokens: bool) -> None:
+        import kitoken
+
+        self.tok = kitoken.Kitoken.from_tokenizers(spec.encode("utf-8"))
+        self.specials = not encode_special_tokens
+
+    def ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        # No post-processor switch: kitoken applies its templates (if any) always.
+        return list(self.tok.encode(text, self.specials))
+
+    def count(self, text: str, add_special_tokens: bool) -> int:
+        return len(self.tok.encode(text, self.specials))
+
+
+class BpeOpenai:
+    def __init__(self, spec: str, encode_special_tokens: bool) -> None:
+        raise NotImplementedError("loads only cl100k/o200k/voyage3, not a tokenizer.json")
+
+    def ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        raise NotImplementedError
+
+    def count(self, text: str, add_special_tokens: bool) -> int:
+        raise NotImplementedError
+
+
+ENGINES: dict[str, Callable[[str, bool], Engine]] = {
+    "fastokens": Fastokens,
+    "tokie": Tokie,
+    "kitoken": Kitoken,
+    "bpe-openai": BpeOpenai,
+}
+
+
+def version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as _version
+
+    try:
+        return _version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+# ---------------------------------------------------------------------------
+# Exactness
+# ---------------------------------------------------------------------------
+
+def corpus_texts(model_dir: pathlib.Path) -> list[tuple[str, bool]]:
+    """(text, add_special_tokens) of each corpus request of this model, as headroom renders it."""
+    model = load_model_tokenizer(model_dir)
+    out = []
+    for path in CORPUS:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            case = json.loads(line)
+            if pathlib.Path(case["model_dir"]).name != model_dir.name or case["expected_error"]:
+                continue
+            request = case["request"]
+            try:
+                if case["endpoint"] == "chat":
+                    text, add = model._render(request)
+                    out.append((text, add))
+                else:
+                    prompts = request["prompt"] if isinstance(request["prompt"], list) else [request["prompt"]]
+                    add = bool(request.get("add_special_tokens", True))
+                    out += [(p, add) for p in prompts if isinstance(p, str)]
+            except CountError:
+                continue
+    return out
+
+
+def variants() -> dict[str, tuple[str, bool]]:
+    """Edited tokenizers (from tests/test_piece_cache.py) as (tokenizer.json text, encode_special_tokens)."""
+    from tests.test_piece_cache import EXACT_VARIANTS, FALLBACK_VARIANTS
+
+    out = {}
+    for name, make in EXACT_VARIANTS.items():
+        tok = make()
+        out[name] = (tok.to_str(), tok.encode_special_tokens)
+    for name, (make, _, _) in FALLBACK_VARIANTS.items():
+        if name == "bpe-dropout":
+            continue  # random by design
+        tok = make()
+        out[name] = (tok.to_str(), tok.encode_special_tokens)
+    return out
+
+
+def check(engine: Engine, reference: Reference, texts: list[tuple[str, bool]]) -> tuple[int, int, str]:
+    """(texts compared, texts that differ, the shortest differing text)."""
+    bad: list[str] = []
+    for text, add in texts:
+        try:
+            same = engine.ids(text, add) == reference.ids(text, add)
+        except Exception as exc:  # an engine failing on a text counts as a difference
+            same = False
+            text = f"{text} [raised {type(exc).__name__}: {str(exc)[:60]}]"
+        if not same:
+            bad.append(text)
+    example = min(bad, key=len) if bad else ""
+    return len(texts), len(bad), example
+
+
+def run_exactness(args: argparse.Namespace) -> None:
+    names = args.engines
+    print("engines: " + ", ".join(f"{n} {version(n)}" for n in names) + f"; tokenizers {version('tokenizers')}")
+    print(f"random texts per tokenizer: {args.random} (x2: add_special_tokens off/on), seed = name length")
+    print()
+    print(f"{'tokenizer':44} {'texts':>6} " + " ".join(f"{n:>14}" for n in names))
+    tables: list[tuple[str, str, bool, list[tuple[str, bool]]]] = []
+    for model_dir in sorted(d for d in MODELS.iterdir() if (d / "tokenizer.json").is_file()):
+        spec = (model_dir / "tokenizer.json").read_text(encoding="utf-8")
+        ref = Tokenizer.from_str(spec)
+        texts = corpus_texts(model_dir)
+        texts += [(t, add) for t in random_texts(ref, args.random, seed=len(model_dir.name)) for add in (False, True)]
+        tables.append((model_dir.name, spec, False, texts))
+    for name, (spec, est) in variants().items():
+        ref = Tokenizer.from_str(spec)
+        texts = [(t, add) for t in random_texts(ref, args.random // 3, seed=len(name)) for add in (False, True)]
+        tables.append(("edited: " + name, spec, est, texts))
+    examples = []
+    for label, spec, est, texts in tables:
+        reference = Reference(spec, est)
+        cells = []
+        for name in names:
+            try:
+                engine = ENGINES[name](spec, est)
+            except Exception as exc:
+                cells.append("cannot load")
+                examples.append(f"{label} / {name}: {type(exc).__name__}: {str(exc)[:100]}")
+                continue
+            _, bad, example = check(engine, reference, texts)
+            cells.append("identical" if not bad else f"{bad} differ")
+            if bad:
+                examples.append(f"{label} / {name}: e.g. {example[:120]!r}")
+        print(f"{label:44} {len(texts):6d} " + " ".join(f"{c:>14}" for c in cells), flush=True)
+    print()
+    for line in examples:
+        print(line)
+
+
+# ---------------------------------------------------------------------------
+# Speed
+# ---------------------------------------------------------------------------
+
+def source_texts() -> dict[str, str]:
+    """Python source (the stdlib), English documentation (pydoc topics), Korean (shared/seeds)."""
+    import pydoc_data.topics
+
+    stdlib = pathlib.Path(json.__file__).resolve().parents[1]
+    code = "".join(p.read_text(encoding="utf-8", errors="replace") for p in sorted(stdlib.glob("*.py"))[:120])
+    prose = "\n\n".join(pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics))
+    korean = "\n".join(p.read_text(encoding="utf-8") for p in sorted((SHARED / "seeds").glob("*.txt")))
+    return {"code": code, "prose": prose, "korean": korean}
+
+
+def text_of_tokens(ref: Tokenizer, source: str, target: int) -> str:
+    """A prefix of `source` (repeated if too short) holding about `target` tokens."""
+    per_char = len(ref.encode(source[:20000], add_special_tokens=False)) / min(len(source), 20000)
+    chars = int(target / per_char)
+    while len(source) < chars:
+        source += "\n" + source
+    text = source[:chars]
+    got = len(ref.encode(text, add_special_tokens=False))
+    return source[: int(chars * target / got)]
+
+
+def timed(fn: Callable[[], Any], rounds: int) -> tuple[float, float, float]:
+    """(median CPU s of all threads, median wall s, first-call wall s)."""
+    start = time.perf_counter()
+    fn()
+    first = time.perf_counter() - start
+    cpu, wall = [], []
+    for _ in range(rounds):
+        c0, w0 = time.process_time(), time.perf_counter()
+        fn()
+        cpu.append(time.process_time() - c0)
+        wall.append(time.perf_counter() - w0)
+    return statistics.median(cpu), statistics.median(wall), first
+
+
+def gil_ratio(count: Callable[[], Any]) -> float:
+    """Wall of two threads counting at once / wall of one count: ~1 when the
+    engine releases the GIL (2 cores), ~2 when it holds it."""
+    count()
+    start = time.perf_counter()
+    count()
+    one = time.perf_counter() - start
+    threads = [threading.Thread(target=count) for _ in range(2)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return (time.perf_counter() - start) / one
+
+
+SPEED_MODELS = ["Qwen--Qwen3-8B", "deepseek-ai--DeepSeek-V3.1", "microsoft--Phi-3-mini-4k-instruct"]
+
+
+def run_speed(args: argparse.Namespace) -> None:
+    names = args.engines
+    sources = source_texts()
+    print(f"medians of {args.rounds} rounds after a warm-up; CPU = process CPU time (all threads)")
+    header = f"{'model':34} {'text':7} {'tokens':>7} {'ref cpu ms':>10}"
+    for n in names:
+        header += f" {n + ' ms':>14} {'ratio':>6}"
+    print(header)
+    for model_name in SPEED_MODELS:
+        spec = (MODELS / model_name / "tokenizer.json").read_text(encoding="utf-8")
+        ref = Reference(spec, False)
+        engines = {}
+        for n in names:
+            try:
+                engines[n] = ENGINES[n](spec, False)
+            except Exception:
+                pass
+        for kind, source in sources.items():
+            for target in (1_000, 10_000, 100_000):
+                text = text_of_tokens(ref.tok, source, target)
+                tokens = ref.count(text, False)
+                ref_cpu, _, _ = timed(lambda: ref.count(text, False), args.rounds)
+                row = f"{model_name:34} {kind:7} {tokens:7d} {ref_cpu * 1e3:10.2f}"
+                for n in names:
+                    engine = engines.get(n)
+                    if engine is None or engine.count(text, False) != tokens:
+                        row += f" {'-' if engine is None else 'differs':>14} {'':>6}"
+                        continue
+                    cpu, _, _ = timed(lambda: engine.count(text, False), args.rounds)
+                    row += f" {cpu * 1e3:14.2f} {cpu / ref_cpu:6.3f}"
+                print(row, flush=True)
+    print()
+    print("GIL: wall of 2 threads counting the same 100k-token code text at once / wall of one (2 cores)")
+    spec = (MODELS / SPEED_MODELS[0] / "tokenizer.json").read_text(encoding="utf-8")
+    ref = Reference(spec, False)
+    text = text_of_tokens(ref.tok, sources["code"], 100_000)
+    print(f"{'encode_batch_fast':20} {gil_ratio(lambda: ref.count(text, False)):.2f}")
+    print(f"{'encode (reference)':20} {gil_ratio(lambda: ref.tok.encode(text, add_special_tokens=False)):.2f}")
+    for n in names:
+        try:
+            engine = ENGINES[n](spec, False)
+        except Exception:
+            continue
+        print(f"{n:20} {gil_ratio(lambda: engine.count(text, False)):.2f}")
+
+
+def run_chat(args: argparse.Namespace) -> None:
+    """count_chat through headroom with the reference encoder and with the engine in use."""
+    from tokenizer_cache._encoder import ReferenceEncoder
+
+    sources = source_texts()
+    model = load_model_tokenizer(MODELS / SPEED_MODELS[0])
+    reference = model.with_encoder(ReferenceEncoder(model.tokenizer))
+    print(f"count_chat on {SPEED_MODELS[0]}, engine in use: {model.engine}; CPU ms (all threads), "
+          f"medians of {args.rounds}")
+    print(f"{'text':7} {'tokens':>7} {'tokenizers ms':>14} {model.engine + ' ms':>14} {'ratio':>6}")
+    for kind in ("code", "prose", "korean"):
+        for target in (800, 10_000, 100_000):
+            text = text_of_tokens(model.tokenizer, sources[kind], target)
+            body = {"messages": [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": text}]}
+            tokens = reference.count_chat(body)
+            assert model.count_chat(body) == tokens
+            ref_cpu, _, _ = timed(lambda: reference.count_chat(body), args.rounds)
+            cpu, _, _ = timed(lambda: model.count_chat(body), args.rounds)
+            print(f"{kind:7} {tokens:7d} {ref_cpu * 1e3:14.2f} {cpu * 1e3:14.2f} {cpu / ref_cpu:6.3f}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["exactness", "speed", "chat"])
+    parser.add_argument("--random", type=int, default=3000, help="random texts per tokenizer (exactness)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--engines", nargs="+", default=list(ENGINES))
+    args = parser.parse_args(argv)
+    {"exactness": run_exactness, "speed": run_speed, "chat": run_chat}[args.what](args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
