@@ -15,6 +15,7 @@ Everything else lives in private modules; import from here.
 """
 
 from ._cache import TokenizerCache
+from ._char_bound import CharBoundExceeded, char_bound_message
 from ._chat import UnsupportedContent
 from ._errors import CountError
 from ._locate import find_tokenizer_dir
@@ -24,6 +25,7 @@ from ._piece_cache import PieceCacheStats, PieceCountCache
 from ._piece_count import PieceCounter, PieceTally
 
 __all__ = [
+    "CharBoundExceeded",
     "CountError",
     "DEFAULT_PIECE_CACHE_ENTRIES",
     "ModelTokenizer",
@@ -33,6 +35,7 @@ __all__ = [
     "PieceTally",
     "TokenizerCache",
     "UnsupportedContent",
+    "char_bound_message",
     "find_tokenizer_dir",
     "load_model_tokenizer",
 ]

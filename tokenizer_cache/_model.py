@@ -21,6 +21,7 @@ import jinja2.meta
 from tokenizers import Tokenizer
 
 from . import _chat, _completion
+from ._char_bound import char_bound, check_chars, config_token_texts, max_chars_per_token
 from ._content_format import ContentFormat, detect_content_format
 from ._encoder import Encoder, EncoderChoice, ReferenceEncoder, select_encoder
 from ._errors import CountError
@@ -133,6 +134,7 @@ class ModelTokenizer:
         piece_fallback: str | None = None,
         identity: bytes | None = None,
         encoder: EncoderChoice | None = None,
+        max_chars_per_token: int | None = None,
     ) -> None:
         self.source_dir = source_dir
         self._tokenizer = tokenizer
@@ -144,29 +146,56 @@ class ModelTokenizer:
         # Why this tokenizer is counted whole although a piece cache was offered.
         self.piece_fallback = piece_fallback
         self._identity = identity
+        if max_chars_per_token is None:
+            max_chars_per_token = _max_chars_per_token(tokenizer, {})
+        # vLLM's longest token in characters: the character bound's factor (`_char_bound`).
+        self.max_chars_per_token = max_chars_per_token
 
     # -- public ----------------------------------------------------------
 
-    def count_chat(self, body: dict) -> int:
-        """Prompt tokens of a /v1/chat/completions request; raises CountError."""
-        return self.tally_chat(body).tokens
+    def count_chat(self, body: dict, *, max_model_len: int | None = None) -> int:
+        """Prompt tokens of a /v1/chat/completions request; raises CountError.
 
-    def tally_chat(self, body: dict) -> PieceTally:
+        With `max_model_len`, a rendered prompt longer than vLLM's character
+        bound raises CharBoundExceeded before anything is encoded.
+        """
+        return self.tally_chat(body, max_model_len=max_model_len).tokens
+
+    def tally_chat(self, body: dict, *, max_model_len: int | None = None) -> PieceTally:
         """`count_chat` plus the work it took (how much was encoded rather than cached)."""
         text, add_special_tokens = self._render(body)
+        check_chars(text, self._char_bound(body, max_model_len), max_model_len)
         return self.tally_text(text, add_special_tokens=add_special_tokens)
+
+    def char_bound(self, max_model_len: int | None, truncate_prompt_tokens: int | None = None) -> int | None:
+        """The most characters vLLM lets a prompt have (None: it does not refuse by characters)."""
+        return char_bound(max_model_len, self.max_chars_per_token, truncate_prompt_tokens)
+
+    def _char_bound(self, body: dict, max_model_len: int | None) -> int | None:
+        if max_model_len is None:
+            return None
+        return self.char_bound(max_model_len, body.get("truncate_prompt_tokens"))
 
     def render_chat(self, body: dict) -> str:
         """The prompt text vLLM would encode for this chat request."""
         return self._render(body)[0]
 
-    def count_completion(self, body: dict) -> list[int]:
-        """Prompt tokens of a /v1/completions request, one figure per prompt."""
+    def count_completion(self, body: dict, *, max_model_len: int | None = None) -> list[int]:
+        """Prompt tokens of a /v1/completions request, one figure per prompt.
+
+        With `max_model_len`, each text prompt is held to vLLM's character
+        bound first (CharBoundExceeded), as vLLM checks each one.
+        """
         if not isinstance(body, dict):
             raise CountError("The request body must be a JSON object.")
         add_special_tokens = _chat._as_bool(body, "add_special_tokens", True)
+        bound = self._char_bound(body, max_model_len)
+        prompts = _completion.parse_prompts(body)
+        for prompt in prompts:
+            if isinstance(prompt, str):
+                check_chars(prompt, bound, max_model_len)
         counts = []
-        for prompt in _completion.parse_prompts(body):
+        for prompt in prompts:
             if isinstance(prompt, str):
                 counts.append(self.count_text(prompt, add_special_tokens=add_special_tokens))
             else:
@@ -216,6 +245,7 @@ class ModelTokenizer:
             piece_fallback=fallback,
             identity=self._identity,
             encoder=choice,
+            max_chars_per_token=self.max_chars_per_token,
         )
 
     @property
@@ -287,6 +317,10 @@ class ModelTokenizer:
         return text, options.add_special_tokens
 
 
+def _max_chars_per_token(tokenizer: Tokenizer, config: Mapping[str, Any]) -> int:
+    return max_chars_per_token(tokenizer.get_vocab(with_added_tokens=True), config_token_texts(config))
+
+
 def _read_config(path: pathlib.Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
@@ -342,6 +376,7 @@ def load_model_tokenizer(
     ).digest()
     choice = select_encoder(tokenizer, raw.decode("utf-8"), engine=engine, source=str(source_dir))
     model = ModelTokenizer(
-        source_dir, tokenizer, templates, special_token_variables(config), identity=identity, encoder=choice
+        source_dir, tokenizer, templates, special_token_variables(config), identity=identity, encoder=choice,
+        max_chars_per_token=_max_chars_per_token(tokenizer, config),
     )
     return model.with_piece_cache(piece_cache) if piece_cache is not None else model
