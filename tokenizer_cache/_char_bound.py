@@ -84,10 +84,10 @@ def char_bound(max_model_len: int | None, chars_per_token: int, truncate_prompt_
     return max_model_len * chars_per_token
 
 
-def check_chars(text: str, bound: int | None, max_model_len: int | None) -> None:
-    """Raise CharBoundExceeded when `text` is longer than `bound` (from `char_bound`)."""
-    if bound is not None and len(text) > bound:
-        raise CharBoundExceeded(len(text), bound, max_model_len if max_model_len is not None else 0)
+def check_chars(chars: int, bound: int | None, max_model_len: int | None) -> None:
+    """Raise CharBoundExceeded when a prompt of `chars` characters is over `bound` (from `char_bound`)."""
+    if bound is not None and chars > bound:
+        raise CharBoundExceeded(chars, bound, max_model_len if max_model_len is not None else 0)
 
 
 def char_bound_message(chars: int, max_chars: int, max_model_len: int) -> str:

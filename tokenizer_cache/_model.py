@@ -21,7 +21,20 @@ import jinja2.meta
 from tokenizers import Tokenizer
 
 from . import _chat, _completion
-from ._char_bound import char_bound, check_chars, config_token_texts, max_chars_per_token
+from ._char_bound import (
+    char_bound,
+    check_chars,
+    config_token_texts,
+    max_chars_per_token,
+)
+from ._chat_cache import MAX_CHARS as CHAT_CACHE_MAX_CHARS
+from ._chat_cache import (
+    ChatCountCache,
+    inputs_digest,
+    is_pure,
+    message_chars,
+    template_key,
+)
 from ._content_format import ContentFormat, detect_content_format
 from ._encoder import Encoder, EncoderChoice, ReferenceEncoder, select_encoder
 from ._errors import CountError
@@ -53,6 +66,7 @@ class ChatTemplate:
     content_format: ContentFormat
     variables: frozenset[str]  # names the template reads from its context
     knows_developer: bool  # mentions the "developer" role, so keeps it
+    pure: bool = False  # renders depend on the inputs alone (`_chat_cache.is_pure`)
 
 
 def _token_text(value: Any) -> str | None:
@@ -98,6 +112,7 @@ def _compile(name: str, source: str, where: pathlib.Path) -> ChatTemplate:
         content_format=detect_content_format(ast),
         variables=frozenset(jinja2.meta.find_undeclared_variables(ast)),
         knows_developer='"developer"' in source or "'developer'" in source,
+        pure=is_pure(ast),
     )
 
 
@@ -135,6 +150,7 @@ class ModelTokenizer:
         identity: bytes | None = None,
         encoder: EncoderChoice | None = None,
         max_chars_per_token: int | None = None,
+        chat_cache: ChatCountCache | None = None,
     ) -> None:
         self.source_dir = source_dir
         self._tokenizer = tokenizer
@@ -150,6 +166,12 @@ class ModelTokenizer:
             max_chars_per_token = _max_chars_per_token(tokenizer, {})
         # vLLM's longest token in characters: the character bound's factor (`_char_bound`).
         self.max_chars_per_token = max_chars_per_token
+        self._chat_cache = chat_cache if identity is not None else None
+        self._template_keys = {
+            name: template_key(identity, template.source, special_tokens)
+            for name, template in templates.items()
+            if template.pure and identity is not None
+        }
 
     # -- public ----------------------------------------------------------
 
@@ -162,10 +184,34 @@ class ModelTokenizer:
         return self.tally_chat(body, max_model_len=max_model_len).tokens
 
     def tally_chat(self, body: dict, *, max_model_len: int | None = None) -> PieceTally:
-        """`count_chat` plus the work it took (how much was encoded rather than cached)."""
-        text, add_special_tokens = self._render(body)
-        check_chars(text, self._char_bound(body, max_model_len), max_model_len)
-        return self.tally_text(text, add_special_tokens=add_special_tokens)
+        """`count_chat` plus the work it took (how much was encoded rather than cached).
+
+        A request whose template inputs were counted before comes from the
+        chat cache (`_chat_cache`): nothing rendered, nothing encoded.
+        """
+        template, variables, options = self._prepare(body)
+        bound = self._char_bound(body, max_model_len)
+        digest = self._chat_digest(template, variables, options.add_special_tokens)
+        if digest is not None:
+            assert self._chat_cache is not None
+            hit = self._chat_cache.get(digest)
+            if hit is not None:
+                tokens, chars = hit
+                check_chars(chars, bound, max_model_len)
+                return PieceTally(tokens=tokens, pieces=0, added_tokens=0, encoded_pieces=0, encoded_tokens=0)
+        text = render(template.compiled, variables, continue_final_message=options.continue_final_message)
+        check_chars(len(text), bound, max_model_len)
+        tally = self.tally_text(text, add_special_tokens=options.add_special_tokens)
+        if digest is not None:
+            assert self._chat_cache is not None
+            self._chat_cache.put(digest, tally.tokens, len(text))
+        return tally
+
+    def _chat_digest(self, template: ChatTemplate, variables: dict[str, Any], add_special_tokens: bool) -> bytes | None:
+        key = self._template_keys.get(template.name) if self._chat_cache is not None else None
+        if key is None or message_chars(variables["messages"]) > CHAT_CACHE_MAX_CHARS:
+            return None
+        return inputs_digest(key, variables, add_special_tokens)
 
     def char_bound(self, max_model_len: int | None, truncate_prompt_tokens: int | None = None) -> int | None:
         """The most characters vLLM lets a prompt have (None: it does not refuse by characters)."""
@@ -193,7 +239,7 @@ class ModelTokenizer:
         prompts = _completion.parse_prompts(body)
         for prompt in prompts:
             if isinstance(prompt, str):
-                check_chars(prompt, bound, max_model_len)
+                check_chars(len(prompt), bound, max_model_len)
         counts = []
         for prompt in prompts:
             if isinstance(prompt, str):
@@ -222,15 +268,26 @@ class ModelTokenizer:
     def with_piece_cache(self, piece_cache: PieceCountCache | None) -> ModelTokenizer:
         """The same model (same tokenizer, templates and encoder, nothing reloaded)
         counting through `piece_cache`, or whole texts when it is None."""
-        return self._copy(piece_cache, self._choice)
+        return self._copy(piece_cache, self._choice, self._chat_cache)
+
+    def with_chat_cache(self, chat_cache: ChatCountCache | None) -> ModelTokenizer:
+        """The same model remembering chat counts in `chat_cache` (None: rendering every request)."""
+        cache = self._piece_counter.cache if self._piece_counter is not None else None
+        return self._copy(cache, self._choice, chat_cache)
+
+    @property
+    def chat_cache(self) -> ChatCountCache | None:
+        return self._chat_cache
 
     def with_encoder(self, encoder: Encoder | EncoderChoice) -> ModelTokenizer:
         """The same model counting with `encoder` (benchmarks and tests compare engines this way)."""
         choice = encoder if isinstance(encoder, EncoderChoice) else EncoderChoice(encoder)
         cache = self._piece_counter.cache if self._piece_counter is not None else None
-        return self._copy(cache, choice)
+        return self._copy(cache, choice, self._chat_cache)
 
-    def _copy(self, piece_cache: PieceCountCache | None, choice: EncoderChoice) -> ModelTokenizer:
+    def _copy(
+        self, piece_cache: PieceCountCache | None, choice: EncoderChoice, chat_cache: ChatCountCache | None
+    ) -> ModelTokenizer:
         counter, fallback = None, None
         if piece_cache is not None:
             counter, fallback = PieceCounter.for_tokenizer(
@@ -246,6 +303,7 @@ class ModelTokenizer:
             identity=self._identity,
             encoder=choice,
             max_chars_per_token=self.max_chars_per_token,
+            chat_cache=chat_cache,
         )
 
     @property
@@ -297,6 +355,12 @@ class ModelTokenizer:
         )
 
     def _render(self, body: Any) -> tuple[str, bool]:
+        template, variables, options = self._prepare(body)
+        text = render(template.compiled, variables, continue_final_message=options.continue_final_message)
+        return text, options.add_special_tokens
+
+    def _prepare(self, body: Any) -> tuple[ChatTemplate, dict[str, Any], _chat.ChatOptions]:
+        """The template and the variables it renders this request with (validated)."""
         if not isinstance(body, dict):
             raise CountError("The request body must be a JSON object.")
         _chat.check_no_request_template(body)
@@ -313,8 +377,7 @@ class ModelTokenizer:
             add_generation_prompt=options.add_generation_prompt,
             continue_final_message=options.continue_final_message,
         )
-        text = render(template.compiled, variables, continue_final_message=options.continue_final_message)
-        return text, options.add_special_tokens
+        return template, variables, options
 
 
 def _max_chars_per_token(tokenizer: Tokenizer, config: Mapping[str, Any]) -> int:
@@ -334,7 +397,11 @@ def _read_config(path: pathlib.Path) -> dict[str, Any]:
 
 
 def load_model_tokenizer(
-    directory: str | os.PathLike, *, piece_cache: PieceCountCache | None = None, engine: str = "auto"
+    directory: str | os.PathLike,
+    *,
+    piece_cache: PieceCountCache | None = None,
+    engine: str = "auto",
+    chat_cache: ChatCountCache | None = None,
 ) -> ModelTokenizer:
     """Load tokenizer.json and compile the chat template(s) of a model directory.
 
@@ -342,7 +409,9 @@ def load_model_tokenizer(
     and only pieces not seen before are encoded (`_piece_count`), unless the
     tokenizer's pieces are not independent (then `piece_fallback` says why).
     `engine` picks the encoder ("auto": fastokens when it passes the
-    self-check, see `_encoder.select_encoder`).  Raises FileNotFoundError when the directory or its tokenizer.json is
+    self-check, see `_encoder.select_encoder`).  With `chat_cache`, a chat
+    request whose template inputs were counted before is not rendered again
+    (`_chat_cache`).  Raises FileNotFoundError when the directory or its tokenizer.json is
     missing, ValueError when a file is malformed.  Never downloads.
     """
     source_dir = pathlib.Path(directory).expanduser().resolve()
@@ -377,6 +446,6 @@ def load_model_tokenizer(
     choice = select_encoder(tokenizer, raw.decode("utf-8"), engine=engine, source=str(source_dir))
     model = ModelTokenizer(
         source_dir, tokenizer, templates, special_token_variables(config), identity=identity, encoder=choice,
-        max_chars_per_token=_max_chars_per_token(tokenizer, config),
+        max_chars_per_token=_max_chars_per_token(tokenizer, config), chat_cache=chat_cache,
     )
     return model.with_piece_cache(piece_cache) if piece_cache is not None else model
