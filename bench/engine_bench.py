@@ -282,32 +282,66 @@ def timed(fn: Callable[[], Any], rounds: int) -> tuple[float, float, float]:
     return statistics.median(cpu), statistics.median(wall), first
 
 
-def gil_ratio(count: Callable[[], Any]) -> float:
-    """Wall of two threads counting at once / wall of one count: ~1 when the
-    engine releases the GIL (2 cores), ~2 when it holds it."""
+def gil_share(count: Callable[[], Any], rounds: int = 5) -> float:
+    """How much a pure-Python thread gets done while `count` runs, relative to
+    running alone: ~1 when the engine releases the GIL (a free core), ~0 when
+    it holds it for the whole count."""
     count()
-    start = time.perf_counter()
-    count()
-    one = time.perf_counter() - start
-    threads = [threading.Thread(target=count) for _ in range(2)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return (time.perf_counter() - start) / one
+    done = [0]
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            done[0] += 1
+
+    def rate(work: Callable[[], Any]) -> float:
+        done[0] = 0
+        stop.clear()
+        thread = threading.Thread(target=spin)
+        thread.start()
+        start = time.perf_counter()
+        work()
+        elapsed = time.perf_counter() - start
+        stop.set()
+        thread.join()
+        return done[0] / elapsed
+
+    def for_a_while() -> None:  # at least 0.2 s of counting, so thread start-up is noise
+        end = time.perf_counter() + 0.2
+        while time.perf_counter() < end:
+            count()
+
+    alone = statistics.median(rate(lambda: time.sleep(0.2)) for _ in range(rounds))
+    during = statistics.median(rate(for_a_while) for _ in range(rounds))
+    return during / alone
 
 
 SPEED_MODELS = ["Qwen--Qwen3-8B", "deepseek-ai--DeepSeek-V3.1", "microsoft--Phi-3-mini-4k-instruct"]
 
 
+def cold_cpu(make: Callable[[], Engine], text: str, rounds: int) -> float:
+    """Median CPU s of the first count of `text` by a freshly loaded engine
+    (warmed up on another text first, so lazy set-up is not counted): no word
+    cache holds this text's words yet."""
+    times = []
+    for _ in range(rounds):
+        engine = make()
+        engine.count("warm up 준비 🙂", False)
+        start = time.process_time()
+        engine.count(text, False)
+        times.append(time.process_time() - start)
+    return statistics.median(times)
+
+
 def run_speed(args: argparse.Namespace) -> None:
     names = args.engines
     sources = source_texts()
-    print(f"medians of {args.rounds} rounds after a warm-up; CPU = process CPU time (all threads)")
-    header = f"{'model':34} {'text':7} {'tokens':>7} {'ref cpu ms':>10}"
+    print(f"CPU ms = process CPU time (all threads).  cold: first count by a fresh engine, median of "
+          f"{args.cold} loads; warm: the same text again, median of {args.rounds} after a warm-up.")
+    print("ratio = engine / tokenizers' encode_batch_fast on the same text in the same run")
+    header = f"{'model':34} {'text':7} {'tokens':>7} {'ref cold':>9} {'ref warm':>9}"
     for n in names:
-        header += f" {n + ' ms':>14} {'ratio':>6}"
+        header += f" | {n + ' cold':>15} {'ratio':>6} {'warm':>7} {'ratio':>6}"
     print(header)
     for model_name in SPEED_MODELS:
         spec = (MODELS / model_name / "tokenizer.json").read_text(encoding="utf-8")
@@ -316,35 +350,48 @@ def run_speed(args: argparse.Namespace) -> None:
         for n in names:
             try:
                 engines[n] = ENGINES[n](spec, False)
-            except Exception:
+            except Exception:  # noqa: BLE001 - shown as "-" in the table
                 pass
         for kind, source in sources.items():
             for target in (1_000, 10_000, 100_000):
                 text = text_of_tokens(ref.tok, source, target)
                 tokens = ref.count(text, False)
-                ref_cpu, _, _ = timed(lambda: ref.count(text, False), args.rounds)
-                row = f"{model_name:34} {kind:7} {tokens:7d} {ref_cpu * 1e3:10.2f}"
+                ref_cold = cold_cpu(lambda: Reference(spec, False), text, args.cold)
+                ref_warm, _, _ = timed(lambda: ref.count(text, False), args.rounds)
+                row = f"{model_name:34} {kind:7} {tokens:7d} {ref_cold * 1e3:9.2f} {ref_warm * 1e3:9.2f}"
                 for n in names:
                     engine = engines.get(n)
                     if engine is None or engine.count(text, False) != tokens:
-                        row += f" {'-' if engine is None else 'differs':>14} {'':>6}"
+                        row += f" | {'-' if engine is None else 'differs':>15} {'':>6} {'':>7} {'':>6}"
                         continue
-                    cpu, _, _ = timed(lambda: engine.count(text, False), args.rounds)
-                    row += f" {cpu * 1e3:14.2f} {cpu / ref_cpu:6.3f}"
+                    cold = cold_cpu(lambda n=n: ENGINES[n](spec, False), text, args.cold)
+                    warm, _, _ = timed(lambda: engine.count(text, False), args.rounds)
+                    row += (f" | {cold * 1e3:15.2f} {cold / ref_cold:6.3f} {warm * 1e3:7.2f} "
+                            f"{warm / ref_warm:6.3f}")
                 print(row, flush=True)
     print()
-    print("GIL: wall of 2 threads counting the same 100k-token code text at once / wall of one (2 cores)")
+    run_gil(args)
+
+
+def run_gil(args: argparse.Namespace) -> None:
+    names = args.engines
+    sources = source_texts()
+    print("GIL: progress of a pure-Python thread while each engine counts a 100k-token code text, "
+          "relative to the thread alone (~1: GIL released, ~0: held)")
     spec = (MODELS / SPEED_MODELS[0] / "tokenizer.json").read_text(encoding="utf-8")
     ref = Reference(spec, False)
     text = text_of_tokens(ref.tok, sources["code"], 100_000)
-    print(f"{'encode_batch_fast':20} {gil_ratio(lambda: ref.count(text, False)):.2f}")
-    print(f"{'encode (reference)':20} {gil_ratio(lambda: ref.tok.encode(text, add_special_tokens=False)):.2f}")
+    print(f"{'encode_batch_fast':20} {gil_share(lambda: ref.count(text, False)):.2f}")
+    print(f"{'encode (reference)':20} {gil_share(lambda: ref.tok.encode(text, add_special_tokens=False)):.2f}")
     for n in names:
         try:
             engine = ENGINES[n](spec, False)
-        except Exception:
+        except Exception:  # noqa: BLE001, S112 - engines that cannot load have no row
             continue
-        print(f"{n:20} {gil_ratio(lambda: engine.count(text, False)):.2f}")
+        print(f"{n:20} {gil_share(lambda: engine.count(text, False)):.2f}")
+        pieces = [text[i:i + 2000] for i in range(0, len(text), 2000)]
+        if hasattr(engine, "tok") and hasattr(engine.tok, "encode_batch"):
+            print(f"{n + ' encode_batch':20} {gil_share(lambda: engine.tok.encode_batch(pieces)):.2f}")
 
 
 def run_chat(args: argparse.Namespace) -> None:
@@ -370,12 +417,13 @@ def run_chat(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["exactness", "speed", "chat"])
+    parser.add_argument("what", choices=["exactness", "speed", "gil", "chat"])
     parser.add_argument("--random", type=int, default=3000, help="random texts per tokenizer (exactness)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--cold", type=int, default=3, help="fresh engine loads per cold figure (speed)")
     parser.add_argument("--engines", nargs="+", default=list(ENGINES))
     args = parser.parse_args(argv)
-    {"exactness": run_exactness, "speed": run_speed, "chat": run_chat}[args.what](args)
+    {"exactness": run_exactness, "speed": run_speed, "gil": run_gil, "chat": run_chat}[args.what](args)
     return 0
 
 
