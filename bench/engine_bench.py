@@ -27,6 +27,7 @@ Candidates: fastokens, tokie, kitoken (PyPI; `pip install` them), bpe-openai
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import pathlib
 import statistics
@@ -319,14 +320,21 @@ def gil_share(count: Callable[[], Any], rounds: int = 5) -> float:
 SPEED_MODELS = ["Qwen--Qwen3-8B", "deepseek-ai--DeepSeek-V3.1", "microsoft--Phi-3-mini-4k-instruct"]
 
 
-def cold_cpu(make: Callable[[], Engine], text: str, rounds: int) -> float:
-    """Median CPU s of the first count of `text` by a freshly loaded engine
-    (warmed up on another text first, so lazy set-up is not counted): no word
-    cache holds this text's words yet."""
+def unseen_warmup(sources: dict[str, str], kind: str) -> str:
+    """What an engine counts before an "unseen" measurement: 20k characters of each
+    other kind of text, as a process that served other prompts has (tables paged
+    in, lazy set-up done), without this text's words in any cache."""
+    return "\n".join(text[:20_000] for other, text in sources.items() if other != kind)
+
+
+def cold_cpu(make: Callable[[], Engine], text: str, rounds: int, warmup: str = "warm up 준비 🙂") -> float:
+    """Median CPU s of the first count of `text` by a freshly loaded engine that
+    counted only `warmup` before: no word cache holds this text's words yet."""
     times = []
     for _ in range(rounds):
         engine = make()
-        engine.count("warm up 준비 🙂", False)
+        engine.count(warmup, False)
+        gc.collect()  # a collection of the loader's garbage is not counting
         start = time.process_time()
         engine.count(text, False)
         times.append(time.process_time() - start)
@@ -336,8 +344,9 @@ def cold_cpu(make: Callable[[], Engine], text: str, rounds: int) -> float:
 def run_speed(args: argparse.Namespace) -> None:
     names = args.engines
     sources = source_texts()
-    print(f"CPU ms = process CPU time (all threads).  cold: first count by a fresh engine, median of "
-          f"{args.cold} loads; warm: the same text again, median of {args.rounds} after a warm-up.")
+    print(f"CPU ms = process CPU time (all threads).  cold: first count of the text by a fresh engine that "
+          f"counted only 40k characters of the other kinds before, median of {args.cold} loads; warm: the same "
+          f"text again, median of {args.rounds}.")
     print("ratio = engine / tokenizers' encode_batch_fast on the same text in the same run")
     header = f"{'model':34} {'text':7} {'tokens':>7} {'ref cold':>9} {'ref warm':>9}"
     for n in names:
@@ -356,7 +365,8 @@ def run_speed(args: argparse.Namespace) -> None:
             for target in (1_000, 10_000, 100_000):
                 text = text_of_tokens(ref.tok, source, target)
                 tokens = ref.count(text, False)
-                ref_cold = cold_cpu(lambda: Reference(spec, False), text, args.cold)
+                warmup = unseen_warmup(sources, kind)
+                ref_cold = cold_cpu(lambda: Reference(spec, False), text, args.cold, warmup)
                 ref_warm, _, _ = timed(lambda: ref.count(text, False), args.rounds)
                 row = f"{model_name:34} {kind:7} {tokens:7d} {ref_cold * 1e3:9.2f} {ref_warm * 1e3:9.2f}"
                 for n in names:
@@ -364,7 +374,7 @@ def run_speed(args: argparse.Namespace) -> None:
                     if engine is None or engine.count(text, False) != tokens:
                         row += f" | {'-' if engine is None else 'differs':>15} {'':>6} {'':>7} {'':>6}"
                         continue
-                    cold = cold_cpu(lambda n=n: ENGINES[n](spec, False), text, args.cold)
+                    cold = cold_cpu(lambda n=n: ENGINES[n](spec, False), text, args.cold, warmup)
                     warm, _, _ = timed(lambda: engine.count(text, False), args.rounds)
                     row += (f" | {cold * 1e3:15.2f} {cold / ref_cold:6.3f} {warm * 1e3:7.2f} "
                             f"{warm / ref_warm:6.3f}")
@@ -394,25 +404,103 @@ def run_gil(args: argparse.Namespace) -> None:
             print(f"{n + ' encode_batch':20} {gil_share(lambda: engine.tok.encode_batch(pieces)):.2f}")
 
 
+def _stock_sandbox(model: Any) -> Any:
+    """The model with its templates compiled in jinja's stock ImmutableSandboxedEnvironment
+    (configured as transformers does): rendering as it was before the per-type safety table."""
+    import copy
+    import dataclasses
+
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from tokenizer_cache import _jinja
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_jinja._GenerationBlock, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _jinja._tojson
+    env.globals.update(raise_exception=_jinja._raise_exception, strftime_now=_jinja._strftime_now)
+    clone = copy.copy(model)
+    clone._templates = {name: dataclasses.replace(t, compiled=env.from_string(t.source))
+                        for name, t in model._templates.items()}
+    return clone
+
+
+def _chat_body(text: str) -> dict:
+    return {"messages": [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": text}]}
+
+
 def run_chat(args: argparse.Namespace) -> None:
-    """count_chat through headroom with the reference encoder and with the engine in use."""
-    from tokenizer_cache._encoder import ReferenceEncoder
+    """count_chat on Qwen3-8B through headroom: the engine in use against tokenizers' encode_batch_fast."""
+    from tokenizer_cache import PieceCountCache
+    from tokenizer_cache._chat_cache import ChatCountCache
+    from tokenizer_cache._encoder import ReferenceEncoder, select_encoder
 
     sources = source_texts()
-    model = load_model_tokenizer(MODELS / SPEED_MODELS[0])
-    reference = model.with_encoder(ReferenceEncoder(model.tokenizer))
-    print(f"count_chat on {SPEED_MODELS[0]}, engine in use: {model.engine}; CPU ms (all threads), "
-          f"medians of {args.rounds}")
-    print(f"{'text':7} {'tokens':>7} {'tokenizers ms':>14} {model.engine + ' ms':>14} {'ratio':>6}")
+    directory = MODELS / SPEED_MODELS[0]
+    model = load_model_tokenizer(directory)
+    spec = (directory / "tokenizer.json").read_text(encoding="utf-8")
+    print(f"count_chat on {SPEED_MODELS[0]} (template rendering included, no piece/chat cache), engine: "
+          f"{model.engine}.  CPU ms of all threads.  ebf = encode_batch_fast of the same rendered text.")
+    print(f"cold: first count of this text by a freshly loaded engine / Tokenizer that counted only 40k "
+          f"characters of the other kinds (median of {args.cold}); warm: again, median of {args.rounds}")
+    print(f"{'text':7} {'tokens':>7} {'ebf cold':>9} {'chat cold':>10} {'ratio':>6} | {'ebf warm':>9} "
+          f"{'chat warm':>10} {'ratio':>6}")
     for kind in ("code", "prose", "korean"):
         for target in (800, 10_000, 100_000):
             text = text_of_tokens(model.tokenizer, sources[kind], target)
-            body = {"messages": [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": text}]}
-            tokens = reference.count_chat(body)
-            assert model.count_chat(body) == tokens
-            ref_cpu, _, _ = timed(lambda: reference.count_chat(body), args.rounds)
-            cpu, _, _ = timed(lambda: model.count_chat(body), args.rounds)
-            print(f"{kind:7} {tokens:7d} {ref_cpu * 1e3:14.2f} {cpu * 1e3:14.2f} {cpu / ref_cpu:6.3f}", flush=True)
+            body = _chat_body(text)
+            rendered = model.render_chat(body)
+            tokens = model.count_chat(body)
+            assert tokens == len(model.tokenizer.encode(rendered, add_special_tokens=False))
+            warmup = unseen_warmup(sources, kind)
+            ebf_cold = cold_cpu(lambda: Reference(spec, False), rendered, args.cold, warmup)
+            chat_cold = []
+            for _ in range(args.cold):
+                # The loaded model with a freshly loaded engine of the same kind: no word of this text cached.
+                fresh = model.with_encoder(select_encoder(model.tokenizer, spec, engine=model.engine))
+                fresh.count_chat(_chat_body(warmup))
+                gc.collect()
+                start = time.process_time()
+                fresh.count_chat(body)
+                chat_cold.append(time.process_time() - start)
+            ref = Reference(spec, False)
+            ebf_warm, _, _ = timed(lambda: ref.count(rendered, False), args.rounds)
+            chat_warm, _, _ = timed(lambda: model.count_chat(body), args.rounds)
+            cold = statistics.median(chat_cold)
+            print(f"{kind:7} {tokens:7d} {ebf_cold * 1e3:9.2f} {cold * 1e3:10.2f} {cold / ebf_cold:6.3f} | "
+                  f"{ebf_warm * 1e3:9.2f} {chat_warm * 1e3:10.2f} {chat_warm / ebf_warm:6.3f}", flush=True)
+
+    print()
+    text = text_of_tokens(model.tokenizer, sources["prose"], 800)
+    body = {"messages": [{"role": "system", "content": "You are a helpful assistant."},
+                         {"role": "user", "content": text[: len(text) // 2]},
+                         {"role": "assistant", "content": "Noted."},
+                         {"role": "user", "content": text[len(text) // 2:]}]}
+    size = len(json.dumps(body).encode())
+    reference = model.with_encoder(ReferenceEncoder(model.tokenizer))
+    pieces = PieceCountCache()
+    rows = [
+        ("before: tokenizers, stock sandbox, piece cache", _stock_sandbox(reference.with_piece_cache(pieces))),
+        ("tokenizers, per-type sandbox table, piece cache", reference.with_piece_cache(pieces)),
+        ("fastokens, per-type table, piece cache", model.with_piece_cache(pieces)),
+        ("fastokens, per-type table, piece + chat cache", model.with_piece_cache(pieces).with_chat_cache(ChatCountCache())),
+        ("tokenizers, stock sandbox, no piece/chat cache", _stock_sandbox(reference)),
+        ("fastokens, per-type table, no piece/chat cache", model),
+    ]
+    print(f"one {size}-byte chat ({reference.count_chat(body)} tokens), the same body repeated: CPU us per "
+          f"count_chat, median of {args.rounds} x 200 calls, ratio to the first row")
+    base = None
+    for label, counting in rows:
+        counting.count_chat(body)
+
+        def many(counting: Any = counting) -> None:
+            for _ in range(200):
+                counting.count_chat(body)
+
+        cpu, _, _ = timed(many, args.rounds)
+        us = cpu / 200 * 1e6
+        base = base or us
+        print(f"  {label:52} {us:8.1f} {us / base:6.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
