@@ -27,7 +27,13 @@ import urllib.request
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.engine_bench import MODELS, _chat_body, source_texts, text_of_tokens, unseen_warmup  # noqa: E402
+from bench.engine_bench import (  # noqa: E402
+    MODELS,
+    _chat_body,
+    source_texts,
+    text_of_tokens,
+    unseen_warmup,
+)
 from tests.realvllm.fixture import prepare  # noqa: E402
 from tests.realvllm.server import SERVED_MODEL_NAME, running_server  # noqa: E402
 from tokenizer_cache import load_model_tokenizer  # noqa: E402
