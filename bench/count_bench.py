@@ -214,7 +214,8 @@ def bench_event_loop(models_root: pathlib.Path, text: str, rounds: int) -> None:
             print(f"{label:44} {wall:8.1f} {lag:16.1f} {ticks:6d}")
     finally:
         pool.shutdown()
-    print("* what ModelTokenizer.count_text uses")
+    print("* what ModelTokenizer.count_text uses for a model that counts with tokenizers "
+          "(engine_fallback set); fastokens models: bench/engine_bench.py")
 
 
 def main(argv: list[str] | None = None) -> int:
