@@ -188,6 +188,7 @@ def test_a_text_the_engine_raises_on_is_counted_by_tokenizers(models: dict[str, 
         assert broken.count("Hello world", False) == 2
         assert broken.count_pieces(["Hello", " world"]) == [1, 1]
     assert broken.failures == 2
+    assert model.with_encoder(broken).engine_failures == 2 and model.engine_failures == 0
     assert len([r for r in caplog.records if "fastokens raised" in r.getMessage()]) == 1
 
 

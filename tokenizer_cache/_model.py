@@ -312,6 +312,11 @@ class ModelTokenizer:
         return self._encoder.name
 
     @property
+    def engine_failures(self) -> int:
+        """Texts the fast engine raised on since load (each counted by `tokenizers` instead)."""
+        return int(getattr(self._encoder, "failures", 0))
+
+    @property
     def engine_fallback(self) -> str | None:
         """Why this model counts with `tokenizers` although a faster engine was wanted
         (not installed, cannot load the tokenizer, failed the self-check); None otherwise."""
