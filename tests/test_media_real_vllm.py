@@ -32,7 +32,7 @@ from tests.media_cases import (
     user,
     vllm_request,
 )
-from tests.servers import serve_in_thread
+from tests.support.servers import serve_in_thread
 from tokenizer_cache import load_model_tokenizer
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.slow]

@@ -20,6 +20,7 @@ Everything else lives in private modules; import from here.
 """
 
 from ._cache import TokenizerCache
+from ._char_bound import CharBoundExceeded, char_bound_message
 from ._errors import CountError, MediaNotCountable
 from ._family import TOKENIZER_MODES, detect_family
 from ._gptoss import HarmonyTokenizer
@@ -33,6 +34,7 @@ from ._piece_count import PieceCounter, PieceTally
 from ._protocol import CountingModel
 
 __all__ = [
+    "CharBoundExceeded",
     "CountError",
     "CountingModel",
     "DEFAULT_PIECE_CACHE_ENTRIES",
@@ -47,6 +49,7 @@ __all__ = [
     "PieceTally",
     "TOKENIZER_MODES",
     "TokenizerCache",
+    "char_bound_message",
     "detect_family",
     "find_tokenizer_dir",
     "holds_tokenizer",

@@ -8,7 +8,9 @@ different directories load in parallel (the lock is not held while loading).
 
 The models loaded here share one `PieceCountCache` (per-piece token counts,
 so a resent conversation only encodes what is new); `piece_cache_entries=0`
-turns it off.
+turns it off.  `engine` chooses the encoder as `load_model_tokenizer` does
+("auto": the fast engine wherever it passes its self-check); the models
+also share one `ChatCountCache` (`chat_cache_entries=0` turns it off).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Callable
 
+from ._chat_cache import DEFAULT_MAX_ENTRIES as DEFAULT_CHAT_ENTRIES
+from ._chat_cache import ChatCountCache
 from ._family import check_tokenizer_mode
 from ._model import load_model_tokenizer
 from ._piece_cache import DEFAULT_MAX_ENTRIES, PieceCountCache
@@ -43,16 +47,22 @@ class TokenizerCache:
         *,
         loader: Loader | None = None,
         piece_cache_entries: int = DEFAULT_MAX_ENTRIES,
+        engine: str = "auto",
+        chat_cache_entries: int = DEFAULT_CHAT_ENTRIES,
     ) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
-        if piece_cache_entries < 0:
-            raise ValueError("piece_cache_entries must be 0 (off) or more")
+        if piece_cache_entries < 0 or chat_cache_entries < 0:
+            raise ValueError("piece_cache_entries and chat_cache_entries must be 0 (off) or more")
         self.max_entries = max_entries
         # One table for every model: the digests are keyed by tokenizer.
         self.piece_cache = PieceCountCache(piece_cache_entries) if piece_cache_entries else None
+        # Chat counts by exact template inputs (repeated requests skip rendering).
+        self.chat_cache = ChatCountCache(chat_cache_entries) if chat_cache_entries else None
         if loader is None:
-            loader = functools.partial(load_model_tokenizer, piece_cache=self.piece_cache)
+            loader = functools.partial(
+                load_model_tokenizer, piece_cache=self.piece_cache, engine=engine, chat_cache=self.chat_cache
+            )
         self._loader = loader
         self._lock = threading.Lock()
         self._entries: OrderedDict[_Key, CountingModel] = OrderedDict()

@@ -12,6 +12,7 @@ from typing import Any
 from . import _harmony
 from ._harmony import HarmonyOptions
 from ._model import ModelTokenizer
+from ._char_bound import check_chars
 from ._piece_count import PieceTally
 
 
@@ -21,8 +22,13 @@ class HarmonyTokenizer(ModelTokenizer):
     family = "harmony"
     harmony_options: HarmonyOptions = HarmonyOptions()
 
-    def tally_chat(self, body: dict) -> PieceTally:
-        tokens = len(self.chat_token_ids(body))
+    def tally_chat(self, body: dict, *, max_model_len: int | None = None) -> PieceTally:
+        # vLLM's character bound holds for the prompt text (harmony renders to ids:
+        # the bound is checked on their text, as the engine sees it).
+        ids = self.chat_token_ids(body)
+        if max_model_len is not None:
+            check_chars(len(_harmony.encoding().decode(ids)), self._char_bound(body, max_model_len), max_model_len)
+        tokens = len(ids)
         return PieceTally(tokens=tokens, pieces=1, added_tokens=0, encoded_pieces=1, encoded_tokens=tokens)
 
     def chat_token_ids(self, body: Any) -> list[int]:
