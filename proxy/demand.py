@@ -4,8 +4,10 @@ The served lengths are censored at exactly the value under question: a request
 refused for its prompt or clamped to the room left never shows its real
 length, so a percentile of served lengths cannot rise above the current
 `max_model_len` (issue 16).  This module reads the same length records
-(`proxy.record.LengthRecord`, as the dicts of the JSONL log) and states the
-demand of each one.  Pure functions; nothing here is wired into the proxy yet.
+(`proxy.record.LengthRecord`, as the dicts of the JSONL log, or a record's
+`vars()`) and states the demand of each one.  Pure functions: `headroom report`
+(`proxy.report`) and `/stats` (`proxy.stats`) both reduce demands to a
+`DemandTally` and ask `recommend_from_demand`.
 
 Definitions:
 
@@ -27,10 +29,14 @@ Definitions:
 * **demanded KV tokens** (what the cache holds for it; seed 000: "프롬프트 1벌 +
   출력 n벌"): prompt + n × the per-choice completion asked for, or prompt + the
   completion tokens generated (usage already sums the choices).
-* **outcome at L** for a demand, with headroom in front of vLLM 0.32: refused
-  when prompt ≥ L, or when the room left after the margin is below the minimum
-  completion; served in full when the sequence ≤ L; clamped otherwise.
-* Percentiles are `proxy.report.Histogram`'s (numpy's linear method, the
+* **outcome at L** for a demand, with headroom in front of vLLM 0.32
+  (`proxy.admission`, policy `clamp`): refused when prompt ≥ L, or when the
+  sequence does not fit and the room L − prompt is below the minimum
+  completion; served in full when the sequence ≤ L; clamped otherwise.  A
+  margin only shortens a clamped completion, it never refuses one.  Under
+  `on_overflow = "reject"` every "clamped" demand is refused instead: the
+  share that does not fit in full is the same.
+* Percentiles are `proxy.histogram.Histogram`'s (numpy's linear method, the
   definition in `proxy.lengths`); a recommendation is rounded with
   `proxy.lengths.round_to_blocks`.
 """
@@ -42,8 +48,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from proxy.errors import ErrorCode
+from proxy.histogram import Histogram
 from proxy.lengths import BLOCK_SIZE, effective_prompt_tokens, round_to_blocks, sequence_tokens
-from proxy.report import Histogram
 from proxy.surfaces import CHAT, COMPLETIONS
 
 # what the engine applies when a surface's request sends no limit (None: the whole room)
@@ -115,27 +121,84 @@ def demands(records: Iterable[Mapping[str, Any]]) -> list[Demand]:
     return [d for d in map(record_demand, records) if d is not None]
 
 
-def sequence_histogram(ds: Iterable[Demand]) -> Histogram:
-    return Histogram(d.sequence for d in ds)
+class DemandTally:
+    """Demands reduced to counts: all the recommendation and the outcome shares need, in bounded memory.
+
+    An outcome depends only on (prompt, sequence), so those pairs are counted
+    exactly; the size is the number of distinct pairs, not of requests (a
+    million-record report stays small).
+    """
+
+    __slots__ = ("kv", "limits", "lower_bounds", "pairs", "sequence")
+
+    def __init__(self, ds: Iterable[Demand] = ()) -> None:
+        self.sequence: dict[int, int] = {}              # demanded sequence → count
+        self.kv: dict[int, int] = {}                    # demanded KV tokens → count
+        self.pairs: dict[tuple[int, int], int] = {}     # (prompt, sequence) → count
+        self.limits: dict[int, int] = {}                # max_model_len in force → count
+        self.lower_bounds = 0
+        for d in ds:
+            self.add(d)
+
+    def add(self, d: Demand) -> None:
+        self.add_values(d.prompt, d.sequence, d.kv_tokens, d.lower_bound, d.max_model_len)
+
+    def add_values(self, prompt: int, sequence: int, kv: int, lower_bound: bool, limit: int | None) -> None:
+        # Dict updates written out: this runs once per record of a report.
+        c = self.sequence
+        c[sequence] = c.get(sequence, 0) + 1
+        c = self.kv
+        c[kv] = c.get(kv, 0) + 1
+        pairs = self.pairs
+        key = (prompt, sequence)
+        pairs[key] = pairs.get(key, 0) + 1
+        if limit is not None:
+            c = self.limits
+            c[limit] = c.get(limit, 0) + 1
+        self.lower_bounds += lower_bound
+
+    @property
+    def n(self) -> int:
+        return sum(self.sequence.values())
+
+    @property
+    def sequence_histogram(self) -> Histogram:
+        return Histogram.of_counts(self.sequence)
+
+    @property
+    def kv_histogram(self) -> Histogram:
+        return Histogram.of_counts(self.kv)
 
 
-def kv_histogram(ds: Iterable[Demand]) -> Histogram:
-    return Histogram(d.kv_tokens for d in ds)
+def _tally(ds: Iterable[Demand] | DemandTally) -> DemandTally:
+    return ds if isinstance(ds, DemandTally) else DemandTally(ds)
+
+
+def sequence_histogram(ds: Iterable[Demand] | DemandTally) -> Histogram:
+    return _tally(ds).sequence_histogram
+
+
+def kv_histogram(ds: Iterable[Demand] | DemandTally) -> Histogram:
+    return _tally(ds).kv_histogram
 
 
 # ---------------------------------------------------------------------------
 # what a max_model_len would do with that demand
 
 
-def outcome(d: Demand, max_model_len: int, margin: int = 0, min_completion: int = 1) -> Outcome:
-    """Served in full, clamped, or refused at `max_model_len` (headroom's admission rules)."""
-    if d.prompt >= max_model_len:
+def outcome_of(prompt: int, sequence: int, max_model_len: int, min_completion: int = 1) -> Outcome:
+    """Served in full, clamped, or refused at `max_model_len` (`proxy.admission`'s rules, policy clamp)."""
+    if prompt >= max_model_len:
         return "refused"
-    if d.sequence <= max_model_len:
+    if sequence <= max_model_len:
         return "fits"
-    if max_model_len - d.prompt - margin < min_completion:
+    if max_model_len - prompt < min_completion:
         return "refused"
     return "clamped"
+
+
+def outcome(d: Demand, max_model_len: int, min_completion: int = 1) -> Outcome:
+    return outcome_of(d.prompt, d.sequence, max_model_len, min_completion)
 
 
 @dataclass(frozen=True)
@@ -149,21 +212,22 @@ class OutcomeShares:
     def share(self, what: Outcome) -> float:
         return getattr(self, what) / self.total if self.total else 0.0
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"max_model_len": self.max_model_len, "total": self.total, "fits": self.fits,
+                "clamped": self.clamped, "refused": self.refused,
+                "clamped_share": self.share("clamped"), "refused_share": self.share("refused")}
 
-def outcome_shares(ds: Iterable[Demand], max_model_len: int, margin: int = 0, min_completion: int = 1
-                   ) -> OutcomeShares:
+
+def outcome_shares(ds: Iterable[Demand] | DemandTally, max_model_len: int, min_completion: int = 1) -> OutcomeShares:
     counts = {"fits": 0, "clamped": 0, "refused": 0}
-    for d in ds:
-        counts[outcome(d, max_model_len, margin, min_completion)] += 1
+    for (prompt, sequence), count in _tally(ds).pairs.items():
+        counts[outcome_of(prompt, sequence, max_model_len, min_completion)] += count
     return OutcomeShares(max_model_len, sum(counts.values()), counts["fits"], counts["clamped"], counts["refused"])
 
 
-def current_max_model_len(ds: Iterable[Demand]) -> int | None:
+def current_max_model_len(ds: Iterable[Demand] | DemandTally) -> int | None:
     """The limit most records arrived under (None when none recorded one)."""
-    seen: dict[int, int] = {}
-    for d in ds:
-        if d.max_model_len is not None:
-            seen[d.max_model_len] = seen.get(d.max_model_len, 0) + 1
+    seen = _tally(ds).limits
     return max(seen, key=lambda v: (seen[v], v)) if seen else None
 
 
@@ -182,20 +246,29 @@ class DemandRecommendation:
     recommended: OutcomeShares
     reason: str
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "percentile": self.percentile, "demand_at_percentile": self.demand_at_percentile,
+            "wanted": self.wanted, "max_model_len": self.max_model_len, "limited_by": self.limited_by,
+            "block_size": self.block_size, "model_bound": self.model_bound, "kv_bound": self.kv_bound,
+            "lower_bounds": self.lower_bounds,
+            "current": None if self.current is None else self.current.to_dict(),
+            "recommended": self.recommended.to_dict(), "reason": self.reason,
+        }
+
 
 def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 
 
 def recommend_from_demand(
-    ds: list[Demand],
+    ds: Iterable[Demand] | DemandTally,
     p: float = 99.0,
     block_size: int = BLOCK_SIZE,
     *,
     model_bound: int | None = None,
     kv_bound: int | None = None,
     current: int | None = None,
-    margin: int = 0,
     min_completion: int = 1,
 ) -> DemandRecommendation | None:
     """max_model_len = the p-th percentile of demand, whole blocks, within the model's context and the KV cache.
@@ -205,9 +278,10 @@ def recommend_from_demand(
     num_gpu_blocks × block_size from the running vLLM).  `current`: the deployed value (default: the one
     most records arrived under).
     """
-    if not ds:
+    tally = _tally(ds)
+    hist = tally.sequence_histogram
+    if hist.n == 0:
         return None
-    hist = sequence_histogram(ds)
     value = hist.percentile(p)
     wanted = round_to_blocks(value, block_size)
     assert wanted is not None
@@ -218,10 +292,9 @@ def recommend_from_demand(
     if kv_bound is not None and chosen > kv_bound:
         chosen, limited_by = kv_bound, "kv_cache"
     if current is None:
-        current = current_max_model_len(ds)
-    now = outcome_shares(ds, current, margin, min_completion) if current is not None else None
-    rec = outcome_shares(ds, chosen, margin, min_completion)
-    lower = sum(d.lower_bound for d in ds)
+        current = current_max_model_len(tally)
+    now = outcome_shares(tally, current, min_completion) if current is not None else None
+    rec = outcome_shares(tally, chosen, min_completion)
     head = f"p{p:g} of demanded sequence length is {value:,.0f} tokens → {wanted:,} in whole blocks of {block_size}"
     if limited_by == "model_context":
         head += f", capped at the model's own context of {chosen:,}"
@@ -235,7 +308,7 @@ def recommend_from_demand(
                  f"{_pct(now.share('refused'))} refused)")
     return DemandRecommendation(
         percentile=p, demand_at_percentile=value, wanted=wanted, max_model_len=chosen, limited_by=limited_by,
-        block_size=block_size, model_bound=model_bound, kv_bound=kv_bound, lower_bounds=lower,
+        block_size=block_size, model_bound=model_bound, kv_bound=kv_bound, lower_bounds=tally.lower_bounds,
         current=now, recommended=rec, reason=head + tail,
     )
 
@@ -244,11 +317,11 @@ def recommend_from_demand(
 # why requests were not served
 
 # Every errors.ErrorCode headroom emits or records.  Media parts are refused today as INVALID_PROMPT
-# (tokenizer_cache.UnsupportedContent → errors.invalid_prompt), the same code as a template error; the
-# "invalid_media" key is the code a distinct error would carry.
+# (tokenizer_cache.UnsupportedContent → errors.invalid_prompt), the same code as a template error;
+# INVALID_MEDIA is the code a distinct media refusal carries.
 ERROR_CODE_REASONS: dict[str, Reason] = {
     ErrorCode.CONTEXT_LENGTH_EXCEEDED: "no_room_left",     # refined by the numbers: see rejection_reason
-    "invalid_media": "invalid_media",
+    ErrorCode.INVALID_MEDIA: "invalid_media",
     ErrorCode.INVALID_PROMPT: "invalid_prompt",
     ErrorCode.INVALID_JSON: "bad_request",
     ErrorCode.INVALID_REQUEST_BODY: "bad_request",
