@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from proxy.errors import ErrorCode
 from proxy.histogram import Histogram
@@ -69,9 +69,8 @@ def _int(rec: Mapping[str, Any], key: str) -> int | None:
     return value if type(value) is int and value >= 0 else None
 
 
-@dataclass(frozen=True)
-class Demand:
-    """One request's demand (see the module docstring)."""
+class Demand(NamedTuple):
+    """One request's demand (see the module docstring); a tuple: a report makes one per record."""
 
     model: str | None
     action: str
@@ -85,6 +84,31 @@ class Demand:
     max_model_len: int | None   # the limit in force when it arrived
 
 
+class DemandFigures(NamedTuple):
+    """The numbers of one demand (`demand_figures`): what the live window keeps per request."""
+
+    completion: int | None
+    sequence: int
+    kv_tokens: int
+    source: Source
+    lower_bound: bool
+
+
+def demand_figures(prompt: int, n: int, requested: int | None, generated: int | None, granted: int | None,
+                   cut: bool, endpoint: str) -> DemandFigures:
+    """The demand of a request with these (already valid) fields: the definitions of the module docstring."""
+    if requested is not None and requested > 0:
+        return DemandFigures(requested, prompt + requested, prompt + n * requested, "requested", False)
+    if generated is not None:
+        sequence = sequence_tokens(prompt, generated, n, granted)
+        assert sequence is not None
+        return DemandFigures(sequence - prompt, sequence, prompt + generated, "generated", cut)
+    implicit = _IMPLICIT_LIMIT.get(endpoint)
+    if implicit is not None:
+        return DemandFigures(implicit, prompt + implicit, prompt + n * implicit, "engine_default", False)
+    return DemandFigures(None, prompt + 1, prompt + n, "prompt_only", True)
+
+
 def record_demand(rec: Mapping[str, Any]) -> Demand | None:
     """The demand of one length record (a `LengthRecord.to_dict()`); None without a prompt count."""
     prompt = effective_prompt_tokens(_int(rec, "prompt_tokens"), _int(rec, "upstream_prompt_tokens"))
@@ -92,29 +116,13 @@ def record_demand(rec: Mapping[str, Any]) -> Demand | None:
         return None
     n = rec.get("n")
     n = n if type(n) is int and n >= 1 else 1
-    requested = _int(rec, "requested_max_tokens")
-    generated = _int(rec, "completion_tokens")
     reasons = rec.get("finish_reasons")
-    cut = isinstance(reasons, list) and "length" in reasons
+    f = demand_figures(prompt, n, _int(rec, "requested_max_tokens"), _int(rec, "completion_tokens"),
+                       _int(rec, "granted_max_tokens"), isinstance(reasons, list) and "length" in reasons,
+                       str(rec.get("endpoint")))
     model = rec.get("model")
-    action = str(rec.get("action", "pass"))
-    limit = _int(rec, "max_model_len")
-
-    def make(completion: int | None, kv: int, source: Source, lower: bool) -> Demand:
-        sequence = prompt + (completion if completion is not None else 1)
-        return Demand(model if isinstance(model, str) else None, action, n, prompt, completion, sequence, kv,
-                      source, lower, limit)
-
-    if requested is not None and requested > 0:
-        return make(requested, prompt + n * requested, "requested", False)
-    if generated is not None:
-        sequence = sequence_tokens(prompt, generated, n, _int(rec, "granted_max_tokens"))
-        assert sequence is not None
-        return make(sequence - prompt, prompt + generated, "generated", cut)
-    implicit = _IMPLICIT_LIMIT.get(str(rec.get("endpoint")))
-    if implicit is not None:
-        return make(implicit, prompt + n * implicit, "engine_default", False)
-    return make(None, prompt + n, "prompt_only", True)
+    return Demand(model if isinstance(model, str) else None, str(rec.get("action", "pass")), n, prompt,
+                  f.completion, f.sequence, f.kv_tokens, f.source, f.lower_bound, _int(rec, "max_model_len"))
 
 
 def demands(records: Iterable[Mapping[str, Any]]) -> list[Demand]:
@@ -353,18 +361,22 @@ def rejection_reason(rec: Mapping[str, Any]) -> Reason | None:
     max_model_len, else "no_room_left" (the prompt fits but the completion
     asked for, or the minimum after the safety margin, does not).
     """
-    code = rec.get("error_code")
     status = rec.get("status")
-    failed = rec.get("action") in ("rejected", "upstream_error") or (type(status) is int and status >= 400)
+    return reason_of(rec.get("error_code"), rec.get("action"), status if type(status) is int else None,
+                     _int(rec, "prompt_tokens"), _int(rec, "max_model_len"))
+
+
+def reason_of(code: object, action: object, status: int | None, prompt: int | None,
+              max_model_len: int | None) -> Reason | None:
+    """`rejection_reason` over the fields themselves (headroom's own prompt count, not the upstream's)."""
+    failed = action in ("rejected", "upstream_error") or (status is not None and status >= 400)
     if code is None and not failed:
         return None
     if code is None:
         return "other"
     reason = ERROR_CODE_REASONS.get(str(code), "other")
-    if reason == "no_room_left":
-        prompt, limit = _int(rec, "prompt_tokens"), _int(rec, "max_model_len")
-        if prompt is not None and limit is not None and prompt >= limit:
-            return "prompt_too_long"
+    if reason == "no_room_left" and prompt is not None and max_model_len is not None and prompt >= max_model_len:
+        return "prompt_too_long"
     return reason
 
 

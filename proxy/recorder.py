@@ -21,8 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 from .lengthlog import LengthLog
+from .lengths import percentile
 from .metrics import OTHER_MODEL, Metrics, safe_label
 from .record import LengthRecord
+from .sizing import ModelSizing
 from .stats import Sample, model_stats, sample_of
 
 # ---------------------------------------------------------------------------
@@ -85,6 +87,8 @@ class Recorder:
         self.clock = clock
         # How each model is counted (proxy.trust), for /stats; set by the app.
         self.counting: Callable[[], dict[str, dict[str, Any]]] = dict
+        # What bounds each model's recommendation beyond its traffic (proxy.sizing); set by the app.
+        self.sizing: Callable[[str], ModelSizing] = lambda model: ModelSizing()
         if lengthlog is not None:
             self.attach_lengthlog(lengthlog)
 
@@ -110,9 +114,15 @@ class Recorder:
         return {
             "generated_at": now,
             "window": {"max_records": self.window.max_records, "max_age_s": self.window.max_age_s},
-            "models": [model_stats(m, snapshot[m]) for m in sorted(snapshot) if snapshot[m]],
+            "models": [model_stats(m, snapshot[m], self.sizing(m)) for m in sorted(snapshot) if snapshot[m]],
             "counting": self.counting(),
         }
+
+    def demand_kv_percentile(self, model: str, p: float = 95.0) -> float | None:
+        """The p-th percentile of the demanded KV tokens per request in the recent window (None: no demand)."""
+        samples = self.window.snapshot(self.clock()).get(safe_label(model), [])
+        values = sorted(s.demanded_kv for s in samples if s.demanded_kv is not None)
+        return percentile(values, p) if values else None
 
     def close(self) -> None:
         if self.lengthlog is not None:
