@@ -383,6 +383,7 @@ class UpstreamMetricsScraper:
         self.last_success: float | None = None
         self.last_error: str | None = None
         self.failures = 0               # consecutive
+        self.on_scrape: list[Callable[[UpstreamMetricsScraper], None]] = []   # after each attempt
 
     async def scrape_once(self) -> bool:
         try:
@@ -391,6 +392,7 @@ class UpstreamMetricsScraper:
         except Exception as exc:  # any failure of the upstream or of its body is reported, not raised
             self.failures += 1
             self.last_error = f"{type(exc).__name__}: {exc}"
+            self._scraped()
             return False
         self.latest = metrics
         self.state, self.signals = observe(self.state, metrics, pinned_at=self.pinned_at,
@@ -398,7 +400,12 @@ class UpstreamMetricsScraper:
         self.last_success = self._clock()
         self.last_error = None
         self.failures = 0
+        self._scraped()
         return True
+
+    def _scraped(self) -> None:
+        for callback in self.on_scrape:
+            callback(self)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Scrape until `stop` is set (checked between scrapes and while waiting)."""
