@@ -130,20 +130,26 @@ def demands(records: Iterable[Mapping[str, Any]]) -> list[Demand]:
 
 
 class DemandTally:
-    """Demands reduced to counts: all the recommendation and the outcome shares need, in bounded memory.
+    """Demands reduced to 1-D histograms: all the recommendation and the outcome shares need, in bounded memory.
 
-    An outcome depends only on (prompt, sequence), so those pairs are counted
-    exactly; the size is the number of distinct pairs, not of requests (a
-    million-record report stays small).
+    With a minimum completion m, a demand is refused at L exactly when
+    L < prompt + min(completion, m) (the prompt fills the context, or it does
+    not fit and the room is below m), and fits when sequence ≤ L; everything
+    else is clamped.  So the outcome at any L is two histogram reads, and the
+    size is the number of distinct lengths, not of requests.  m is fixed when
+    the tally is made (the admission policy's `min_completion_tokens`).
     """
 
-    __slots__ = ("kv", "limits", "lower_bounds", "pairs", "sequence")
+    __slots__ = ("kv", "limits", "lower_bounds", "min_completion", "refused_below", "sequence")
 
-    def __init__(self, ds: Iterable[Demand] = ()) -> None:
-        self.sequence: dict[int, int] = {}              # demanded sequence → count
-        self.kv: dict[int, int] = {}                    # demanded KV tokens → count
-        self.pairs: dict[tuple[int, int], int] = {}     # (prompt, sequence) → count
-        self.limits: dict[int, int] = {}                # max_model_len in force → count
+    def __init__(self, ds: Iterable[Demand] = (), min_completion: int = 1) -> None:
+        if min_completion < 1:
+            raise ValueError("min_completion must be at least 1")
+        self.min_completion = min_completion
+        self.sequence: dict[int, int] = {}        # demanded sequence → count
+        self.kv: dict[int, int] = {}              # demanded KV tokens → count
+        self.refused_below: dict[int, int] = {}   # prompt + min(completion, m) → count
+        self.limits: dict[int, int] = {}          # max_model_len in force → count
         self.lower_bounds = 0
         for d in ds:
             self.add(d)
@@ -157,9 +163,9 @@ class DemandTally:
         c[sequence] = c.get(sequence, 0) + 1
         c = self.kv
         c[kv] = c.get(kv, 0) + 1
-        pairs = self.pairs
-        key = (prompt, sequence)
-        pairs[key] = pairs.get(key, 0) + 1
+        key = prompt + min(sequence - prompt, self.min_completion)
+        c = self.refused_below
+        c[key] = c.get(key, 0) + 1
         if limit is not None:
             c = self.limits
             c[limit] = c.get(limit, 0) + 1
@@ -177,9 +183,19 @@ class DemandTally:
     def kv_histogram(self) -> Histogram:
         return Histogram.of_counts(self.kv)
 
+    def shares(self, max_model_len: int) -> OutcomeShares:
+        n = self.n
+        refused = Histogram.of_counts(self.refused_below).count_above(max_model_len)
+        fits = n - self.sequence_histogram.count_above(max_model_len)
+        return OutcomeShares(max_model_len, n, fits, n - fits - refused, refused)
 
-def _tally(ds: Iterable[Demand] | DemandTally) -> DemandTally:
-    return ds if isinstance(ds, DemandTally) else DemandTally(ds)
+
+def _tally(ds: Iterable[Demand] | DemandTally, min_completion: int | None = None) -> DemandTally:
+    if isinstance(ds, DemandTally):
+        if min_completion is not None and min_completion != ds.min_completion:
+            raise ValueError(f"this tally was made for min_completion {ds.min_completion}, not {min_completion}")
+        return ds
+    return DemandTally(ds, min_completion or 1)
 
 
 def sequence_histogram(ds: Iterable[Demand] | DemandTally) -> Histogram:
@@ -226,11 +242,10 @@ class OutcomeShares:
                 "clamped_share": self.share("clamped"), "refused_share": self.share("refused")}
 
 
-def outcome_shares(ds: Iterable[Demand] | DemandTally, max_model_len: int, min_completion: int = 1) -> OutcomeShares:
-    counts = {"fits": 0, "clamped": 0, "refused": 0}
-    for (prompt, sequence), count in _tally(ds).pairs.items():
-        counts[outcome_of(prompt, sequence, max_model_len, min_completion)] += count
-    return OutcomeShares(max_model_len, sum(counts.values()), counts["fits"], counts["clamped"], counts["refused"])
+def outcome_shares(ds: Iterable[Demand] | DemandTally, max_model_len: int,
+                   min_completion: int | None = None) -> OutcomeShares:
+    """How many demands fit, are clamped, are refused at `max_model_len` (a tally keeps its own minimum)."""
+    return _tally(ds, min_completion).shares(max_model_len)
 
 
 def current_max_model_len(ds: Iterable[Demand] | DemandTally) -> int | None:
@@ -277,16 +292,16 @@ def recommend_from_demand(
     model_bound: int | None = None,
     kv_bound: int | None = None,
     current: int | None = None,
-    min_completion: int = 1,
+    min_completion: int | None = None,
 ) -> DemandRecommendation | None:
     """max_model_len = the p-th percentile of demand, whole blocks, within the model's context and the KV cache.
 
     `model_bound`: `proxy.model_context.model_context_bound(...).max_model_len`.
     `kv_bound`: the longest max_model_len the KV cache holds (`StartupCheck.estimated_max_model_len`, or
     num_gpu_blocks × block_size from the running vLLM).  `current`: the deployed value (default: the one
-    most records arrived under).
+    most records arrived under).  `min_completion`: the policy's minimum completion (a tally keeps its own).
     """
-    tally = _tally(ds)
+    tally = _tally(ds, min_completion)
     hist = tally.sequence_histogram
     if hist.n == 0:
         return None
@@ -301,8 +316,8 @@ def recommend_from_demand(
         chosen, limited_by = kv_bound, "kv_cache"
     if current is None:
         current = current_max_model_len(tally)
-    now = outcome_shares(tally, current, min_completion) if current is not None else None
-    rec = outcome_shares(tally, chosen, min_completion)
+    now = tally.shares(current) if current is not None else None
+    rec = tally.shares(chosen)
     head = f"p{p:g} of demanded sequence length is {value:,.0f} tokens → {wanted:,} in whole blocks of {block_size}"
     if limited_by == "model_context":
         head += f", capped at the model's own context of {chosen:,}"

@@ -133,8 +133,8 @@ def check_pool(metrics: VllmMetrics, *, config: Mapping[str, Any] | None = None,
                 plan_basis = (f"--kv-cache-memory-bytes {cache.kv_cache_memory_bytes:,} ÷ {bpt:,} B per token "
                               f"(config.json, KV cache {cache.cache_dtype or 'auto'})")
             else:
-                util = "" if cache.gpu_memory_utilization is None else f" {cache.gpu_memory_utilization:g}"
-                notes.append(f"no plan: vLLM sized its pool from gpu_memory_utilization{util} of the GPU; the plan "
+                share = "" if cache.gpu_memory_utilization is None else f" {cache.gpu_memory_utilization:g}"
+                notes.append(f"no plan: vLLM sized its pool from gpu_memory_utilization{share} of the GPU; the plan "
                              "needs the GPU and the weights: headroom report --upstream URL --model-config "
                              "config.json --gpu NAME")
     elif plan is None:
@@ -147,6 +147,10 @@ def check_pool(metrics: VllmMetrics, *, config: Mapping[str, Any] | None = None,
         planned, difference, ratio = x.planned_tokens, x.difference_tokens, x.ratio
         bpt_used = plan.inputs.bytes_per_token
         notes[:0] = list(x.explanation)
+        util = cache.gpu_memory_utilization
+        if cache.kv_cache_memory_bytes is None and util is not None and abs(util - plan.inputs.utilization) > 1e-9:
+            notes.append(f"vLLM runs with gpu_memory_utilization {util:g}, the plan with "
+                         f"{plan.inputs.utilization:g}: plan with --gpu-memory-utilization {util:g}")
     return PoolCheck(
         engine=cache.engine, engines=len(metrics.cache), num_gpu_blocks=cache.num_gpu_blocks,
         block_size=cache.block_size, cache_dtype=cache.cache_dtype,

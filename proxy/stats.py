@@ -125,7 +125,7 @@ def model_stats(model: str, samples: Sequence[Sample], sizing: ModelSizing | Non
     sequences = sorted(s.sequence for s in samples if s.sequence is not None)
     actions = {a.value: 0 for a in Action}
     reasons: dict[str, int] = {}
-    tally = dm.DemandTally()
+    tally = dm.DemandTally(min_completion=sizing.min_completion)
     for s in samples:
         actions[s.action] = actions.get(s.action, 0) + 1
         if s.reason is not None:
@@ -143,7 +143,7 @@ def model_stats(model: str, samples: Sequence[Sample], sizing: ModelSizing | Non
     context = sizing.context
     recommendation = dm.recommend_from_demand(
         tally, p, model_bound=context.max_model_len if context else None, kv_bound=sizing.kv_bound,
-        current=current, min_completion=sizing.min_completion)
+        current=current)
     beyond = sum(c for v, c in tally.sequence.items() if current is not None and v > current)
     upstream = None
     if sizing.upstream is not None:

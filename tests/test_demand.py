@@ -154,11 +154,29 @@ def test_tally_gives_the_same_answers_as_the_list():
     ds = dm.demands(issue_traffic())
     tally = dm.DemandTally(ds)
     assert tally.n == 60 and tally.lower_bounds == 18 and tally.limits == {2048: 60}
-    assert len(tally.pairs) < 60          # repeats are counted, not stored
+    assert len(tally.sequence) < 60          # repeats are counted, not stored
     for p in (50, 95, 99):
         assert dm.recommend_from_demand(tally, p, model_bound=40960) == dm.recommend_from_demand(
             ds, p, model_bound=40960)
     assert dm.outcome_shares(tally, 4096) == dm.outcome_shares(ds, 4096)
+
+
+@pytest.mark.parametrize("minimum", [1, 2, 16, 500])
+def test_tally_outcomes_equal_each_demands_outcome(minimum):
+    """Two histogram reads give, at every L, the count of outcome() over the demands one by one."""
+    rng = random.Random(minimum)
+    records = [rec(prompt_tokens=rng.randint(0, 3000), requested_max_tokens=rng.choice([None, 1, 5, 20, 700, 4000]),
+                   completion_tokens=rng.randint(0, 50), endpoint=rng.choice(["chat", "completions"]))
+               for _ in range(400)]
+    ds = dm.demands(records)
+    tally = dm.DemandTally(ds, minimum)
+    for limit in [1, 2, 15, 16, 17, 500, 1024, 2047, 2048, 2049, 2999, 3000, 3001, 3700, 8000]:
+        counts = {"fits": 0, "clamped": 0, "refused": 0}
+        for d in ds:
+            counts[dm.outcome(d, limit, minimum)] += 1
+        assert dm.outcome_shares(tally, limit) == dm.OutcomeShares(limit, 400, **counts), limit
+    with pytest.raises(ValueError):
+        dm.outcome_shares(tally, 100, min_completion=minimum + 1)
 
 
 def test_current_defaults_to_the_most_common_limit():

@@ -211,3 +211,78 @@ def test_real_vllm_metrics_through_the_wired_scrape(real_vllm: Any) -> None:
     assert gauge(metrics, "headroom_upstream_kv_cache_tokens", model=real_vllm.model) == 131_072
     assert gauge(metrics, "headroom_planned_kv_cache_tokens", model=real_vllm.model) == 131_072
     assert gauge(metrics, "headroom_upstream_metrics_up", upstream="default") == 1
+
+
+# --- headroom report --upstream URL: one read ------------------------------------------------------------
+
+def write_records(path: Path, demands: list[tuple[int, int]]) -> None:
+    from proxy.record import LengthRecord
+
+    with path.open("w") as f:
+        for i, (prompt, asked) in enumerate(demands):
+            rec = LengthRecord(ts=1.7e9 + i, model=MODEL, endpoint="chat", max_model_len=2048, prompt_tokens=prompt,
+                               requested_max_tokens=asked, status=200,
+                               completion_tokens=min(asked, 2048 - prompt) if prompt < 2048 else None)
+            f.write(json.dumps(rec.to_dict()) + "\n")
+
+
+def test_report_upstream_one_read(tmp_path: Path, capsys: Any) -> None:
+    from proxy import report_cli
+
+    demands = [(1000, 500)] * 8 + [(1500, 3000)] * 2        # demanded KV tokens: 1,500 × 8, 4,500 × 2
+    write_records(tmp_path / "lengths.jsonl", demands)
+    with FakeVLLM(max_model_len=2048) as fake:
+        fake.metrics_text = metrics_text(0.95, 2, 3, 7)
+        argv = [str(tmp_path / "lengths.jsonl"), "--upstream", fake.base_url, "--preset", "Qwen3-8B",
+                "--max-num-seqs", "3"]
+        assert report_cli.main([*argv, "--format", "json"]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert report_cli.main(argv) == 0
+        text = capsys.readouterr().out
+        fake.metrics_text = None
+        assert report_cli.main(argv) == 2
+        assert f"cannot read {fake.base_url}/metrics: HTTP Error 404" in capsys.readouterr().err
+    [m] = result["models"]
+    # p99 of demand 4,500 → 4,512 in blocks, but the vLLM's pool is 4,000 tokens
+    assert (m["recommendation"]["wanted"], m["recommendation"]["max_model_len"]) == (4512, 4000)
+    assert m["kv_bound_source"] == f"the KV pool of {fake.base_url}"
+    [up] = result["upstreams"]
+    assert up["metrics_url"] == fake.base_url + "/metrics" and up["engines"] == 1
+    [um] = up["models"]
+    pool = um["pool"]
+    assert (pool["actual_tokens"], pool["planned_tokens"], pool["difference_tokens"]) == (4000, 4000, 0)
+    kv_p95 = math.ceil(np.percentile([p + a for p, a in demands], 95))      # 4,500
+    assert pool["demand_kv_tokens"] == kv_p95 and pool["concurrency"] == 249 * 16 // (math.ceil(kv_p95 / 16) * 16)
+    assert [s["kind"] for s in um["signals"]] == ["kv_usage_pinned", "preemptions_rising", "requests_waiting"]
+    assert um["signals"][2]["action"].startswith("requests queue because max_num_seqs sequences already run")
+    assert f"upstream {fake.base_url} (one read of {fake.base_url}/metrics)" in text
+    assert "  KV pool: 250 blocks of 16 = 4,000 tokens (engine 0 of 1, KV cache auto)" in text
+    assert ("  planned: 4,000 tokens (--kv-cache-memory-bytes 589,824,000 ÷ 147,456 B per token (config.json, KV "
+            "cache auto)); difference 0 tokens, actual ÷ planned = 1.000") in text
+    assert f"    concurrency: {pool['concurrency']:,} requests of 4,500 KV tokens (p95 of demand) fit the pool" in text
+    assert "    SIGNAL kv_usage_pinned: KV cache 95.0 % used now (threshold 90 %)" in text
+    assert "    SIGNAL preemptions_rising: 7 preemptions since vLLM started" in text
+    assert "      → time to add KV capacity (seed 000): try --kv-cache-dtype fp8 first" in text
+
+
+def test_report_upstream_with_the_gpu_explains_the_difference(tmp_path: Path, capsys: Any) -> None:
+    """vLLM sized from gpu_memory_utilization: the full plan, and the activations it measured."""
+    from proxy import report_cli
+
+    bpt = 147_456
+    plan = cap.make_plan(cap.PlanInputs(bytes_per_token=bpt, gpu_memory_bytes=80 * cap.GIB,
+                                        weights_bytes=cap.PRESETS["Qwen3-8B"].params * 2))
+    six = cap.kv_memory(80 * cap.GIB, 0.92, plan.inputs.weights_bytes, 6 * cap.GIB).kv_memory_bytes // (bpt * 16)
+    text = metrics_text(0.1, 0, 1, 0, blocks=six).replace(f'kv_cache_memory_bytes="{GIVEN}"',
+                                                          'kv_cache_memory_bytes="None"')
+    with FakeVLLM() as fake:
+        fake.metrics_text = text
+        assert report_cli.main(["--upstream", fake.base_url, "--preset", "Qwen3-8B", "--gpu", "H100-80GB",
+                                "--format", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["models"] == []
+    pool = result["upstreams"][0]["pool"]
+    assert (pool["actual_tokens"], pool["planned_tokens"]) == (six * 16, 395_712)
+    assert pool["plan_basis"].startswith("plan for Qwen3-8B (preset) on H100-80GB: utilization 0.92")
+    assert pool["explanation"][0].startswith("non-KV memory as measured: 6.00 GiB")
+    assert result["upstreams"][0]["models"][0]["pool"]["concurrency"] is None      # no records given
