@@ -64,14 +64,21 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def capacity_for(hw: Hardware, model: dict[str, Any]) -> dict[str, Any] | None:
-    """What the recommended max_model_len buys on `hw`, at the mean and p95 of demanded KV tokens."""
-    demand = model["demand_kv_tokens"]
+def capacity_for(hw: Hardware, model: dict[str, Any], demand_kv: rep.Histogram) -> dict[str, Any] | None:
+    """What the recommended max_model_len buys on `hw`, at the mean and p95 of demanded KV tokens.
+
+    Each demand counts with at most the recommended max_model_len: a longer one is clamped to it (exact
+    for n = 1; a request with n > 1 choices may hold more).
+    """
     rec = model["recommendation"]
-    if not demand["count"] or rec is None:
+    if not demand_kv.n or rec is None:
         return None
-    mean_len = max(1, math.ceil(demand["mean"]))
-    p95_len = max(1, math.ceil(demand["p95"]))
+    limit = rec["max_model_len"]
+    clipped = rep.Histogram()
+    for value, count in demand_kv.counts.items():
+        clipped.add(min(value, limit), count)
+    mean_len = max(1, math.ceil(clipped.mean))
+    p95_len = max(1, math.ceil(clipped.percentile(95)))
     at_mean = cap.make_plan(hw.inputs(mean_len, rec["max_model_len"]))
     at_p95 = cap.make_plan(hw.inputs(p95_len, rec["max_model_len"]))
     startup = at_mean.startup
@@ -196,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
             "max_model_len": context.max_model_len, "key": context.key, "scaling_factor": context.scaling_factor}
         m["kv_bound_source"] = kv_source
         if hw is not None:
-            m["capacity"] = capacity_for(hw, m)
+            m["capacity"] = capacity_for(hw, m, stats.demand.kv_histogram)
         models.append(m)
     by_name = {m["model"]: m for m in models}
     st = builder.stats
@@ -305,8 +312,9 @@ def _model_lines(m: dict[str, Any], p: float, cols: list[str]) -> list[str]:
     if c:
         lines.append(
             f"  on {c['gpu']} with {c['model_config']}: KV {cap.format_both(c['kv_memory_bytes'])} = "
-            f"{c['kv_tokens']:,} tokens; concurrent at the mean demand of {c['mean_demand_kv_tokens']:,} KV tokens: "
-            f"{c['concurrent_at_mean']:,}, at p95 {c['p95_demand_kv_tokens']:,}: {c['concurrent_at_p95']:,}"
+            f"{c['kv_tokens']:,} tokens; concurrent at the mean demand of {c['mean_demand_kv_tokens']:,} KV tokens "
+            f"(each at most {rec['max_model_len']:,}): {c['concurrent_at_mean']:,}, at p95 "
+            f"{c['p95_demand_kv_tokens']:,}: {c['concurrent_at_p95']:,}"
         )
         if c["target_concurrency"] is not None:
             def g(x: int | None) -> str:
