@@ -15,9 +15,9 @@ import subprocess
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -199,7 +199,7 @@ def test_dashboard_draws_the_stats_it_fetched(dashboard_url: str, tmp_path: Path
         for metric in METRICS:
             h = m[metric]["histogram"]
             his = [("" if e is None else str(e)) for e in h["edges"][1:]]
-            expected = [(str(lo), hi, str(c)) for lo, hi, c in zip(h["edges"], his, h["counts"])]
+            expected = [(str(lo), hi, str(c)) for lo, hi, c in zip(h["edges"][:-1], his, h["counts"], strict=True)]
             assert dom.bars[(model, metric)] == expected, (model, metric)
 
     # ...and for alpha the bins are the ones prompts 1..100 imply (counted by hand).
@@ -251,8 +251,8 @@ def test_dashboard_marks_the_limit_the_recommendation_and_demand_beyond_it(dashb
                 assert marker["data-clipped"] == ("" if inside else "above" if value >= edges[0] else "below")
                 if inside:      # drawn over the bar whose bin holds the value
                     x = float(marker["x1"])
-                    [(bx, bw, (lo, hi, _))] = [b for b in dom.bar_boxes[(model, metric)]
-                                               if int(b[2][0]) <= value and (b[2][1] == "" or value < int(b[2][1]))]
+                    [(bx, bw, _)] = [b for b in dom.bar_boxes[(model, metric)]
+                                     if int(b[2][0]) <= value and (b[2][1] == "" or value < int(b[2][1]))]
                     assert bx - 1 <= x <= bx + bw + 1, (model, metric, kind, x, bx, bw)
             # every bar that starts at or past max_model_len is flagged, and only those
             h = m[metric]["histogram"]
