@@ -353,8 +353,10 @@ def _upstream_lines(up: dict[str, Any]) -> list[str]:
         lines.append(f"  model {m['model']}: " + ", ".join(facts))
         mp = m["pool"]
         if mp is not None and mp["concurrency"] is not None:
-            lines.append(f"    concurrency: {mp['concurrency']:,} requests of {mp['demand_kv_tokens']:,} KV tokens "
-                         "(p95 of demand) fit the pool at once")
+            block = mp["block_size"]
+            lines.append(f"    concurrency at the p95 demand of {mp['demand_kv_tokens']:,} KV tokens: "
+                         f"{mp['concurrency']:,} at once at full length ({mp['usable_tokens'] // block:,} usable "
+                         f"blocks of {block}, {-(-mp['demand_kv_tokens'] // block):,} per request)")
         elif mp is not None:
             lines.append("    concurrency: - (no demand recorded for this model in the files given)")
         if not m["signals"]:

@@ -131,7 +131,7 @@ def check_pool(metrics: VllmMetrics, *, config: Mapping[str, Any] | None = None,
             plan = given_memory_plan(cache, bpt)
             if plan is not None:
                 plan_basis = (f"--kv-cache-memory-bytes {cache.kv_cache_memory_bytes:,} ÷ {bpt:,} B per token "
-                              f"(config.json, KV cache {cache.cache_dtype or 'auto'})")
+                              f"from config.json, KV cache {cache.cache_dtype or 'auto'}")
             else:
                 share = "" if cache.gpu_memory_utilization is None else f" {cache.gpu_memory_utilization:g}"
                 notes.append(f"no plan: vLLM sized its pool from gpu_memory_utilization{share} of the GPU; the plan "

@@ -25,7 +25,7 @@ def test_given_kv_memory_is_a_plan_without_gpu_figures():
     x = check_pool(FIXTURE, config=TINY, demand_kv_tokens=901)
     assert (x.actual_tokens, x.planned_tokens, x.difference_tokens, x.ratio, x.bytes_per_token) == (
         131_072, 131_072, 0, 1.0, 512)
-    assert x.plan_basis == "--kv-cache-memory-bytes 67,108,864 ÷ 512 B per token (config.json, KV cache auto)"
+    assert x.plan_basis == "--kv-cache-memory-bytes 67,108,864 ÷ 512 B per token from config.json, KV cache auto"
     assert x.explanation[0].startswith("vLLM was given exactly 64.00 MiB (67.11 MB) of KV cache")
     # 901 tokens take 8 blocks of 128; 1,023 usable blocks (one is vLLM's null block) hold 127 such requests
     assert (x.usable_tokens, x.concurrency, x.vllm_max_concurrency) == (1023 * 128, 127, 64.0)

@@ -257,9 +257,10 @@ def test_report_upstream_one_read(tmp_path: Path, capsys: Any) -> None:
     assert um["signals"][2]["action"].startswith("requests queue because max_num_seqs sequences already run")
     assert f"upstream {fake.base_url} (one read of {fake.base_url}/metrics)" in text
     assert "  KV pool: 250 blocks of 16 = 4,000 tokens (engine 0 of 1, KV cache auto)" in text
-    assert ("  planned: 4,000 tokens (--kv-cache-memory-bytes 589,824,000 ÷ 147,456 B per token (config.json, KV "
-            "cache auto)); difference 0 tokens, actual ÷ planned = 1.000") in text
-    assert f"    concurrency: {pool['concurrency']:,} requests of 4,500 KV tokens (p95 of demand) fit the pool" in text
+    assert ("  planned: 4,000 tokens (--kv-cache-memory-bytes 589,824,000 ÷ 147,456 B per token from config.json, KV "
+            "cache auto); difference 0 tokens, actual ÷ planned = 1.000") in text
+    assert (f"    concurrency at the p95 demand of 4,500 KV tokens: {pool['concurrency']:,} at once at full length "
+            "(249 usable blocks of 16, 282 per request)") in text
     assert "    SIGNAL kv_usage_pinned: KV cache 95.0 % used now (threshold 90 %)" in text
     assert "    SIGNAL preemptions_rising: 7 preemptions since vLLM started" in text
     assert "      → time to add KV capacity (seed 000): try --kv-cache-dtype fp8 first" in text
