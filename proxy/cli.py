@@ -11,7 +11,7 @@ import argparse
 import importlib
 import signal
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from . import __version__
 from .config import Config, ConfigError, load_config
@@ -160,7 +160,8 @@ def run_serve(args: argparse.Namespace) -> int:
         access_log=False,          # access lines would carry paths only, but keep logs quiet by default
         server_header=False,       # relay the upstream's own Server and Date headers
         date_header=False,
-        timeout_graceful_shutdown=config.server.shutdown_timeout,
+        # uvicorn annotates it int; it hands the value to asyncio, which takes a float as well
+        timeout_graceful_shutdown=config.server.shutdown_timeout,  # type: ignore[arg-type]
         # headroom never reads the client address, so uvicorn's X-Forwarded-For
         # rewriting middleware would be pure per-request cost (~2 % of CPU, profiled).
         proxy_headers=False,

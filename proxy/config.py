@@ -14,9 +14,10 @@ import os
 import tomllib
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from .admission import Policy
 
@@ -206,7 +207,7 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
 def _convert(hint: Any, value: Any, key: str) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _build(hint, value, key + ".")
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
@@ -255,7 +256,7 @@ def _parse_text(hint: Any, text: str, key: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if text == "" or text.lower() == "none":
             return None
-        return _parse_text([a for a in args if a is not type(None)][0], text, key)
+        return _parse_text(next(a for a in args if a is not type(None)), text, key)
     if hint is bool:
         if text.lower() in ("1", "true", "yes", "on"):
             return True
@@ -280,10 +281,11 @@ def _parse_text(hint: Any, text: str, key: str) -> Any:
 def _env_overrides(env: Mapping[str, str]) -> dict[str, str]:
     """HEADROOM_<SECTION>_<KEY> → "section.key" for every scalar key of every section."""
     found: dict[str, str] = {}
+    sections = typing.get_type_hints(Config)
     for section in dataclasses.fields(Config):
         if section.name in ("models", "upstreams"):
             continue
-        for fld in dataclasses.fields(section.default_factory()):  # type: ignore[misc]
+        for fld in dataclasses.fields(sections[section.name]):
             name = f"HEADROOM_{section.name}_{fld.name}".upper()
             if name in env:
                 found[f"{section.name}.{fld.name}"] = env[name]
