@@ -59,6 +59,14 @@ class RecentWindow:
             copies = {m: list(w) for m, w in self._windows.items()}
         return {m: [s for s in samples if s.ts >= cutoff] for m, samples in copies.items()}
 
+    def samples(self, model: str, now: float) -> list[Sample]:
+        """One model's samples (a copy of its window only)."""
+        cutoff = -math.inf if self.max_age_s is None else now - self.max_age_s
+        with self._lock:
+            window = self._windows.get(model)
+            copy = list(window) if window is not None else []
+        return [s for s in copy if s.ts >= cutoff]
+
     def _expire(self, window: deque[Sample], now: float) -> None:
         # Records end out of arrival order, so this trims approximately; snapshot() filters exactly.
         if self.max_age_s is None:
@@ -120,7 +128,7 @@ class Recorder:
 
     def demand_kv_percentile(self, model: str, p: float = 95.0) -> float | None:
         """The p-th percentile of the demanded KV tokens per request in the recent window (None: no demand)."""
-        samples = self.window.snapshot(self.clock()).get(safe_label(model), [])
+        samples = self.window.samples(safe_label(model), self.clock())
         values = sorted(s.demanded_kv for s in samples if s.demanded_kv is not None)
         return percentile(values, p) if values else None
 

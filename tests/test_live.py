@@ -272,3 +272,13 @@ def test_dashboard_route_is_self_contained(client: TestClient) -> None:
 
 def test_routes_reject_other_methods(client: TestClient) -> None:
     assert client.post("/stats").status_code == 405
+
+
+def test_demand_kv_percentile_of_one_model() -> None:
+    r = recorder()
+    feed_hundred(r)
+    r.record(rec(model="other-model", prompt_tokens=7, requested_max_tokens=3))
+    demanded = sorted(i + (5000 if i % 10 == 0 else 100) for i in range(1, 101))
+    assert r.demand_kv_percentile("m", 95) == pytest.approx(percentile(demanded, 95))
+    assert r.demand_kv_percentile("other-model") == 10
+    assert r.demand_kv_percentile("nobody") is None
