@@ -156,6 +156,8 @@ class _SizingCollector(Collector):
         self._label = label
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        if not self._sizing.scrapers:
+            return          # the scrape is off: no empty families in /metrics
         families = self._families()
         actual, planned, concurrency, signal, up = families
         for name, scraper in self._sizing.scrapers.items():

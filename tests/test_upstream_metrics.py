@@ -152,9 +152,11 @@ async def test_off_by_default_no_scrape(qwen3: Any, model_dir: Path) -> None:
             body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
             assert (await call_app(app, "POST", CHAT, json.dumps(body).encode())).status == 200
             [m] = json.loads((await call_app(app, "GET", "/stats")).body)["models"]
+            metrics = (await call_app(app, "GET", "/metrics")).body.decode()
         finally:
             await app.shutdown()
     assert app.sizing.scrapers == {} and m["upstream"] is None
+    assert "headroom_upstream_kv_cache_tokens" not in metrics and "headroom_capacity_signal" not in metrics
     assert not any(r.path == "/metrics" for r in fake.requests)
     assert m["model_context"]["max_model_len"] == 40960       # config.json is read all the same
 
