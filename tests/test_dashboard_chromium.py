@@ -183,16 +183,20 @@ class DashboardDom(HTMLParser):
             self._text_for = None
 
 
-def test_dashboard_draws_the_stats_it_fetched(dashboard_url: str, tmp_path: Path) -> None:
+def rendered(url: str, tmp_path: Path) -> tuple[dict[str, dict], DashboardDom]:
+    """/stats per model, and what Chromium drew of /dashboard from it."""
     chromium = find_chromium()
-    stats = httpx.get(dashboard_url + "/stats", trust_env=False).json()
-    by_model = {m["model"]: m for m in stats["models"]}
-
-    result = run_chromium(chromium, tmp_path / "profile", "--dump-dom", dashboard_url + "/dashboard")
+    stats = httpx.get(url + "/stats", trust_env=False).json()
+    result = run_chromium(chromium, tmp_path / "profile", "--dump-dom", url + "/dashboard")
     assert result.returncode == 0, result.stderr[-2000:]
     dom = DashboardDom()
     dom.feed(result.stdout)
     assert dom.rendered_at, "the page never rendered /stats:\n" + result.stdout[-2000:]
+    return {m["model"]: m for m in stats["models"]}, dom
+
+
+def test_dashboard_draws_the_stats_it_fetched(dashboard_url: str, tmp_path: Path) -> None:
+    by_model, dom = rendered(dashboard_url, tmp_path)
 
     # Every histogram bar is a bin of /stats, in order, with its count.
     for model, m in by_model.items():
@@ -230,14 +234,7 @@ def test_dashboard_draws_the_stats_it_fetched(dashboard_url: str, tmp_path: Path
 
 
 def test_dashboard_marks_the_limit_the_recommendation_and_demand_beyond_it(dashboard_url: str, tmp_path: Path) -> None:
-    chromium = find_chromium()
-    stats = httpx.get(dashboard_url + "/stats", trust_env=False).json()
-    by_model = {m["model"]: m for m in stats["models"]}
-    result = run_chromium(chromium, tmp_path / "profile", "--dump-dom", dashboard_url + "/dashboard")
-    assert result.returncode == 0, result.stderr[-2000:]
-    dom = DashboardDom()
-    dom.feed(result.stdout)
-    assert dom.rendered_at, "the page never rendered /stats"
+    by_model, dom = rendered(dashboard_url, tmp_path)
 
     for model, m in by_model.items():
         limit, recommended = m["max_model_len"], m["recommended_max_model_len"]
