@@ -15,6 +15,8 @@ import hashlib
 import json
 import os
 import pathlib
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -526,7 +528,9 @@ def load_model_tokenizer(
         from ._mistral import load_mistral_tokenizer
 
         return load_mistral_tokenizer(source_dir)
-    model = _load_hf(source_dir, engine, chat_cache)
+    model = _load_hf_shared(source_dir, engine)
+    if chat_cache is not None:
+        model = model.with_chat_cache(chat_cache)
     if family == "harmony":
         from ._gptoss import HarmonyTokenizer
 
@@ -539,7 +543,52 @@ def load_model_tokenizer(
     return model.with_piece_cache(piece_cache) if piece_cache is not None else model
 
 
-def _load_hf(source_dir: pathlib.Path, engine: str = "auto", chat_cache: ChatCountCache | None = None) -> ModelTokenizer:
+# Loaded folders, shared by every TokenizerCache of the process: parsing a
+# tokenizer.json and building the fast engine takes seconds per model
+# (Qwen3-8B: ~0.5 s for `tokenizers`, ~3 s more for fastokens and its
+# self-check), and a model's loaded state is read-only once built (each cache
+# adds its own piece and chat caches to a copy).  Keyed by the files' sizes
+# and modification times, so a folder changed on disk is loaded afresh.
+_LOADED_MAX = 16
+_loaded: OrderedDict[tuple[Any, ...], ModelTokenizer] = OrderedDict()
+_loaded_lock = threading.Lock()
+
+
+def _folder_signature(source_dir: pathlib.Path) -> tuple[tuple[str, int, int], ...]:
+    names = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json",
+             "preprocessor_config.json", "processor_config.json")
+    signature = []
+    for name in names:
+        try:
+            stat = (source_dir / name).stat()
+        except OSError:
+            continue
+        signature.append((name, stat.st_size, stat.st_mtime_ns))
+    return tuple(signature)
+
+
+def forget_loaded() -> None:
+    """Drop the shared loaded folders (tests that change how loading behaves)."""
+    with _loaded_lock:
+        _loaded.clear()
+
+
+def _load_hf_shared(source_dir: pathlib.Path, engine: str) -> ModelTokenizer:
+    key = (source_dir, engine, _folder_signature(source_dir))
+    with _loaded_lock:
+        found = _loaded.get(key)
+        if found is not None:
+            _loaded.move_to_end(key)
+            return found
+    model = _load_hf(source_dir, engine)
+    with _loaded_lock:
+        _loaded[key] = model
+        while len(_loaded) > _LOADED_MAX:
+            _loaded.popitem(last=False)
+    return model
+
+
+def _load_hf(source_dir: pathlib.Path, engine: str = "auto") -> ModelTokenizer:
     """tokenizer.json + tokenizer_config.json (+ chat_template.jinja), compiled once."""
     tokenizer_file = source_dir / "tokenizer.json"
     if not tokenizer_file.is_file():
@@ -579,5 +628,4 @@ def _load_hf(source_dir: pathlib.Path, engine: str = "auto", chat_cache: ChatCou
         media_unsupported=media_unsupported,
         encoder=select_encoder(tokenizer, raw.decode("utf-8"), engine=engine, source=str(source_dir)),
         max_chars_per_token=_max_chars_per_token(tokenizer, config),
-        chat_cache=chat_cache,
     )
