@@ -211,7 +211,7 @@ def test_the_public_surface_is_what_the_package_exports() -> None:
     assert exported - modules == set(tokenizer_cache.__all__) == {
         "CountError", "DEFAULT_PIECE_CACHE_ENTRIES", "ModelTokenizer", "PieceCacheStats", "PieceCountCache",
         "PieceCounter", "PieceTally", "TokenizerCache", "UnsupportedContent", "find_tokenizer_dir",
-        "load_model_tokenizer",
+        "load_model_tokenizer", "responses_to_chat",
     }
 
 

@@ -7,6 +7,9 @@ Counts prompt tokens exactly as vLLM does, from a model directory holding
     tokenizer = TokenizerCache().get(find_tokenizer_dir("Qwen/Qwen3-8B", root=None))
     tokenizer.count_chat({"messages": [{"role": "user", "content": "Hi"}]})
 
+Anthropic Messages and OpenAI Responses requests are counted as the chat
+request vLLM converts them to (`count_messages`, `count_responses`).
+
 Models loaded through a TokenizerCache count through a shared per-piece
 cache: text between added tokens is encoded once, so a conversation resent
 every turn only costs its new messages (`PieceCountCache`, `PieceTally`).
@@ -22,6 +25,7 @@ from ._model import ModelTokenizer, load_model_tokenizer
 from ._piece_cache import DEFAULT_MAX_ENTRIES as DEFAULT_PIECE_CACHE_ENTRIES
 from ._piece_cache import PieceCacheStats, PieceCountCache
 from ._piece_count import PieceCounter, PieceTally
+from ._responses import to_chat_request as responses_to_chat
 
 __all__ = [
     "CountError",
@@ -35,4 +39,5 @@ __all__ = [
     "UnsupportedContent",
     "find_tokenizer_dir",
     "load_model_tokenizer",
+    "responses_to_chat",
 ]
