@@ -44,10 +44,10 @@ from typing import Any, Literal
 from proxy.errors import ErrorCode
 from proxy.lengths import BLOCK_SIZE, effective_prompt_tokens, round_to_blocks, sequence_tokens
 from proxy.report import Histogram
-from proxy.surfaces import CHAT, COMPLETIONS
+from proxy.surfaces import ADMITTED
 
-# what the engine applies when a surface's request sends no limit (None: the whole room)
-_IMPLICIT_LIMIT = {s.name: s.implicit_max_tokens for s in (CHAT, COMPLETIONS)}
+# what the engine applies when a surface's request sends no limit (None: the whole room; 0: no output)
+_IMPLICIT_LIMIT = {s.name: s.implicit_max_tokens for s in ADMITTED.values()}
 
 Source = Literal["requested", "generated", "engine_default", "prompt_only"]
 Outcome = Literal["fits", "clamped", "refused"]
@@ -93,18 +93,21 @@ def record_demand(rec: Mapping[str, Any]) -> Demand | None:
     model = rec.get("model")
     action = str(rec.get("action", "pass"))
     limit = _int(rec, "max_model_len")
+    # A batch's sequences are its prompts one by one; its KV footprint is all of them.
+    longest = _int(rec, "longest_prompt_tokens")
+    single = longest if longest is not None else prompt
 
     def make(completion: int | None, kv: int, source: Source, lower: bool) -> Demand:
-        sequence = prompt + (completion if completion is not None else 1)
-        return Demand(model if isinstance(model, str) else None, action, n, prompt, completion, sequence, kv,
+        sequence = single + (completion if completion is not None else 1)
+        return Demand(model if isinstance(model, str) else None, action, n, single, completion, sequence, kv,
                       source, lower, limit)
 
     if requested is not None and requested > 0:
         return make(requested, prompt + n * requested, "requested", False)
     if generated is not None:
-        sequence = sequence_tokens(prompt, generated, n, _int(rec, "granted_max_tokens"))
+        sequence = sequence_tokens(prompt, generated, n, _int(rec, "granted_max_tokens"), longest)
         assert sequence is not None
-        return make(sequence - prompt, prompt + generated, "generated", cut)
+        return make(sequence - single, prompt + generated, "generated", cut)
     implicit = _IMPLICIT_LIMIT.get(str(rec.get("endpoint")))
     if implicit is not None:
         return make(implicit, prompt + n * implicit, "engine_default", False)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import errors, jsonbody
-from .admission import Decision, Policy, decide
+from .admission import Decision, Policy, decide_uncounted
 from .asgi import (
     ClientGone,
     Headers,
@@ -126,26 +126,29 @@ class AdmittedExchange:
         record.requested_max_tokens = limit.value
         info = self.backend.registry.get(model)
         max_model_len = record.max_model_len = info.max_model_len if info else None
+        uncounted = surface.uncounted(request)
         if max_model_len is None:
             # No limit known (a config-less model whose card lacks one): relay untouched.
             decision = Decision(Action.PASS, limit.value, limit.value)
+        elif uncounted is not None:
+            # The prompt lives upstream (a stored conversation): nothing to count it with.
+            decision = decide_uncounted(max_model_len, limit)
         else:
             count = await services.counter.count(model, surface, request, len(self.body))
             record.prompt_tokens = count.total
-            decision = decide(
-                count.per_prompt,
-                max_model_len,
-                limit,
-                services.policy_for(model),
-                model=model,
-                prompt_param=surface.prompt_param,
-                implicit_max_tokens=surface.implicit_max_tokens,
-                count_exact=count.exact,
-                drift_margin=count.margin,
-            )
+            decision = surface.decide(request, count.per_prompt, max_model_len, limit, services.policy_for(model),
+                                      model=model, count_exact=count.exact, drift_margin=count.margin)
+            if len(count.per_prompt) > 1:
+                record.longest_prompt_tokens = max(count.per_prompt)
+            if decision.counted is not None:    # the upstream will see the prompts cut to max_model_len
+                record.prompt_tokens = decision.counted
+                if record.longest_prompt_tokens is not None:
+                    record.longest_prompt_tokens = min(record.longest_prompt_tokens, max_model_len)
             self.count_source = count.source if count.exact else "margin"
         self.info = headroom_headers(record.prompt_tokens, max_model_len, decision, self.request_id,
                                      self.count_source)
+        if uncounted is not None:
+            self.info.append((b"x-headroom-uncounted", uncounted.encode()))
         record.action = decision.action
         record.granted_max_tokens = decision.granted
         if decision.error is not None:
@@ -289,7 +292,8 @@ class AdmittedExchange:
                 )
             finally:
                 response.release()
-            if failure is None and not scanner.done:
+            ended = scanner.done or (scanner.failed and self.surface.error_ends_stream)
+            if failure is None and not ended:
                 failure = errors.upstream_broken(
                     upstream.base_url, f"the stream ended without its final {self.surface.stream_end_event}"
                 )
@@ -297,7 +301,8 @@ class AdmittedExchange:
             if failure is not None:
                 record.action = Action.UPSTREAM_ERROR
                 record.error_code = failure.code
-                tail = (b"\n\n" if not scanner.at_boundary else b"") + self.surface.error_event(failure)
+                tail = (b"\n\n" if not scanner.at_boundary else b"") + self.surface.error_event(
+                    failure, scanner.last_data)
             await send_chunk(send, tail, more=False)
         finally:
             self.take_usage(scanner.usage)
@@ -332,7 +337,8 @@ class AdmittedExchange:
     def finish(self) -> None:
         record = self.record
         record.latency_ms = (time.perf_counter() - self.started) * 1000
-        if record.model is not None and record.prompt_tokens is not None and record.upstream_prompt_tokens is not None:
+        if (self.surface.compares_usage and record.model is not None and record.prompt_tokens is not None
+                and record.upstream_prompt_tokens is not None):
             if record.prompt_tokens != record.upstream_prompt_tokens:
                 log.warning(
                     "prompt-token drift on model %s: headroom counted %d, the upstream reported %d",

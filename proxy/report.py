@@ -237,7 +237,9 @@ def record_lengths(rec: Any) -> Lengths:
     if not isinstance(reasons, list):
         raise MalformedRecord("finish_reasons is not a list")
     total = total_tokens(prompt, completion)
-    sequence = sequence_tokens(prompt, completion, n, _opt_int(rec, "granted_max_tokens") if n > 1 else None)
+    longest = _opt_int(rec, "longest_prompt_tokens")
+    granted = _opt_int(rec, "granted_max_tokens") if n > 1 or longest is not None else None
+    sequence = sequence_tokens(prompt, completion, n, granted, longest)
     assert isinstance(ts, (int, float))
     return Lengths(model, float(ts), action, prompt, completion, total, sequence,
                    ("length" in reasons) if reasons else None, n)

@@ -33,10 +33,8 @@ CASES = [json.loads(line) for line in CORPUS.read_text(encoding="utf-8").splitli
 
 # (model, reason): cases whose chat prompt the vLLM 0.32 CPU build tokenizes unlike tokenizer.json.
 DRIFT_REASONS = {
-    "phi3-mini": "vLLM 0.32's transformers 5.19 LlamaTokenizer prepends no '▁' to text after a special "
-                 "token, tokenizer.json's Prepend normalizer does (chat counts differ the same way)",
-    "r1-distill-llama-8b": "vLLM 0.32's transformers 5.19 loads this byte-level Llama-3 vocabulary as a "
-                           "SentencePiece-style LlamaTokenizer (chat counts differ the same way)",
+    "phi3-mini": "chat-level drift: vLLM 0.32's tokenizer adds no '▁' after a special token",
+    "r1-distill-llama-8b": "chat-level drift: vLLM 0.32 loads this vocabulary as a SentencePiece tokenizer",
 }
 
 
