@@ -159,18 +159,9 @@ def write(out: Path, name: str, record: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def serving(python: Path, model_dir: Path, log: Path, extra: list[str]) -> Iterator[srv.RunningServer]:
-    command = srv.serve_command
-
-    def with_extra(p: Path, m: Path, port: int) -> list[str]:
-        return command(p, m, port) + extra
-
-    srv.serve_command = with_extra
-    try:
-        with srv.running_server(python, model_dir, log) as server:
-            yield server
-    finally:
-        srv.serve_command = command
+def serving(python: Path, model_dir: Path, log: Path, extra: tuple[str, ...]) -> Iterator[srv.RunningServer]:
+    with srv.running_server(python, model_dir, log, extra=extra) as server:
+        yield server
 
 
 def main(argv: list[str]) -> int:
@@ -180,11 +171,11 @@ def main(argv: list[str]) -> int:
         python, model_dir, _ = prepare(Path(tmp))
         log = Path(tmp) / "server.log"
         if "generate" in sections:
-            with serving(python, model_dir, log, []) as server:
+            with serving(python, model_dir, log, ()) as server:
                 for name, (path, body) in GENERATE.items():
                     write(out, name, capture(server.base_url, path, body))
         for name, (path, body) in ENGINE_KILLED.items() if "killed" in sections else ():
-            with serving(python, model_dir, log, []) as server:
+            with serving(python, model_dir, log, ()) as server:
                 killed: list[int] = []
 
                 def kill(events: int, server: srv.RunningServer = server, killed: list[int] = killed) -> None:
@@ -198,7 +189,7 @@ def main(argv: list[str]) -> int:
                 write(out, name, record)
         if "pooling" not in sections:
             return 0
-        with serving(python, model_dir, log, ["--runner", "pooling", "--convert", "embed"]) as server:
+        with serving(python, model_dir, log, srv.POOLING_ARGS) as server:
             for name, (path, body) in POOLING.items():
                 record = capture(server.base_url, path, body)
                 for item in (record.get("body") or {}).get("data") or []:

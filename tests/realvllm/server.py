@@ -21,7 +21,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +33,9 @@ MAX_MODEL_LEN = 2048
 KV_CACHE_BYTES = 64 * 1024 * 1024  # 2 layers x 2 KV heads x 32 x bf16 = 512 B/token -> 131,072 tokens
 HEALTH_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 30.0
+# The same tiny model as an embedding model: vLLM 0.32 then serves /v1/embeddings, /pooling,
+# /score and /rerank (and no generation routes), converting the causal LM's last hidden state.
+POOLING_ARGS = ("--runner", "pooling", "--convert", "embed")
 
 
 @dataclass(frozen=True)
@@ -53,8 +56,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def serve_command(python: Path, model_dir: Path, port: int) -> list[str]:
-    """The ``vllm serve`` command line, started through the launcher (see launcher.py)."""
+def serve_command(python: Path, model_dir: Path, port: int, extra: Sequence[str] = ()) -> list[str]:
+    """The ``vllm serve`` command line, started through the launcher (see launcher.py).
+
+    Responses (/v1/responses) and Anthropic Messages (/v1/messages) need no flag of
+    their own: vLLM 0.32 serves them beside chat for every generating model.
+    """
     return [
         str(python),
         str(LAUNCHER),
@@ -69,6 +76,7 @@ def serve_command(python: Path, model_dir: Path, port: int) -> list[str]:
         "--served-model-name", SERVED_MODEL_NAME,
         "--enable-auto-tool-choice",
         "--tool-call-parser", "hermes",
+        *extra,
     ]  # fmt: skip
 
 
@@ -96,13 +104,14 @@ def _die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def start_server(python: Path, model_dir: Path, log_path: Path, port: int | None = None) -> subprocess.Popen:
+def start_server(python: Path, model_dir: Path, log_path: Path, port: int | None = None,
+                 extra: Sequence[str] = ()) -> subprocess.Popen:
     """Start vLLM in its own process group with output to `log_path`; does not wait."""
     port = port or free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         return subprocess.Popen(
-            serve_command(python, model_dir, port),
+            serve_command(python, model_dir, port, extra),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -156,12 +165,12 @@ def stop_server(process: subprocess.Popen, timeout: float = STOP_TIMEOUT_S) -> N
 
 @contextlib.contextmanager
 def running_server(
-    python: Path, model_dir: Path, log_path: Path, timeout: float = HEALTH_TIMEOUT_S
+    python: Path, model_dir: Path, log_path: Path, timeout: float = HEALTH_TIMEOUT_S, extra: Sequence[str] = ()
 ) -> Iterator[RunningServer]:
-    """Start vLLM, wait for health, yield it, and always stop it."""
+    """Start vLLM (with `extra` arguments), wait for health, yield it, and always stop it."""
     port = free_port()
     started = time.monotonic()
-    process = start_server(python, model_dir, log_path, port)
+    process = start_server(python, model_dir, log_path, port, extra)
     try:
         base_url = f"http://127.0.0.1:{port}"
         wait_until_healthy(process, base_url, log_path, timeout)

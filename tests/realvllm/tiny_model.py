@@ -119,8 +119,8 @@ def special_token_ids(tokenizer_source: Path) -> tuple[int, list[int]]:
 
     eos_text = token("eos_token")
     bos_text = token("bos_token") or ("<|endoftext|>" if "<|endoftext|>" in ids else eos_text)
-    eos = ids[eos_text] if eos_text in ids else 0
-    bos = ids[bos_text] if bos_text in ids else eos
+    eos = ids.get(eos_text, 0)
+    bos = ids.get(bos_text, eos)
     return bos, [eos] + ([bos] if bos != eos else [])
 
 

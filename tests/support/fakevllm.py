@@ -41,7 +41,7 @@ import socket
 import struct
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, Callable, Iterable
@@ -392,6 +392,7 @@ class Plan:
     stream: bool
     include_usage: bool
     continuous_usage: bool
+    stopped: bool = False       # Responses: a stop string matched the first token (1 token, no text)
 
     @property
     def prompt_tokens(self) -> int:
@@ -871,10 +872,17 @@ def _output_message(mid: str, text: str, status: str, logprobs: Any) -> dict:
             "type": "message", "phase": None}
 
 
+def _status(plan: Plan) -> str:
+    return "completed" if plan.stopped else "incomplete"
+
+
+def _generated(plan: Plan, token: str) -> str:
+    return "" if plan.stopped else token * plan.max_tokens
+
+
 def responses_body(plan: Plan, request: dict, rid: str, created: int, token: str) -> dict:
-    text = token * plan.max_tokens
-    output = [_output_message(f"msg_{rid}", text, "completed", None)]
-    return responses_object(plan, request, rid, created, output, "incomplete",
+    output = [_output_message(f"msg_{rid}", _generated(plan, token), "completed", None)]
+    return responses_object(plan, request, rid, created, output, _status(plan),
                             _responses_usage(plan.prompt_tokens, plan.max_tokens))
 
 
@@ -900,11 +908,11 @@ def responses_stream_events(plan: Plan, request: dict, rid: str, created: int,
         "content_index": 0, "item_id": mid, "output_index": 0,
         "part": {"annotations": [], "text": "", "type": "output_text", "logprobs": []},
         "sequence_number": next(seq), "type": "response.content_part.added"})
-    for _ in range(plan.max_tokens):
+    for _ in range(0 if plan.stopped else plan.max_tokens):
         yield "step", _event("response.output_text.delta", {
             "content_index": 0, "delta": token, "item_id": mid, "logprobs": [], "output_index": 0,
             "sequence_number": next(seq), "type": "response.output_text.delta"})
-    text = token * plan.max_tokens
+    text = _generated(plan, token)
     yield "meta", _event("response.output_text.done", {
         "content_index": 0, "item_id": mid, "logprobs": [], "output_index": 0, "sequence_number": next(seq),
         "text": text, "type": "response.output_text.done"})
@@ -916,7 +924,7 @@ def responses_stream_events(plan: Plan, request: dict, rid: str, created: int,
     yield "meta", _event("response.output_item.done", {"item": item, "output_index": 0,
                                                        "sequence_number": next(seq),
                                                        "type": "response.output_item.done"})
-    final = responses_object(plan, request, rid, created, [item], "incomplete",
+    final = responses_object(plan, request, rid, created, [item], _status(plan),
                              _responses_usage(plan.prompt_tokens, plan.max_tokens))
     yield "meta", _event("response.completed", {"response": final, "sequence_number": next(seq),
                                                 "type": "response.completed"})
@@ -1588,6 +1596,10 @@ class FakeVLLM:
         try:
             if surface == "responses":
                 plan = self.validator.responses(body, self.stored_responses)
+                stop = body.get("stop")
+                stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+                if any(isinstance(x, str) and x and x in self.completion_text_token for x in stops):
+                    plan = replace(plan, max_tokens=1, per_prompt_max=[1], stopped=True)
             elif surface == "messages":
                 plan = self.validator.messages(body)
             else:
