@@ -83,6 +83,7 @@ class Sample(NamedTuple):
     action: str
     finish_length: bool | None   # None: no finish reason known (error, rejection)
     max_model_len: int | None
+    endpoint: str = "chat"       # the surface: chat, completions, responses, messages, embeddings, ...
 
 
 def sample_of(rec: LengthRecord) -> Sample:
@@ -98,6 +99,7 @@ def sample_of(rec: LengthRecord) -> Sample:
         action=rec.action,
         finish_length=("length" in reasons) if reasons else None,
         max_model_len=rec.max_model_len,
+        endpoint=rec.endpoint,
     )
 
 
@@ -108,8 +110,10 @@ def model_stats(model: str, samples: Sequence[Sample]) -> dict[str, Any]:
     totals = [s.total for s in samples if s.total is not None]
     sequences = sorted(s.sequence for s in samples if s.sequence is not None)
     actions = {a.value: 0 for a in Action}
+    endpoints: dict[str, int] = {}
     for s in samples:
         actions[s.action] = actions.get(s.action, 0) + 1
+        endpoints[s.endpoint] = endpoints.get(s.endpoint, 0) + 1
     finished = [s.finish_length for s in samples if s.finish_length is not None]
     cut = sum(finished)
     limits = [s.max_model_len for s in samples if s.max_model_len is not None]
@@ -117,6 +121,7 @@ def model_stats(model: str, samples: Sequence[Sample]) -> dict[str, Any]:
     return {
         "model": model,
         "count": len(samples),
+        "endpoints": dict(sorted(endpoints.items(), key=lambda e: -e[1])),
         "actions": actions,
         "clamped": actions["clamped"],
         "rejected": actions["rejected"],

@@ -248,9 +248,9 @@ async def test_an_unauthorized_messages_request_is_refused_in_anthropics_envelop
 
 def messages_stream(prompt: int, output: int, *, end: bool = True) -> MockResponse:
     events = [
-        ("message_start", {"type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant",
-                                                                "content": [], "model": MODEL,
-                                                                "usage": {"input_tokens": prompt, "output_tokens": 0}}}),
+        ("message_start", {"type": "message_start", "message": {
+            "id": "m", "type": "message", "role": "assistant", "content": [], "model": MODEL,
+            "usage": {"input_tokens": prompt, "output_tokens": 0}}}),
         ("content_block_start", {"type": "content_block_start", "content_block": {"type": "text", "text": ""},
                                  "index": 0}),
         ("content_block_delta", {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "x"},
@@ -414,3 +414,29 @@ async def test_rerank_refuses_a_document_that_cannot_fit(qwen3_dir: Path) -> Non
     error = json.loads(answer.body)["error"]
     assert answer.status == 400 and error["param"] == "documents"
     assert error["headroom"]["inputs"][0]["index"] == 2          # the query is input 0
+
+
+async def test_metrics_and_stats_name_each_surface(qwen3_dir: Path, qwen3: Any) -> None:
+    from proxy.metrics import Metrics
+    from proxy.recorder import Recorder
+
+    prompt = qwen3.count_messages({"messages": MESSAGE})
+    upstream = Upstream(v1__messages=[MockResponse.json(message_object(prompt, 4))],
+                        v1__responses=[MockResponse.json(response_object(prompt, 4))],
+                        v1__embeddings=[embeddings(2, 1)])
+    recorder = Recorder(Metrics())
+    app = HeadroomApp(make_config("http://upstream.test", qwen3_dir), recorder,
+                      transport_for=lambda url: upstream.transport)
+
+    await call_app(app, "POST", "/v1/messages", body(messages=MESSAGE, max_tokens=65535))
+    await call_app(app, "POST", "/v1/responses", body(input="Hello!", max_output_tokens=5))
+    await call_app(app, "POST", "/v1/embeddings", body(input="Hello there"))
+    await call_app(app, "POST", "/v1/responses", body(input="x", previous_response_id="resp_0"))
+
+    text = recorder.metrics.render()[0].decode()
+    for endpoint, action, status in (("messages", "clamped", 200), ("responses", "pass", 200),
+                                     ("embeddings", "pass", 200), ("responses", "upstream_error", 404)):
+        assert (f'headroom_requests_total{{action="{action}",endpoint="{endpoint}",model="{MODEL}",'
+                f'status="{status}"}} 1.0') in text
+    [stats] = recorder.stats()["models"]
+    assert stats["endpoints"] == {"responses": 2, "messages": 1, "embeddings": 1}
