@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from proxy import count_cli
 from tests.support.corpus import SHARED
 from tokenizer_cache import CountError, TokenizerCache
 
@@ -83,3 +84,12 @@ def test_headroom_counts_what_vllm_counts(case: dict[str, Any], cache: Tokenizer
             _count(tokenizer, case)
     else:
         assert _count(tokenizer, case) == case["expected_prompt_tokens"]
+
+
+def test_headroom_count_runs_the_corpus(capsys: pytest.CaptureFixture[str], cache: TokenizerCache) -> None:
+    """`headroom count --jsonl` counts Responses and Messages cases as the library does."""
+    assert count_cli.main(["--jsonl", str(CORPUS), "--models-root", str(SHARED)]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["id"] for line in lines] == [c["id"] for c in CASES]
+    for case, line in zip(CASES, lines, strict=True):
+        assert line["prompt_tokens"] == _count(cache.get(SHARED / case["model_dir"]), case), case["id"]
