@@ -272,6 +272,21 @@ class ResponsesSurface(Surface):
     def count(self, tokenizer: ModelTokenizer, body: dict[str, Any]) -> int | list[int]:
         return tokenizer.count_responses(body)
 
+    def decide(self, request: Mapping[str, Any], prompt_tokens: list[int], max_model_len: int,
+               limit: RequestedLimit, policy: Policy, *, model: str, count_exact: bool,
+               drift_margin: int) -> Decision:
+        """`truncation` other than "disabled" makes vLLM cut the prompt to what fits instead of
+        refusing it: to max_model_len - 1 when a limit is sent, else to max_model_len (which it then
+        refuses: no room).  headroom decides on the prompt vLLM will keep (`build_tok_params`)."""
+        if "truncation" not in request or request.get("truncation") == "disabled":
+            return super().decide(request, prompt_tokens, max_model_len, limit, policy, model=model,
+                                  count_exact=count_exact, drift_margin=drift_margin)
+        keep = max_model_len - 1 if limit.value is not None else max_model_len
+        kept = [min(n, keep) for n in prompt_tokens]
+        decision = super().decide(request, kept, max_model_len, limit, policy, model=model,
+                                  count_exact=count_exact, drift_margin=drift_margin)
+        return replace(decision, counted=sum(kept)) if kept != prompt_tokens else decision
+
     def tokenize_calls(self, model: str, body: Mapping[str, Any]) -> list[TokenizeCall]:
         return [UpstreamCount(_chat_tokenize_body(model, responses_to_chat(body)))]
 

@@ -314,7 +314,8 @@ async def test_count_tokens_is_answered_by_headroom_without_the_upstream(qwen3_d
     assert answer.status == 200
     assert json.loads(answer.body) == {"input_tokens": 2108, "context_management": {"original_input_tokens": 2108}}
     assert answer.headers["x-headroom-prompt-tokens"] == "2108"
-    assert [s.path for s in upstream.transport.sent if s.path != "/v1/models"] == []
+    # (the start-up parity probes' /tokenize may run in the background: they are not this request)
+    assert [s.path for s in upstream.transport.sent if s.path.startswith("/v1/messages")] == []
     assert recorder.records == []                 # nothing was generated: no length record
 
 
@@ -440,3 +441,17 @@ async def test_metrics_and_stats_name_each_surface(qwen3_dir: Path, qwen3: Any) 
                 f'status="{status}"}} 1.0') in text
     [stats] = recorder.stats()["models"]
     assert stats["endpoints"] == {"responses": 2, "messages": 1, "embeddings": 1}
+
+
+async def test_a_responses_prompt_vllm_truncates_is_served(qwen3_dir: Path) -> None:
+    """truncation "auto": vLLM keeps max_model_len - 1 tokens of a prompt too long (never worse: no refusal)."""
+    upstream = Upstream(v1__responses=[MockResponse.json(response_object(MML - 1, 1))])
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/responses", body(input=WORDS_2100, truncation="auto",
+                                                               max_output_tokens=100))
+
+    assert answer.status == 200 and upstream.sent("/v1/responses")[0].json()["max_output_tokens"] == 1
+    [rec] = recorder.records
+    assert (rec.action, rec.prompt_tokens, rec.upstream_prompt_tokens, rec.granted_max_tokens) == (
+        "clamped", MML - 1, MML - 1, 1)

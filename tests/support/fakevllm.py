@@ -617,8 +617,12 @@ class Validator:
             raise VLLMError(404, f"Response with id '{previous}' not found.", type="invalid_request_error",
                             param="response_id")
         self._limit_alone(mml, max_output, "max_output_tokens")
-        self._char_check(mml, self.count_chars("responses", body))
+        truncate = "truncation" in body and body["truncation"] != "disabled"
+        if not truncate:
+            self._char_check(mml, self.count_chars("responses", body))
         count = self.count_prompt("responses", body)
+        if truncate:     # build_tok_params: truncate_prompt_tokens=-1 keeps max_model_len (- 1 with a limit)
+            count = min(count, mml - 1 if max_output else mml)
         self._token_check(mml, count, True, max_output)
         if count >= mml:
             raise VLLMError(400, f"The engine prompt length {count} exceeds the max_model_len {mml}. "

@@ -101,6 +101,17 @@ def responses_prompt_that_cannot_fit(t: Target) -> None:
     assert (rec.endpoint, rec.action, rec.prompt_tokens) == ("responses", "rejected", prompt_of(2100))
 
 
+def responses_truncation_auto(t: Target) -> None:
+    """vLLM cuts a prompt too long to max_model_len - 1 under truncation "auto": served, never refused."""
+    request = {"model": t.model, "input": words(2100), "max_output_tokens": 100, "truncation": "auto"}
+    direct = t.openai(direct=True).responses.create(**request)
+    raw, rec = t.record_after(lambda: t.openai().responses.with_raw_response.create(**request))
+    response = raw.parse()
+    assert response.usage.input_tokens == direct.usage.input_tokens == t.max_model_len - 1 == rec.prompt_tokens
+    assert response.usage.output_tokens == direct.usage.output_tokens == 1
+    assert int(raw.headers["x-headroom-prompt-tokens"]) == t.max_model_len - 1
+
+
 def responses_streamed(t: Target) -> None:
     request = {"model": t.model, "input": words(2000), "max_output_tokens": 65535, "stream": True}
 
@@ -277,6 +288,7 @@ def embeddings_input_that_cannot_fit(t: Target) -> None:
 GENERATION: list[Callable[[Target], None]] = [
     responses_limit_beyond_max_model_len,
     responses_prompt_that_cannot_fit,
+    responses_truncation_auto,
     responses_streamed,
     responses_with_tools,
     responses_function_call_round_trip,
