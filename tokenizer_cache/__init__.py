@@ -28,8 +28,8 @@ from ._piece_count import PieceCounter, PieceTally
 from ._responses import to_chat_request as responses_to_chat
 
 __all__ = [
-    "CountError",
     "DEFAULT_PIECE_CACHE_ENTRIES",
+    "CountError",
     "ModelTokenizer",
     "PieceCacheStats",
     "PieceCountCache",
