@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -284,6 +285,25 @@ def embeddings_input_that_cannot_fit(t: Target) -> None:
     assert truncated.usage.prompt_tokens == rec.prompt_tokens == 1 + t.max_model_len
 
 
+def score_and_rerank_counted(t: Target) -> None:
+    """vLLM's /score and /rerank (no official client: plain HTTP, as their users send them)."""
+    with httpx.Client(timeout=t.timeout) as client:
+        score = client.post(t.headroom + "/score", json={"model": t.model, "queries": "what is it",
+                                                         "documents": ["one doc", "another doc here"]})
+        rerank = client.post(t.headroom + "/v1/rerank", json={"model": t.model, "query": "what is it",
+                                                              "documents": ["one doc", words(300)]})
+        too_long = {"model": t.model, "query": "q", "documents": ["fine", words(2100)]}
+        direct = client.post(t.upstream + "/rerank", json=too_long)
+        refused = client.post(t.headroom + "/rerank", json=too_long)
+    assert score.status_code == rerank.status_code == 200
+    assert int(score.headers["x-headroom-prompt-tokens"]) == score.json()["usage"]["prompt_tokens"]
+    assert int(rerank.headers["x-headroom-prompt-tokens"]) == rerank.json()["usage"]["prompt_tokens"]
+    assert direct.status_code == 400 and "at least 2049" in direct.json()["error"]["message"]
+    assert refused.status_code == 400
+    assert refused.json()["error"]["headroom"]["inputs"] == [{"index": 2, "prompt_tokens": 2100,
+                                                              "tokens_to_remove": 52}]
+
+
 # What tests/test_e2e_surfaces_fake.py and tests/test_real_vllm_surfaces.py run (the Agents SDK is async: apart).
 GENERATION: list[Callable[[Target], None]] = [
     responses_limit_beyond_max_model_len,
@@ -298,4 +318,5 @@ GENERATION: list[Callable[[Target], None]] = [
     messages_with_tools,
     messages_count_tokens,
 ]
-POOLING: list[Callable[[Target], None]] = [embeddings_counted, embeddings_input_that_cannot_fit]
+POOLING: list[Callable[[Target], None]] = [embeddings_counted, embeddings_input_that_cannot_fit,
+                                           score_and_rerank_counted]
