@@ -134,6 +134,16 @@ def parse_limit_field(name: str, value: Any) -> int | None:
     return number
 
 
+def decide_uncounted(requested: RequestedLimit, max_model_len: int) -> Decision:
+    """A request nothing here can count: forwarded as sent, except that a limit above
+    max_model_len (which vLLM refuses whatever the prompt) is lowered to it."""
+    asked = requested.value
+    if asked is not None and asked > max_model_len:
+        return Decision(Action.UNCOUNTED, asked, max_model_len,
+                        {f: max_model_len for f in requested.fields_to_set()})
+    return Decision(Action.UNCOUNTED, asked, asked)
+
+
 def read_requested_limit(body: Mapping[str, Any], fields: tuple[str, ...], default_field: str) -> RequestedLimit:
     """A surface's completion-limit fields of a request body (precedence order), validated (400 on bad values)."""
     return RequestedLimit.of(*((name, parse_limit_field(name, body.get(name))) for name in fields),
@@ -211,20 +221,6 @@ def decide(
 
     action: Literal[Action.PASS, Action.CLAMPED] = Action.CLAMPED if target < effective else Action.PASS
     return Decision(action, asked, target, {f: target for f in requested.fields_to_set()}, margin=margin)
-
-
-def decide_uncounted(max_model_len: int, requested: RequestedLimit) -> Decision:
-    """A request whose prompt headroom cannot see (a conversation stored upstream).
-
-    Nothing is refused and no room is computed: the upstream judges the
-    prompt.  Only a limit above max_model_len, which vLLM refuses whatever the
-    prompt, is lowered to max_model_len (vLLM 0.32 then grants the room itself).
-    """
-    asked = requested.value
-    if asked is not None and asked > max_model_len:
-        return Decision(Action.UNCOUNTED, asked, max_model_len,
-                        {f: max_model_len for f in requested.fields_to_set()})
-    return Decision(Action.UNCOUNTED, asked, asked)
 
 
 def decide_inputs(

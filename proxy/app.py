@@ -32,6 +32,7 @@ from .counting import PromptCounter
 from .errors import HeadroomError
 from .exchange import AdmittedExchange, ExchangeServices
 from .lengthlog import LengthLog
+from .live_sizing import LiveSizing
 from .metrics import Metrics
 from .models import ModelInfo
 from .pages import routes
@@ -67,6 +68,10 @@ class HeadroomApp:
             metrics.attach_piece_cache(self.counter.piece_cache.stats)
         metrics.attach_gates(lambda: [(b.name, b.gate) for b in self.backends.items])
         self._policies: dict[str | None, Policy] = {}
+        # The model's config.json and its upstream's /metrics, for /stats and the sizing gauges.
+        self.sizing = LiveSizing(config, self.backends, self.counter.tokenizer_dir, self._policy)
+        self.recorder.sizing = self.sizing.for_model
+        metrics.registry.register(self.sizing.collector(self.recorder.demand_kv_percentile, metrics.model_label))
         self.services = ExchangeServices(config, self.backends, self.counter, self.recorder, self._policy)
         self._local = Router(routes=routes(self.recorder) + health.routes(self.backends, self.counter))
         self._passthrough = Passthrough(self.backends)
@@ -88,15 +93,18 @@ class HeadroomApp:
             # Made here, inside the serving process: the writer thread does not survive a fork.
             self.recorder.attach_lengthlog(LengthLog(ll.path, max_bytes=ll.max_bytes, backups=ll.backups))
         self.backends.start()
+        self.sizing.start()
 
     async def shutdown(self) -> None:
         for task in list(self._background):
             task.cancel()
+        await self.sizing.stop()
         await self.backends.stop()
         await asyncio.to_thread(self.recorder.close)   # flushes the length log
 
     def _models_changed(self, backend: Backend, models: dict[str, ModelInfo]) -> None:
         self.counter.forget_dirs()
+        self.sizing.forget_configs()
         task = asyncio.ensure_future(self.counter.preload(list(models)))
         self._background.add(task)
         task.add_done_callback(self._background.discard)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import errors, jsonbody
-from .admission import Decision, Policy, decide_uncounted
+from .admission import Decision, Policy, RequestedLimit, decide_uncounted
 from .asgi import (
     ClientGone,
     Headers,
@@ -94,6 +94,7 @@ class AdmittedExchange:
         self.strip_usage = False           # headroom asked for the stream's usage: remove it again
         self.backend: Backend | None = None
         self.count_source: str | None = None   # how the prompt was counted: local | upstream | margin
+        self.uncounted: str | None = None      # why it could not be counted (media), if so
 
     async def run(self) -> None:
         try:
@@ -126,29 +127,11 @@ class AdmittedExchange:
         record.requested_max_tokens = limit.value
         info = self.backend.registry.get(model)
         max_model_len = record.max_model_len = info.max_model_len if info else None
-        uncounted = surface.uncounted(request)
-        if max_model_len is None:
-            # No limit known (a config-less model whose card lacks one): relay untouched.
-            decision = Decision(Action.PASS, limit.value, limit.value)
-        elif uncounted is not None:
-            # The prompt lives upstream (a stored conversation): nothing to count it with.
-            decision = decide_uncounted(max_model_len, limit)
-        else:
-            count = await services.counter.count(model, surface, request, len(self.body))
-            record.prompt_tokens = count.total
-            decision = surface.decide(request, count.per_prompt, max_model_len, limit, services.policy_for(model),
-                                      model=model, count_exact=count.exact, drift_margin=count.margin)
-            if len(count.per_prompt) > 1:
-                record.longest_prompt_tokens = max(count.per_prompt)
-            if decision.counted is not None:    # the upstream will see the prompts cut to max_model_len
-                record.prompt_tokens = decision.counted
-                if record.longest_prompt_tokens is not None:
-                    record.longest_prompt_tokens = min(record.longest_prompt_tokens, max_model_len)
-            self.count_source = count.source if count.exact else "margin"
+        decision = await self.decide(model, limit, max_model_len)
         self.info = headroom_headers(record.prompt_tokens, max_model_len, decision, self.request_id,
                                      self.count_source)
-        if uncounted is not None:
-            self.info.append((b"x-headroom-uncounted", uncounted.encode()))
+        if self.uncounted is not None:
+            self.info.append((b"x-headroom-uncounted", self.uncounted.encode()))
         record.action = decision.action
         record.granted_max_tokens = decision.granted
         if decision.error is not None:
@@ -160,6 +143,34 @@ class AdmittedExchange:
             and surface.ask_for_usage(request, self.changes)
         )
         self.outgoing = jsonbody.with_fields(self.body, request, self.changes) if self.changes else self.body
+
+    async def decide(self, model: str, limit: RequestedLimit, max_model_len: int | None) -> Decision:
+        """Count the prompt and decide (the surface's rule, proxy.admission): pass, clamp, refuse, cut
+        pooling inputs, or forward uncounted."""
+        services, surface, record = self.services, self.surface, self.record
+        if max_model_len is None:
+            # No limit known (a config-less model whose card lacks one): relay untouched.
+            return Decision(Action.PASS, limit.value, limit.value)
+        stored = surface.uncounted(self.request)
+        if stored is not None:
+            # The prompt lives upstream (a stored conversation): nothing here can count it.
+            self.uncounted = stored
+            return decide_uncounted(limit, max_model_len)
+        count = await services.counter.count(model, surface, self.request, len(self.body))
+        if count.uncounted is not None:
+            self.uncounted = count.uncounted
+            return decide_uncounted(limit, max_model_len)
+        record.prompt_tokens = count.total
+        self.count_source = count.source if count.exact else "margin"
+        decision = surface.decide(self.request, count.per_prompt, max_model_len, limit, services.policy_for(model),
+                                  model=model, count_exact=count.exact, drift_margin=count.margin)
+        if len(count.per_prompt) > 1:
+            record.longest_prompt_tokens = max(count.per_prompt)
+        if decision.counted is not None:    # the upstream will see the prompts cut to what it keeps
+            record.prompt_tokens = decision.counted
+            if record.longest_prompt_tokens is not None:
+                record.longest_prompt_tokens = min(record.longest_prompt_tokens, max_model_len)
+        return decision
 
     # -- forward ------------------------------------------------------------------------
 

@@ -21,7 +21,8 @@ class Action(StrEnum):
     PASS = "pass"                      # forwarded with the client's own limit
     CLAMPED = "clamped"                # forwarded with a lower completion limit
     REJECTED = "rejected"              # refused by headroom itself (4xx)
-    UNCOUNTED = "uncounted"            # forwarded without a count: its conversation is stored upstream
+    UNCOUNTED = "uncounted"            # forwarded without a count: media nothing here can count, or a
+                                       # conversation stored upstream (Responses previous_response_id)
     TRUNCATED = "truncated"            # inputs cut to max_model_len (pooling, only when the operator opted in)
     UPSTREAM_ERROR = "upstream_error"  # forwarded, and the upstream failed or refused it
 

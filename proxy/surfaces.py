@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tokenizer_cache import ModelTokenizer, responses_to_chat
+from tokenizer_cache import CountingModel, count_messages, count_responses, responses_to_chat
 
 from .admission import Decision, Policy, RequestedLimit, decide, decide_inputs, read_requested_limit
 from .errors import HeadroomError
@@ -99,7 +99,7 @@ class Surface:
         uncounted, `proxy.admission.decide_uncounted`), or None: it can be counted."""
         return None
 
-    def count(self, tokenizer: ModelTokenizer, body: dict[str, Any]) -> int | list[int]:
+    def count(self, tokenizer: CountingModel, body: dict[str, Any]) -> int | list[int]:
         """Prompt tokens with the model's own tokenizer (one figure per prompt); raises CountError."""
         raise NotImplementedError
 
@@ -199,7 +199,7 @@ class ChatSurface(OpenAIStreamUsage, Surface):
     # vLLM: max_completion_tokens wins when both are given.
     limit_fields = ("max_completion_tokens", "max_tokens")
 
-    def count(self, tokenizer: ModelTokenizer, body: dict[str, Any]) -> int | list[int]:
+    def count(self, tokenizer: CountingModel, body: dict[str, Any]) -> int | list[int]:
         return tokenizer.count_chat(body)
 
     def tokenize_calls(self, model: str, body: Mapping[str, Any]) -> list[TokenizeCall]:
@@ -216,7 +216,7 @@ class CompletionsSurface(OpenAIStreamUsage, Surface):
     # captures/c18_completions_string_no_max_tokens.json).
     implicit_max_tokens = 16
 
-    def count(self, tokenizer: ModelTokenizer, body: dict[str, Any]) -> int | list[int]:
+    def count(self, tokenizer: CountingModel, body: dict[str, Any]) -> int | list[int]:
         return tokenizer.count_completion(body)
 
     def tokenize_calls(self, model: str, body: Mapping[str, Any]) -> list[TokenizeCall]:
@@ -269,8 +269,8 @@ class ResponsesSurface(Surface):
     def uncounted(self, body: Mapping[str, Any]) -> str | None:
         return "previous_response_id" if body.get("previous_response_id") is not None else None
 
-    def count(self, tokenizer: ModelTokenizer, body: dict[str, Any]) -> int | list[int]:
-        return tokenizer.count_responses(body)
+    def count(self, tokenizer: CountingModel, body: dict[str, Any]) -> int | list[int]:
+        return count_responses(tokenizer, body)
 
     def decide(self, request: Mapping[str, Any], prompt_tokens: list[int], max_model_len: int,
                limit: RequestedLimit, policy: Policy, *, model: str, count_exact: bool,
@@ -346,8 +346,8 @@ class MessagesSurface(Surface):
     stream_end_event = "'message_stop' event"
     error_ends_stream = True
 
-    def count(self, tokenizer: ModelTokenizer, body: dict[str, Any]) -> int | list[int]:
-        return tokenizer.count_messages(body)
+    def count(self, tokenizer: CountingModel, body: dict[str, Any]) -> int | list[int]:
+        return count_messages(tokenizer, body)
 
     def tokenize_calls(self, model: str, body: Mapping[str, Any]) -> list[TokenizeCall]:
         request = {"model": model, **{k: body[k] for k in _MESSAGES_COUNT_KEYS if k in body}}
@@ -442,7 +442,7 @@ class PoolingSurface(Surface):
             return None
         return max_model_len if limit == -1 else limit
 
-    def count(self, tokenizer: ModelTokenizer, body: dict[str, Any]) -> int | list[int]:
+    def count(self, tokenizer: CountingModel, body: dict[str, Any]) -> int | list[int]:
         counts = []
         for item in self.inputs(body):
             if isinstance(item, dict):

@@ -85,6 +85,37 @@ def detect_merge_inline_system(template_source: str | None) -> bool:
     return False
 
 
+def probe_disabled_thinking_effort(render_chat: Callable[[dict], str]) -> str:
+    """vLLM's `_probe_disabled_thinking_effort`: "none", unless rendering "none" fails or gives
+    the prompt of an effort (the template ignores it), then "low"."""
+    def prompt(effort: str) -> str | None:
+        try:
+            return render_chat({"messages": [{"role": "user", "content": "Hi"}], "reasoning_effort": effort})
+        except CountError:
+            return None
+
+    none = prompt("none")
+    if none is None or any(prompt(effort) == none for effort in EFFORTS):
+        return "low"
+    return "none"
+
+
+def count_messages(model: Any, body: Mapping[str, Any]) -> int:
+    """Prompt tokens of a Messages request for any counting model (`CountingModel`).
+
+    A model with its own rule (ModelTokenizer: its template's facts) counts it
+    itself; otherwise the chat is vLLM's conversion for a renderer without an
+    HF template (mistral-common): inline system messages merged (vLLM merges
+    when it has no template to probe), the disabled-thinking effort probed.
+    """
+    own = getattr(model, "count_messages", None)
+    if own is not None:
+        return int(own(body))
+    chat = to_chat_request(body, merge_inline_system=True,
+                           disabled_thinking_effort=probe_disabled_thinking_effort(model.render_chat))
+    return int(model.count_chat(chat))
+
+
 # ---------------------------------------------------------------------------
 # The conversion
 # ---------------------------------------------------------------------------

@@ -48,6 +48,16 @@ def _string(item: Mapping[str, Any], key: str, where: str) -> str:
     return value
 
 
+def count_responses(model: Any, body: Mapping[str, Any]) -> int:
+    """Prompt tokens of a Responses request for any counting model (`CountingModel`): its own
+    rule when it has one (ModelTokenizer; gpt-oss renders Responses with harmony), else the chat
+    of the converted request."""
+    own = getattr(model, "count_responses", None)
+    if own is not None:
+        return int(own(body))
+    return int(model.count_chat(to_chat_request(body)))
+
+
 def to_chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
     """The chat request vLLM renders for this Responses request."""
     if not isinstance(body, Mapping):

@@ -15,7 +15,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
 from pathlib import Path
 
 from . import server as srv
@@ -69,8 +68,8 @@ def main() -> None:
 
     plain = srv.serve_command
 
-    def small(python: Path, model_dir: Path, port: int, extra: Sequence[str] = ()) -> list[str]:
-        command = plain(python, model_dir, port, extra)
+    def small(python: Path, model_dir: Path, port: int) -> list[str]:
+        command = plain(python, model_dir, port)
         command[command.index("--max-model-len") + 1] = "1024"
         command[command.index("--kv-cache-memory-bytes") + 1] = str(1 << 20)
         return command

@@ -160,7 +160,7 @@ def write(out: Path, name: str, record: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def serving(python: Path, model_dir: Path, log: Path, extra: tuple[str, ...]) -> Iterator[srv.RunningServer]:
-    with srv.running_server(python, model_dir, log, extra=extra) as server:
+    with srv.running_server(python, model_dir, log, extra_args=extra) as server:
         yield server
 
 

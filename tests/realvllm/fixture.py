@@ -122,7 +122,7 @@ def _serve(tmp_path_factory: pytest.TempPathFactory, name: str, extra: tuple[str
         try:
             python, model_dir, timings = prepare(log_dir)
             server = stack.enter_context(running_server(python, model_dir, log_dir / "vllm-server.log",
-                                                        extra=extra))
+                                                        extra_args=extra))
         except SetupError as error:
             if mode == "require":
                 raise

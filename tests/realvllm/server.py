@@ -21,9 +21,10 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .venv import SetupError, log_tail, quiet_env
 
@@ -56,7 +57,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def serve_command(python: Path, model_dir: Path, port: int, extra: Sequence[str] = ()) -> list[str]:
+def serve_command(
+    python: Path,
+    model_dir: Path,
+    port: int,
+    served_model_name: str = SERVED_MODEL_NAME,
+    extra_args: tuple[str, ...] = (),
+) -> list[str]:
     """The ``vllm serve`` command line, started through the launcher (see launcher.py).
 
     Responses (/v1/responses) and Anthropic Messages (/v1/messages) need no flag of
@@ -73,10 +80,10 @@ def serve_command(python: Path, model_dir: Path, port: int, extra: Sequence[str]
         "--dtype", "bfloat16",
         "--enforce-eager",
         "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
-        "--served-model-name", SERVED_MODEL_NAME,
+        "--served-model-name", served_model_name,
         "--enable-auto-tool-choice",
         "--tool-call-parser", "hermes",
-        *extra,
+        *extra_args,
     ]  # fmt: skip
 
 
@@ -104,18 +111,25 @@ def _die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def start_server(python: Path, model_dir: Path, log_path: Path, port: int | None = None,
-                 extra: Sequence[str] = ()) -> subprocess.Popen:
+def start_server(
+    python: Path,
+    model_dir: Path,
+    log_path: Path,
+    port: int | None = None,
+    served_model_name: str = SERVED_MODEL_NAME,
+    extra_args: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.Popen:
     """Start vLLM in its own process group with output to `log_path`; does not wait."""
     port = port or free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         return subprocess.Popen(
-            serve_command(python, model_dir, port, extra),
+            serve_command(python, model_dir, port, served_model_name, extra_args),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=server_env(),
+            env={**server_env(), **(extra_env or {})},
             start_new_session=True,
             preexec_fn=_die_with_parent,
         )
@@ -165,12 +179,16 @@ def stop_server(process: subprocess.Popen, timeout: float = STOP_TIMEOUT_S) -> N
 
 @contextlib.contextmanager
 def running_server(
-    python: Path, model_dir: Path, log_path: Path, timeout: float = HEALTH_TIMEOUT_S, extra: Sequence[str] = ()
+    python: Path,
+    model_dir: Path,
+    log_path: Path,
+    timeout: float = HEALTH_TIMEOUT_S,
+    **options: Any,
 ) -> Iterator[RunningServer]:
-    """Start vLLM (with `extra` arguments), wait for health, yield it, and always stop it."""
+    """Start vLLM, wait for health, yield it, and always stop it (`options` go to `start_server`)."""
     port = free_port()
     started = time.monotonic()
-    process = start_server(python, model_dir, log_path, port, extra)
+    process = start_server(python, model_dir, log_path, port, **options)
     try:
         base_url = f"http://127.0.0.1:{port}"
         wait_until_healthy(process, base_url, log_path, timeout)
