@@ -1,9 +1,10 @@
 """The ASGI application: wiring, lifespan, dispatch and API keys.
 
 `POST` to an admitted surface (proxy.surfaces) runs one
-`proxy.exchange.AdmittedExchange`; headroom's own pages (proxy.pages) answer
-`/metrics`, `/stats` and `/dashboard`; everything else is relayed untouched
-(proxy.passthrough).
+`proxy.exchange.AdmittedExchange`; `POST /v1/messages/count_tokens` is
+answered from headroom's own count (proxy.count_tokens); headroom's own pages
+(proxy.pages) answer `/metrics`, `/stats` and `/dashboard`; everything else is
+relayed untouched (proxy.passthrough).
 
 This is a plain ASGI callable rather than a Starlette router because the hot
 path only needs the raw scope, and every layer skipped is CPU saved per
@@ -26,6 +27,7 @@ from .admission import Policy
 from .asgi import Receive, Scope, Send, header, request_id, send_whole
 from .backends import Backend, Backends
 from .config import Config
+from .count_tokens import answer_count_tokens
 from .counting import PromptCounter
 from .errors import HeadroomError
 from .exchange import AdmittedExchange, ExchangeServices
@@ -36,7 +38,7 @@ from .models import ModelInfo
 from .pages import routes
 from .passthrough import Passthrough
 from .recorder import Recorder
-from .surfaces import ADMITTED, Surface
+from .surfaces import ADMITTED, ANSWERED, Surface
 from .upstream import Transport
 
 log = logging.getLogger("headroom")
@@ -134,12 +136,18 @@ class HeadroomApp:
         if kind == "http":
             path = scope["path"]
             surface = ADMITTED.get(path)
+            answered = ANSWERED.get(path) if surface is None else None
             try:
                 if surface is not None and scope["method"] == "POST":
                     if self._authorized(scope):
                         await AdmittedExchange(self.services, surface, scope, receive, send).run()
                     else:
                         await _refuse(send, scope, errors.unauthorized(), surface)
+                elif answered is not None and scope["method"] == "POST":
+                    if self._authorized(scope):
+                        await answer_count_tokens(self.services, answered, scope, receive, send)
+                    else:
+                        await _refuse(send, scope, errors.unauthorized(), answered)
                 elif path in LOCAL_PATHS:
                     await self._local(scope, receive, send)
                 elif path in OPEN_PATHS or self._authorized(scope):

@@ -86,6 +86,7 @@ class ModelConfig:
     on_overflow: Literal["clamp", "reject"] | None = None
     default_max_tokens: int | None = None
     max_tokens_ceiling: int | None = None
+    truncate_inputs: bool | None = None
 
 
 @dataclass

@@ -373,23 +373,28 @@ class PromptCounter:
         return backend.upstream
 
     async def _count_upstream(self, model: str, surface: Surface, body: dict[str, Any]) -> list[int]:
-        """Ask vLLM's /tokenize for the count (exact; it does not enforce max_model_len)."""
+        """Ask the upstream for the count: vLLM's /tokenize (exact; it does not enforce max_model_len)
+        or the surface's own counting route."""
         upstream = self._upstream(model)
         counts: list[int] = []
-        for call in surface.tokenize_calls(model, body):
+        try:
+            calls = surface.tokenize_calls(model, body)
+        except CountError as exc:
+            raise errors.invalid_prompt(exc.message, exc.param or surface.prompt_param) from None
+        for call in calls:
             if isinstance(call, int):
                 counts.append(call)
                 continue
-            status, answer = await upstream.post_json("/tokenize", call)
-            if status == 200 and isinstance(answer, dict) and isinstance(answer.get("count"), int):
-                counts.append(answer["count"])
+            status, answer = await upstream.post_json(call.path, call.body)
+            if status == 200 and isinstance(answer, dict) and isinstance(answer.get(call.field), int):
+                counts.append(answer[call.field])
                 continue
             message = _message_of(answer) or f"HTTP {status}"
             if 400 <= status < 500:
                 raise errors.invalid_prompt(
                     f"The upstream could not tokenize this request: {message}", surface.prompt_param
                 )
-            raise errors.upstream_not_ready(upstream.base_url, status, f"/tokenize failed: {message}")
+            raise errors.upstream_not_ready(upstream.base_url, status, f"{call.path} failed: {message}")
         return counts
 
 

@@ -74,6 +74,23 @@ _TYPE_BY_STATUS = {
     504: "timeout_error",
 }
 
+# Anthropic's error `type` values by HTTP status (docs.anthropic.com, "Errors").
+_ANTHROPIC_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
 
 @dataclass
 class HeadroomError(Exception):
@@ -126,6 +143,40 @@ class HeadroomError(Exception):
     def sse_event(self) -> bytes:
         """The error as vLLM reports a failure after a stream started: an event, then [DONE]."""
         return b"data: " + self.body_bytes() + b"\n\ndata: [DONE]\n\n"
+
+    # -- Anthropic's envelope (/v1/messages) ------------------------------------
+
+    def anthropic_body(self) -> dict[str, Any]:
+        """Anthropic's error envelope, `{"type": "error", "error": {"type", "message"}}`, which the
+        `anthropic` client turns into its usual exception class (chosen by the HTTP status);
+        headroom's code, param and numbers ride in `error.headroom`."""
+        error: dict[str, Any] = {"type": _ANTHROPIC_TYPE_BY_STATUS.get(self.status, "api_error"),
+                                 "message": self.message}
+        extra: dict[str, Any] = {"code": self.code.value}
+        if self.param is not None:
+            extra["param"] = self.param
+        error["headroom"] = {**extra, **self.details}
+        return {"type": "error", "error": error}
+
+    def anthropic_body_bytes(self) -> bytes:
+        return json.dumps(self.anthropic_body(), ensure_ascii=False).encode("utf-8")
+
+    def anthropic_event(self) -> bytes:
+        """The error as Anthropic ends a stream that failed: `event: error` (no message_stop follows)."""
+        return b"event: error\ndata: " + self.anthropic_body_bytes() + b"\n\n"
+
+    # -- the Responses API's stream failure (/v1/responses) ---------------------
+
+    def responses_event(self, sequence_number: int) -> bytes:
+        """The Responses API's `error` event (`type`, `code`, `message`, `param`, `sequence_number`),
+        with OpenAI's error object beside it: the `openai` client raises `APIError` with
+        headroom's message on a stream event that carries `error`, and the Agents SDK ends the
+        run on an `error` event."""
+        event: dict[str, Any] = {"type": "error", "code": self.envelope_code, "message": self.message,
+                                 "param": self.param, "sequence_number": sequence_number}
+        event.update(self.body())
+        data = json.dumps(event, ensure_ascii=False).encode("utf-8")
+        return b"event: error\ndata: " + data + b"\n\n"
 
 
 # ---------------------------------------------------------------------------
@@ -256,6 +307,34 @@ def not_enough_room(
             "available_completion_tokens": room,
             "min_completion_tokens": min_completion,
             "tokens_to_remove": cut,
+        },
+    )
+
+
+def inputs_too_long(
+    too_long: list[tuple[int, int]], max_model_len: int, model: str, param: str
+) -> HeadroomError:
+    """A pooling request (embeddings, score, rerank, …) with inputs longer than max_model_len.
+
+    `too_long` is (index, tokens) per offending input.  vLLM refuses the whole
+    request ("at least N input tokens", without saying which input); headroom
+    names each one.
+    """
+    index, tokens = too_long[0]
+    others = len(too_long) - 1
+    more = f" ({others} more input{'s are' if others != 1 else ' is'} too long as well)" if others else ""
+    return HeadroomError(
+        400,
+        f"This model's maximum context length is {max_model_len} tokens. However, input {index} of "
+        f"'{param}' is {tokens} tokens (counted with {model}'s own tokenizer){more}. Shorten it by at least "
+        f"{tokens - max_model_len} tokens, or send truncate_prompt_tokens to let vLLM cut every input to "
+        f"{max_model_len} tokens.",
+        code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+        param=param,
+        details={
+            "max_model_len": max_model_len,
+            "inputs": [{"index": i, "prompt_tokens": n, "tokens_to_remove": n - max_model_len}
+                       for i, n in too_long],
         },
     )
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import errors, jsonbody
-from .admission import Decision, Policy, RequestedLimit, decide, decide_uncounted
+from .admission import Decision, Policy, RequestedLimit, decide_uncounted
 from .asgi import (
     ClientGone,
     Headers,
@@ -145,28 +145,32 @@ class AdmittedExchange:
         self.outgoing = jsonbody.with_fields(self.body, request, self.changes) if self.changes else self.body
 
     async def decide(self, model: str, limit: RequestedLimit, max_model_len: int | None) -> Decision:
-        """Count the prompt and decide (proxy.admission): pass, clamp, refuse, or forward uncounted."""
+        """Count the prompt and decide (the surface's rule, proxy.admission): pass, clamp, refuse, cut
+        pooling inputs, or forward uncounted."""
         services, surface, record = self.services, self.surface, self.record
         if max_model_len is None:
             # No limit known (a config-less model whose card lacks one): relay untouched.
             return Decision(Action.PASS, limit.value, limit.value)
+        stored = surface.uncounted(self.request)
+        if stored is not None:
+            # The prompt lives upstream (a stored conversation): nothing here can count it.
+            self.uncounted = stored
+            return decide_uncounted(limit, max_model_len)
         count = await services.counter.count(model, surface, self.request, len(self.body))
         if count.uncounted is not None:
             self.uncounted = count.uncounted
             return decide_uncounted(limit, max_model_len)
         record.prompt_tokens = count.total
         self.count_source = count.source if count.exact else "margin"
-        return decide(
-            count.per_prompt,
-            max_model_len,
-            limit,
-            services.policy_for(model),
-            model=model,
-            prompt_param=surface.prompt_param,
-            implicit_max_tokens=surface.implicit_max_tokens,
-            count_exact=count.exact,
-            drift_margin=count.margin,
-        )
+        decision = surface.decide(self.request, count.per_prompt, max_model_len, limit, services.policy_for(model),
+                                  model=model, count_exact=count.exact, drift_margin=count.margin)
+        if len(count.per_prompt) > 1:
+            record.longest_prompt_tokens = max(count.per_prompt)
+        if decision.counted is not None:    # the upstream will see the prompts cut to what it keeps
+            record.prompt_tokens = decision.counted
+            if record.longest_prompt_tokens is not None:
+                record.longest_prompt_tokens = min(record.longest_prompt_tokens, max_model_len)
+        return decision
 
     # -- forward ------------------------------------------------------------------------
 
@@ -299,7 +303,8 @@ class AdmittedExchange:
                 )
             finally:
                 response.release()
-            if failure is None and not scanner.done:
+            ended = scanner.done or (scanner.failed and self.surface.error_ends_stream)
+            if failure is None and not ended:
                 failure = errors.upstream_broken(
                     upstream.base_url, f"the stream ended without its final {self.surface.stream_end_event}"
                 )
@@ -307,7 +312,8 @@ class AdmittedExchange:
             if failure is not None:
                 record.action = Action.UPSTREAM_ERROR
                 record.error_code = failure.code
-                tail = (b"\n\n" if not scanner.at_boundary else b"") + self.surface.error_event(failure)
+                tail = (b"\n\n" if not scanner.at_boundary else b"") + self.surface.error_event(
+                    failure, scanner.last_data)
             await send_chunk(send, tail, more=False)
         finally:
             self.take_usage(scanner.usage)
@@ -342,7 +348,8 @@ class AdmittedExchange:
     def finish(self) -> None:
         record = self.record
         record.latency_ms = (time.perf_counter() - self.started) * 1000
-        if record.model is not None and record.prompt_tokens is not None and record.upstream_prompt_tokens is not None:
+        if (self.surface.compares_usage and record.model is not None and record.prompt_tokens is not None
+                and record.upstream_prompt_tokens is not None):
             if record.prompt_tokens != record.upstream_prompt_tokens:
                 log.warning(
                     "prompt-token drift on model %s: headroom counted %d, the upstream reported %d",

@@ -13,7 +13,10 @@
   choices).  Equal to total when n = 1.  For n > 1 usage does not give
   per-choice lengths, so the safe upper bound prompt + min(completion,
   granted limit) is used: the longest choice can be neither longer than all
-  choices together nor longer than its cap.
+  choices together nor longer than its cap.  A request with several prompts
+  (a completions batch, an embeddings batch) records its longest prompt, and
+  its sequence is that prompt + the same bound on its completion: the sum of
+  a batch's prompts is no sequence at all.
 * percentiles interpolate linearly between closest ranks, numpy's default
   (`method="linear"`): for n sorted values v, p → index h = (n − 1)·p/100,
   v[⌊h⌋] + (h − ⌊h⌋)·(v[⌊h⌋+1] − v[⌊h⌋]).
@@ -46,14 +49,15 @@ def total_tokens(prompt: int | None, completion: int | None) -> int | None:
     return prompt + completion
 
 
-def sequence_tokens(prompt: int | None, completion: int | None, n: int, granted: int | None) -> int | None:
-    """Prompt + the longest choice (an upper bound for n > 1): what max_model_len bounds."""
+def sequence_tokens(prompt: int | None, completion: int | None, n: int, granted: int | None,
+                    longest_prompt: int | None = None) -> int | None:
+    """Prompt + the longest choice (an upper bound for n > 1 and for batches): what max_model_len bounds."""
     if prompt is None or completion is None:
         return None
     longest = completion
-    if n > 1 and granted is not None:
+    if (n > 1 or longest_prompt is not None) and granted is not None:
         longest = min(completion, granted)
-    return prompt + longest
+    return (longest_prompt if longest_prompt is not None else prompt) + longest
 
 
 def percentile(sorted_values: Sequence[float], p: float) -> float:

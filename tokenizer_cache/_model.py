@@ -24,7 +24,7 @@ import jinja2
 import jinja2.meta
 from tokenizers import Tokenizer
 
-from . import _chat, _completion
+from . import _anthropic, _chat, _completion, _responses
 from ._char_bound import (
     char_bound,
     check_chars,
@@ -195,6 +195,8 @@ class ModelTokenizer:
             for name, template in templates.items()
             if template.pure and identity is not None
         }
+        self._merges_inline_system: bool | None = None
+        self._disabled_thinking_effort: str | None = None
 
     # -- public ----------------------------------------------------------
 
@@ -256,6 +258,44 @@ class ModelTokenizer:
     def render_chat(self, body: dict) -> str:
         """The prompt text vLLM would encode for this chat request (media as placeholders)."""
         return self._render(body)[0]
+
+    def count_messages(self, body: dict) -> int:
+        """Prompt tokens of an Anthropic /v1/messages (or count_tokens) request; raises CountError."""
+        return self.count_chat(self.messages_chat(body))
+
+    def messages_chat(self, body: dict) -> dict:
+        """The chat request vLLM converts a Messages request to (`_anthropic`)."""
+        return _anthropic.to_chat_request(body, merge_inline_system=self.merges_inline_system,
+                                          disabled_thinking_effort=self.disabled_thinking_effort)
+
+    def count_responses(self, body: dict) -> int:
+        """Prompt tokens of a /v1/responses request; raises CountError."""
+        return self.count_chat(self.responses_chat(body))
+
+    def responses_chat(self, body: dict) -> dict:
+        """The chat request vLLM renders for a Responses request (`_responses`)."""
+        return _responses.to_chat_request(body)
+
+    @property
+    def merges_inline_system(self) -> bool:
+        """vLLM merges system messages inside a Messages conversation into the first one
+        when a template it would render (without tools, or with) refuses them."""
+        if self._merges_inline_system is None:
+            sources: list[str | None] = [self._templates[name].source for name in ("default", "tool_use")
+                                         if name in self._templates]
+            self._merges_inline_system = any(_anthropic.detect_merge_inline_system(s) for s in sources or [None])
+        return self._merges_inline_system
+
+    @property
+    def disabled_thinking_effort(self) -> str:
+        """What Messages' `thinking: disabled` becomes: reasoning_effort "none", or "low" when the
+        template cannot render "none" or renders it like an effort (vLLM's start-up probe)."""
+        if self._disabled_thinking_effort is None:
+            self._disabled_thinking_effort = self._probe_disabled_thinking_effort()
+        return self._disabled_thinking_effort
+
+    def _probe_disabled_thinking_effort(self) -> str:
+        return _anthropic.probe_disabled_thinking_effort(self.render_chat)
 
     @property
     def media_family(self) -> str | None:

@@ -50,7 +50,12 @@ def make_config(upstream: str, tokenizer_dir: Path | None, *, timeout: float = 1
 def fake_counter(tok: Any, offset: int = 0) -> Callable[[str, dict], int]:
     """A FakeVLLM prompt counter from a headroom tokenizer (`offset` tokens off, to simulate drift)."""
     def count(endpoint: str, body: dict) -> int:
-        base = tok.count_chat(body) if endpoint == "chat" else sum(tok.count_completion(body))
+        if endpoint == "responses":
+            base = tok.count_responses(body)
+        elif endpoint == "messages":
+            base = tok.count_messages(body)
+        else:
+            base = tok.count_chat(body) if endpoint == "chat" else sum(tok.count_completion(body))
         return base + offset
 
     return count
