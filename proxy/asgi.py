@@ -160,6 +160,18 @@ def is_shutdown_deadline(exc: asyncio.CancelledError) -> bool:
 WATCH_AFTER_S = 0.05
 
 
+async def _disconnected(receive: Receive) -> None:
+    """Return once the client has left.
+
+    A request whose body was never read (a GET, a body the upstream answered
+    before reading) still has that body to deliver: uvicorn answers the first
+    `receive()` with it, at once.  That is not the client leaving; only
+    `http.disconnect` is.
+    """
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 async def until_disconnect(receive: Receive, work: Awaitable[None]) -> bool:
     """Run `work`, cancelling it as soon as the client disconnects; True when it did.
 
@@ -186,7 +198,7 @@ async def until_disconnect(receive: Receive, work: Awaitable[None]) -> bool:
 
     def watch() -> None:
         if not finished:
-            watcher = asyncio.ensure_future(receive())
+            watcher = asyncio.ensure_future(_disconnected(receive))
             watcher.add_done_callback(client_gone)
             watchers.append(watcher)
 

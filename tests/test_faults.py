@@ -23,6 +23,7 @@ import openai
 import pytest
 
 from proxy.app import HeadroomApp
+from proxy.asgi import WATCH_AFTER_S
 from proxy.config import Config
 from tests.support.fakevllm import FakeVLLM, FaultSpec
 from tests.support.servers import free_port, serve_in_thread
@@ -308,6 +309,17 @@ def test_passthrough_route_stall_is_504(stack: Stack) -> None:
     stack.fake.fail_next.append(FaultSpec(kind="respond", status=200, delay=STALL_TIMEOUT * 4, path="/tokenize"))
     error = assert_openai_error(stack.http.post("/tokenize", json={"model": "tiny-qwen", "prompt": "hi"}), 504)
     assert error["code"] == "upstream_timeout"
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+def test_bodiless_passthrough_answer_slower_than_the_watch_delay_arrives_whole(stack: Stack, method: str) -> None:
+    """A request without a body: the disconnect watcher must not take its (empty) body for a disconnect."""
+    body = json.dumps({"data": ["x" * 1000] * 64}).encode()
+    stack.fake.fail_next.append(FaultSpec(kind="respond", status=200, body=body, trickle=WATCH_AFTER_S * 4,
+                                          path="/version"))
+    response = stack.http.request(method, "/version")
+    assert response.status_code == 200
+    assert response.content == body
 
 
 def test_engine_dead_is_503_with_retry_after(stack: Stack) -> None:

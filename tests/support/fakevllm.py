@@ -115,6 +115,8 @@ class FaultSpec:
                            `data: {"error": ...}` and `data: [DONE]` (vLLM's mid-stream error)
     `delay` seconds are waited before anything is sent; `gate` (a threading.Event)
     is waited for first, so a test can hold a request without sleeping.
+    `trickle` (kind "respond"): send the headers and the first half of the body,
+    wait that many seconds, then the rest (an answer still arriving after its headers).
     `path` limits the fault to one route (None: the next request of any path).
     """
 
@@ -127,6 +129,7 @@ class FaultSpec:
     gate: threading.Event | None = None
     path: str | None = None
     after_chunks: int = 1
+    trickle: float = 0.0
 
     def body_bytes(self) -> bytes:
         if self.body is None:
@@ -1190,6 +1193,18 @@ class FakeVLLM:
     async def _pre_header_fault(self, conn: _Connection, record: RecordedRequest, fault: FaultSpec,
                                 parsed: Any) -> bool:
         """Apply a fault that replaces the whole answer; False when the real answer should follow."""
+        if fault.kind == "respond" and fault.trickle:
+            body = fault.body_bytes()
+            record.status = fault.status
+            headers = [("content-length", str(len(body))), ("content-type", fault.content_type),
+                       *fault.headers.items()]
+            conn.write(conn._head(fault.status, headers) + body[: len(body) // 2])
+            await asyncio.sleep(fault.trickle)
+            conn.write(body[len(body) // 2:])
+            with self._cond:
+                record.finished_at = time.monotonic()
+                self._cond.notify_all()
+            return True
         if fault.kind == "respond":
             self._send(conn, record, fault.status, fault.body_bytes(), fault.content_type, fault.headers)
             return True
