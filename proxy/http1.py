@@ -100,6 +100,7 @@ class _Connection(asyncio.Protocol):
         self.status = 0
         self.raw_headers: list[tuple[bytes, bytes]] = []
         self.headers_done = False
+        self.interim = False        # inside a 1xx answer, which the final one follows
         self.complete = False
         self.keep_alive = False
         self.close_delimited = False
@@ -159,11 +160,16 @@ class _Connection(asyncio.Protocol):
         self.raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if 100 <= status < 200 and status != 101:
+            # An interim answer (100 Continue, 103 Early Hints): the final one follows
+            # on the same connection.  101 is an upgrade, which llhttp reports itself.
+            self.interim = True
+            self.raw_headers = []
+            return
+        self.status = status
         self.headers_done = True
-        if self.head or self.status in (204, 304) or 100 <= self.status < 200:
-            if 100 <= self.status < 200:
-                raise Broken(f"unexpected interim response {self.status}")
+        if self.head or status in (204, 304):
             self.complete = True    # no body follows; llhttp cannot know that for HEAD
             return
         framed = False
@@ -181,6 +187,9 @@ class _Connection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
         # Asked here: once the message is complete llhttp resets and always says no.
         self.keep_alive = self.parser.should_keep_alive()
         self.complete = True

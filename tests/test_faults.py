@@ -438,6 +438,26 @@ def test_client_that_never_finishes_its_body_does_not_reach_the_upstream(stack: 
     assert len(stack.chat_requests()) == before_chat + 1
 
 
+@pytest.mark.parametrize("path,body", [
+    (CHAT, chat()),
+    ("/tokenize", {"model": "tiny-qwen", "prompt": "Hello"}),
+], ids=["admitted", "passthrough"])
+def test_expect_100_continue_is_answered_here_and_not_forwarded(stack: Stack, path: str, body: dict) -> None:
+    """curl sends `Expect: 100-continue` above 1 MiB: the client gets 100 from headroom, then the answer."""
+    before = len(stack.fake.requests)
+    raw = json.dumps(body).encode()
+    sock = raw_http(stack.port, raw_post(path, raw, "expect: 100-continue\r\nconnection: close\r\n")[: -len(raw)])
+    assert read_until(sock, b"\r\n\r\n").startswith(b"HTTP/1.1 100 ")
+    sock.sendall(raw)
+    answer = read_all(sock)
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
+    assert answer.count(b"HTTP/1.1 ") == 1, "one final answer, no relayed interim one"
+    forwarded = stack.fake.requests[before:]
+    assert [r.path for r in forwarded] == [path]
+    assert "expect" not in forwarded[0].headers
+
+
 # ---------------------------------------------------------------------------
 # Bad input: always a 4xx in OpenAI shape, never a 5xx, never a hang
 # ---------------------------------------------------------------------------

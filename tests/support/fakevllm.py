@@ -1151,6 +1151,9 @@ class FakeVLLM:
         return None
 
     async def _handle(self, conn: _Connection, request: _Request) -> None:
+        if request.headers.get("expect", "").lower() == "100-continue":
+            # uvicorn, which serves vLLM's API, answers this before the app reads the body.
+            conn.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         split = urlsplit(request.target)
         path = split.path
         parsed: Any = None
