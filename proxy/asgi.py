@@ -89,11 +89,15 @@ async def read_body(receive: Receive, limit: int, scope: Scope) -> bytes:
 
 
 async def stream_body(receive: Receive) -> AsyncIterator[bytes]:
-    """The request body chunk by chunk, as it arrives."""
+    """The request body chunk by chunk, as it arrives; ClientGone if the client leaves first.
+
+    Raising (rather than ending) is what keeps a partial body from reaching the
+    upstream as if whole: the upstream request is then aborted, not completed.
+    """
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            return
+            raise ClientGone()
         chunk = message.get("body", b"")
         if chunk:
             yield chunk

@@ -141,7 +141,10 @@ class Upstream:
                 timeout=self.timeout, idle_timeout=self.idle_timeout,
             )
         except BaseException as exc:
-            raise self.map_exception(exc, phase="waiting for the response headers") from exc
+            mapped = self.map_exception(exc, phase="waiting for the response headers")
+            if mapped is exc:
+                raise     # not a transport failure (a client gone mid-body, a cancellation)
+            raise mapped from exc
 
     def map_exception(self, exc: BaseException, *, phase: str) -> BaseException:
         """Transport failures → the explained 502/504; anything else passes through unchanged."""

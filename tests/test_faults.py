@@ -458,6 +458,26 @@ def test_expect_100_continue_is_answered_here_and_not_forwarded(stack: Stack, pa
     assert "expect" not in forwarded[0].headers
 
 
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_abandoned_passthrough_body_is_not_forwarded_as_complete(stack: Stack, framing: str) -> None:
+    """A streamed pass-through body the client stops sending: the upstream request is aborted, not ended."""
+    before = len(stack.fake.partial_requests)
+    sent = b'{"model": "tiny-qwen", "prompt": "' + b"x" * 100_000
+    if framing == "content-length":
+        head = f"POST /tokenize HTTP/1.1\r\nhost: h\r\ncontent-type: application/json\r\ncontent-length: {2_000_000}"
+        payload = sent
+    else:
+        head = "POST /tokenize HTTP/1.1\r\nhost: h\r\ncontent-type: application/json\r\ntransfer-encoding: chunked"
+        payload = b"%x\r\n%b\r\n" % (len(sent), sent)
+    sock = raw_http(stack.port, head.encode() + b"\r\n\r\n" + payload)
+    assert stack.fake.wait_until(lambda f: any(b"POST /tokenize" in r for r in f.receiving()), timeout=5)
+    sock.close()
+    assert stack.fake.wait_until(lambda f: len(f.partial_requests) > before, timeout=5), (
+        "headroom ended the upstream request instead of aborting it"
+    )
+    assert not any(r.body.startswith(sent[:40]) for r in stack.fake.requests), "a partial body reached vLLM as whole"
+
+
 # ---------------------------------------------------------------------------
 # Bad input: always a 4xx in OpenAI shape, never a 5xx, never a hang
 # ---------------------------------------------------------------------------

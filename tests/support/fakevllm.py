@@ -746,6 +746,9 @@ class _Connection(asyncio.Protocol):
         self.buffer += data
         if not self.busy:
             self._try_dispatch()
+        if self.buffer:
+            with self.fake._cond:      # a test may wait for a request to be under way
+                self.fake._cond.notify_all()
 
     def eof_received(self) -> bool | None:
         # a half-close from the client means it will send nothing more: treat as gone
@@ -770,6 +773,8 @@ class _Connection(asyncio.Protocol):
         self.fake._connections.discard(self)
         now = time.monotonic()
         with self.fake._cond:
+            if self.buffer and not self.busy:
+                self.fake.partial_requests.append(bytes(self.buffer[:200]))
             for rec in self.all:
                 if rec.closed_at is None:
                     rec.closed_at = now
@@ -997,6 +1002,8 @@ class FakeVLLM:
                                    count_chars=count_chars or chatml_char_count, vocab_size=vocab_size,
                                    enable_auto_tool_choice=enable_auto_tool_choice)
         self.requests: list[RecordedRequest] = []
+        # The first bytes of each request a client left unfinished (the connection closed mid-request).
+        self.partial_requests: list[bytes] = []
         self.errors: list[BaseException] = []     # exceptions inside the fake (a test may assert none)
         self.fail_next: list[FaultSpec] = []
         self.engine_dead = False
@@ -1086,6 +1093,10 @@ class FakeVLLM:
     async def _listen(self, sock: socket.socket) -> None:
         assert self._loop is not None
         self._server = await self._loop.create_server(lambda: _Connection(self), sock=sock)
+
+    def receiving(self) -> list[bytes]:
+        """The first bytes of each request being received and not yet complete."""
+        return [bytes(c.buffer[:200]) for c in list(self._connections) if c.buffer and not c.busy]
 
     @property
     def ready(self) -> bool:
