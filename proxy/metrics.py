@@ -52,6 +52,11 @@ DRIFT_BUCKETS: tuple[float, ...] = (
 # Upstream error codes (as mapped by proxy.upstream_explain) that mean "too long".
 LENGTH_ERROR_CODES: frozenset[ErrorCode] = frozenset({ErrorCode.CONTEXT_LENGTH_EXCEEDED})
 
+# The largest magnitude observed as it is (2**53: every integer up to it is an exact
+# float).  A client may send max_tokens = 10**400, which no float holds: such a
+# value is observed as this bound, so count and sum stay in step and finite.
+MAX_OBSERVED = float(2**53)
+
 MAX_LABEL_CHARS = 128
 OTHER_MODEL = "other"
 
@@ -94,6 +99,13 @@ def safe_label(value: object, limit: int = MAX_LABEL_CHARS) -> str:
         text = "".join(ch if ch.isprintable() else "_" for ch in text)
     return text[:limit] if text else UNKNOWN_MODEL
 
+
+
+def bounded(value: float) -> float:
+    """`value` within ±MAX_OBSERVED (an int of any size in, never an OverflowError out)."""
+    if -MAX_OBSERVED <= value <= MAX_OBSERVED:
+        return value
+    return MAX_OBSERVED if value > 0 else -MAX_OBSERVED
 
 
 def record_prompt_tokens(rec: LengthRecord) -> int | None:
@@ -227,7 +239,7 @@ class Metrics:
         child = self._children.get(key)
         if child is None:
             child = self._children[key] = counter.labels(*labels)
-        child.inc(amount)
+        child.inc(bounded(amount))
 
     def observe(self, rec: LengthRecord) -> None:
         """Update every metric one finished request touches."""
@@ -318,6 +330,7 @@ class TokenHistogram(Collector):
         self._sums: dict[str, float] = {}
 
     def observe(self, model: str, value: float) -> None:
+        value = bounded(value)
         counts = self._counts.get(model)
         if counts is None:
             counts = self._counts[model] = [0] * (len(self.bounds) + 1)

@@ -694,6 +694,31 @@ def test_enormous_or_odd_max_tokens_is_clamped(stack: Stack, value: Any) -> None
     assert stack.chat_requests()[-1].json["max_tokens"] == granted
 
 
+def test_astronomical_max_tokens_is_recorded_and_counted(qwen3_dir: Path, tmp_path: Path,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """10**400 is clamped (above), and its request still leaves a record and consistent metrics."""
+    length_log = tmp_path / "lengths.jsonl"
+
+    def configure(config: Config) -> None:
+        config.length_log.path = str(length_log)
+
+    with running_stack(qwen3_dir, recorder=None, configure=configure) as st:
+        for value in (10**400, 7):
+            assert st.http.post(CHAT, json=chat(max_tokens=value)).status_code == 200
+        metrics = st.http.get("/metrics").text
+        assert st.app.recorder.lengthlog is not None and st.app.recorder.lengthlog.flush(5)
+    records = [json.loads(line) for line in length_log.read_text().splitlines()]
+    assert [r["requested_max_tokens"] for r in records] == [10**400, 7]
+    count = sum_ = None
+    for line in metrics.splitlines():
+        if line.startswith('headroom_requested_max_tokens_count{model="tiny-qwen"}'):
+            count = float(line.split()[-1])
+        if line.startswith('headroom_requested_max_tokens_sum{model="tiny-qwen"}'):
+            sum_ = float(line.split()[-1])
+    assert count == 2 and sum_ is not None and sum_ < float("inf")
+    assert "could not record" not in caplog.text
+
+
 @pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e400"])
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
 def test_non_finite_limits_are_a_400(stack: Stack, literal: bytes, field: str) -> None:
