@@ -50,6 +50,7 @@ class ErrorCode(StrEnum):
     UPSTREAM_NOT_FOUND = "upstream_not_found"              # 404 for a route
     UPSTREAM_ERROR = "upstream_error"                      # any other upstream fault or unreadable answer
     UPSTREAM_STREAM_ERROR = "upstream_stream_error"        # an error event inside a started stream
+    UPSTREAM_INVALID_RESPONSE = "upstream_invalid_response"  # 502: a success whose body is not whole JSON
     # headroom itself
     SERVER_SHUTTING_DOWN = "server_shutting_down"          # SIGTERM drain deadline passed
     INTERNAL_ERROR = "internal_error"                      # a bug in headroom
@@ -302,6 +303,18 @@ def upstream_broken(upstream: str, detail: str) -> HeadroomError:
         "restarted; check its logs.",
         code=ErrorCode.UPSTREAM_CONNECTION_ERROR,
         details={"upstream": upstream, "cause": detail},
+    )
+
+
+def upstream_invalid_answer(upstream: str, status: int, size: int, what: str) -> HeadroomError:
+    """The upstream said success, but its body is not the complete JSON answer (cut short, or garbage)."""
+    return HeadroomError(
+        502,
+        f"The upstream {upstream} answered HTTP {status} with {what} ({size} bytes) instead of a complete "
+        "JSON answer. The request may have run upstream, but its answer is lost; retry it. The upstream may "
+        "have crashed mid-answer; check its logs.",
+        code=ErrorCode.UPSTREAM_INVALID_RESPONSE,
+        details={"upstream": upstream, "upstream_status": status, "body_bytes": size},
     )
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from . import errors, jsonbody
 from .admission import Decision, Policy, decide
+from .answer import AnswerScanner
 from .asgi import (
     ClientGone,
     Headers,
@@ -58,6 +59,10 @@ from .upstream_failure import parse_upstream_error
 log = logging.getLogger("headroom")
 
 MAX_ERROR_BODY = 1024 * 1024      # how much of an upstream error body is read
+# A non-streamed answer up to this size is read whole, checked and parsed; a
+# larger one is relayed as it arrives (`relay_large`), so its size never
+# becomes headroom's memory (a 500 MB answer peaked at 1,130 MiB when held).
+MAX_WHOLE_ANSWER = 1024 * 1024
 # headroom reads an admitted answer (usage, finish reasons), so it asks for it uncompressed.
 _DROP_ADMITTED = DROP_REQUEST_ID | {b"accept-encoding"}
 
@@ -236,18 +241,103 @@ class AdmittedExchange:
     async def relay(self, response: Response) -> None:
         assert self.backend is not None
         headers = forwardable(response.raw_headers, DROP_REQUEST_ID) + self.info
-        if (response.headers.get("content-type") or "").startswith("text/event-stream"):
+        content_type = response.headers.get("content-type") or ""
+        if content_type.startswith("text/event-stream"):
             await self.relay_stream(response, headers)
             return
         try:
-            payload = await self.backend.upstream.read_body(response)
+            parts, whole = await self.read_answer(response)
         except HeadroomError as err:
             await self.answer_error(err, Action.UPSTREAM_ERROR)
+            return
+        if not whole:
+            await self.relay_large(response, headers, parts)
+            return
+        payload = parts[0] if len(parts) == 1 else b"".join(parts)
+        data = parse_json_payload(payload)
+        if data is None and (not content_type or "json" in content_type):
+            # A 200 whose JSON is cut short (`{"id": "x", "choices": [`) is no answer: say so.
+            what = "an empty body" if not payload.strip() else "a body that is not complete JSON"
+            invalid = errors.upstream_invalid_answer(self.backend.upstream.base_url, response.status,
+                                                     len(payload), what)
+            await self.answer_error(invalid, Action.UPSTREAM_ERROR)
             return
         self.record.status = response.status
         await send_whole(self.send, response.status, payload, headers)
         usage = Usage()
-        self.surface.read_usage(parse_json_payload(payload), usage)
+        self.surface.read_usage(data, usage)
+        self.take_usage(usage)
+
+    async def read_answer(self, response: Response) -> tuple[list[bytes], bool]:
+        """The answer's body: whole (True), or the first chunks past MAX_WHOLE_ANSWER (False)."""
+        assert self.backend is not None
+        parts: list[bytes] = []
+        size = 0
+        try:
+            while chunk := await response.next_chunk():
+                parts.append(chunk)
+                size += len(chunk)
+                if size > MAX_WHOLE_ANSWER:
+                    return parts, False
+        except BaseException as exc:
+            response.close()
+            mapped = self.backend.upstream.map_exception(exc, phase="reading the response body")
+            if mapped is exc:
+                raise
+            raise mapped from exc
+        response.release()
+        return parts, True
+
+    async def relay_large(self, response: Response, headers: Headers, parts: list[bytes]) -> None:
+        """A large non-streamed answer, relayed as it arrives (proxy.answer scans it on the way).
+
+        The latest chunk is held back until the next one comes: an answer whose
+        end turns out incomplete (cut short, the upstream gone) is then cut
+        before its last bytes, which the client sees as a broken response, never
+        as a complete success.
+        """
+        assert self.backend is not None
+        upstream, record, send = self.backend.upstream, self.record, self.send
+        record.status = response.status
+        length = response.headers.get("content-length")
+        if length is not None:
+            headers = [*headers, (b"content-length", length.encode("latin-1"))]
+        await send_start(send, response.status, headers)
+        scanner = AnswerScanner()
+        held = b"".join(parts)
+        scanner.feed(held)
+        size = len(held)
+        failure: HeadroomError | None = None
+        try:
+            while chunk := await response.next_chunk():
+                scanner.feed(chunk)
+                size += len(chunk)
+                await send_chunk(send, held)
+                held = chunk
+        except asyncio.CancelledError:
+            response.close()
+            raise
+        except Exception as exc:
+            mapped = upstream.map_exception(exc, phase="reading the response body")
+            failure = mapped if isinstance(mapped, HeadroomError) else errors.upstream_broken(
+                upstream.base_url, f"{type(exc).__name__}: {exc}")
+            response.close()
+        finally:
+            response.release()
+        if failure is None and not scanner.complete:
+            failure = errors.upstream_invalid_answer(upstream.base_url, response.status, size,
+                                                     "a large body that is not complete JSON")
+        if failure is not None:
+            # Nothing can be added to a JSON body already under way: leave it unfinished.
+            log.warning("model %s: a large answer broke off mid-way (%s); the client's response is cut",
+                        record.model, failure.code)
+            record.action = Action.UPSTREAM_ERROR
+            record.error_code = failure.code
+            return
+        await send_chunk(send, held, more=False)
+        usage = Usage()
+        reasons = [{"finish_reason": reason} for reason in scanner.finish_reasons]
+        self.surface.read_usage({"usage": scanner.usage(), "choices": reasons}, usage)
         self.take_usage(usage)
 
     async def relay_stream(self, response: Response, headers: Headers) -> None:

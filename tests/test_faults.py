@@ -298,6 +298,60 @@ def test_upstream_5xx_html_on_a_stream_request_is_plain_json(stack: Stack) -> No
     assert stack.fake.base_url in error["message"]
 
 
+@pytest.mark.parametrize("body", [b'{"id": "x", "choices": [', b"", b'{"id": "x"} trailing'],
+                         ids=["truncated", "empty", "trailing"])
+def test_success_whose_json_is_not_whole_is_an_explained_502(stack: Stack, body: bytes) -> None:
+    stack.fake.fail_next.append(FaultSpec(kind="respond", status=200, body=body, path=CHAT))
+    before = len(stack.recorder.records)
+    with pytest.raises(openai.InternalServerError) as info:
+        stack.client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=5)
+    assert info.value.status_code == 502
+    assert info.value.body["code"] == "upstream_invalid_response"
+    assert "HTTP 200" in info.value.body["message"] and "complete JSON" in info.value.body["message"]
+    record = stack.next_record(before)
+    assert (record.status, record.action, record.error_code) == (502, "upstream_error", "upstream_invalid_response")
+
+
+def _large_answer(content_bytes: int) -> dict[str, Any]:
+    return {"id": "chatcmpl-big", "object": "chat.completion", "created": 1, "model": "tiny-qwen",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "big \"quoted\" " * (
+                content_bytes // 16)}, "finish_reason": "length", "logprobs": None}],
+            "usage": {"prompt_tokens": 9, "total_tokens": 509, "completion_tokens": 500}}
+
+
+def test_large_answer_is_relayed_whole_with_its_usage(stack: Stack) -> None:
+    """Over the whole-answer limit: relayed as it arrives, byte for byte, usage still read."""
+    body = json.dumps(_large_answer(3 * 1024 * 1024)).encode()
+    stack.fake.fail_next.append(FaultSpec(kind="respond", status=200, body=body, path=CHAT))
+    before = len(stack.recorder.records)
+    with stack.http.stream("POST", CHAT, json=chat()) as response:
+        assert response.status_code == 200
+        assert response.headers["content-length"] == str(len(body))
+        assert response.headers["x-headroom-action"] in ("pass", "clamped")
+        relayed = response.read()
+    assert relayed == body
+    record = stack.next_record(before)
+    assert (record.status, record.completion_tokens, record.upstream_prompt_tokens) == (200, 500, 9)
+    assert record.finish_reasons == ["length"]
+
+
+@pytest.mark.parametrize("fault", ["connection_closes", "json_cut_short"])
+def test_large_answer_broken_mid_way_never_looks_complete(stack: Stack, fault: str) -> None:
+    full = json.dumps(_large_answer(3 * 1024 * 1024)).encode()
+    if fault == "connection_closes":
+        spec = FaultSpec(kind="respond", status=200, body=full, cut_at=len(full) - 5000, path=CHAT)
+    else:                       # framed as complete, but the JSON itself stops short
+        spec = FaultSpec(kind="respond", status=200, body=full[: len(full) - 5000], path=CHAT)
+    stack.fake.fail_next.append(spec)
+    before = len(stack.recorder.records)
+    with pytest.raises(httpx.RemoteProtocolError), stack.http.stream("POST", CHAT, json=chat()) as response:
+        assert response.status_code == 200
+        response.read()
+    record = stack.next_record(before)
+    assert record.action == "upstream_error"
+    assert record.error_code in ("upstream_connection_error", "upstream_invalid_response")
+
+
 @pytest.mark.parametrize("kind", ["close", "reset"])
 def test_passthrough_route_upstream_drop_is_502_in_openai_shape(stack: Stack, kind: str) -> None:
     stack.fake.fail_next.append(FaultSpec(kind=kind, path="/tokenize"))

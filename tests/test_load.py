@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from tests.support.fakevllm import FakeVLLM, stream_events
-from tests.support.process import HeadroomProcess, wait_until
+from tests.support.process import HeadroomProcess, reset_peak_rss, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -176,3 +176,47 @@ def test_excess_requests_wait_then_get_503_with_retry_after(qwen3_dir: Path) -> 
             assert [r.status_code for r in results] == [200, 200]
             # once the slots are free, requests flow again
             assert http.post(CHAT, json=body).status_code == 200
+
+
+# ---------------------------------------------------------------------------
+# One huge non-streamed answer
+# ---------------------------------------------------------------------------
+
+HUGE_ANSWER = int(os.environ.get("HEADROOM_HUGE_ANSWER_MB", "500")) * 1024 * 1024
+
+
+def test_500_mb_answer_is_relayed_in_bounded_memory(qwen3_dir: Path, tmp_path: Path) -> None:
+    """A non-streamed answer far above the whole-answer limit: relayed as it arrives, usage still recorded."""
+    from tests.support.fakevllm import FaultSpec
+
+    log = tmp_path / "lengths.jsonl"
+    with FakeVLLM() as fake:
+        headroom = HeadroomProcess(fake.base_url, tmp_path, qwen3_dir, extra_args=["--length-log", str(log)])
+        try:
+            body = {"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+            assert httpx.post(headroom.base_url + CHAT, json=body, timeout=30).status_code == 200
+            rss_before = headroom.status("VmRSS")
+            exact_peak = reset_peak_rss(headroom.pid)
+            fake.fail_next.append(FaultSpec(kind="huge", size=HUGE_ANSWER, path=CHAT))
+            received = 0
+            tail = b""
+            started = time.perf_counter()
+            with httpx.stream("POST", headroom.base_url + CHAT, json=body, timeout=120) as response:
+                assert response.status_code == 200
+                declared = int(response.headers["content-length"])
+                for chunk in response.iter_raw():
+                    received += len(chunk)
+                    tail = (tail + chunk)[-4096:]
+            elapsed = time.perf_counter() - started
+            peak = headroom.status("VmHWM")
+        finally:
+            headroom.stop()
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert received == declared > HUGE_ANSWER
+    assert tail.endswith(b"}}") and b'"completion_tokens":%d' % (HUGE_ANSWER // 8) in tail
+    assert records[-1]["completion_tokens"] == HUGE_ANSWER // 8 and records[-1]["status"] == 200
+    growth = (peak - rss_before) / 1024
+    print(f"\n[G] {HUGE_ANSWER >> 20} MB non-streamed answer in {elapsed:.1f} s: headroom RSS "
+          f"{rss_before / 1024:.0f} MiB before, peak {peak / 1024:.0f} MiB (+{growth:.0f} MiB"
+          f"{'' if exact_peak else ', peak since start'})")
+    assert growth < 100, f"RSS grew by {growth:.0f} MiB relaying one answer"

@@ -113,10 +113,14 @@ class FaultSpec:
       "reset_mid_body"     same, with a TCP RST
       "sse_error"          stream normally, then after `after_chunks` events send
                            `data: {"error": ...}` and `data: [DONE]` (vLLM's mid-stream error)
+      "huge"               a 200 chat completion whose content is `size` bytes, written a
+                           MiB at a time (never held whole by the fake)
     `delay` seconds are waited before anything is sent; `gate` (a threading.Event)
     is waited for first, so a test can hold a request without sleeping.
     `trickle` (kind "respond"): send the headers and the first half of the body,
     wait that many seconds, then the rest (an answer still arriving after its headers).
+    `cut_at` (kind "respond"): declare the whole body's length, send its first
+    `cut_at` bytes, then close (an answer broken off mid-way).
     `path` limits the fault to one route (None: the next request of any path).
     """
 
@@ -130,6 +134,8 @@ class FaultSpec:
     path: str | None = None
     after_chunks: int = 1
     trickle: float = 0.0
+    cut_at: int | None = None
+    size: int = 0
 
     def body_bytes(self) -> bytes:
         if self.body is None:
@@ -1207,6 +1213,14 @@ class FakeVLLM:
     async def _pre_header_fault(self, conn: _Connection, record: RecordedRequest, fault: FaultSpec,
                                 parsed: Any) -> bool:
         """Apply a fault that replaces the whole answer; False when the real answer should follow."""
+        if fault.kind == "respond" and fault.cut_at is not None:
+            body = fault.body_bytes()
+            record.status = fault.status
+            headers = [("content-length", str(len(body))), ("content-type", fault.content_type)]
+            conn.write(conn._head(fault.status, headers) + body[: fault.cut_at])
+            await conn.drain()
+            conn.close()
+            raise _Disconnected()
         if fault.kind == "respond" and fault.trickle:
             body = fault.body_bytes()
             record.status = fault.status
@@ -1238,9 +1252,31 @@ class FakeVLLM:
                                             ("transfer-encoding", "chunked")]))
             await self._wait_gone(conn)
             return True
+        if fault.kind == "huge":
+            await self._huge(conn, record, fault.size)
+            return True
         if fault.kind in ("close_mid_body", "reset_mid_body", "sse_error"):
             return False
         raise ValueError(f"unknown fault kind {fault.kind!r}")
+
+    async def _huge(self, conn: _Connection, record: RecordedRequest, size: int) -> None:
+        head = b'{"id":"chatcmpl-huge","object":"chat.completion","created":1,"model":"%s","choices":[' \
+               b'{"index":0,"message":{"role":"assistant","content":"' % self.model.encode()
+        tail = (b'"},"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":9,'
+                b'"total_tokens":%d,"completion_tokens":%d}}' % (9 + size // 8, size // 8))
+        record.status = 200
+        conn.write(conn._head(200, [("content-length", str(len(head) + size + len(tail))),
+                                    ("content-type", _JSON)]) + head)
+        piece = b"lorem ip" * (1 << 17)              # 1 MiB
+        left = size
+        while left > 0:
+            conn.write(piece[:left])
+            left -= len(piece)
+            await conn.drain()
+        conn.write(tail)
+        with self._cond:
+            record.finished_at = time.monotonic()
+            self._cond.notify_all()
 
     async def _wait_gone(self, conn: _Connection) -> None:
         assert self._stopping is not None

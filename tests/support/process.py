@@ -84,3 +84,12 @@ def wait_until(predicate: Any, timeout: float) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def reset_peak_rss(pid: int) -> bool:
+    """Start VmHWM over from the current RSS (Linux: write 5 to clear_refs); False when not allowed."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
