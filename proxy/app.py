@@ -67,7 +67,7 @@ class HeadroomApp:
         self._policies: dict[str | None, Policy] = {}
         self.services = ExchangeServices(config, self.backends, self.counter, self.recorder, self._policy)
         self._local = Router(routes=routes(self.recorder) + health.routes(self.backends, self.counter))
-        self._passthrough = Passthrough(self.backends)
+        self._passthrough = Passthrough(self.backends, config.server.shutdown_timeout)
         self._background: set[asyncio.Task[Any]] = set()
         self._api_keys = [k.encode() for k in config.server.api_keys]
 

@@ -355,8 +355,9 @@ def internal_error(request_id: str) -> HeadroomError:
 def shutting_down(deadline: float) -> HeadroomError:
     return HeadroomError(
         503,
-        f"headroom is shutting down (SIGTERM) and this stream was still running when the {deadline:g} s "
-        "drain deadline passed (server.shutdown_timeout); the answer is incomplete. Retry the request.",
+        f"headroom is shutting down (SIGTERM) and this request was still running when the {deadline:g} s "
+        "drain deadline passed (server.shutdown_timeout); its answer is missing or incomplete. Retry the "
+        "request.",
         code=ErrorCode.SERVER_SHUTTING_DOWN,
         details={"shutdown_timeout_s": deadline},
         headers={"Retry-After": "1"},

@@ -113,8 +113,14 @@ class AdmittedExchange:
             await self.answer_error(err, Action.REJECTED if err.status < 500 else Action.UPSTREAM_ERROR)
             self.finish()
             return
-        if await until_disconnect(self.receive, self.forward_gated()):
-            self.record.error_code = ErrorCode.CLIENT_DISCONNECTED
+        try:
+            if await until_disconnect(self.receive, self.forward_gated()):
+                self.record.error_code = ErrorCode.CLIENT_DISCONNECTED
+        except asyncio.CancelledError as exc:
+            if not is_shutdown_deadline(exc):
+                raise
+            # SIGTERM's drain deadline passed while this request waited for its answer.
+            await self.answer_shutdown()
         self.finish()
 
     # -- prepare ----------------------------------------------------------------------
@@ -410,6 +416,15 @@ class AdmittedExchange:
             record.error_code = err.code
         self.info = _replace_header(self.info, b"x-headroom-action", action)
         await send_whole(self.send, err.status, self.surface.error_body(err), err.response_headers(self.info))
+
+    async def answer_shutdown(self) -> None:
+        """The drain deadline cut the request: a 503 if nothing was sent yet, else only the record."""
+        err = errors.shutting_down(self.services.config.server.shutdown_timeout)
+        if self.record.status == 0:
+            await self.answer_error(err, Action.UPSTREAM_ERROR)
+            return
+        self.record.action = Action.UPSTREAM_ERROR
+        self.record.error_code = err.code
 
     def take_usage(self, usage: Usage) -> None:
         record = self.record

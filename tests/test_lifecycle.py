@@ -176,3 +176,50 @@ def test_starts_without_upstream_and_serves_once_it_appears(qwen3_dir: Path, tmp
             assert completion.usage.completion_tokens == 3
     finally:
         headroom.stop()
+
+
+@pytest.mark.parametrize("path", [CHAT, "/tokenize"], ids=["admitted", "passthrough"])
+def test_sigterm_deadline_answers_a_waiting_request_in_openai_shape(
+        fake_paced: FakeVLLM, qwen3_dir: Path, tmp_path: Path, path: str) -> None:
+    """A non-streamed request still waiting at the deadline: a 503 the openai client reads, and its record."""
+    from tests.support.fakevllm import FaultSpec
+
+    log = tmp_path / "lengths.jsonl"
+    headroom = HeadroomProcess(fake_paced.base_url, tmp_path, qwen3_dir,
+                               extra_args=["--shutdown-timeout", "1", "--length-log", str(log)])
+    hold = threading.Event()
+    fake_paced.fail_next.append(FaultSpec(kind="respond", status=200, gate=hold, path=path,
+                                          body={"count": 1, "max_model_len": 2048, "tokens": [1]}))
+    result: dict[str, object] = {}
+
+    def run() -> None:
+        client = openai.OpenAI(base_url=headroom.base_url + "/v1", api_key="x", max_retries=0, timeout=60)
+        try:
+            if path == CHAT:
+                client.chat.completions.create(model="tiny-qwen", messages=[{"role": "user", "content": "hi"}],
+                                               max_tokens=5)
+            else:
+                client.post("/../tokenize", cast_to=object, body={"model": "tiny-qwen", "prompt": "hi"})
+        except openai.APIStatusError as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        assert fake_paced.wait_until(lambda f: any(r.path == path for r in f.requests), timeout=30)
+        headroom.proc.send_signal(signal.SIGTERM)
+        assert headroom.proc.wait(25) == 0
+        thread.join(30)
+    finally:
+        hold.set()
+        headroom.stop(signal.SIGKILL)
+        thread.join(30)
+    error = result.get("error")
+    assert isinstance(error, openai.APIStatusError), f"expected a 503 in OpenAI shape, got {result}"
+    assert error.status_code == 503
+    assert error.body["code"] == "server_shutting_down"
+    assert int(error.response.headers["retry-after"]) >= 1
+    assert not any("Traceback" in line for line in headroom.lines), "\n".join(headroom.lines[-20:])
+    if path == CHAT:
+        records = [json.loads(line) for line in log.read_text().splitlines()]
+        assert [(r["status"], r["error_code"]) for r in records] == [(503, "server_shutting_down")]
