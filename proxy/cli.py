@@ -11,7 +11,7 @@ import argparse
 import importlib
 import signal
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from . import __version__
 from .config import Config, ConfigError, load_config
@@ -133,6 +133,7 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .app import HeadroomApp
+    from .server import uvicorn_settings
 
     app = HeadroomApp(config)
     # uvicorn drains on SIGTERM, then re-raises the signal with the handler that
@@ -149,10 +150,12 @@ def run_serve(args: argparse.Namespace) -> int:
         access_log=False,          # access lines would carry paths only, but keep logs quiet by default
         server_header=False,       # relay the upstream's own Server and Date headers
         date_header=False,
-        timeout_graceful_shutdown=config.server.shutdown_timeout,
+        timeout_graceful_shutdown=config.server.shutdown_timeout,  # type: ignore[arg-type]  # a float works
         # headroom never reads the client address, so uvicorn's X-Forwarded-For
         # rewriting middleware would be pure per-request cost (~2 % of CPU, profiled).
         proxy_headers=False,
+        # The limits uvicorn lacks (head size, head/body/idle timeouts, connections): proxy.server.
+        **uvicorn_settings(config),
     )
     return 0
 

@@ -14,9 +14,10 @@ import os
 import tomllib
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from .admission import Policy
 
@@ -34,6 +35,13 @@ class ServerConfig:
     max_body_bytes: int = 32 * MiB          # larger bodies get 413
     api_keys: list[str] = field(default_factory=list)  # inbound keys; empty = no auth
     shutdown_timeout: float = 30.0         # after SIGTERM: seconds in-flight requests may still run
+    # What one client connection may cost (proxy.server): a longer head is
+    # answered 431, a head or body that stops arriving 408.
+    max_header_bytes: int = 64 * 1024
+    header_timeout: float = 15.0           # connect (or keep-alive) to a complete request head
+    body_timeout: float = 30.0             # longest gap between two pieces of a request body
+    keepalive_timeout: float = 5.0         # an idle keep-alive connection is closed after this
+    max_connections: int = 0               # client connections at once; 0 = what the fd limit allows
 
 
 @dataclass
@@ -192,7 +200,7 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
 def _convert(hint: Any, value: Any, key: str) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _build(hint, value, key + ".")
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
@@ -241,7 +249,7 @@ def _parse_text(hint: Any, text: str, key: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if text == "" or text.lower() == "none":
             return None
-        return _parse_text([a for a in args if a is not type(None)][0], text, key)
+        return _parse_text(next(a for a in args if a is not type(None)), text, key)
     if hint is bool:
         if text.lower() in ("1", "true", "yes", "on"):
             return True
@@ -269,7 +277,7 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, str]:
     for section in dataclasses.fields(Config):
         if section.name in ("models", "upstreams"):
             continue
-        for fld in dataclasses.fields(section.default_factory()):  # type: ignore[misc]
+        for fld in dataclasses.fields(typing.get_type_hints(Config)[section.name]):
             name = f"HEADROOM_{section.name}_{fld.name}".upper()
             if name in env:
                 found[f"{section.name}.{fld.name}"] = env[name]

@@ -38,6 +38,11 @@ class ErrorCode(StrEnum):
     INVALID_API_KEY = "invalid_api_key"                    # 401
     MODEL_NOT_FOUND = "model_not_found"                    # 404, worded as vLLM words it
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"    # headroom's or the upstream's length refusal
+    # the connection (answered by proxy.server, before any app code runs)
+    INVALID_HTTP_REQUEST = "invalid_http_request"          # 400: not parseable HTTP/1.1
+    REQUEST_TIMEOUT = "request_timeout"                    # 408: head or body too slow
+    REQUEST_HEADER_TOO_LARGE = "request_header_too_large"  # 431: over server.max_header_bytes
+    TOO_MANY_CONNECTIONS = "too_many_connections"          # 503: server.max_connections, none idle
     # the upstream (5xx), and what an upstream's answer was mapped to
     UPSTREAM_NOT_READY = "upstream_not_ready"              # 503: loading, or no /v1/models yet
     UPSTREAM_ENGINE_DEAD = "upstream_engine_dead"          # 503: vLLM's EngineDeadError
@@ -64,10 +69,12 @@ _TYPE_BY_STATUS = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    408: "timeout_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
+    431: "invalid_request_error",
     500: "server_error",
     502: "upstream_error",
     503: "service_unavailable",
@@ -195,6 +202,47 @@ def no_model_known(upstream: str) -> HeadroomError:
         "retry shortly.",
         code=ErrorCode.UPSTREAM_NOT_READY,
         headers={"Retry-After": "5"},
+    )
+
+
+def malformed_request(detail: str) -> HeadroomError:
+    return HeadroomError(
+        400,
+        f"The request is not valid HTTP/1.1 ({detail.rstrip('.')}); nothing was forwarded.",
+        code=ErrorCode.INVALID_HTTP_REQUEST,
+    )
+
+
+def request_timeout(part: str, seconds: float) -> HeadroomError:
+    """The client started a request and stopped sending it (server.header_timeout / body_timeout)."""
+    key = "server.header_timeout" if part == "request head" else "server.body_timeout"
+    return HeadroomError(
+        408,
+        f"The {part} did not arrive within {seconds:g} s ({key}); the connection is closed and nothing "
+        "was forwarded.",
+        code=ErrorCode.REQUEST_TIMEOUT,
+        details={"timeout_s": seconds},
+    )
+
+
+def header_too_large(limit: int) -> HeadroomError:
+    return HeadroomError(
+        431,
+        f"The request line and headers are larger than the {limit} bytes this headroom accepts "
+        "(server.max_header_bytes); nothing was forwarded.",
+        code=ErrorCode.REQUEST_HEADER_TOO_LARGE,
+        details={"max_header_bytes": limit},
+    )
+
+
+def too_many_connections(limit: int) -> HeadroomError:
+    return HeadroomError(
+        503,
+        f"headroom already holds {limit} client connections (server.max_connections), each with a request "
+        "under way. Retry shortly.",
+        code=ErrorCode.TOO_MANY_CONNECTIONS,
+        details={"max_connections": limit},
+        headers={"Retry-After": "1"},
     )
 
 

@@ -220,3 +220,33 @@ def test_500_mb_answer_is_relayed_in_bounded_memory(qwen3_dir: Path, tmp_path: P
           f"{rss_before / 1024:.0f} MiB before, peak {peak / 1024:.0f} MiB (+{growth:.0f} MiB"
           f"{'' if exact_peak else ', peak since start'})")
     assert growth < 100, f"RSS grew by {growth:.0f} MiB relaying one answer"
+
+
+# ---------------------------------------------------------------------------
+# Attacks on the connection layer (proxy.server): probes keep being answered
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind,count", [("slowloris", 150), ("header", 150), ("body", 150), ("idle", 5000)])
+def test_probes_are_answered_during_a_connection_attack(qwen3_dir: Path, tmp_path: Path, kind: str,
+                                                        count: int) -> None:
+    """bench/attack_bench.py's phases, shorter: every probe answered, memory and descriptors bounded.
+
+    The idle phase opens more connections than headroom's 4,096 descriptors: under uvicorn's own
+    protocol every probe then failed (bench/attack_bench.py --server plain).
+    """
+    from bench.attack_bench import phase, probe_once
+
+    with FakeVLLM(record=False) as fake:
+        headroom = HeadroomProcess(fake.base_url, tmp_path, qwen3_dir, fd_limit=4096)
+        try:
+            assert wait_until(lambda: probe_once(headroom.port, chat=True) is not None, timeout=30)
+            rss_before = headroom.status("VmRSS")
+            result = phase(headroom, kind, count, seconds=3.0)
+        finally:
+            headroom.stop()
+    growth = (int(result["peak"]) - rss_before) / 1024
+    print(f"\n[G] {kind} x{count}: {result['probes']} probes, {result['failed']} failed, p50 {result['p50']:.1f} ms, "
+          f"p99 {result['p99']:.1f} ms; RSS +{growth:.0f} MiB; {result['fds']} fds")
+    assert result["failed"] == 0, result
+    assert growth < 100, f"RSS grew by {growth:.0f} MiB under the {kind} attack"
+    assert int(result["fds"]) < 4096
