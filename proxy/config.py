@@ -101,6 +101,10 @@ class TokenizersConfig:
     # Bodies larger than this are counted in a worker thread so one long
     # prompt cannot stall the event loop for everyone else.
     offload_above_bytes: int = 16 * 1024
+    # Memory for encoding long prompts at once (proxy.counting: ~256 B per body
+    # byte); more waits (upstream.queue_timeout), then 503. One prompt larger
+    # than this is counted alone.
+    count_memory_bytes: int = 1024 * MiB
     # Compare each model's count with the upstream's /tokenize at start-up
     # (proxy.trust): a mismatch switches the model to the upstream's count.
     parity_check: bool = True

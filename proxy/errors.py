@@ -47,6 +47,7 @@ class ErrorCode(StrEnum):
     UPSTREAM_NOT_READY = "upstream_not_ready"              # 503: loading, or no /v1/models yet
     UPSTREAM_ENGINE_DEAD = "upstream_engine_dead"          # 503: vLLM's EngineDeadError
     UPSTREAM_BUSY = "upstream_busy"                        # 503: back-pressure gate full
+    COUNTING_BUSY = "counting_busy"                        # 503: tokenizers.count_memory_bytes in use
     UPSTREAM_UNREACHABLE = "upstream_unreachable"          # 502: connection refused
     UPSTREAM_CONNECTION_ERROR = "upstream_connection_error"  # 502: broke mid-exchange
     UPSTREAM_TIMEOUT = "upstream_timeout"                  # 504
@@ -308,6 +309,21 @@ def not_enough_room(
     )
 
 
+def prompt_over_char_bound(chars: int, max_chars: int, max_model_len: int, param: str) -> HeadroomError:
+    """vLLM 0.32's character pre-check, word for word (captures/c09d_chat_over_char_bound.json): refused
+    before tokenizing, since more characters than that cannot fit whatever they encode to."""
+    return HeadroomError(
+        400,
+        f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains {chars} "
+        f"characters (more than {max_chars} characters, which is the upper bound for {max_model_len} input "
+        f"tokens). Please reduce the length of the input prompt. (parameter=input_text, value={chars})",
+        code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+        param=param,
+        details={"prompt_chars": chars, "max_prompt_chars": max_chars, "max_model_len": max_model_len,
+                 "chars_to_remove": chars - max_chars},
+    )
+
+
 def completion_too_long(
     requested: int, field_name: str, prompt_tokens: int, max_model_len: int
 ) -> HeadroomError:
@@ -386,6 +402,19 @@ def upstream_busy(upstream: str, limit: int, waited: float) -> HeadroomError:
         "(upstream.queue_timeout). Retry shortly; if vLLM has spare capacity, raise the limit.",
         code=ErrorCode.UPSTREAM_BUSY,
         details={"upstream": upstream, "max_concurrent_requests": limit, "queue_timeout_s": waited},
+        headers={"Retry-After": "1"},
+    )
+
+
+def counting_busy(limit: int, waited: float) -> HeadroomError:
+    """Long prompts already fill the memory set aside for counting them (proxy.gate.MemoryBudget)."""
+    return HeadroomError(
+        503,
+        f"headroom is already counting as many long prompts as {limit >> 20} MiB of memory allows "
+        f"(tokenizers.count_memory_bytes), and none finished within {waited:g} s (upstream.queue_timeout). "
+        "Retry shortly.",
+        code=ErrorCode.COUNTING_BUSY,
+        details={"count_memory_bytes": limit, "queue_timeout_s": waited},
         headers={"Retry-After": "1"},
     )
 

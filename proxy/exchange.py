@@ -3,10 +3,12 @@
 `AdmittedExchange.run()` reads as the flow it is:
 
     prepare   read the body (bounded), parse it once, resolve the model and its
-              max_model_len, count the prompt, decide (proxy.admission, pure),
-              rewrite only the limit fields the decision changes
-    forward   hold a back-pressure slot, send; if the upstream refuses for
-              length, retry once with the limit its own numbers allow
+              max_model_len, take a back-pressure slot (proxy.gate; counting
+              is work for the upstream's requests, so it waits its turn too),
+              count the prompt, decide (proxy.admission, pure), rewrite only
+              the limit fields the decision changes
+    forward   send, holding the slot to the last byte; if the upstream refuses
+              for length, retry once with the limit its own numbers allow
               (proxy.upstream_explain.retry_limit, pure)
     relay     the answer as it arrives: whole, or streamed event by event,
               mapping upstream failures to explained errors
@@ -98,9 +100,18 @@ class AdmittedExchange:
         self.limit_fields: list[str] = []  # the completion-limit fields a retry rewrites
         self.strip_usage = False           # headroom asked for the stream's usage: remove it again
         self.backend: Backend | None = None
+        self.holds_slot = False            # one of the backend's gate slots is taken
         self.count_source: str | None = None   # how the prompt was counted: local | upstream | margin
 
     async def run(self) -> None:
+        try:
+            await self.exchange()
+        finally:
+            if self.holds_slot:
+                assert self.backend is not None
+                self.backend.gate.release()
+
+    async def exchange(self) -> None:
         try:
             await self.prepare()
         except ClientGone:
@@ -114,7 +125,7 @@ class AdmittedExchange:
             self.finish()
             return
         try:
-            if await until_disconnect(self.receive, self.forward_gated()):
+            if await until_disconnect(self.receive, self.forward_and_relay()):
                 self.record.error_code = ErrorCode.CLIENT_DISCONNECTED
         except asyncio.CancelledError as exc:
             if not is_shutdown_deadline(exc):
@@ -133,6 +144,8 @@ class AdmittedExchange:
         record.n = surface.choices(request)
         model, self.backend = await services.backends.resolve(request.get("model"))
         record.model = model
+        await self.backend.gate.acquire()      # 503 upstream_busy when no slot frees in time
+        self.holds_slot = True
         limit = surface.read_limit(request)
         record.requested_max_tokens = limit.value
         info = self.backend.registry.get(model)
@@ -141,7 +154,7 @@ class AdmittedExchange:
             # No limit known (a config-less model whose card lacks one): relay untouched.
             decision = Decision(Action.PASS, limit.value, limit.value)
         else:
-            count = await services.counter.count(model, surface, request, len(self.body))
+            count = await services.counter.count(model, surface, request, len(self.body), max_model_len)
             record.prompt_tokens = count.total
             decision = decide(
                 count.per_prompt,
@@ -171,21 +184,10 @@ class AdmittedExchange:
 
     # -- forward ------------------------------------------------------------------------
 
-    async def forward_gated(self) -> None:
-        """Forward and relay holding one of the upstream's request slots (proxy.gate); 503 when none frees."""
-        assert self.backend is not None
-        gate = self.backend.gate
-        try:
-            await gate.acquire()
-        except HeadroomError as err:
-            await self.answer_error(err, Action.UPSTREAM_ERROR)
-            return
-        try:
-            response = await self.forward()
-            if response is not None:
-                await self.relay(response)
-        finally:
-            gate.release()
+    async def forward_and_relay(self) -> None:
+        response = await self.forward()
+        if response is not None:
+            await self.relay(response)
 
     async def forward(self) -> Response | None:
         """Send the request; at most one retry after a length refusal.  None: an error was answered."""

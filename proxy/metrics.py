@@ -417,7 +417,8 @@ class _GateCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         in_flight = GaugeMetricFamily(
             "headroom_in_flight_requests",
-            "Chat and completions requests forwarded to the upstream and not finished (a stream until its last byte).",
+            "Admitted requests being counted or forwarded to the upstream and not finished (a stream until its last "
+            "byte).",
             labels=["upstream"],
         )
         queued = GaugeMetricFamily(

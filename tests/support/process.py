@@ -22,13 +22,13 @@ class HeadroomProcess:
     """`python -m proxy.cli serve` with its stderr drained (start-up is awaited on uvicorn's line)."""
 
     def __init__(self, upstream: str, tmp: Path, tokenizer_dir: Path, extra_toml: str = "",
-                 extra_args: list[str] | None = None, fd_limit: int | None = None) -> None:
+                 extra_args: list[str] | None = None, fd_limit: int | None = None, model_toml: str = "") -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         config = tmp / "headroom.toml"
         config.write_text(
             f'[upstream]\nurl = "{upstream}"\ntimeout = 30.0\n{extra_toml}\n'
-            f'[models."tiny-qwen"]\ntokenizer = "{tokenizer_dir}"\n'
+            f'[models."tiny-qwen"]\ntokenizer = "{tokenizer_dir}"\n{model_toml}\n'
         )
         self.lines: list[str] = []
         self._started = threading.Event()
