@@ -42,6 +42,8 @@ class ServerConfig:
     body_timeout: float = 30.0             # longest gap between two pieces of a request body
     keepalive_timeout: float = 5.0         # an idle keep-alive connection is closed after this
     max_connections: int = 0               # client connections at once; 0 = what the fd limit allows
+    # Name the upstream's URL in the errors clients get (always in the logs).
+    show_upstream_url: bool = False
 
 
 @dataclass
@@ -57,6 +59,8 @@ class UpstreamConfig:
     idle_timeout: float | None = None
     models_refresh_interval: float = 60.0
     api_key: str | None = None             # replaces the client's Authorization when set
+    # Without api_key, forward the client's Authorization header upstream (false: drop it).
+    forward_client_authorization: bool = True
     max_connections: int = 1024
     # Back-pressure (proxy.gate): at most this many chat/completions requests in
     # flight per upstream (0 = no cap); the excess waits up to queue_timeout

@@ -444,7 +444,7 @@ class PromptCounter:
                 raise errors.invalid_prompt(
                     f"The upstream could not tokenize this request: {message}", surface.prompt_param
                 )
-            raise errors.upstream_not_ready(upstream.base_url, status, f"/tokenize failed: {message}")
+            raise errors.upstream_not_ready(upstream.public_url, status, f"/tokenize failed: {message}")
         return counts
 
 

@@ -195,10 +195,10 @@ def model_not_found(model: str, available: list[str]) -> HeadroomError:
     )
 
 
-def no_model_known(upstream: str) -> HeadroomError:
+def no_model_known(upstream: str | None) -> HeadroomError:
     return HeadroomError(
         503,
-        f"headroom does not know which models the upstream {upstream} serves yet: its /v1/models "
+        f"headroom does not know which models {_the(upstream)} serves yet: its /v1/models "
         "has not answered. vLLM takes tens of seconds to minutes to load weights before it serves; "
         "retry shortly.",
         code=ErrorCode.UPSTREAM_NOT_READY,
@@ -350,58 +350,58 @@ def completion_too_long(
 # Upstream unavailable (502 / 503 / 504)
 # ---------------------------------------------------------------------------
 
-def upstream_unreachable(upstream: str, detail: str) -> HeadroomError:
+def upstream_unreachable(upstream: str | None, detail: str) -> HeadroomError:
     return HeadroomError(
         502,
-        f"headroom could not connect to the upstream {upstream} ({detail}). Is vLLM running and "
+        f"headroom could not connect to {_the(upstream)} ({detail}). Is vLLM running and "
         "listening there? A vLLM that is still starting refuses connections until its API server is up.",
         code=ErrorCode.UPSTREAM_UNREACHABLE,
-        details={"upstream": upstream, "cause": detail},
+        details={**_where(upstream), "cause": detail},
     )
 
 
-def upstream_broken(upstream: str, detail: str) -> HeadroomError:
+def upstream_broken(upstream: str | None, detail: str) -> HeadroomError:
     return HeadroomError(
         502,
-        f"The upstream {upstream} broke the connection ({detail}). It may have crashed or been "
+        f"{_the_cap(upstream)} broke the connection ({detail}). It may have crashed or been "
         "restarted; check its logs.",
         code=ErrorCode.UPSTREAM_CONNECTION_ERROR,
-        details={"upstream": upstream, "cause": detail},
+        details={**_where(upstream), "cause": detail},
     )
 
 
-def upstream_invalid_answer(upstream: str, status: int, size: int, what: str) -> HeadroomError:
+def upstream_invalid_answer(upstream: str | None, status: int, size: int, what: str) -> HeadroomError:
     """The upstream said success, but its body is not the complete JSON answer (cut short, or garbage)."""
     return HeadroomError(
         502,
-        f"The upstream {upstream} answered HTTP {status} with {what} ({size} bytes) instead of a complete "
+        f"{_the_cap(upstream)} answered HTTP {status} with {what} ({size} bytes) instead of a complete "
         "JSON answer. The request may have run upstream, but its answer is lost; retry it. The upstream may "
         "have crashed mid-answer; check its logs.",
         code=ErrorCode.UPSTREAM_INVALID_RESPONSE,
-        details={"upstream": upstream, "upstream_status": status, "body_bytes": size},
+        details={**_where(upstream), "upstream_status": status, "body_bytes": size},
     )
 
 
-def upstream_not_ready(upstream: str, status: int, detail: str) -> HeadroomError:
+def upstream_not_ready(upstream: str | None, status: int, detail: str) -> HeadroomError:
     return HeadroomError(
         503,
-        f"The upstream {upstream} is not ready (HTTP {status}: {detail}). vLLM answers 503 while it "
+        f"{_the_cap(upstream)} is not ready (HTTP {status}: {detail}). vLLM answers 503 while it "
         "loads weights or after its engine died; loading takes tens of seconds to minutes. Retry shortly.",
         code=ErrorCode.UPSTREAM_NOT_READY,
-        details={"upstream": upstream, "upstream_status": status, "upstream_message": detail},
+        details={**_where(upstream), "upstream_status": status, "upstream_message": detail},
         headers={"Retry-After": "5"},
     )
 
 
-def upstream_busy(upstream: str, limit: int, waited: float) -> HeadroomError:
+def upstream_busy(upstream: str | None, limit: int, waited: float) -> HeadroomError:
     """Back-pressure (proxy.gate): every request slot to this upstream stayed taken."""
     return HeadroomError(
         503,
-        f"The upstream {upstream} already has {limit} requests in flight, the most headroom sends it "
+        f"{_the_cap(upstream)} already has {limit} requests in flight, the most headroom sends it "
         f"(upstream.max_concurrent_requests), and no slot freed within {waited:g} s "
         "(upstream.queue_timeout). Retry shortly; if vLLM has spare capacity, raise the limit.",
         code=ErrorCode.UPSTREAM_BUSY,
-        details={"upstream": upstream, "max_concurrent_requests": limit, "queue_timeout_s": waited},
+        details={**_where(upstream), "max_concurrent_requests": limit, "queue_timeout_s": waited},
         headers={"Retry-After": "1"},
     )
 
@@ -441,15 +441,31 @@ def shutting_down(deadline: float) -> HeadroomError:
     )
 
 
-def upstream_timeout(upstream: str, phase: str, seconds: float) -> HeadroomError:
+def upstream_timeout(upstream: str | None, phase: str, seconds: float) -> HeadroomError:
     return HeadroomError(
         504,
-        f"The upstream {upstream} did not answer within {seconds:g} s ({phase}). A long generation can "
+        f"{_the_cap(upstream)} did not answer within {seconds:g} s ({phase}). A long generation can "
         "be legitimately slow: raise the timeout (headroom serve --upstream-timeout) or request fewer "
         "tokens; if every request times out, the server is overloaded or stuck.",
         code=ErrorCode.UPSTREAM_TIMEOUT,
-        details={"upstream": upstream, "phase": phase, "timeout_s": seconds},
+        details={**_where(upstream), "phase": phase, "timeout_s": seconds},
     )
+
+
+def _the(upstream: str | None) -> str:
+    """How a client-facing message names the upstream: its URL only when the operator lets clients
+    see it (server.show_upstream_url); internal topology is otherwise for the logs."""
+    return f"the upstream {upstream}" if upstream else "the upstream"
+
+
+def _the_cap(upstream: str | None) -> str:
+    """`_the`, starting a sentence."""
+    text = _the(upstream)
+    return text[:1].upper() + text[1:]
+
+
+def _where(upstream: str | None) -> dict[str, str]:
+    return {"upstream": upstream} if upstream else {}
 
 
 def clip(text: str, limit: int) -> str:

@@ -221,7 +221,7 @@ class AdmittedExchange:
                 continue
             err = explain_upstream_error(
                 failure,
-                upstream=upstream.base_url,
+                upstream=upstream.public_url,
                 prompt_tokens=record.prompt_tokens,
                 max_model_len=record.max_model_len,
                 requested_max_tokens=record.requested_max_tokens,
@@ -266,7 +266,7 @@ class AdmittedExchange:
         if data is None and (not content_type or "json" in content_type):
             # A 200 whose JSON is cut short (`{"id": "x", "choices": [`) is no answer: say so.
             what = "an empty body" if not payload.strip() else "a body that is not complete JSON"
-            invalid = errors.upstream_invalid_answer(self.backend.upstream.base_url, response.status,
+            invalid = errors.upstream_invalid_answer(self.backend.upstream.public_url, response.status,
                                                      len(payload), what)
             await self.answer_error(invalid, Action.UPSTREAM_ERROR)
             return
@@ -328,12 +328,12 @@ class AdmittedExchange:
         except Exception as exc:
             mapped = upstream.map_exception(exc, phase="reading the response body")
             failure = mapped if isinstance(mapped, HeadroomError) else errors.upstream_broken(
-                upstream.base_url, f"{type(exc).__name__}: {exc}")
+                upstream.public_url, f"{type(exc).__name__}: {exc}")
             response.close()
         finally:
             response.release()
         if failure is None and not scanner.complete:
-            failure = errors.upstream_invalid_answer(upstream.base_url, response.status, size,
+            failure = errors.upstream_invalid_answer(upstream.public_url, response.status, size,
                                                      "a large body that is not complete JSON")
         if failure is not None:
             # Nothing can be added to a JSON body already under way: leave it unfinished.
@@ -383,13 +383,13 @@ class AdmittedExchange:
             except Exception as exc:
                 mapped = upstream.map_exception(exc, phase="streaming the response")
                 failure = mapped if isinstance(mapped, HeadroomError) else errors.upstream_broken(
-                    upstream.base_url, f"{type(exc).__name__}: {exc}"
+                    upstream.public_url, f"{type(exc).__name__}: {exc}"
                 )
             finally:
                 response.release()
             if failure is None and not scanner.done:
                 failure = errors.upstream_broken(
-                    upstream.base_url, f"the stream ended without its final {self.surface.stream_end_event}"
+                    upstream.public_url, f"the stream ended without its final {self.surface.stream_end_event}"
                 )
             tail = scanner.leftover() if self.strip_usage else b""
             if failure is not None:
@@ -412,6 +412,11 @@ class AdmittedExchange:
     async def answer_error(self, err: HeadroomError, action: Action) -> None:
         """The error in the surface's shape; the record and x-headroom-action say what happened."""
         record = self.record
+        if action == Action.UPSTREAM_ERROR and err.status >= 500 and self.backend is not None:
+            # The operator's view: which upstream, and the transport's own cause (never the
+            # upstream's message, which may quote the prompt).
+            log.warning("upstream %s (%s): %s answered %d%s", self.backend.name, self.backend.upstream.base_url,
+                        err.code, err.status, f" ({err.details['cause']})" if "cause" in err.details else "")
         record.action = action
         record.status = err.status
         if record.error_code is None:

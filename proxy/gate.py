@@ -28,7 +28,7 @@ from .errors import HeadroomError
 class UpstreamGate:
     """At most `limit` requests in flight to one upstream (0: no cap)."""
 
-    def __init__(self, upstream: str, limit: int, queue_timeout: float) -> None:
+    def __init__(self, upstream: str | None, limit: int, queue_timeout: float) -> None:
         self.upstream = upstream
         self.limit = limit
         self.queue_timeout = queue_timeout

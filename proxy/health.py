@@ -45,7 +45,7 @@ class UpstreamState:
     """What /ready needs to know of one upstream."""
 
     name: str
-    url: str
+    url: str | None                     # None: not shown to clients (server.show_upstream_url)
     answered: bool                      # its /v1/models answered at least once
     last_error: str | None = None       # the latest failure to read /v1/models, if the latest failed
     max_model_len: Mapping[str, int | None] = field(default_factory=dict)   # served model -> limit
@@ -58,7 +58,8 @@ def readiness(upstreams: Sequence[UpstreamState], counted_by: Mapping[str, str])
     for up in upstreams:
         if not up.answered:
             cause = f": {up.last_error}" if up.last_error else ""
-            missing.append(f"upstream {up.name} ({up.url}) has not answered GET /v1/models yet{cause}")
+            where = f" ({up.url})" if up.url else ""
+            missing.append(f"upstream {up.name}{where} has not answered GET /v1/models yet{cause}")
         for model, limit in up.max_model_len.items():
             if model in models:          # served twice: requests go to the first upstream
                 continue
@@ -70,7 +71,8 @@ def readiness(upstreams: Sequence[UpstreamState], counted_by: Mapping[str, str])
     document = {
         "ready": ready,
         "upstreams": [
-            {"name": up.name, "url": up.url, "answered": up.answered, "last_error": up.last_error}
+            {"name": up.name, **({"url": up.url} if up.url else {}), "answered": up.answered,
+             "last_error": up.last_error}
             for up in upstreams
         ],
         "models": models,
@@ -89,7 +91,7 @@ def upstream_states(backends: Backends) -> list[UpstreamState]:
             limits[name] = info.max_model_len if info is not None else None
         cause = registry.last_exception
         error = describe_error(cause) if cause is not None else registry.last_error
-        states.append(UpstreamState(backend.name, backend.upstream.base_url, registry.loaded, error, limits))
+        states.append(UpstreamState(backend.name, backend.upstream.public_url, registry.loaded, error, limits))
     return states
 
 

@@ -68,6 +68,10 @@ class Passthrough:
             log.debug("client left before sending the whole body of %s", scope["path"])
             return
         except HeadroomError as err:
+            if err.status >= 500:
+                log.warning("upstream %s: %s %s answered %d%s", self.backends.default.upstream.base_url
+                            if len(self.backends.items) == 1 else "(pass-through)", scope["method"], scope["path"],
+                            err.status, f" ({err.details['cause']})" if "cause" in err.details else "")
             await send_error(send, err, rid)
             return
         except asyncio.CancelledError as exc:

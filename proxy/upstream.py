@@ -100,8 +100,14 @@ class Upstream:
         max_connections: int = 1024,
         api_key: str | None = None,
         transport: Transport | None = None,
+        show_url: bool = False,
+        forward_authorization: bool = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        # The URL as clients may see it in errors: only when the operator opts in
+        # (server.show_upstream_url); the logs always name it.
+        self.public_url: str | None = self.base_url if show_url else None
+        self.forward_authorization = forward_authorization
         self.connect_timeout = connect_timeout
         self.timeout = timeout                      # until the response headers
         self.idle_timeout = idle_timeout if idle_timeout is not None else timeout  # between body chunks
@@ -114,11 +120,12 @@ class Upstream:
         await self._transport.close()
 
     def outgoing_headers(self, headers: Headers) -> Headers:
-        """Apply the Authorization policy: forward the client's, or replace it with the upstream key."""
-        if self.api_key is None:
+        """Apply the Authorization policy: the upstream key when set, else the client's (unless stripped)."""
+        if self.api_key is None and self.forward_authorization:
             return headers
         kept = [(k, v) for k, v in headers if k != b"authorization"]
-        kept.append((b"authorization", f"Bearer {self.api_key}".encode("latin-1")))
+        if self.api_key is not None:
+            kept.append((b"authorization", f"Bearer {self.api_key}".encode("latin-1")))
         return kept
 
     async def send(
@@ -151,16 +158,16 @@ class Upstream:
         if isinstance(exc, HeadroomError):
             return exc
         if isinstance(exc, ConnectError):
-            return errors.upstream_unreachable(self.base_url, str(exc))
+            return errors.upstream_unreachable(self.public_url, str(exc))
         if isinstance(exc, ConnectTimeout):
-            return errors.upstream_timeout(self.base_url, "connecting", self.connect_timeout)
+            return errors.upstream_timeout(self.public_url, "connecting", self.connect_timeout)
         if isinstance(exc, (ReadTimeout, TimeoutError)):
             seconds = self.timeout if phase == "waiting for the response headers" else self.idle_timeout
-            return errors.upstream_timeout(self.base_url, phase, seconds)
+            return errors.upstream_timeout(self.public_url, phase, seconds)
         if isinstance(exc, Broken):
-            return errors.upstream_broken(self.base_url, clip(str(exc), CAUSE_CHARS))
+            return errors.upstream_broken(self.public_url, clip(str(exc), CAUSE_CHARS))
         if isinstance(exc, OSError):
-            return errors.upstream_broken(self.base_url, clip(f"{type(exc).__name__}: {exc}", CAUSE_CHARS))
+            return errors.upstream_broken(self.public_url, clip(f"{type(exc).__name__}: {exc}", CAUSE_CHARS))
         return exc
 
     async def read_body(self, response: Response, limit: int | None = None) -> bytes:

@@ -129,7 +129,7 @@ def read_all(sock: socket.socket) -> bytes:
 # Upstream faults
 # ---------------------------------------------------------------------------
 
-def test_connection_refused_is_502_naming_the_upstream(qwen3_dir: Path) -> None:
+def test_connection_refused_is_502_explained(qwen3_dir: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"          # nothing listens there
     recorder = ListRecorder()
     with serve_in_thread(HeadroomApp(make_config(url, qwen3_dir), recorder=recorder)) as base:
@@ -141,7 +141,7 @@ def test_connection_refused_is_502_naming_the_upstream(qwen3_dir: Path) -> None:
     for exc in (info.value, streamed.value):
         assert exc.status_code == 502
         assert exc.body["code"] == "upstream_unreachable"
-        assert url in exc.body["message"] and "could not connect" in exc.body["message"]
+        assert url not in exc.body["message"] and "could not connect" in exc.body["message"]
     record = recorder.wait_for(2)[0]
     assert (record.status, record.error_code) == (502, "upstream_unreachable")
 
@@ -163,7 +163,7 @@ def test_upstream_drops_connection_before_headers(stack: Stack, kind: str, strea
         stack.client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=4, stream=stream)
     assert info.value.status_code == 502
     assert info.value.body["code"] == "upstream_connection_error"
-    assert stack.fake.base_url in info.value.body["message"]
+    assert stack.fake.base_url not in info.value.body["message"]
     assert "crashed or been restarted" in info.value.body["message"]
     record = stack.next_record(before)
     assert (record.status, record.action, record.error_code) == (502, "upstream_error", "upstream_connection_error")
@@ -177,7 +177,7 @@ def test_upstream_breaks_mid_body(stack: Stack, kind: str) -> None:
         stack.client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=50)
     assert info.value.status_code == 502
     assert info.value.body["code"] == "upstream_connection_error"
-    assert stack.fake.base_url in info.value.body["message"]
+    assert stack.fake.base_url not in info.value.body["message"]
     record = stack.next_record(before)
     assert (record.status, record.action) == (502, "upstream_error")
 
@@ -193,7 +193,7 @@ def test_upstream_breaks_mid_stream_ends_with_error_event(stack: Stack, kind: st
     assert all("choices" in json.loads(e) for e in events[:-2])    # relayed chunks are intact
     error = json.loads(events[-2])["error"]
     assert error["code"] == "upstream_connection_error"
-    assert stack.fake.base_url in error["message"]
+    assert stack.fake.base_url not in error["message"]
     record = stack.next_record(before)
     assert (record.action, record.error_code) == ("upstream_error", "upstream_connection_error")
 
@@ -235,7 +235,7 @@ def test_stalled_body_is_504_and_the_upstream_request_is_closed(stack: Stack) ->
         stack.client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=5)
     assert info.value.status_code == 504
     assert info.value.body["code"] == "upstream_timeout"
-    assert stack.fake.base_url in info.value.body["message"]
+    assert stack.fake.base_url not in info.value.body["message"]
     assert f"{STALL_TIMEOUT:g} s" in info.value.body["message"]
     stalled = stack.chat_requests()[-1]
     assert stack.fake.wait_until(lambda f: stalled.closed_at is not None, timeout=5)
@@ -252,7 +252,7 @@ def test_stalled_stream_ends_with_timeout_event(stack: Stack) -> None:
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]
     assert error["code"] == "upstream_timeout"
-    assert stack.fake.base_url in error["message"]
+    assert stack.fake.base_url not in error["message"]
     stalled = stack.chat_requests()[-1]
     assert stack.fake.wait_until(lambda f: stalled.closed_at is not None, timeout=5)
     assert stack.next_record(before).error_code == "upstream_timeout"
@@ -282,7 +282,7 @@ def test_upstream_5xx_with_unusable_body_is_explained(stack: Stack, status: int,
     expected = 503 if status == 503 else 502
     assert info.value.status_code == expected
     assert isinstance(info.value.body, dict), "the client must get an OpenAI error object"
-    assert stack.fake.base_url in info.value.body["message"]
+    assert stack.fake.base_url not in info.value.body["message"]
     assert str(status) in info.value.body["message"]
     if expected == 503:
         assert int(info.value.response.headers["retry-after"]) > 0
@@ -295,7 +295,7 @@ def test_upstream_5xx_html_on_a_stream_request_is_plain_json(stack: Stack) -> No
     stack.fake.fail_next.append(FaultSpec(kind="respond", status=502, body=body, content_type=content_type, path=CHAT))
     response = stack.http.post(CHAT, json=chat(5, stream=True))
     error = assert_openai_error(response, 502)
-    assert stack.fake.base_url in error["message"]
+    assert stack.fake.base_url not in error["message"]
 
 
 @pytest.mark.parametrize("body", [b'{"id": "x", "choices": [', b"", b'{"id": "x"} trailing'],
@@ -356,7 +356,7 @@ def test_large_answer_broken_mid_way_never_looks_complete(stack: Stack, fault: s
 def test_passthrough_route_upstream_drop_is_502_in_openai_shape(stack: Stack, kind: str) -> None:
     stack.fake.fail_next.append(FaultSpec(kind=kind, path="/tokenize"))
     error = assert_openai_error(stack.http.post("/tokenize", json={"model": "tiny-qwen", "prompt": "hi"}), 502)
-    assert stack.fake.base_url in error["message"]
+    assert stack.fake.base_url not in error["message"]
 
 
 def test_passthrough_route_stall_is_504(stack: Stack) -> None:
@@ -381,7 +381,7 @@ def test_engine_dead_is_503_with_retry_after(stack: Stack) -> None:
     with pytest.raises(openai.APIStatusError) as info:
         stack.client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=5)
     assert info.value.status_code == 503
-    assert stack.fake.base_url in info.value.body["message"]
+    assert stack.fake.base_url not in info.value.body["message"]
     assert int(info.value.response.headers["retry-after"]) > 0
 
 
@@ -395,7 +395,7 @@ def test_models_unreachable_at_start_then_served_without_restart(qwen3_dir: Path
                 with pytest.raises(openai.APIStatusError) as info:
                     client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=4)
                 assert info.value.status_code in (502, 503)
-                assert fake.base_url in info.value.body["message"]
+                assert fake.base_url not in info.value.body["message"]
             fake.ready = True
             completion = client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=4)
             assert completion.usage.completion_tokens == 4
@@ -1027,6 +1027,45 @@ def test_no_prompt_or_completion_text_in_logs_records_or_metrics(
             assert marker not in body, f"{marker} appears in {page}"
 
 
+def test_no_client_facing_answer_names_the_internal_address(qwen3_dir: Path) -> None:
+    """Internal topology stays in the logs: across every failure an upstream can cause, no body, event
+    or header a client receives names the upstream's address (server.show_upstream_url is off)."""
+    seen: list[str] = []
+
+    def keep(response: httpx.Response) -> None:
+        seen.append(response.text)
+        seen.extend(f"{k}: {v}" for k, v in response.headers.items())
+
+    with running_stack(qwen3_dir) as st:
+        address = f"127.0.0.1:{st.fake.port}"
+        faults = [FaultSpec(kind=k, path=CHAT) for k in ("close", "reset", "stall")] + [
+            FaultSpec(kind="respond", status=status, body=body, content_type=ctype, path=CHAT)
+            for status in (500, 502, 503) for body, ctype in UNUSABLE_BODIES.values()] + [
+            FaultSpec(kind="respond", status=200, body=b'{"id": "x", "choices": [', path=CHAT),
+            FaultSpec(kind="close_mid_body", path=CHAT), FaultSpec(kind="reset_mid_body", path=CHAT)]
+        for fault in faults:
+            for stream in (False, True):
+                st.fake.fail_next[:] = [fault]
+                keep(st.http.post(CHAT, json=chat(5, stream=stream)))
+        st.fake.fail_next[:] = [FaultSpec(kind="reset_mid_body", after_chunks=2, path=CHAT)]
+        keep(st.http.post(CHAT, json=chat(30, stream=True)))
+        st.fake.fail_next[:] = [FaultSpec(kind="reset", path="/tokenize")]
+        keep(st.http.post("/tokenize", json={"model": "tiny-qwen", "prompt": "hi"}))
+        st.fake.engine_dead = True
+        keep(st.http.post(CHAT, json=chat()))
+        st.fake.engine_dead = False
+        for page in ("/ready", "/live", "/metrics", "/stats", "/v1/models"):
+            keep(st.http.get(page))
+        st.fake.ready = False                               # the upstream goes away
+        keep(st.http.post(CHAT, json=chat()))
+        keep(st.http.post("/tokenize", json={"model": "tiny-qwen", "prompt": "hi"}))
+        keep(st.http.get("/ready"))
+        st.fake.ready = True
+    assert len(seen) > 100
+    leaks = [text[:200] for text in seen if address in text]
+    assert leaks == [], leaks
+
+
 INBOUND_KEY = "sk-inbound-zq7SECRETx9"
 UPSTREAM_KEY = "sk-upstream-zq7SECRETx9"
 WRONG_KEY = "sk-wrong-zq7SECRETx9"
@@ -1070,6 +1109,22 @@ def test_upstream_key_replaces_the_clients(keyed_stack: Stack) -> None:
         seen = [r for r in keyed_stack.fake.requests if r.path == path][-1].headers
         assert seen["authorization"] == f"Bearer {UPSTREAM_KEY}"
         assert INBOUND_KEY not in json.dumps(seen)
+
+
+@pytest.mark.parametrize("forward", [True, False])
+def test_the_clients_key_reaches_the_upstream_only_when_forwarding_is_on(qwen3_dir: Path, forward: bool) -> None:
+    """No upstream.api_key: the client's Authorization is forwarded (the default, documented), or dropped."""
+    def configure(config: Config) -> None:
+        config.server.api_keys = [INBOUND_KEY]
+        config.upstream.forward_client_authorization = forward
+
+    with running_stack(qwen3_dir, configure=configure) as st:
+        client = openai.OpenAI(base_url=st.base_url + "/v1", api_key=INBOUND_KEY, max_retries=0)
+        client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=4)
+        client.models.list()
+        for path in (CHAT, "/v1/models"):
+            seen = [r for r in st.fake.requests if r.path == path][-1].headers
+            assert (seen.get("authorization") == f"Bearer {INBOUND_KEY}") is forward
 
 
 def test_api_keys_are_never_logged(qwen3_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
