@@ -34,6 +34,11 @@ class ServerConfig:
     port: int = 8100
     max_body_bytes: int = 32 * MiB          # larger bodies get 413
     api_keys: list[str] = field(default_factory=list)  # inbound keys; empty = no auth
+    # headroom's pages (/metrics, /stats, /dashboard, the full /ready): their own keys,
+    # else the API's; or a listener of their own (metrics_port), as Prometheus setups do.
+    metrics_api_keys: list[str] = field(default_factory=list)
+    metrics_host: str | None = None        # unset: host
+    metrics_port: int = 0                  # 0: the pages are served on the main port
     shutdown_timeout: float = 30.0         # after SIGTERM: seconds in-flight requests may still run
     # What one client connection may cost (proxy.server): a longer head is
     # answered 431, a head or body that stops arriving 408.
@@ -322,6 +327,9 @@ def _check_semantics(config: Config) -> None:
         raise ConfigError(f"'policy.margin_fraction' must be in [0, 1), got {config.policy.margin_fraction}")
     if not 0 < config.server.port < 65536:
         raise ConfigError(f"'server.port' must be 1–65535, got {config.server.port}")
+    if config.server.metrics_port >= 65536 or config.server.metrics_port == config.server.port:
+        raise ConfigError(f"'server.metrics_port' must be 0 (off) or a port other than server.port (1–65535), "
+                          f"got {config.server.metrics_port}")
     for name, model in config.models.items():
         if model.max_model_len is not None and model.max_model_len < 1:
             raise ConfigError(f"'models.\"{name}\".max_model_len' must be at least 1")

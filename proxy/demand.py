@@ -255,6 +255,7 @@ ERROR_CODE_REASONS: dict[str, Reason] = {
     ErrorCode.INVALID_VALUE: "bad_request",
     ErrorCode.REQUEST_TOO_LARGE: "bad_request",
     ErrorCode.MODEL_NOT_FOUND: "bad_request",
+    ErrorCode.NOT_FOUND: "bad_request",
     ErrorCode.UPSTREAM_BAD_REQUEST: "bad_request",
     ErrorCode.UPSTREAM_NOT_FOUND: "bad_request",
     ErrorCode.INVALID_API_KEY: "unauthorized",

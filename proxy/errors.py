@@ -37,6 +37,7 @@ class ErrorCode(StrEnum):
     INVALID_PROMPT = "invalid_prompt"                      # cannot be rendered or tokenized (vLLM refuses it too)
     INVALID_API_KEY = "invalid_api_key"                    # 401
     MODEL_NOT_FOUND = "model_not_found"                    # 404, worded as vLLM words it
+    NOT_FOUND = "not_found"                                # 404: a path this listener does not serve
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"    # headroom's or the upstream's length refusal
     # the connection (answered by proxy.server, before any app code runs)
     INVALID_HTTP_REQUEST = "invalid_http_request"          # 400: not parseable HTTP/1.1
@@ -245,6 +246,11 @@ def too_many_connections(limit: int) -> HeadroomError:
         details={"max_connections": limit},
         headers={"Retry-After": "1"},
     )
+
+
+def not_here(path: str) -> HeadroomError:
+    """A path this listener does not serve (server.metrics_port splits headroom's pages from the API)."""
+    return HeadroomError(404, f"Nothing is served at {path} on this port.", code=ErrorCode.NOT_FOUND)
 
 
 def unauthorized() -> HeadroomError:

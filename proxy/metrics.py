@@ -219,6 +219,12 @@ class Metrics:
             "upstream: the upstream's /tokenize, after drift; margin: neither is exact, a margin is held back).",
             ["model", "mode"], registry=self.registry,
         )
+        self.unauthorized = Counter(
+            "headroom_unauthorized_requests_total",
+            "Requests refused for a missing or wrong API key, by route (admitted surface, pages, passthrough); "
+            "never length records.",
+            ["route"], registry=self.registry,
+        )
         self.length_retries = Counter(
             "headroom_length_retries_total",
             "Requests re-sent with a smaller completion limit after an upstream length error.",
@@ -283,6 +289,10 @@ class Metrics:
         label = self.model_label(model)
         for name in ("local", "upstream", "margin"):
             self.count_mode.labels(label, name).set(1 if name == mode else 0)
+
+    def count_unauthorized(self, route: str) -> None:
+        """A 401 answered by headroom (its route is one of a few fixed names)."""
+        self._inc(self.unauthorized, (route,))
 
     def count_length_retry(self, model: str | None) -> None:
         """The app retried a request after an upstream length error (not visible in a record)."""

@@ -1101,6 +1101,87 @@ def test_health_stays_open_with_api_keys(keyed_stack: Stack) -> None:
     assert keyed_stack.http.get("/health").status_code == 200
 
 
+OPEN_PROBES = [b"GET /health", b"GET /version", b"GET /ping", b"POST /ping"]
+NOT_OPEN = [
+    b"POST /health", b"DELETE /version", b"PUT /ping", b"HEAD /health",   # another method
+    b"GET /heal%74h", b"GET /%68ealth", b"GET //health",                  # another spelling
+    b"GET /health?x=1", b"GET /version?v=1",                               # a query
+    b"GET /health/", b"GET /v1/models",                                    # another path
+]
+
+
+@pytest.mark.parametrize("line", OPEN_PROBES + NOT_OPEN, ids=lambda b: b.decode())
+def test_only_vllms_probes_exactly_as_written_pass_without_a_key(keyed_stack: Stack, line: bytes) -> None:
+    before = len(keyed_stack.fake.requests)
+    sock = raw_http(keyed_stack.port, line + b" HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n")
+    answer = read_all(sock)
+    sock.close()
+    relayed = keyed_stack.fake.requests[before:]
+    if line in OPEN_PROBES:
+        assert not answer.startswith(b"HTTP/1.1 401"), answer[:200]
+        assert [r.path for r in relayed] == [line.split(b" ")[1].decode()]
+    else:
+        assert answer.startswith(b"HTTP/1.1 401 "), answer[:200]
+        if not line.startswith(b"HEAD"):
+            assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["code"] == "invalid_api_key"
+        assert relayed == [], "nothing unauthenticated may reach the upstream"
+
+
+def test_a_probe_with_a_body_needs_a_key(keyed_stack: Stack) -> None:
+    before = len(keyed_stack.fake.requests)
+    for body in (b"x", b'{"model": "tiny-qwen"}'):
+        response = keyed_stack.http.request("GET", "/health", content=body)
+        assert response.status_code == 401
+    assert keyed_stack.http.post("/ping", content=b"ping").status_code == 401
+    assert keyed_stack.fake.requests[before:] == []
+
+
+@pytest.mark.parametrize("page", ["/metrics", "/stats", "/dashboard"])
+def test_headroom_pages_need_a_key_when_the_api_does(keyed_stack: Stack, page: str) -> None:
+    """They name every model and its traffic: never more open than /v1/models."""
+    for headers in ({}, {"authorization": f"Bearer {WRONG_KEY}"}):
+        error = assert_openai_error(keyed_stack.http.get(page, headers=headers), 401)
+        assert error["code"] == "invalid_api_key"
+    assert keyed_stack.http.get(page, headers={"authorization": f"Bearer {INBOUND_KEY}"}).status_code == 200
+
+
+def test_ready_without_a_key_says_only_whether_it_is_ready(keyed_stack: Stack) -> None:
+    keyed_stack.client.with_options(api_key=INBOUND_KEY).models.list()
+    bare = keyed_stack.http.get("/ready")
+    assert bare.json() == {"ready": bare.status_code == 200}
+    full = keyed_stack.http.get("/ready", headers={"authorization": f"Bearer {INBOUND_KEY}"})
+    assert full.status_code == bare.status_code and "tiny-qwen" in full.json()["models"]
+
+
+def test_metrics_keys_are_the_pages_own(qwen3_dir: Path) -> None:
+    def configure(config: Config) -> None:
+        config.server.api_keys = [INBOUND_KEY]
+        config.server.metrics_api_keys = ["sk-scraper"]
+
+    with running_stack(qwen3_dir, configure=configure) as st:
+        api, scraper = ({"authorization": f"Bearer {k}"} for k in (INBOUND_KEY, "sk-scraper"))
+        assert st.http.get("/metrics", headers=api).status_code == 401       # an API key reads no metrics
+        assert st.http.get("/metrics", headers=scraper).status_code == 200
+        assert st.http.get("/v1/models", headers=scraper).status_code == 401  # nor a metrics key the API
+        assert st.http.get("/v1/models", headers=api).status_code == 200
+
+
+def test_unauthorized_requests_are_counted_apart_and_never_recorded(keyed_stack: Stack) -> None:
+    before = len(keyed_stack.recorder.records)
+    metrics = keyed_stack.app.recorder.metrics
+    start = {route: metrics.registry.get_sample_value("headroom_unauthorized_requests_total", {"route": route}) or 0
+             for route in ("chat", "completions", "passthrough", "pages")}
+    keyed_stack.http.post(CHAT, json=chat(), headers={"authorization": f"Bearer {WRONG_KEY}"})
+    keyed_stack.http.post("/v1/completions", json={"prompt": "x"})
+    keyed_stack.http.get("/v1/models")
+    keyed_stack.http.get("/stats")
+    now = {route: metrics.registry.get_sample_value("headroom_unauthorized_requests_total", {"route": route})
+           for route in start}
+    assert {route: now[route] - start[route] for route in start} == {
+        "chat": 1, "completions": 1, "passthrough": 1, "pages": 1}
+    assert len(keyed_stack.recorder.records) == before, "a 401 is not a length record"
+
+
 def test_upstream_key_replaces_the_clients(keyed_stack: Stack) -> None:
     client = openai.OpenAI(base_url=keyed_stack.base_url + "/v1", api_key=INBOUND_KEY, max_retries=0)
     client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=4)

@@ -223,3 +223,25 @@ def test_sigterm_deadline_answers_a_waiting_request_in_openai_shape(
     if path == CHAT:
         records = [json.loads(line) for line in log.read_text().splitlines()]
         assert [(r["status"], r["error_code"]) for r in records] == [(503, "server_shutting_down")]
+
+
+def test_headroom_pages_on_a_listener_of_their_own(fake_paced: FakeVLLM, qwen3_dir: Path, tmp_path: Path) -> None:
+    """server.metrics_port: /metrics, /stats, /dashboard only there (open there unless metrics keys are set),
+    and nothing the upstream serves on it; the API port keeps its keys."""
+    metrics_port = free_port()
+    headroom = HeadroomProcess(fake_paced.base_url, tmp_path, qwen3_dir,
+                               extra_toml=f'[server]\napi_keys = ["sk-a"]\nmetrics_port = {metrics_port}\n')
+    try:
+        api, pages = headroom.base_url, f"http://127.0.0.1:{metrics_port}"
+        key = {"authorization": "Bearer sk-a"}
+        for page in ("/metrics", "/stats", "/dashboard"):
+            assert httpx.get(pages + page, timeout=10).status_code == 200
+            assert httpx.get(api + page, headers=key, timeout=10).status_code == 404
+        assert httpx.get(pages + "/ready", timeout=10).json().get("upstreams") is not None   # the full document
+        assert httpx.get(pages + "/v1/models", timeout=10).status_code == 404
+        assert httpx.get(pages + "/health", timeout=10).status_code == 404
+        assert httpx.get(api + "/v1/models", timeout=10).status_code == 401
+        assert httpx.get(api + "/v1/models", headers=key, timeout=10).status_code == 200
+        assert any(f":{metrics_port}" in line for line in headroom.lines), "the summary names the pages' listener"
+    finally:
+        headroom.stop()
