@@ -81,7 +81,7 @@ class HeadroomApp:
         self.services = ExchangeServices(config, self.backends, self.counter, self.recorder, self._policy)
         self._local = Router(routes=routes(self.recorder)
                              + health.routes(self.backends, self.counter, self._pages_authorized))
-        self._passthrough = Passthrough(self.backends, config.server.shutdown_timeout)
+        self._passthrough = Passthrough(self.backends, config.server.shutdown_timeout, config.upstream.models_timeout)
         self._background: set[asyncio.Task[Any]] = set()
         self._api_keys = [k.encode() for k in config.server.api_keys]
         self._metrics_keys = [k.encode() for k in config.server.metrics_api_keys]
@@ -110,6 +110,8 @@ class HeadroomApp:
         await asyncio.to_thread(self.recorder.close)   # flushes the length log
 
     def _models_changed(self, backend: Backend, models: dict[str, ModelInfo]) -> None:
+        for name, info in models.items():
+            self.recorder.metrics.set_limit_unknown(name, info.limit_problem is not None and info.source != "config")
         self.counter.forget_dirs()
         task = asyncio.ensure_future(self.counter.preload(list(models)))
         self._background.add(task)

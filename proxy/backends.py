@@ -52,7 +52,7 @@ class Backends:
                 show_url=config.server.show_upstream_url,
                 forward_authorization=up.forward_client_authorization,
             )
-            registry = ModelRegistry(config, _fetcher(upstream), url=url, name=name)
+            registry = ModelRegistry(config, _fetcher(upstream, up.models_timeout), url=url, name=name)
             gate = UpstreamGate(upstream.public_url, up.max_concurrent_requests, up.queue_timeout)
             self.items.append(Backend(name, upstream, registry, gate))
 
@@ -140,5 +140,5 @@ class Backends:
             await backend.upstream.close()
 
 
-def _fetcher(upstream: Upstream) -> Callable[[], Any]:
-    return lambda: upstream.get_json("/v1/models")
+def _fetcher(upstream: Upstream, timeout: float) -> Callable[[], Any]:
+    return lambda: upstream.get_json("/v1/models", timeout=timeout)

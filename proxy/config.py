@@ -63,6 +63,11 @@ class UpstreamConfig:
     # stream); unset: the same as `timeout`.
     idle_timeout: float | None = None
     models_refresh_interval: float = 60.0
+    # GET /v1/models (model discovery) gets this long, not the generation timeout above.
+    models_timeout: float = 10.0
+    # The max_model_len of a model whose /v1/models card gives none (or an invalid
+    # one). Unset: such a model's requests are forwarded unclamped (with a warning).
+    fallback_max_model_len: int | None = None
     api_key: str | None = None             # replaces the client's Authorization when set
     # Without api_key, forward the client's Authorization header upstream (false: drop it).
     forward_client_authorization: bool = True
@@ -330,6 +335,8 @@ def _check_semantics(config: Config) -> None:
     if config.server.metrics_port >= 65536 or config.server.metrics_port == config.server.port:
         raise ConfigError(f"'server.metrics_port' must be 0 (off) or a port other than server.port (1–65535), "
                           f"got {config.server.metrics_port}")
+    if config.upstream.fallback_max_model_len is not None and config.upstream.fallback_max_model_len < 1:
+        raise ConfigError("'upstream.fallback_max_model_len' must be at least 1")
     for name, model in config.models.items():
         if model.max_model_len is not None and model.max_model_len < 1:
             raise ConfigError(f"'models.\"{name}\".max_model_len' must be at least 1")

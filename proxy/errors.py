@@ -447,6 +447,19 @@ def shutting_down(deadline: float) -> HeadroomError:
     )
 
 
+def discovery_timeout(upstream: str | None, path: str, seconds: float) -> HeadroomError:
+    """Model discovery (GET /v1/models) got no answer in upstream.models_timeout: not a slow generation."""
+    return HeadroomError(
+        503,
+        f"{_the_cap(upstream)} did not answer GET {path} within {seconds:g} s (upstream.models_timeout). headroom "
+        "needs that list to know the served models and their max_model_len; the upstream may still be starting, "
+        "or be overloaded or stuck. Retry shortly.",
+        code=ErrorCode.UPSTREAM_NOT_READY,
+        details={**_where(upstream), "phase": f"GET {path}", "timeout_s": seconds},
+        headers={"Retry-After": "5"},
+    )
+
+
 def upstream_timeout(upstream: str | None, phase: str, seconds: float) -> HeadroomError:
     return HeadroomError(
         504,

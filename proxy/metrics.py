@@ -219,6 +219,13 @@ class Metrics:
             "upstream: the upstream's /tokenize, after drift; margin: neither is exact, a margin is held back).",
             ["model", "mode"], registry=self.registry,
         )
+        self.limit_unknown = Gauge(
+            "headroom_model_limit_unknown",
+            "1 for a served model whose /v1/models card gives no usable max_model_len (missing, 0, negative, "
+            "a string): its requests are not clamped unless upstream.fallback_max_model_len or a per-model "
+            "max_model_len says otherwise; 0 once it gives one.",
+            ["model"], registry=self.registry,
+        )
         self.unauthorized = Counter(
             "headroom_unauthorized_requests_total",
             "Requests refused for a missing or wrong API key, by route (admitted surface, pages, passthrough); "
@@ -289,6 +296,10 @@ class Metrics:
         label = self.model_label(model)
         for name in ("local", "upstream", "margin"):
             self.count_mode.labels(label, name).set(1 if name == mode else 0)
+
+    def set_limit_unknown(self, model: str, unknown: bool) -> None:
+        """Whether the upstream's card for `model` lacks a usable max_model_len (proxy.models)."""
+        self.limit_unknown.labels(self.model_label(model)).set(1 if unknown else 0)
 
     def count_unauthorized(self, route: str) -> None:
         """A 401 answered by headroom (its route is one of a few fixed names)."""

@@ -42,9 +42,10 @@ MAX_BUFFERED_BODY = 1024 * 1024  # larger request bodies are streamed
 
 
 class Passthrough:
-    def __init__(self, backends: Backends, shutdown_timeout: float = 30.0) -> None:
+    def __init__(self, backends: Backends, shutdown_timeout: float = 30.0, models_timeout: float = 10.0) -> None:
         self.backends = backends
         self.shutdown_timeout = shutdown_timeout
+        self.models_timeout = models_timeout       # each upstream's share of a merged GET /v1/models
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         rid = request_id(scope)
@@ -107,7 +108,7 @@ class Passthrough:
         seen: set[Any] = set()
         for backend in self.backends.items:
             try:
-                payload = await backend.upstream.get_json("/v1/models")
+                payload = await backend.upstream.get_json("/v1/models", timeout=self.models_timeout)
             except Exception as exc:  # one upstream down: list the others, say so in the log
                 log.warning("upstream %s: /v1/models failed: %s", backend.name, exc)
                 continue

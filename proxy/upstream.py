@@ -134,18 +134,22 @@ class Upstream:
         path_qs: str,
         headers: Headers,
         body: Body,
+        *,
+        timeout: float | None = None,
     ) -> Response:
         """Send one request; the caller reads (or releases) the returned response.
 
         `path_qs` is always a path on the configured upstream: a request can
-        never make headroom connect anywhere else.
+        never make headroom connect anywhere else.  `timeout` replaces both the
+        first-byte and the idle timeout (model discovery has its own).
         """
         if not path_qs.startswith("/"):
             path_qs = "/" + path_qs
         try:
             return await self._transport.request(
                 method, path_qs, self.outgoing_headers(headers), body,
-                timeout=self.timeout, idle_timeout=self.idle_timeout,
+                timeout=timeout if timeout is not None else self.timeout,
+                idle_timeout=timeout if timeout is not None else self.idle_timeout,
             )
         except BaseException as exc:
             mapped = self.map_exception(exc, phase="waiting for the response headers")
@@ -179,9 +183,15 @@ class Upstream:
         finally:
             response.release()
 
-    async def get_json(self, path: str) -> Any:
-        response = await self.send("GET", path, [(b"accept", b"application/json")], None)
-        body = await self.read_body(response)
+    async def get_json(self, path: str, timeout: float | None = None) -> Any:
+        """GET a JSON document; with `timeout` (model discovery), a silence past it is said as such."""
+        try:
+            response = await self.send("GET", path, [(b"accept", b"application/json")], None, timeout=timeout)
+            body = await self.read_body(response)
+        except HeadroomError as err:
+            if timeout is not None and err.code == errors.ErrorCode.UPSTREAM_TIMEOUT:
+                raise errors.discovery_timeout(self.public_url, path, timeout) from err
+            raise
         if response.status != 200:
             raise ValueError(f"HTTP {response.status} from {path}: {body[:200]!r}")
         return json.loads(body)

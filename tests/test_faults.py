@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -25,6 +26,7 @@ import pytest
 from proxy.app import HeadroomApp
 from proxy.asgi import WATCH_AFTER_S
 from proxy.config import Config
+from proxy.server import uvicorn_settings
 from tests.support.fakevllm import FakeVLLM, FaultSpec
 from tests.support.servers import free_port, serve_in_thread
 from tests.support.stack import ListRecorder, Stack
@@ -383,6 +385,55 @@ def test_engine_dead_is_503_with_retry_after(stack: Stack) -> None:
     assert info.value.status_code == 503
     assert stack.fake.base_url not in info.value.body["message"]
     assert int(info.value.response.headers["retry-after"]) > 0
+
+
+@pytest.mark.parametrize("value", [0, -5, "4096"])
+@pytest.mark.parametrize("fallback", [None, 2048])
+def test_an_invalid_max_model_len_is_warned_counted_and_falls_back(
+        qwen3_dir: Path, caplog: pytest.LogCaptureFixture, value: Any, fallback: int | None) -> None:
+    """It silently disabled clamping: now a warning, headroom_model_limit_unknown, and the fallback if set."""
+    caplog.set_level("WARNING", "headroom.models")
+
+    def configure(config: Config) -> None:
+        config.upstream.fallback_max_model_len = fallback
+
+    with running_stack(qwen3_dir, recorder=None, configure=configure,
+                       fake_kwargs={"card": {"max_model_len": value}}) as st:
+        response = st.http.post(CHAT, json=chat(max_tokens=999999))
+        metrics = st.http.get("/metrics").text
+        forwarded = st.chat_requests()[-1].json["max_tokens"]
+    if fallback is None:              # unclamped: what vLLM itself says about 999999 stands
+        assert forwarded == 999999 and "x-headroom-max-model-len" not in response.headers
+    else:
+        assert response.status_code == 200, response.text[:300]
+        assert response.headers["x-headroom-action"] == "clamped" and forwarded < fallback
+    assert 'headroom_model_limit_unknown{model="tiny-qwen"} 1.0' in metrics
+    warned = [r.getMessage() for r in caplog.records if r.name == "headroom.models" and r.levelname == "WARNING"]
+    assert any("tiny-qwen" in m and "max_model_len" in m and str(value) in m for m in warned), warned
+
+
+def test_model_discovery_has_its_own_short_timeout_and_message(qwen3_dir: Path) -> None:
+    """A hung /v1/models at start-up used the 900 s generation timeout and a 504 about 'a long generation'."""
+    hold = threading.Event()
+    with FakeVLLM() as fake:
+        fake.fail_next.append(FaultSpec(kind="respond", status=200, gate=hold, path="/v1/models"))
+        config = make_config(fake.base_url, qwen3_dir, timeout=30.0)
+        config.upstream.models_timeout = 0.3
+        try:
+            with serve_in_thread(HeadroomApp(config, recorder=ListRecorder()), **uvicorn_settings(config)) as base:
+                client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
+                started = time.monotonic()
+                with pytest.raises(openai.APIStatusError) as info:
+                    client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=4)
+                elapsed = time.monotonic() - started
+                hold.set()
+                assert client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=4).usage
+        finally:
+            hold.set()
+    assert elapsed < 10, "the 30 s generation timeout, not models_timeout, ended the wait"
+    assert info.value.status_code == 503 and int(info.value.response.headers["retry-after"]) > 0
+    message = info.value.body["message"]
+    assert "GET /v1/models" in message and "upstream.models_timeout" in message and "generation" not in message
 
 
 def test_models_unreachable_at_start_then_served_without_restart(qwen3_dir: Path) -> None:

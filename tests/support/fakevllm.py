@@ -982,6 +982,7 @@ class FakeVLLM:
       vocab_size: token ids at or above it are "out of vocabulary" (c26).
       detokenize(ids) -> text for /detokenize (default: the completion token per id).
       record: False keeps `requests` empty (long benchmarks).
+      card: fields shown in the main /v1/models card instead (the fake still enforces max_model_len).
     """
 
     def __init__(self, *, model: str = "tiny-qwen", max_model_len: int = 2048,
@@ -990,7 +991,8 @@ class FakeVLLM:
                  tokens_per_second: float | None = None, completion_text_token: str = " TObject",
                  count_chars: CountChars | None = None, vocab_size: int = QWEN3_VOCAB_SIZE,
                  enable_auto_tool_choice: bool = True,
-                 detokenize: Callable[[list[int]], str] | None = None, record: bool = True) -> None:
+                 detokenize: Callable[[list[int]], str] | None = None, record: bool = True,
+                 card: dict[str, Any] | None = None) -> None:
         self.model = model
         self.max_model_len = max_model_len
         self.root = root
@@ -1003,6 +1005,7 @@ class FakeVLLM:
         for extra in extra_models or []:
             self.cards.append({"parent": model, **extra})
         limits = {c["id"]: (c.get("max_model_len") or max_model_len) for c in self.cards}
+        self.cards[0].update(card or {})        # what the main card says (e.g. a broken max_model_len)
         self.validator = Validator(models=limits, default_model=model, mode=mode,
                                    count_prompt=count_prompt or crude_count_prompt,
                                    count_chars=count_chars or chatml_char_count, vocab_size=vocab_size,
