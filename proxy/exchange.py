@@ -50,6 +50,7 @@ from .backends import Backend, Backends
 from .config import Config
 from .counting import PromptCounter
 from .errors import ErrorCode, HeadroomError
+from .lengths import plausible_usage
 from .record import Action, LengthRecord
 from .recorder import Recorder
 from .sse import EventStreamScanner
@@ -434,11 +435,16 @@ class AdmittedExchange:
         self.record.error_code = err.code
 
     def take_usage(self, usage: Usage) -> None:
+        """The upstream's usage into the record, where it can be true (proxy.lengths.plausible_usage)."""
         record = self.record
-        if usage.prompt_tokens is not None:
-            record.upstream_prompt_tokens = usage.prompt_tokens
-        if usage.completion_tokens is not None:
-            record.completion_tokens = usage.completion_tokens
+        prompt, completion = plausible_usage(usage.prompt_tokens, usage.completion_tokens, record.max_model_len,
+                                             record.n)
+        if (prompt, completion) != (usage.prompt_tokens, usage.completion_tokens):
+            _warn_implausible(record.model, usage, record.max_model_len)
+        if prompt is not None:
+            record.upstream_prompt_tokens = prompt
+        if completion is not None:
+            record.completion_tokens = completion
         record.finish_reasons.extend(usage.finish_reasons)
 
     def finish(self) -> None:
@@ -455,6 +461,19 @@ class AdmittedExchange:
             self.services.recorder.record(record)
         except Exception:  # recording must never fail a request
             log.exception("could not record a request's length figures")
+
+
+_IMPLAUSIBLE_WARNED: set[str | None] = set()
+
+
+def _warn_implausible(model: str | None, usage: Usage, max_model_len: int | None) -> None:
+    """Once per model: an upstream whose usage cannot be true is worth one line, not one per request."""
+    if model in _IMPLAUSIBLE_WARNED:
+        return
+    _IMPLAUSIBLE_WARNED.add(model)
+    log.warning("model %s: the upstream reported usage prompt_tokens=%s, completion_tokens=%s, which cannot be "
+                "true (max_model_len %s); such counts are left out of the records", model,
+                str(usage.prompt_tokens)[:24], str(usage.completion_tokens)[:24], max_model_len)
 
 
 def headroom_headers(prompt: int | None, max_model_len: int | None, d: Decision, request_id: str,

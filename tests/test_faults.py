@@ -824,6 +824,34 @@ def test_astronomical_max_tokens_is_recorded_and_counted(qwen3_dir: Path, tmp_pa
     assert "could not record" not in caplog.text
 
 
+@pytest.mark.parametrize("prompt,completion", [(-5, 3), (10**30, 10**30), (3, -1)])
+def test_impossible_upstream_usage_stays_out_of_the_records(qwen3_dir: Path, tmp_path: Path, prompt: int,
+                                                            completion: int) -> None:
+    """A negative count was recorded (then skipped by the report), 10**30 made it recommend 1e30."""
+    from proxy.report import build_report, iter_models, model_report
+
+    length_log = tmp_path / "lengths.jsonl"
+
+    def configure(config: Config) -> None:
+        config.length_log.path = str(length_log)
+
+    answer = {"id": "x", "object": "chat.completion", "model": "tiny-qwen",
+              "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+              "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": 0}}
+    with running_stack(qwen3_dir, recorder=None, configure=configure) as st:
+        st.fake.fail_next.append(FaultSpec(kind="respond", status=200, body=answer, path=CHAT))
+        assert st.http.post(CHAT, json=chat()).status_code == 200
+        assert st.http.post(CHAT, json=chat()).status_code == 200            # a sane answer beside it
+        assert st.app.recorder.lengthlog is not None and st.app.recorder.lengthlog.flush(5)
+    odd, sane = [json.loads(line) for line in length_log.read_text().splitlines()]
+    assert odd["upstream_prompt_tokens"] == (prompt if 0 <= prompt <= 2048 else None)
+    assert odd["completion_tokens"] == (completion if 0 <= completion <= 2048 else None)
+    builder = build_report([str(length_log)])
+    assert builder.stats.malformed == 0
+    [report] = [model_report(m) for m in iter_models(builder)]
+    assert "1e+30" not in json.dumps(report) and str(10**30) not in json.dumps(report)
+
+
 @pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e400"])
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
 def test_non_finite_limits_are_a_400(stack: Stack, literal: bytes, field: str) -> None:
