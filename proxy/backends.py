@@ -51,6 +51,7 @@ class Backends:
                 transport=transport_for(url) if transport_for is not None else None,
                 show_url=config.server.show_upstream_url,
                 forward_authorization=up.forward_client_authorization,
+                total_timeout=up.total_timeout,
             )
             registry = ModelRegistry(config, _fetcher(upstream, up.models_timeout), url=url, name=name)
             gate = UpstreamGate(upstream.public_url, up.max_concurrent_requests, up.queue_timeout)

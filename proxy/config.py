@@ -62,6 +62,9 @@ class UpstreamConfig:
     # Longest gap between two chunks of a body once the headers came (a stalled
     # stream); unset: the same as `timeout`.
     idle_timeout: float | None = None
+    # One request's whole time, headers to last byte, however steadily it streams
+    # (idle_timeout resets on every chunk); 0 = no limit.
+    total_timeout: float = 0.0
     models_refresh_interval: float = 60.0
     # GET /v1/models (model discovery) gets this long, not the generation timeout above.
     models_timeout: float = 10.0

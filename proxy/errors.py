@@ -460,6 +460,18 @@ def discovery_timeout(upstream: str | None, path: str, seconds: float) -> Headro
     )
 
 
+def request_deadline(upstream: str | None, seconds: float) -> HeadroomError:
+    """upstream.total_timeout: one request's whole time, however steadily the upstream was answering."""
+    return HeadroomError(
+        504,
+        f"The request ran longer than the {seconds:g} s headroom allows one request (upstream.total_timeout), so "
+        f"headroom closed it, which stops {_the(upstream)}'s work on it; the answer is incomplete. Request fewer "
+        "tokens, or ask the operator to raise the limit.",
+        code=ErrorCode.UPSTREAM_TIMEOUT,
+        details={**_where(upstream), "phase": "the whole request", "timeout_s": seconds},
+    )
+
+
 def upstream_timeout(upstream: str | None, phase: str, seconds: float) -> HeadroomError:
     return HeadroomError(
         504,

@@ -51,6 +51,10 @@ class ReadTimeout(Exception):
     """The upstream sent nothing for longer than the timeout of the current phase."""
 
 
+class DeadlineExceeded(ReadTimeout):
+    """The request's whole time (upstream.total_timeout) ran out, however busy the upstream kept it."""
+
+
 class Broken(Exception):
     """The connection closed or sent something that is not HTTP/1.1 mid-exchange."""
 
@@ -208,8 +212,21 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def wait(self, timeout: float) -> None:
-        """Wait for the next parser event, at most `timeout` seconds."""
+    async def wait(self, timeout: float, deadline: float | None = None) -> None:
+        """Wait for the next parser event, at most `timeout` seconds and never past `deadline` (loop time)."""
+        if deadline is not None:
+            left = deadline - self.loop.time()
+            if left <= 0:
+                raise DeadlineExceeded()
+            if left < timeout:
+                try:
+                    await self._wait(left)
+                except ReadTimeout:
+                    raise DeadlineExceeded() from None
+                return
+        await self._wait(timeout)
+
+    async def _wait(self, timeout: float) -> None:
         waiter = self.loop.create_future()
         self._waiter = waiter
         timer = self.loop.call_later(timeout, _expire, waiter)
@@ -257,12 +274,13 @@ class Response:
     leaves, so that vLLM aborts the generation).
     """
 
-    def __init__(self, conn: _Connection, idle_timeout: float) -> None:
+    def __init__(self, conn: _Connection, idle_timeout: float, deadline: float | None = None) -> None:
         self._conn: _Connection | None = conn
         self.status = conn.status
         self.raw_headers = conn.raw_headers
         self.headers = Headers(conn.raw_headers)
         self._idle_timeout = idle_timeout
+        self._deadline = deadline
 
     async def next_chunk(self) -> bytes:
         """The body bytes that arrived since the last call, waiting for some; b"" at the end.
@@ -287,7 +305,7 @@ class Response:
                 return b""
             if conn.error is not None:
                 raise conn.error
-            await conn.wait(self._idle_timeout)
+            await conn.wait(self._idle_timeout, self._deadline)
 
     async def read(self, limit: int | None = None) -> bytes:
         """The whole body (or its first `limit` bytes)."""
@@ -353,8 +371,12 @@ class Pool:
         *,
         timeout: float,
         idle_timeout: float,
+        deadline: float | None = None,
     ) -> Response:
-        """Send one request and wait (at most `timeout` s of silence) for the response headers."""
+        """Send one request and wait (at most `timeout` s of silence) for the response headers.
+
+        `deadline` (loop time) bounds the whole exchange, headers and body.
+        """
         head = _request_head(method, self.prefix + path_qs, self.host_header, headers, body)
         conn = await self._acquire()
         conn._reset(head=method == "HEAD")
@@ -363,11 +385,11 @@ class Pool:
             while not conn.headers_done:
                 if conn.error is not None:
                     raise conn.error
-                await conn.wait(timeout)
+                await conn.wait(timeout, deadline)
         except BaseException:
             self._release(conn, reusable=False)
             raise
-        return Response(conn, idle_timeout)
+        return Response(conn, idle_timeout, deadline)
 
     async def close(self) -> None:
         for conn in self._idle:

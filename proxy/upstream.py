@@ -12,6 +12,7 @@ leaves here as a `HeadroomError` from `proxy.errors`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterable
 from typing import Any, Protocol
@@ -19,7 +20,7 @@ from typing import Any, Protocol
 from . import errors
 from .asgi import Headers
 from .errors import HeadroomError, clip
-from .http1 import Broken, ConnectError, ConnectTimeout, Pool, ReadTimeout
+from .http1 import Broken, ConnectError, ConnectTimeout, DeadlineExceeded, Pool, ReadTimeout
 from .http1 import Headers as ResponseHeaders
 
 # RFC 9110 §7.6.1 hop-by-hop headers, plus the ones the HTTP layers recompute.
@@ -67,7 +68,8 @@ class Transport(Protocol):
     """How requests reach one upstream origin (`proxy.http1.Pool`)."""
 
     async def request(
-        self, method: str, path_qs: str, headers: Headers, body: Body, *, timeout: float, idle_timeout: float
+        self, method: str, path_qs: str, headers: Headers, body: Body, *, timeout: float, idle_timeout: float,
+        deadline: float | None = None,
     ) -> Response: ...
 
     async def close(self) -> None: ...
@@ -102,12 +104,14 @@ class Upstream:
         transport: Transport | None = None,
         show_url: bool = False,
         forward_authorization: bool = True,
+        total_timeout: float = 0.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         # The URL as clients may see it in errors: only when the operator opts in
         # (server.show_upstream_url); the logs always name it.
         self.public_url: str | None = self.base_url if show_url else None
         self.forward_authorization = forward_authorization
+        self.total_timeout = total_timeout          # 0: off; else one request's whole time, headers to last byte
         self.connect_timeout = connect_timeout
         self.timeout = timeout                      # until the response headers
         self.idle_timeout = idle_timeout if idle_timeout is not None else timeout  # between body chunks
@@ -145,11 +149,13 @@ class Upstream:
         """
         if not path_qs.startswith("/"):
             path_qs = "/" + path_qs
+        deadline = asyncio.get_running_loop().time() + self.total_timeout if self.total_timeout else None
         try:
             return await self._transport.request(
                 method, path_qs, self.outgoing_headers(headers), body,
                 timeout=timeout if timeout is not None else self.timeout,
                 idle_timeout=timeout if timeout is not None else self.idle_timeout,
+                deadline=deadline,
             )
         except BaseException as exc:
             mapped = self.map_exception(exc, phase="waiting for the response headers")
@@ -163,6 +169,8 @@ class Upstream:
             return exc
         if isinstance(exc, ConnectError):
             return errors.upstream_unreachable(self.public_url, str(exc))
+        if isinstance(exc, DeadlineExceeded):
+            return errors.request_deadline(self.public_url, self.total_timeout)
         if isinstance(exc, ConnectTimeout):
             return errors.upstream_timeout(self.public_url, "connecting", self.connect_timeout)
         if isinstance(exc, (ReadTimeout, TimeoutError)):

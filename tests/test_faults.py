@@ -1377,6 +1377,28 @@ def test_idle_timeout_is_separate_from_first_byte_timeout(qwen3_dir: Path, strea
     assert record.action == "upstream_error"
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_total_deadline_cuts_an_upstream_that_never_stops(qwen3_dir: Path, stream: bool) -> None:
+    """idle_timeout restarts with every chunk: a stream that goes on forever needs upstream.total_timeout."""
+    with running_stack(qwen3_dir, fake_kwargs={"tokens_per_second": 20}, timeout=30.0, total_timeout=0.5) as stack:
+        started = time.monotonic()
+        response = httpx.post(stack.base_url + CHAT, timeout=60, json=chat(1000, stream=stream))  # 50 s of tokens
+        elapsed = time.monotonic() - started
+        request = stack.chat_requests()[-1]
+        assert stack.fake.wait_until(lambda f: request.closed_at is not None, timeout=5), "the upstream kept going"
+        record = stack.recorder.last()
+    assert elapsed < 10
+    if stream:
+        events = sse_data(response.text)
+        assert events[-1] == "[DONE]" and len(events) > 3       # tokens flowed, then the cut
+        error = json.loads(events[-2])["error"]
+    else:
+        assert response.status_code == 504
+        error = response.json()["error"]
+    assert error["code"] == "upstream_timeout" and "upstream.total_timeout" in error["message"]
+    assert (record.action, record.error_code) == ("upstream_error", "upstream_timeout")
+
+
 def test_slow_first_byte_is_bounded_by_timeout_not_idle_timeout(qwen3_dir: Path) -> None:
     """A non-streamed answer sends nothing until the generation ends: only `timeout` applies to it."""
     with running_stack(qwen3_dir, fake_kwargs={"tokens_per_second": 20}, timeout=30.0, idle_timeout=0.3) as stack:
