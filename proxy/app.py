@@ -100,7 +100,8 @@ class HeadroomApp:
         ll = self.config.length_log
         if ll.path and self.recorder.lengthlog is None:
             # Made here, inside the serving process: the writer thread does not survive a fork.
-            self.recorder.attach_lengthlog(LengthLog(ll.path, max_bytes=ll.max_bytes, backups=ll.backups))
+            self.recorder.attach_lengthlog(LengthLog(ll.path, max_bytes=ll.max_bytes, backups=ll.backups,
+                                                     flush_interval_s=ll.flush_interval, fsync=ll.fsync))
         self.backends.start()
 
     async def shutdown(self) -> None:
