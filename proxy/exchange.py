@@ -106,34 +106,31 @@ class AdmittedExchange:
 
     async def run(self) -> None:
         try:
-            await self.exchange()
+            try:
+                await self.prepare()
+            except ClientGone:
+                log.debug("client left before sending the whole body of %s", self.scope["path"])
+                return
+            except HeadroomError as err:
+                if not self.info:
+                    self.info = [(b"x-headroom-action", Action.REJECTED.encode()),
+                                 (b"x-request-id", self.request_id.encode())]
+                await self.answer_error(err, Action.REJECTED if err.status < 500 else Action.UPSTREAM_ERROR)
+                self.finish()
+                return
+            try:
+                if await until_disconnect(self.receive, self.forward_and_relay()):
+                    self.record.error_code = ErrorCode.CLIENT_DISCONNECTED
+            except asyncio.CancelledError as exc:
+                if not is_shutdown_deadline(exc):
+                    raise
+                # SIGTERM's drain deadline passed while this request waited for its answer.
+                await self.answer_shutdown()
+            self.finish()
         finally:
             if self.holds_slot:
                 assert self.backend is not None
                 self.backend.gate.release()
-
-    async def exchange(self) -> None:
-        try:
-            await self.prepare()
-        except ClientGone:
-            log.debug("client left before sending the whole body of %s", self.scope["path"])
-            return
-        except HeadroomError as err:
-            if not self.info:
-                self.info = [(b"x-headroom-action", Action.REJECTED.encode()),
-                             (b"x-request-id", self.request_id.encode())]
-            await self.answer_error(err, Action.REJECTED if err.status < 500 else Action.UPSTREAM_ERROR)
-            self.finish()
-            return
-        try:
-            if await until_disconnect(self.receive, self.forward_and_relay()):
-                self.record.error_code = ErrorCode.CLIENT_DISCONNECTED
-        except asyncio.CancelledError as exc:
-            if not is_shutdown_deadline(exc):
-                raise
-            # SIGTERM's drain deadline passed while this request waited for its answer.
-            await self.answer_shutdown()
-        self.finish()
 
     # -- prepare ----------------------------------------------------------------------
 

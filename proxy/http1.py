@@ -214,22 +214,16 @@ class _Connection(asyncio.Protocol):
 
     async def wait(self, timeout: float, deadline: float | None = None) -> None:
         """Wait for the next parser event, at most `timeout` seconds and never past `deadline` (loop time)."""
+        expire = _expire
         if deadline is not None:
             left = deadline - self.loop.time()
             if left <= 0:
                 raise DeadlineExceeded()
             if left < timeout:
-                try:
-                    await self._wait(left)
-                except ReadTimeout:
-                    raise DeadlineExceeded() from None
-                return
-        await self._wait(timeout)
-
-    async def _wait(self, timeout: float) -> None:
+                timeout, expire = left, _expire_deadline
         waiter = self.loop.create_future()
         self._waiter = waiter
-        timer = self.loop.call_later(timeout, _expire, waiter)
+        timer = self.loop.call_later(timeout, expire, waiter)
         try:
             await waiter
         finally:
@@ -263,6 +257,11 @@ class _Connection(asyncio.Protocol):
 def _expire(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_exception(ReadTimeout())
+
+
+def _expire_deadline(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(DeadlineExceeded())
 
 
 class Response:
