@@ -213,8 +213,8 @@ def test_500_mb_answer_is_relayed_in_bounded_memory(qwen3_dir: Path, tmp_path: P
             headroom.stop()
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert received == declared > HUGE_ANSWER
-    assert tail.endswith(b"}}") and b'"completion_tokens":%d' % (HUGE_ANSWER // 8) in tail
-    assert records[-1]["completion_tokens"] == HUGE_ANSWER // 8 and records[-1]["status"] == 200
+    assert tail.endswith(b'"completion_tokens":2000}}')
+    assert records[-1]["completion_tokens"] == 2000 and records[-1]["status"] == 200
     growth = (peak - rss_before) / 1024
     print(f"\n[G] {HUGE_ANSWER >> 20} MB non-streamed answer in {elapsed:.1f} s: headroom RSS "
           f"{rss_before / 1024:.0f} MiB before, peak {peak / 1024:.0f} MiB (+{growth:.0f} MiB"

@@ -1266,7 +1266,7 @@ class FakeVLLM:
         head = b'{"id":"chatcmpl-huge","object":"chat.completion","created":1,"model":"%s","choices":[' \
                b'{"index":0,"message":{"role":"assistant","content":"' % self.model.encode()
         tail = (b'"},"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":9,'
-                b'"total_tokens":%d,"completion_tokens":%d}}' % (9 + size // 8, size // 8))
+                b'"total_tokens":2009,"completion_tokens":2000}}')
         record.status = 200
         conn.write(conn._head(200, [("content-length", str(len(head) + size + len(tail))),
                                     ("content-type", _JSON)]) + head)
