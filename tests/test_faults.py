@@ -843,7 +843,7 @@ def test_impossible_upstream_usage_stays_out_of_the_records(qwen3_dir: Path, tmp
         assert st.http.post(CHAT, json=chat()).status_code == 200
         assert st.http.post(CHAT, json=chat()).status_code == 200            # a sane answer beside it
         assert st.app.recorder.lengthlog is not None and st.app.recorder.lengthlog.flush(5)
-    odd, sane = [json.loads(line) for line in length_log.read_text().splitlines()]
+    odd, _sane = [json.loads(line) for line in length_log.read_text().splitlines()]
     assert odd["upstream_prompt_tokens"] == (prompt if 0 <= prompt <= 2048 else None)
     assert odd["completion_tokens"] == (completion if 0 <= completion <= 2048 else None)
     builder = build_report([str(length_log)])
