@@ -38,6 +38,7 @@ DEFAULT_MODELS = ROOT.parent / "shared" / "models"
 SEEDS = ROOT.parent / "shared" / "seeds"
 MODELS = ["Qwen--Qwen3-8B", "deepseek-ai--DeepSeek-V3.1", "microsoft--Phi-3-mini-4k-instruct"]
 TARGETS = [1_000, 10_000, 100_000]
+ENGINE = "auto"  # --engine: which encoder load_model_tokenizer picks ("tokenizers" = as before fastokens)
 
 
 def rss_bytes() -> int:
@@ -79,7 +80,8 @@ def rss_added_by_loading(directory: pathlib.Path) -> int:
     """RSS after minus before loading one tokenizer, in a fresh interpreter
     (in this process the allocator reuses memory freed by earlier loads)."""
     out = subprocess.run(
-        [sys.executable, __file__, "--rss-of", str(directory)], check=True, capture_output=True, text=True
+        [sys.executable, __file__, "--engine", ENGINE, "--rss-of", str(directory)],
+        check=True, capture_output=True, text=True,
     ).stdout
     return int(out.strip())
 
@@ -87,7 +89,7 @@ def rss_added_by_loading(directory: pathlib.Path) -> int:
 def _print_rss_of(directory: str) -> None:
     gc.collect()
     before = rss_bytes()
-    model = load_model_tokenizer(directory)
+    model = load_model_tokenizer(directory, engine=ENGINE)
     gc.collect()
     print(rss_bytes() - before)
     del model
@@ -102,7 +104,7 @@ def bench_models(models_root: pathlib.Path, rounds: int) -> dict[str, Any]:
         gc.collect()
         before = rss_bytes()
         start = time.perf_counter()
-        model = load_model_tokenizer(directory)
+        model = load_model_tokenizer(directory, engine=ENGINE)
         load_s = time.perf_counter() - start
         after = rss_bytes()
         source = next(iter(model._templates.values())).source
@@ -214,7 +216,8 @@ def bench_event_loop(models_root: pathlib.Path, text: str, rounds: int) -> None:
             print(f"{label:44} {wall:8.1f} {lag:16.1f} {ticks:6d}")
     finally:
         pool.shutdown()
-    print("* what ModelTokenizer.count_text uses")
+    print("* what ModelTokenizer.count_text uses for a model that counts with tokenizers "
+          "(engine_fallback set); fastokens models: bench/engine_bench.py")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,12 +225,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models-root", type=pathlib.Path, default=DEFAULT_MODELS)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--rss-of", help=argparse.SUPPRESS)
+    parser.add_argument("--engine", default="auto", help="auto (fastokens where it passes), tokenizers")
+    parser.add_argument("--load-only", action="store_true", help="only the load / compile / memory table")
     args = parser.parse_args(argv)
+    global ENGINE
+    ENGINE = args.engine
     if args.rss_of:
         _print_rss_of(args.rss_of)
         return 0
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, medians of {args.rounds} rounds")
     loaded = bench_models(args.models_root, args.rounds)
+    if args.load_only:
+        return 0
     long_text = bench_counting(loaded, args.rounds)
     bench_event_loop(args.models_root, long_text, args.rounds)
     return 0

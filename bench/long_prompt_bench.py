@@ -45,7 +45,7 @@ QWEN3 = SHARED / "models" / "Qwen--Qwen3-8B"
 FAKE_SCRIPT = """
 import asyncio, sys
 sys.path.insert(0, {root!r})
-from tests.fakevllm import FakeVLLM
+from tests.support.fakevllm import FakeVLLM
 async def main():
     async with FakeVLLM(max_model_len=131072, record=False) as fake:
         print(fake.port, flush=True)

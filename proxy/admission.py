@@ -95,7 +95,7 @@ class RequestedLimit:
 
 @dataclass(frozen=True)
 class Decision:
-    action: Literal[Action.PASS, Action.CLAMPED, Action.REJECTED]
+    action: Literal[Action.PASS, Action.CLAMPED, Action.REJECTED, Action.UNCOUNTED]
     requested: int | None                       # the client's effective limit (None: not sent)
     granted: int | None = None                  # the limit forwarded (None: nothing set)
     rewrite: Mapping[str, int] | None = None    # body fields to set; None → forward bytes as they came
@@ -130,6 +130,16 @@ def parse_limit_field(name: str, value: Any) -> int | None:
     if number < 1:
         raise errors.invalid_field(name, "must be at least 1", value)
     return number
+
+
+def decide_uncounted(requested: RequestedLimit, max_model_len: int) -> Decision:
+    """A request nothing here can count: forwarded as sent, except that a limit above
+    max_model_len (which vLLM refuses whatever the prompt) is lowered to it."""
+    asked = requested.value
+    if asked is not None and asked > max_model_len:
+        return Decision(Action.UNCOUNTED, asked, max_model_len,
+                        {f: max_model_len for f in requested.fields_to_set()})
+    return Decision(Action.UNCOUNTED, asked, asked)
 
 
 def read_requested_limit(body: Mapping[str, Any], fields: tuple[str, ...], default_field: str) -> RequestedLimit:

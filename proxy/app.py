@@ -30,6 +30,7 @@ from .counting import PromptCounter
 from .errors import HeadroomError
 from .exchange import AdmittedExchange, ExchangeServices
 from .lengthlog import LengthLog
+from .live_sizing import LiveSizing
 from .metrics import Metrics
 from .models import ModelInfo
 from .pages import routes
@@ -78,6 +79,10 @@ class HeadroomApp:
             metrics.attach_piece_cache(self.counter.piece_cache.stats)
         metrics.attach_gates(lambda: [(b.name, b.gate) for b in self.backends.items])
         self._policies: dict[str | None, Policy] = {}
+        # The model's config.json and its upstream's /metrics, for /stats and the sizing gauges.
+        self.sizing = LiveSizing(config, self.backends, self.counter.tokenizer_dir, self._policy)
+        self.recorder.sizing = self.sizing.for_model
+        metrics.registry.register(self.sizing.collector(self.recorder.demand_kv_percentile, metrics.model_label))
         self.services = ExchangeServices(config, self.backends, self.counter, self.recorder, self._policy)
         self._local = Router(routes=routes(self.recorder)
                              + health.routes(self.backends, self.counter, self._pages_authorized))
@@ -103,10 +108,12 @@ class HeadroomApp:
             self.recorder.attach_lengthlog(LengthLog(ll.path, max_bytes=ll.max_bytes, backups=ll.backups,
                                                      flush_interval_s=ll.flush_interval, fsync=ll.fsync))
         self.backends.start()
+        self.sizing.start()
 
     async def shutdown(self) -> None:
         for task in list(self._background):
             task.cancel()
+        await self.sizing.stop()
         await self.backends.stop()
         await asyncio.to_thread(self.recorder.close)   # flushes the length log
 
@@ -114,6 +121,7 @@ class HeadroomApp:
         for name, info in models.items():
             self.recorder.metrics.set_limit_unknown(name, info.limit_problem is not None and info.source != "config")
         self.counter.forget_dirs()
+        self.sizing.forget_configs()
         task = asyncio.ensure_future(self.counter.preload(list(models)))
         self._background.add(task)
         task.add_done_callback(self._background.discard)

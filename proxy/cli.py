@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="after SIGTERM, how long in-flight requests and streams may run before they are cut (default 30)",
     )
+    serve.add_argument("--upstream-metrics", action="store_true", default=None,
+                       help="scrape each upstream's /metrics: its real KV pool and the time-to-add-capacity signals")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-json", action="store_true", default=None, help="one JSON object per log line")
     serve.set_defaults(func=run_serve)
@@ -85,6 +87,7 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, object]:
         "upstream.idle_timeout": args.upstream_timeout,
         "server.shutdown_timeout": args.shutdown_timeout,
         "policy.margin_tokens": args.margin_tokens,
+        "upstream_metrics.enabled": args.upstream_metrics,
         "logging.level": args.log_level,
         "logging.json": args.log_json,
     }
@@ -109,6 +112,7 @@ def summary(config: Config) -> str:
         f"  back-pressure {config.upstream.max_concurrent_requests or 'off'}"
         + (f" in flight per upstream, wait {config.upstream.queue_timeout:g} s"
            if config.upstream.max_concurrent_requests else ""),
+        f"  upstream metrics {_upstream_metrics(config)}",
         "  (served models, their max_model_len and tokenizer sources are logged once the upstream answers)",
     ]
     for name, model in config.models.items():
@@ -125,6 +129,13 @@ def _pages_target(config: Config) -> str:
     if server.api_keys and not server.metrics_port:
         return f"{where}, API keys"
     return f"{where}, open"
+
+
+def _upstream_metrics(config: Config) -> str:
+    um = config.upstream_metrics
+    if not um.enabled:
+        return "off (--upstream-metrics reads each upstream's KV pool from its /metrics)"
+    return f"{um.path} every {um.interval_s:g} s (timeout {um.timeout_s:g} s)"
 
 
 def _length_log_target(path: str | None) -> str:
@@ -162,7 +173,8 @@ def run_serve(args: argparse.Namespace) -> int:
         access_log=False,          # access lines would carry paths only, but keep logs quiet by default
         server_header=False,       # relay the upstream's own Server and Date headers
         date_header=False,
-        timeout_graceful_shutdown=config.server.shutdown_timeout,  # type: ignore[arg-type]  # a float works
+        # uvicorn annotates it int; it hands the value to asyncio, which takes a float as well
+        timeout_graceful_shutdown=config.server.shutdown_timeout,  # type: ignore[arg-type]
         # headroom never reads the client address, so uvicorn's X-Forwarded-For
         # rewriting middleware would be pure per-request cost (~2 % of CPU, profiled).
         proxy_headers=False,

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from tokenizer_cache import holds_tokenizer
+
 from .admission import Policy
 
 MiB = 1024 * 1024
@@ -100,6 +102,8 @@ class ModelConfig:
 
     max_model_len: int | None = None
     tokenizer: str | None = None
+    # vLLM's --tokenizer-mode for this model: "auto" detects Mistral-format folders as vLLM does.
+    tokenizer_mode: Literal["auto", "hf", "mistral"] = "auto"
     margin_tokens: int | None = None
     margin_fraction: float | None = None
     min_completion_tokens: int | None = None
@@ -146,6 +150,19 @@ class MetricsConfig:
 
 
 @dataclass
+class UpstreamMetricsConfig:
+    """The scrape of each upstream's /metrics (proxy.live_sizing): its real KV pool, usage, preemptions, queue."""
+
+    enabled: bool = False
+    path: str = "/metrics"
+    interval_s: float = 15.0
+    timeout_s: float = 5.0
+    kv_usage_pinned: float = 0.9          # KV cache usage at or above this counts as pinned at peak
+    pinned_scrapes: int = 2               # consecutive scrapes before pinned usage or waiting requests signal
+    max_num_seqs: int | None = None       # the upstream's --max-num-seqs: tells scheduler queueing from memory
+
+
+@dataclass
 class LoggingConfig:
     level: Literal["debug", "info", "warning", "error"] = "info"
     json: bool = False
@@ -161,6 +178,7 @@ class Config:
     tokenizers: TokenizersConfig = field(default_factory=TokenizersConfig)
     length_log: LengthLogConfig = field(default_factory=LengthLogConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    upstream_metrics: UpstreamMetricsConfig = field(default_factory=UpstreamMetricsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def policy_for(self, model: str | None) -> Policy:
@@ -300,10 +318,11 @@ def _parse_text(hint: Any, text: str, key: str) -> Any:
 def _env_overrides(env: Mapping[str, str]) -> dict[str, str]:
     """HEADROOM_<SECTION>_<KEY> → "section.key" for every scalar key of every section."""
     found: dict[str, str] = {}
+    sections = typing.get_type_hints(Config)
     for section in dataclasses.fields(Config):
         if section.name in ("models", "upstreams"):
             continue
-        for fld in dataclasses.fields(typing.get_type_hints(Config)[section.name]):
+        for fld in dataclasses.fields(sections[section.name]):
             name = f"HEADROOM_{section.name}_{fld.name}".upper()
             if name in env:
                 found[f"{section.name}.{fld.name}"] = env[name]
@@ -338,6 +357,16 @@ def _check_semantics(config: Config) -> None:
         raise ConfigError("'policy.min_completion_tokens' must be at least 1")
     if not 0 <= config.policy.margin_fraction < 1:
         raise ConfigError(f"'policy.margin_fraction' must be in [0, 1), got {config.policy.margin_fraction}")
+    um = config.upstream_metrics
+    if not um.path.startswith("/"):
+        raise ConfigError(f"'upstream_metrics.path' must start with /, got {um.path!r}")
+    for key in ("interval_s", "timeout_s"):
+        if getattr(um, key) <= 0:
+            raise ConfigError(f"'upstream_metrics.{key}' must be above 0, got {getattr(um, key)}")
+    if not 0 < um.kv_usage_pinned <= 1:
+        raise ConfigError(f"'upstream_metrics.kv_usage_pinned' must be in (0, 1], got {um.kv_usage_pinned}")
+    if um.pinned_scrapes < 1 or (um.max_num_seqs is not None and um.max_num_seqs < 1):
+        raise ConfigError("'upstream_metrics.pinned_scrapes' and 'upstream_metrics.max_num_seqs' must be at least 1")
     if not 0 < config.server.port < 65536:
         raise ConfigError(f"'server.port' must be 1–65535, got {config.server.port}")
     if config.server.metrics_port >= 65536 or config.server.metrics_port == config.server.port:
@@ -348,9 +377,10 @@ def _check_semantics(config: Config) -> None:
     for name, model in config.models.items():
         if model.max_model_len is not None and model.max_model_len < 1:
             raise ConfigError(f"'models.\"{name}\".max_model_len' must be at least 1")
-        if model.tokenizer is not None and not (Path(model.tokenizer) / "tokenizer.json").is_file():
+        if model.tokenizer is not None and not holds_tokenizer(Path(model.tokenizer)):
             raise ConfigError(
-                f"'models.\"{name}\".tokenizer' = {model.tokenizer!r} is not a directory holding tokenizer.json"
+                f"'models.\"{name}\".tokenizer' = {model.tokenizer!r} is not a directory holding tokenizer.json "
+                "(or, for a Mistral-format model, tekken.json or tokenizer.model.v*)"
             )
 
 

@@ -25,7 +25,8 @@ from typing import Any, TextIO
 
 from tokenizer_cache import (
     CountError,
-    ModelTokenizer,
+    CountingModel,
+    MediaNotCountable,
     TokenizerCache,
     find_tokenizer_dir,
     load_model_tokenizer,
@@ -34,6 +35,7 @@ from tokenizer_cache import (
 EXIT_OK = 0
 EXIT_REJECTED = 1
 EXIT_BAD_INPUT = 2
+EXIT_UNCOUNTED = 3      # media headroom cannot count (vLLM would serve the request)
 
 
 def register(subparsers: Any) -> None:
@@ -77,7 +79,7 @@ def _endpoint_of(body: dict[str, Any], given: str | None) -> str | None:
     return None
 
 
-def count_request(tokenizer: ModelTokenizer, endpoint: str, body: Any) -> dict[str, Any]:
+def count_request(tokenizer: CountingModel, endpoint: str, body: Any) -> dict[str, Any]:
     """The result object for one request body (raises CountError on rejection)."""
     if endpoint == "chat":
         return {"prompt_tokens": tokenizer.count_chat(body)}
@@ -118,6 +120,10 @@ def _run_single(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except CountError as exc:
         _emit(out, {"error": {"message": exc.message, "param": exc.param}})
         return EXIT_REJECTED
+    except MediaNotCountable as exc:
+        # Not a refusal: vLLM would serve it; only its count is out of reach here.
+        _emit(out, {"uncounted": {"reason": exc.reason, "message": str(exc)}})
+        return EXIT_UNCOUNTED
     return EXIT_OK
 
 
@@ -156,6 +162,8 @@ def _case_result(cache: TokenizerCache, root: pathlib.Path, line: str, number: i
         return {"id": case_id, **count_request(tokenizer, endpoint, request)}
     except CountError as exc:
         return {"id": case_id, "error": exc.message}
+    except MediaNotCountable as exc:
+        return {"id": case_id, "uncounted": exc.reason}
 
 
 def _run_jsonl(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

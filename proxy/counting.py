@@ -42,7 +42,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tokenizer_cache import CountError, ModelTokenizer, PieceCountCache, TokenizerCache, find_tokenizer_dir
+from tokenizer_cache import (
+    CountError,
+    CountingModel,
+    MediaNotCountable,
+    PieceCountCache,
+    TokenizerCache,
+    find_tokenizer_dir,
+)
 
 from . import errors
 from .backends import Backends
@@ -119,22 +126,26 @@ def _trim_heap() -> None:
 
 # -- vLLM's character bound ------------------------------------------------------------
 
-_FACTORS: weakref.WeakKeyDictionary[ModelTokenizer, int] = weakref.WeakKeyDictionary()
+_FACTORS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
-def max_chars_per_token(tok: ModelTokenizer) -> int:
-    """vLLM's factor: the longest token of the vocabulary, in characters.
+def max_chars_per_token(tok: CountingModel) -> int | None:
+    """vLLM's factor: the longest token of the vocabulary, in characters; None where no bound applies.
 
     vLLM 0.32 takes `max(len(tok) for tok in tokenizer.get_vocab())`
-    (vllm/tokenizers/hf.py); transformers' vocabulary is tokenizer.json's with
-    its added tokens, plus tokens tokenizer_config.json declares.  The
-    tokenizer's own `max_chars_per_token` is used when it has one; otherwise
-    it is computed here, over that same set (a token too many can only raise
-    the bound, never refuse a prompt vLLM would take).
+    (vllm/tokenizers/hf.py) and holds text prompts to it.  The counter's own
+    `max_chars_per_token` is used when it has one (tokenizer_cache's
+    ModelTokenizer does); an HF tokenizer without it gets it computed here
+    over the same vocabulary (tokenizer.json with added tokens, plus what
+    tokenizer_config.json declares: a token too many can only raise the
+    bound).  Other families (harmony, mistral) are not held to a bound here:
+    skipping a check never refuses what vLLM would serve.
     """
     own = getattr(tok, "max_chars_per_token", None)
-    if isinstance(own, int):
+    if isinstance(own, int) and not isinstance(own, bool):
         return own
+    if getattr(tok, "family", "hf") != "hf" or not hasattr(tok, "tokenizer"):
+        return None
     found = _FACTORS.get(tok)
     if found is None:
         found = max((len(t) for t in tok.tokenizer.get_vocab(with_added_tokens=True)), default=0)
@@ -179,7 +190,7 @@ def char_bound(max_model_len: int, chars_per_token: int, body: dict[str, Any]) -
     return max_model_len * chars_per_token
 
 
-def check_char_bound(surface: Surface, tok: ModelTokenizer, body: dict[str, Any], bound: int,
+def check_char_bound(surface: Surface, tok: CountingModel, body: dict[str, Any], bound: int,
                      max_model_len: int) -> None:
     """Refuse, as vLLM would, a prompt text longer than `bound` characters (before encoding it)."""
     for text in surface.prompt_texts(tok, body):
@@ -199,6 +210,7 @@ class Count:
     exact: bool = True          # the upstream's count (see proxy.trust)
     margin: int = 0             # tokens to hold back when not exact
     source: Literal["local", "upstream"] = "local"
+    uncounted: str | None = None  # why nothing could count it (then per_prompt is empty)
 
     @property
     def total(self) -> int:
@@ -218,7 +230,7 @@ class PromptCounter:
         # thread (asyncio.to_thread + TokenizerCache.get's Path.resolve() were ~20 %
         # of headroom's CPU per small request, profiled at 64 connections).
         # Bounded like the cache itself; cleared when the model list changes.
-        self._ready: OrderedDict[str, ModelTokenizer] = OrderedDict()
+        self._ready: OrderedDict[str, CountingModel] = OrderedDict()
         self._ready_max = config.tokenizers.cache_size
         self._hf_home = config.tokenizers.hf_home or os.environ.get("HF_HOME")
         self.on_parity: list[Callable[[str, bool], None]] = []
@@ -240,6 +252,18 @@ class PromptCounter:
         found = self._resolve(model, seen=set())
         self._dirs[model] = found
         return found
+
+    def tokenizer_mode(self, model: str) -> str:
+        """vLLM's --tokenizer-mode for the model (a LoRA adapter takes its base model's)."""
+        override = self._config.models.get(model)
+        if override is not None and override.tokenizer_mode != "auto":
+            return override.tokenizer_mode
+        info = self._backends.info(model)
+        if info is not None and info.parent and info.parent != model:
+            parent = self._config.models.get(info.parent)
+            if parent is not None:
+                return parent.tokenizer_mode
+        return "auto"
 
     def _resolve(self, model: str, seen: set[str]) -> Path | None:
         seen.add(model)
@@ -287,7 +311,7 @@ class PromptCounter:
         for callback in self.on_trust:
             callback(trust)
 
-    async def tokenizer(self, model: str) -> ModelTokenizer | None:
+    async def tokenizer(self, model: str) -> CountingModel | None:
         ready = self._ready.get(model)
         if ready is not None:
             return ready
@@ -296,7 +320,7 @@ class PromptCounter:
             self.counted_by[model] = "upstream"
             return None
         try:
-            tok = await asyncio.to_thread(self._cache.get, directory)
+            tok = await asyncio.to_thread(self._cache.get, directory, self.tokenizer_mode(model))
         except (OSError, ValueError) as exc:
             log.warning("cannot load the tokenizer of %s from %s: %s", model, directory, exc)
             self._dirs[model] = None
@@ -321,27 +345,35 @@ class PromptCounter:
             if tok is not None and tok.piece_fallback:
                 log.info("model %s: counting whole prompts (no per-piece cache): %s", model, tok.piece_fallback)
             if tok is not None and self._config.tokenizers.parity_check:
-                result = await self.parity_check(model, tok)
+                # vLLM's /tokenize renders the HF template even for gpt-oss, whose chats
+                # it renders with harmony: those probes are checked against usage instead.
+                by_tokenize = tok.family != "harmony"
+                result = await (self.parity_check(model, tok) if by_tokenize else self.parity_by_usage(model, tok))
                 trust = self.trust(model)
-                self._changed(trust, trust.probes(result))
+                self._changed(trust, trust.probes(result, by_tokenize=by_tokenize))
                 if result is not None:
                     for callback in self.on_parity:
                         callback(model, result)
 
-    async def parity_check(self, model: str, tok: ModelTokenizer) -> bool | None:
+    async def parity_check(self, model: str, tok: CountingModel) -> bool | None:
         """Count a few built-in conversations locally and with the upstream's /tokenize.
 
-        True: every count matched. False: a mismatch (logged as a warning naming
+        True: every probe matched. False: a mismatch (logged as a warning naming
         the model: a wrong tokenizer directory or chat template would make every
-        clamp wrong). None: the upstream has no usable /tokenize (not vLLM).
+        clamp wrong), which includes one side refusing a probe the other counts.
+        None: nothing could be compared (no usable /tokenize, not vLLM; or both
+        sides refused every probe).
         """
         mismatches = []
+        compared = 0
         upstream = self._upstream(model)
         for name, probe in PARITY_PROBES.items():
             try:
-                local = await asyncio.to_thread(tok.count_chat, probe)
+                local: int | None = await asyncio.to_thread(tok.count_chat, probe)
             except CountError:
-                continue  # the template cannot render this probe (e.g. no tool support)
+                local = None      # the template cannot render this probe (e.g. no tool support)
+            except MediaNotCountable:
+                continue          # a model headroom counts no images for: the upstream counts those
             try:
                 status, answer = await upstream.post_json(
                     "/tokenize", {"model": model, "add_generation_prompt": True, **probe}
@@ -350,10 +382,15 @@ class PromptCounter:
                 return None
             if status == 404:
                 return None
-            if status != 200 or not isinstance(answer, dict) or not isinstance(answer.get("count"), int):
-                continue
-            if answer["count"] != local:
-                mismatches.append(f"{name}: headroom {local}, upstream {answer['count']}")
+            theirs = answer.get("count") if status == 200 and isinstance(answer, dict) else None
+            if status >= 500 or (status == 200 and not isinstance(theirs, int)):
+                continue          # the upstream failed, not the probe: nothing learnt
+            if local is None and theirs is None:
+                continue          # both refuse it: they agree, but nothing was counted
+            compared += 1
+            if local != theirs:
+                shown = [("refused" if c is None else str(c)) for c in (local, theirs)]
+                mismatches.append(f"{name}: headroom {shown[0]}, upstream {shown[1]}")
         if mismatches:
             log.warning(
                 "model %s: headroom's token counts differ from the upstream's /tokenize (%s); check the "
@@ -361,7 +398,49 @@ class PromptCounter:
                 model, "; ".join(mismatches), tok.source_dir,
             )
             return False
-        log.info("model %s: token counts match the upstream's /tokenize", model)
+        if compared == 0:
+            log.warning("model %s: no start-up probe could be compared with the upstream's /tokenize", model)
+            return None
+        log.info("model %s: token counts match the upstream's /tokenize (%d probes)", model, compared)
+        return True
+
+    async def parity_by_usage(self, model: str, tok: CountingModel) -> bool | None:
+        """The probes as one-token chat completions, their usage against headroom's count.
+
+        For models whose /tokenize does not render what the chat renders; costs
+        one prefill and one generated token per probe, once per model.
+        """
+        upstream = self._upstream(model)
+        mismatches = []
+        compared = 0
+        for name, probe in PARITY_PROBES.items():
+            try:
+                local: int | None = await asyncio.to_thread(tok.count_chat, probe)
+            except CountError:
+                local = None
+            except MediaNotCountable:
+                continue
+            try:
+                status, answer = await upstream.post_json(
+                    "/v1/chat/completions", {"model": model, "max_tokens": 1, **probe})
+            except errors.HeadroomError:
+                return None
+            usage = answer.get("usage") if status == 200 and isinstance(answer, dict) else None
+            theirs = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+            if status >= 500 or (status == 200 and not isinstance(theirs, int)):
+                continue
+            if local is None and theirs is None:
+                continue
+            compared += 1
+            if local != theirs:
+                mismatches.append(f"{name}: headroom {local}, upstream usage {theirs}")
+        if mismatches:
+            log.warning("model %s: headroom's token counts differ from the upstream's usage (%s)",
+                        model, "; ".join(mismatches))
+            return False
+        if compared == 0:
+            return None
+        log.info("model %s: token counts match the upstream's usage (%d probes)", model, compared)
         return True
 
     # -- counting -------------------------------------------------------------
@@ -378,7 +457,10 @@ class PromptCounter:
         if tok is None:
             counted = await self._count_upstream(model, surface, body)
             return Count(counted, trust.exact, trust.margin, "upstream")
-        local = await self._count_local(tok, surface, body, body_size, max_model_len)
+        try:
+            local = await self._count_local(tok, surface, body, body_size, max_model_len)
+        except MediaNotCountable as exc:
+            return await self._count_media_upstream(model, surface, body, exc)
         if trust.mode == "upstream":
             try:
                 counted = await self._count_upstream(model, surface, body)
@@ -391,7 +473,16 @@ class PromptCounter:
             return Count(counted, True, 0, "upstream")
         return Count(local, trust.exact, trust.margin, "local")
 
-    async def _count_local(self, tok: ModelTokenizer, surface: Surface, body: dict[str, Any],
+    async def _count_media_upstream(self, model: str, surface: Surface, body: dict[str, Any],
+                                    exc: MediaNotCountable) -> Count:
+        """Media headroom cannot count: vLLM's /tokenize runs the model's multimodal
+        processor and is exact; if it cannot answer, the request goes uncounted (never a 400)."""
+        try:
+            return Count(await self._count_upstream(model, surface, body), True, 0, "upstream")
+        except errors.HeadroomError:
+            return Count([], False, 0, "local", uncounted=exc.reason)
+
+    async def _count_local(self, tok: CountingModel, surface: Surface, body: dict[str, Any],
                            body_size: int, max_model_len: int | None) -> list[int]:
         try:
             if body_size > self._config.tokenizers.offload_above_bytes:
@@ -402,7 +493,7 @@ class PromptCounter:
             raise errors.invalid_prompt(exc.message, getattr(exc, "param", None) or surface.prompt_param) from None
         return [result] if isinstance(result, int) else list(result)
 
-    async def _count_long(self, tok: ModelTokenizer, surface: Surface, body: dict[str, Any], body_size: int,
+    async def _count_long(self, tok: CountingModel, surface: Surface, body: dict[str, Any], body_size: int,
                           max_model_len: int | None) -> int | list[int]:
         """A long prompt, on the counting threads: the character bound, then the encode within the budget.
 
@@ -411,7 +502,8 @@ class PromptCounter:
         skip rendering it twice.
         """
         pool = _long_prompt_pool()
-        bound = char_bound(max_model_len, max_chars_per_token(tok), body) if max_model_len is not None else None
+        factor = max_chars_per_token(tok)
+        bound = char_bound(max_model_len, factor, body) if max_model_len is not None and factor else None
         trim = body_size > TRIM_ABOVE_BYTES
         if bound is not None and max_model_len is not None and body_size * 2 > bound:
             await _in_thread(pool, _check_and_trim, surface, tok, body, bound, max_model_len, trim)
@@ -448,32 +540,80 @@ class PromptCounter:
         return counts
 
 
-_WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
+def _tool(name: str, description: str, strict: bool | None = None, **extra: Any) -> dict[str, Any]:
+    function: dict[str, Any] = {
+        "name": name,
+        "description": description,
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                       "additionalProperties": False},
+    }
+    if strict is not None:
+        function["strict"] = strict
+    return {"type": "function", "function": function, **extra}
 
-# Built-in conversations for the start-up parity check: plain, multi-turn with
-# non-ASCII text, and one with tools (the shape most likely to differ).
+
+# A 27x29 PNG (data URL): a size that is not a multiple of any patch grid.
+_PROBE_IMAGE = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAABsAAAAdCAIAAADU74AfAAAAJ0lEQVR4nGPUqDjBQFXARF3jRk0cNXHU"
+                "xFETR00cNXHUxFETB62JACQeAaLILPZmAAAAAElFTkSuQmCC")
+
+# Built-in conversations for the start-up parity check: the shapes real traffic
+# has (a system prompt, tools as the Agents SDK and LlamaIndex send them, with
+# `strict` true and false and `defer_loading`, text parts, a tool round trip,
+# non-ASCII text, a developer message with reasoning in the history, an image
+# for the models whose images headroom counts, a system message that is not first).  Where a template cannot render one, the
+# upstream must refuse it too, else it is a mismatch (parity_check).
 PARITY_PROBES: dict[str, dict[str, Any]] = {
     "plain": {"messages": [{"role": "user", "content": "Hello! How are you today?"}]},
+    "system": {"messages": [{"role": "system", "content": "You are a careful assistant. Answer briefly."},
+                            {"role": "user", "content": "What is the capital of France?"}]},
+    "tools_strict": {
+        "messages": [{"role": "user", "content": "Weather in Seoul?"}],
+        "tools": [_tool("get_weather", "Current weather for a city", strict=True),
+                  _tool("get_forecast", "Forecast for a city", strict=False, defer_loading=True)],
+    },
+    "parts": {"messages": [
+        {"role": "system", "content": [{"type": "text", "text": "Be terse."}, {"type": "text", "text": "No lists."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Describe rain."}, {"type": "text", "text": "Briefly."}]},
+    ]},
+    "tool_loop": {
+        "messages": [
+            {"role": "user", "content": "Weather in Seoul?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": '{"city": "Seoul"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 21, "sky": "clear"}'},
+            {"role": "user", "content": "And tomorrow?"},
+        ],
+        "tools": [_tool("get_weather", "Current weather for a city", strict=True)],
+    },
     "multi_turn": {
         "messages": [
             {"role": "system", "content": "You are a helpful assistant."},
-            {"role": "user", "content": "세종대왕이 한글을 만든 이유는? 🐶"},
+            {"role": "user", "content": "세종대왕이 한글을 만든 이유는? 🐶 漢字, café, naïve, e\u0301"},
             {"role": "assistant", "content": "To make reading easy for everyone."},
             {"role": "user", "content": "Thanks!"},
         ]
     },
-    "tools": {"messages": [{"role": "user", "content": "Weather in Seoul?"}], "tools": [_WEATHER_TOOL]},
+    "developer_reasoning": {"messages": [
+        {"role": "developer", "content": "Prefer metric units."},
+        {"role": "user", "content": "How far is a marathon?"},
+        {"role": "assistant", "content": "About 42 km.", "reasoning": "The marathon is 42.195 km."},
+        {"role": "user", "content": "In miles?"},
+    ]},
+    "image": {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is in this image?"},
+        {"type": "image_url", "image_url": {"url": _PROBE_IMAGE}},
+    ]}]},
+    "system_not_first": {"messages": [
+        {"role": "user", "content": "Hi."},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "system", "content": "From now on answer in French."},
+        {"role": "user", "content": "How are you?"},
+    ]},
 }
 
 
-def _count_and_trim(surface: Surface, tok: ModelTokenizer, body: dict[str, Any], trim: bool) -> int | list[int]:
+def _count_and_trim(surface: Surface, tok: CountingModel, body: dict[str, Any], trim: bool) -> int | list[int]:
     try:
         return surface.count(tok, body)
     finally:
@@ -481,7 +621,7 @@ def _count_and_trim(surface: Surface, tok: ModelTokenizer, body: dict[str, Any],
             _trim_heap()
 
 
-def _check_and_trim(surface: Surface, tok: ModelTokenizer, body: dict[str, Any], bound: int, max_model_len: int,
+def _check_and_trim(surface: Surface, tok: CountingModel, body: dict[str, Any], bound: int, max_model_len: int,
                     trim: bool) -> None:
     try:
         check_char_bound(surface, tok, body, bound, max_model_len)

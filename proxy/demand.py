@@ -4,8 +4,10 @@ The served lengths are censored at exactly the value under question: a request
 refused for its prompt or clamped to the room left never shows its real
 length, so a percentile of served lengths cannot rise above the current
 `max_model_len` (issue 16).  This module reads the same length records
-(`proxy.record.LengthRecord`, as the dicts of the JSONL log) and states the
-demand of each one.  Pure functions; nothing here is wired into the proxy yet.
+(`proxy.record.LengthRecord`, as the dicts of the JSONL log, or a record's
+`vars()`) and states the demand of each one.  Pure functions: `headroom report`
+(`proxy.report`) and `/stats` (`proxy.stats`) both reduce demands to a
+`DemandTally` and ask `recommend_from_demand`.
 
 Definitions:
 
@@ -27,10 +29,14 @@ Definitions:
 * **demanded KV tokens** (what the cache holds for it; seed 000: "프롬프트 1벌 +
   출력 n벌"): prompt + n × the per-choice completion asked for, or prompt + the
   completion tokens generated (usage already sums the choices).
-* **outcome at L** for a demand, with headroom in front of vLLM 0.32: refused
-  when prompt ≥ L, or when the room left after the margin is below the minimum
-  completion; served in full when the sequence ≤ L; clamped otherwise.
-* Percentiles are `proxy.report.Histogram`'s (numpy's linear method, the
+* **outcome at L** for a demand, with headroom in front of vLLM 0.32
+  (`proxy.admission`, policy `clamp`): refused when prompt ≥ L, or when the
+  sequence does not fit and the room L − prompt is below the minimum
+  completion; served in full when the sequence ≤ L; clamped otherwise.  A
+  margin only shortens a clamped completion, it never refuses one.  Under
+  `on_overflow = "reject"` every "clamped" demand is refused instead: the
+  share that does not fit in full is the same.
+* Percentiles are `proxy.histogram.Histogram`'s (numpy's linear method, the
   definition in `proxy.lengths`); a recommendation is rounded with
   `proxy.lengths.round_to_blocks`.
 """
@@ -39,11 +45,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from proxy.errors import ErrorCode
+from proxy.histogram import Histogram
 from proxy.lengths import BLOCK_SIZE, effective_prompt_tokens, round_to_blocks, sequence_tokens
-from proxy.report import Histogram
 from proxy.surfaces import CHAT, COMPLETIONS
 
 # what the engine applies when a surface's request sends no limit (None: the whole room)
@@ -63,9 +69,8 @@ def _int(rec: Mapping[str, Any], key: str) -> int | None:
     return value if type(value) is int and value >= 0 else None
 
 
-@dataclass(frozen=True)
-class Demand:
-    """One request's demand (see the module docstring)."""
+class Demand(NamedTuple):
+    """One request's demand (see the module docstring); a tuple: a report makes one per record."""
 
     model: str | None
     action: str
@@ -79,6 +84,31 @@ class Demand:
     max_model_len: int | None   # the limit in force when it arrived
 
 
+class DemandFigures(NamedTuple):
+    """The numbers of one demand (`demand_figures`): what the live window keeps per request."""
+
+    completion: int | None
+    sequence: int
+    kv_tokens: int
+    source: Source
+    lower_bound: bool
+
+
+def demand_figures(prompt: int, n: int, requested: int | None, generated: int | None, granted: int | None,
+                   cut: bool, endpoint: str) -> DemandFigures:
+    """The demand of a request with these (already valid) fields: the definitions of the module docstring."""
+    if requested is not None and requested > 0:
+        return DemandFigures(requested, prompt + requested, prompt + n * requested, "requested", False)
+    if generated is not None:
+        sequence = sequence_tokens(prompt, generated, n, granted)
+        assert sequence is not None
+        return DemandFigures(sequence - prompt, sequence, prompt + generated, "generated", cut)
+    implicit = _IMPLICIT_LIMIT.get(endpoint)
+    if implicit is not None:
+        return DemandFigures(implicit, prompt + implicit, prompt + n * implicit, "engine_default", False)
+    return DemandFigures(None, prompt + 1, prompt + n, "prompt_only", True)
+
+
 def record_demand(rec: Mapping[str, Any]) -> Demand | None:
     """The demand of one length record (a `LengthRecord.to_dict()`); None without a prompt count."""
     prompt = effective_prompt_tokens(_int(rec, "prompt_tokens"), _int(rec, "upstream_prompt_tokens"))
@@ -86,56 +116,113 @@ def record_demand(rec: Mapping[str, Any]) -> Demand | None:
         return None
     n = rec.get("n")
     n = n if type(n) is int and n >= 1 else 1
-    requested = _int(rec, "requested_max_tokens")
-    generated = _int(rec, "completion_tokens")
     reasons = rec.get("finish_reasons")
-    cut = isinstance(reasons, list) and "length" in reasons
+    f = demand_figures(prompt, n, _int(rec, "requested_max_tokens"), _int(rec, "completion_tokens"),
+                       _int(rec, "granted_max_tokens"), isinstance(reasons, list) and "length" in reasons,
+                       str(rec.get("endpoint")))
     model = rec.get("model")
-    action = str(rec.get("action", "pass"))
-    limit = _int(rec, "max_model_len")
-
-    def make(completion: int | None, kv: int, source: Source, lower: bool) -> Demand:
-        sequence = prompt + (completion if completion is not None else 1)
-        return Demand(model if isinstance(model, str) else None, action, n, prompt, completion, sequence, kv,
-                      source, lower, limit)
-
-    if requested is not None and requested > 0:
-        return make(requested, prompt + n * requested, "requested", False)
-    if generated is not None:
-        sequence = sequence_tokens(prompt, generated, n, _int(rec, "granted_max_tokens"))
-        assert sequence is not None
-        return make(sequence - prompt, prompt + generated, "generated", cut)
-    implicit = _IMPLICIT_LIMIT.get(str(rec.get("endpoint")))
-    if implicit is not None:
-        return make(implicit, prompt + n * implicit, "engine_default", False)
-    return make(None, prompt + n, "prompt_only", True)
+    return Demand(model if isinstance(model, str) else None, str(rec.get("action", "pass")), n, prompt,
+                  f.completion, f.sequence, f.kv_tokens, f.source, f.lower_bound, _int(rec, "max_model_len"))
 
 
 def demands(records: Iterable[Mapping[str, Any]]) -> list[Demand]:
     return [d for d in map(record_demand, records) if d is not None]
 
 
-def sequence_histogram(ds: Iterable[Demand]) -> Histogram:
-    return Histogram(d.sequence for d in ds)
+class DemandTally:
+    """Demands reduced to 1-D histograms: all the recommendation and the outcome shares need, in bounded memory.
+
+    With a minimum completion m, a demand is refused at L exactly when
+    L < prompt + min(completion, m) (the prompt fills the context, or it does
+    not fit and the room is below m), and fits when sequence ≤ L; everything
+    else is clamped.  So the outcome at any L is two histogram reads, and the
+    size is the number of distinct lengths, not of requests.  m is fixed when
+    the tally is made (the admission policy's `min_completion_tokens`).
+    """
+
+    __slots__ = ("kv", "limits", "lower_bounds", "min_completion", "refused_below", "sequence")
+
+    def __init__(self, ds: Iterable[Demand] = (), min_completion: int = 1) -> None:
+        if min_completion < 1:
+            raise ValueError("min_completion must be at least 1")
+        self.min_completion = min_completion
+        self.sequence: dict[int, int] = {}        # demanded sequence → count
+        self.kv: dict[int, int] = {}              # demanded KV tokens → count
+        self.refused_below: dict[int, int] = {}   # prompt + min(completion, m) → count
+        self.limits: dict[int, int] = {}          # max_model_len in force → count
+        self.lower_bounds = 0
+        for d in ds:
+            self.add(d)
+
+    def add(self, d: Demand) -> None:
+        self.add_values(d.prompt, d.sequence, d.kv_tokens, d.lower_bound, d.max_model_len)
+
+    def add_values(self, prompt: int, sequence: int, kv: int, lower_bound: bool, limit: int | None) -> None:
+        # Dict updates written out: this runs once per record of a report.
+        c = self.sequence
+        c[sequence] = c.get(sequence, 0) + 1
+        c = self.kv
+        c[kv] = c.get(kv, 0) + 1
+        key = prompt + min(sequence - prompt, self.min_completion)
+        c = self.refused_below
+        c[key] = c.get(key, 0) + 1
+        if limit is not None:
+            c = self.limits
+            c[limit] = c.get(limit, 0) + 1
+        self.lower_bounds += lower_bound
+
+    @property
+    def n(self) -> int:
+        return sum(self.sequence.values())
+
+    @property
+    def sequence_histogram(self) -> Histogram:
+        return Histogram.of_counts(self.sequence)
+
+    @property
+    def kv_histogram(self) -> Histogram:
+        return Histogram.of_counts(self.kv)
+
+    def shares(self, max_model_len: int) -> OutcomeShares:
+        n = self.n
+        refused = Histogram.of_counts(self.refused_below).count_above(max_model_len)
+        fits = n - self.sequence_histogram.count_above(max_model_len)
+        return OutcomeShares(max_model_len, n, fits, n - fits - refused, refused)
 
 
-def kv_histogram(ds: Iterable[Demand]) -> Histogram:
-    return Histogram(d.kv_tokens for d in ds)
+def _tally(ds: Iterable[Demand] | DemandTally, min_completion: int | None = None) -> DemandTally:
+    if isinstance(ds, DemandTally):
+        if min_completion is not None and min_completion != ds.min_completion:
+            raise ValueError(f"this tally was made for min_completion {ds.min_completion}, not {min_completion}")
+        return ds
+    return DemandTally(ds, min_completion or 1)
+
+
+def sequence_histogram(ds: Iterable[Demand] | DemandTally) -> Histogram:
+    return _tally(ds).sequence_histogram
+
+
+def kv_histogram(ds: Iterable[Demand] | DemandTally) -> Histogram:
+    return _tally(ds).kv_histogram
 
 
 # ---------------------------------------------------------------------------
 # what a max_model_len would do with that demand
 
 
-def outcome(d: Demand, max_model_len: int, margin: int = 0, min_completion: int = 1) -> Outcome:
-    """Served in full, clamped, or refused at `max_model_len` (headroom's admission rules)."""
-    if d.prompt >= max_model_len:
+def outcome_of(prompt: int, sequence: int, max_model_len: int, min_completion: int = 1) -> Outcome:
+    """Served in full, clamped, or refused at `max_model_len` (`proxy.admission`'s rules, policy clamp)."""
+    if prompt >= max_model_len:
         return "refused"
-    if d.sequence <= max_model_len:
+    if sequence <= max_model_len:
         return "fits"
-    if max_model_len - d.prompt - margin < min_completion:
+    if max_model_len - prompt < min_completion:
         return "refused"
     return "clamped"
+
+
+def outcome(d: Demand, max_model_len: int, min_completion: int = 1) -> Outcome:
+    return outcome_of(d.prompt, d.sequence, max_model_len, min_completion)
 
 
 @dataclass(frozen=True)
@@ -149,21 +236,21 @@ class OutcomeShares:
     def share(self, what: Outcome) -> float:
         return getattr(self, what) / self.total if self.total else 0.0
 
-
-def outcome_shares(ds: Iterable[Demand], max_model_len: int, margin: int = 0, min_completion: int = 1
-                   ) -> OutcomeShares:
-    counts = {"fits": 0, "clamped": 0, "refused": 0}
-    for d in ds:
-        counts[outcome(d, max_model_len, margin, min_completion)] += 1
-    return OutcomeShares(max_model_len, sum(counts.values()), counts["fits"], counts["clamped"], counts["refused"])
+    def to_dict(self) -> dict[str, Any]:
+        return {"max_model_len": self.max_model_len, "total": self.total, "fits": self.fits,
+                "clamped": self.clamped, "refused": self.refused,
+                "clamped_share": self.share("clamped"), "refused_share": self.share("refused")}
 
 
-def current_max_model_len(ds: Iterable[Demand]) -> int | None:
+def outcome_shares(ds: Iterable[Demand] | DemandTally, max_model_len: int,
+                   min_completion: int | None = None) -> OutcomeShares:
+    """How many demands fit, are clamped, are refused at `max_model_len` (a tally keeps its own minimum)."""
+    return _tally(ds, min_completion).shares(max_model_len)
+
+
+def current_max_model_len(ds: Iterable[Demand] | DemandTally) -> int | None:
     """The limit most records arrived under (None when none recorded one)."""
-    seen: dict[int, int] = {}
-    for d in ds:
-        if d.max_model_len is not None:
-            seen[d.max_model_len] = seen.get(d.max_model_len, 0) + 1
+    seen = _tally(ds).limits
     return max(seen, key=lambda v: (seen[v], v)) if seen else None
 
 
@@ -182,32 +269,42 @@ class DemandRecommendation:
     recommended: OutcomeShares
     reason: str
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "percentile": self.percentile, "demand_at_percentile": self.demand_at_percentile,
+            "wanted": self.wanted, "max_model_len": self.max_model_len, "limited_by": self.limited_by,
+            "block_size": self.block_size, "model_bound": self.model_bound, "kv_bound": self.kv_bound,
+            "lower_bounds": self.lower_bounds,
+            "current": None if self.current is None else self.current.to_dict(),
+            "recommended": self.recommended.to_dict(), "reason": self.reason,
+        }
+
 
 def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 
 
 def recommend_from_demand(
-    ds: list[Demand],
+    ds: Iterable[Demand] | DemandTally,
     p: float = 99.0,
     block_size: int = BLOCK_SIZE,
     *,
     model_bound: int | None = None,
     kv_bound: int | None = None,
     current: int | None = None,
-    margin: int = 0,
-    min_completion: int = 1,
+    min_completion: int | None = None,
 ) -> DemandRecommendation | None:
     """max_model_len = the p-th percentile of demand, whole blocks, within the model's context and the KV cache.
 
     `model_bound`: `proxy.model_context.model_context_bound(...).max_model_len`.
     `kv_bound`: the longest max_model_len the KV cache holds (`StartupCheck.estimated_max_model_len`, or
     num_gpu_blocks × block_size from the running vLLM).  `current`: the deployed value (default: the one
-    most records arrived under).
+    most records arrived under).  `min_completion`: the policy's minimum completion (a tally keeps its own).
     """
-    if not ds:
+    tally = _tally(ds, min_completion)
+    hist = tally.sequence_histogram
+    if hist.n == 0:
         return None
-    hist = sequence_histogram(ds)
     value = hist.percentile(p)
     wanted = round_to_blocks(value, block_size)
     assert wanted is not None
@@ -218,10 +315,9 @@ def recommend_from_demand(
     if kv_bound is not None and chosen > kv_bound:
         chosen, limited_by = kv_bound, "kv_cache"
     if current is None:
-        current = current_max_model_len(ds)
-    now = outcome_shares(ds, current, margin, min_completion) if current is not None else None
-    rec = outcome_shares(ds, chosen, margin, min_completion)
-    lower = sum(d.lower_bound for d in ds)
+        current = current_max_model_len(tally)
+    now = tally.shares(current) if current is not None else None
+    rec = tally.shares(chosen)
     head = f"p{p:g} of demanded sequence length is {value:,.0f} tokens → {wanted:,} in whole blocks of {block_size}"
     if limited_by == "model_context":
         head += f", capped at the model's own context of {chosen:,}"
@@ -235,7 +331,7 @@ def recommend_from_demand(
                  f"{_pct(now.share('refused'))} refused)")
     return DemandRecommendation(
         percentile=p, demand_at_percentile=value, wanted=wanted, max_model_len=chosen, limited_by=limited_by,
-        block_size=block_size, model_bound=model_bound, kv_bound=kv_bound, lower_bounds=lower,
+        block_size=block_size, model_bound=model_bound, kv_bound=kv_bound, lower_bounds=tally.lower_bounds,
         current=now, recommended=rec, reason=head + tail,
     )
 
@@ -244,11 +340,11 @@ def recommend_from_demand(
 # why requests were not served
 
 # Every errors.ErrorCode headroom emits or records.  Media parts are refused today as INVALID_PROMPT
-# (tokenizer_cache.UnsupportedContent → errors.invalid_prompt), the same code as a template error; the
-# "invalid_media" key is the code a distinct error would carry.
+# (tokenizer_cache.UnsupportedContent → errors.invalid_prompt), the same code as a template error;
+# INVALID_MEDIA is the code a distinct media refusal carries.
 ERROR_CODE_REASONS: dict[str, Reason] = {
     ErrorCode.CONTEXT_LENGTH_EXCEEDED: "no_room_left",     # refined by the numbers: see rejection_reason
-    "invalid_media": "invalid_media",
+    ErrorCode.INVALID_MEDIA: "invalid_media",
     ErrorCode.INVALID_PROMPT: "invalid_prompt",
     ErrorCode.INVALID_JSON: "bad_request",
     ErrorCode.INVALID_REQUEST_BODY: "bad_request",
@@ -288,18 +384,22 @@ def rejection_reason(rec: Mapping[str, Any]) -> Reason | None:
     max_model_len, else "no_room_left" (the prompt fits but the completion
     asked for, or the minimum after the safety margin, does not).
     """
-    code = rec.get("error_code")
     status = rec.get("status")
-    failed = rec.get("action") in ("rejected", "upstream_error") or (type(status) is int and status >= 400)
+    return reason_of(rec.get("error_code"), rec.get("action"), status if type(status) is int else None,
+                     _int(rec, "prompt_tokens"), _int(rec, "max_model_len"))
+
+
+def reason_of(code: object, action: object, status: int | None, prompt: int | None,
+              max_model_len: int | None) -> Reason | None:
+    """`rejection_reason` over the fields themselves (headroom's own prompt count, not the upstream's)."""
+    failed = action in ("rejected", "upstream_error") or (status is not None and status >= 400)
     if code is None and not failed:
         return None
     if code is None:
         return "other"
     reason = ERROR_CODE_REASONS.get(str(code), "other")
-    if reason == "no_room_left":
-        prompt, limit = _int(rec, "prompt_tokens"), _int(rec, "max_model_len")
-        if prompt is not None and limit is not None and prompt >= limit:
-            return "prompt_too_long"
+    if reason == "no_room_left" and prompt is not None and max_model_len is not None and prompt >= max_model_len:
+        return "prompt_too_long"
     return reason
 
 

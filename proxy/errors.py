@@ -35,6 +35,7 @@ class ErrorCode(StrEnum):
     REQUEST_TOO_LARGE = "request_too_large"                # over server.max_body_bytes (413)
     INVALID_VALUE = "invalid_value"                        # a field headroom reads has a bad type or value
     INVALID_PROMPT = "invalid_prompt"                      # cannot be rendered or tokenized (vLLM refuses it too)
+    INVALID_MEDIA = "invalid_media"                        # a media part (image, audio, video) that cannot be counted
     INVALID_API_KEY = "invalid_api_key"                    # 401
     MODEL_NOT_FOUND = "model_not_found"                    # 404, worded as vLLM words it
     NOT_FOUND = "not_found"                                # 404: a path this listener does not serve

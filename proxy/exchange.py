@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import errors, jsonbody
-from .admission import Decision, Policy, decide
+from .admission import Decision, Policy, RequestedLimit, decide, decide_uncounted
 from .answer import AnswerScanner
 from .asgi import (
     ClientGone,
@@ -103,6 +103,7 @@ class AdmittedExchange:
         self.backend: Backend | None = None
         self.holds_slot = False            # one of the backend's gate slots is taken
         self.count_source: str | None = None   # how the prompt was counted: local | upstream | margin
+        self.uncounted: str | None = None      # why it could not be counted (media), if so
 
     async def run(self) -> None:
         try:
@@ -148,26 +149,11 @@ class AdmittedExchange:
         record.requested_max_tokens = limit.value
         info = self.backend.registry.get(model)
         max_model_len = record.max_model_len = info.max_model_len if info else None
-        if max_model_len is None:
-            # No limit known (a config-less model whose card lacks one): relay untouched.
-            decision = Decision(Action.PASS, limit.value, limit.value)
-        else:
-            count = await services.counter.count(model, surface, request, len(self.body), max_model_len)
-            record.prompt_tokens = count.total
-            decision = decide(
-                count.per_prompt,
-                max_model_len,
-                limit,
-                services.policy_for(model),
-                model=model,
-                prompt_param=surface.prompt_param,
-                implicit_max_tokens=surface.implicit_max_tokens,
-                count_exact=count.exact,
-                drift_margin=count.margin,
-            )
-            self.count_source = count.source if count.exact else "margin"
+        decision = await self.decide(model, limit, max_model_len)
         self.info = headroom_headers(record.prompt_tokens, max_model_len, decision, self.request_id,
                                      self.count_source)
+        if self.uncounted is not None:
+            self.info.append((b"x-headroom-uncounted", self.uncounted.encode()))
         record.action = decision.action
         record.granted_max_tokens = decision.granted
         if decision.error is not None:
@@ -179,6 +165,30 @@ class AdmittedExchange:
             and surface.ask_for_usage(request, self.changes)
         )
         self.outgoing = jsonbody.with_fields(self.body, request, self.changes) if self.changes else self.body
+
+    async def decide(self, model: str, limit: RequestedLimit, max_model_len: int | None) -> Decision:
+        """Count the prompt and decide (proxy.admission): pass, clamp, refuse, or forward uncounted."""
+        services, surface, record = self.services, self.surface, self.record
+        if max_model_len is None:
+            # No limit known (a config-less model whose card lacks one): relay untouched.
+            return Decision(Action.PASS, limit.value, limit.value)
+        count = await services.counter.count(model, surface, self.request, len(self.body), max_model_len)
+        if count.uncounted is not None:
+            self.uncounted = count.uncounted
+            return decide_uncounted(limit, max_model_len)
+        record.prompt_tokens = count.total
+        self.count_source = count.source if count.exact else "margin"
+        return decide(
+            count.per_prompt,
+            max_model_len,
+            limit,
+            services.policy_for(model),
+            model=model,
+            prompt_param=surface.prompt_param,
+            implicit_max_tokens=surface.implicit_max_tokens,
+            count_exact=count.exact,
+            drift_margin=count.margin,
+        )
 
     # -- forward ------------------------------------------------------------------------
 

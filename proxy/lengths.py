@@ -17,8 +17,10 @@
 * percentiles interpolate linearly between closest ranks, numpy's default
   (`method="linear"`): for n sorted values v, p → index h = (n − 1)·p/100,
   v[⌊h⌋] + (h − ⌊h⌋)·(v[⌊h⌋+1] − v[⌊h⌋]).
-* a recommended `max_model_len` is a percentile of sequence lengths rounded
-  up to whole KV blocks (vLLM allocates whole blocks anyway).
+* a recommended `max_model_len` is a percentile of *demanded* sequence
+  lengths (`proxy.demand`: what each request asked for, refused and clamped
+  ones included) rounded up to whole KV blocks (vLLM allocates whole blocks
+  anyway), then capped at the model's own context and the KV cache.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ class Action(StrEnum):
     PASS = "pass"                      # forwarded with the client's own limit
     CLAMPED = "clamped"                # forwarded with a lower completion limit
     REJECTED = "rejected"              # refused by headroom itself (4xx)
+    UNCOUNTED = "uncounted"            # forwarded without a count (media nothing here can count)
     UPSTREAM_ERROR = "upstream_error"  # forwarded, and the upstream failed or refused it
 
 

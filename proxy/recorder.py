@@ -21,8 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 from .lengthlog import LengthLog
+from .lengths import percentile
 from .metrics import OTHER_MODEL, Metrics, safe_label
 from .record import LengthRecord
+from .sizing import ModelSizing
 from .stats import Sample, model_stats, sample_of
 
 # ---------------------------------------------------------------------------
@@ -57,6 +59,14 @@ class RecentWindow:
             copies = {m: list(w) for m, w in self._windows.items()}
         return {m: [s for s in samples if s.ts >= cutoff] for m, samples in copies.items()}
 
+    def samples(self, model: str, now: float) -> list[Sample]:
+        """One model's samples (a copy of its window only)."""
+        cutoff = -math.inf if self.max_age_s is None else now - self.max_age_s
+        with self._lock:
+            window = self._windows.get(model)
+            copy = list(window) if window is not None else []
+        return [s for s in copy if s.ts >= cutoff]
+
     def _expire(self, window: deque[Sample], now: float) -> None:
         # Records end out of arrival order, so this trims approximately; snapshot() filters exactly.
         if self.max_age_s is None:
@@ -85,6 +95,8 @@ class Recorder:
         self.clock = clock
         # How each model is counted (proxy.trust), for /stats; set by the app.
         self.counting: Callable[[], dict[str, dict[str, Any]]] = dict
+        # What bounds each model's recommendation beyond its traffic (proxy.sizing); set by the app.
+        self.sizing: Callable[[str], ModelSizing] = lambda model: ModelSizing()
         if lengthlog is not None:
             self.attach_lengthlog(lengthlog)
 
@@ -114,9 +126,15 @@ class Recorder:
         return {
             "generated_at": now,
             "window": {"max_records": self.window.max_records, "max_age_s": self.window.max_age_s},
-            "models": [model_stats(m, snapshot[m]) for m in sorted(snapshot) if snapshot[m]],
+            "models": [model_stats(m, snapshot[m], self.sizing(m)) for m in sorted(snapshot) if snapshot[m]],
             "counting": self.counting(),
         }
+
+    def demand_kv_percentile(self, model: str, p: float = 95.0) -> float | None:
+        """The p-th percentile of the demanded KV tokens per request in the recent window (None: no demand)."""
+        samples = self.window.samples(safe_label(model), self.clock())
+        values = sorted(s.demanded_kv for s in samples if s.demanded_kv is not None)
+        return percentile(values, p) if values else None
 
     def close(self) -> None:
         if self.lengthlog is not None:

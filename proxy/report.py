@@ -8,32 +8,39 @@ to a few integers at once and each length distribution is an exact histogram
 histogram is exact — no sketch, no sampling — and its size is the number of
 distinct lengths, not the number of requests.
 
-The definitions of prompt, completion, total and sequence length, of the
-percentiles and of the recommendation are `proxy.lengths`'.  The
-`clamped_fraction` of a recommendation is the share of the completed requests
-whose sequence exceeds it: those would have been clamped (or rejected,
-without headroom) at that setting.
+The definitions of prompt, completion, total and sequence length and of the
+percentiles are `proxy.lengths`'; the histogram is `proxy.histogram`'s.
 
-Requests without usage (rejected, upstream errors, streams without
-`include_usage`) count for the shares and the prompt distribution but not for
-completion / total / sequence.  Clamped requests count with the lengths they
-actually had, which understates what their clients wanted; the clamped share
-and the share finishing with "length" say how much that matters.
+Two views of the same records:
+
+* **served**: what each request got.  Requests without usage (rejected,
+  upstream errors, streams without `include_usage`) count for the shares and
+  the prompt distribution but not for completion / total / sequence, and a
+  clamped request counts with the length it was cut to.  These lengths are
+  censored at the current `max_model_len`: their percentile can never rise
+  above it (`served_recommendation`, kept for comparison).
+* **demand**: what each request asked for, refused and clamped requests
+  included (`proxy.demand`: prompt + the completion limit asked, or prompt +
+  what was generated when nothing was asked).  The recommendation is its
+  percentile in whole blocks, bounded by the model's own context and by what
+  the KV cache holds when those are given, with the share of past demand the
+  current and the recommended values refuse or clamp; rejections are broken
+  down by reason.
 """
 
 from __future__ import annotations
 
-import bisect
 import gzip
 import json
-import math
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import IO, Any, NamedTuple
 
+from . import demand as dm
+from .histogram import Histogram, percentile_key
 from .lengths import (
     BLOCK_SIZE,
     MAX_PLAUSIBLE_TOKENS,
@@ -45,112 +52,6 @@ from .lengths import (
     sequence_tokens,
     total_tokens,
 )
-
-STANDARD_PERCENTILES = (50.0, 90.0, 95.0, 99.0)
-
-
-
-
-class Histogram:
-    """An exact multiset of integer lengths: value → count.
-
-    Only the dict is updated per value (the hot path of a million-line
-    report); sorted order, count and sum are derived once when asked for.
-    """
-
-    __slots__ = ("_index_cache", "counts")
-
-    def __init__(self, values: Iterable[int] = ()) -> None:
-        self.counts: dict[int, int] = {}
-        self._index_cache: tuple[list[int], list[int], int] | None = None
-        for v in values:
-            self.add(v)
-
-    @classmethod
-    def of_counts(cls, counts: dict[int, int]) -> Histogram:
-        """A view of an existing value → count dict (not copied)."""
-        h = cls()
-        h.counts = counts
-        return h
-
-    def add(self, value: int, count: int = 1) -> None:
-        self.counts[value] = self.counts.get(value, 0) + count
-        self._index_cache = None
-
-    def merge(self, other: Histogram) -> None:
-        for value, count in other.counts.items():
-            self.add(value, count)
-
-    def _index(self) -> tuple[list[int], list[int], int]:
-        """Sorted distinct values, the cumulative count up to each, and the sum."""
-        cache = self._index_cache
-        if cache is None:
-            values = sorted(self.counts)
-            cumulative: list[int] = []
-            running = total = 0
-            for v in values:
-                c = self.counts[v]
-                running += c
-                total += v * c
-                cumulative.append(running)
-            cache = self._index_cache = (values, cumulative, total)
-        return cache
-
-    @property
-    def n(self) -> int:
-        cumulative = self._index()[1]
-        return cumulative[-1] if cumulative else 0
-
-    @property
-    def total(self) -> int:
-        return self._index()[2]
-
-    def value_at(self, rank: int) -> int:
-        """The value at 0-based position `rank` of the sorted multiset."""
-        values, cumulative, _ = self._index()
-        return values[bisect.bisect_right(cumulative, rank)]
-
-    def percentile(self, p: float) -> float:
-        """Same definition as `percentile` (numpy linear), without expanding the values."""
-        n = self.n
-        if n == 0:
-            raise ValueError("percentile of an empty histogram")
-        if not 0 <= p <= 100:
-            raise ValueError(f"percentile must be within [0, 100], got {p}")
-        h = (n - 1) * p / 100
-        lo = math.floor(h)
-        a = self.value_at(lo)
-        b = self.value_at(min(lo + 1, n - 1))
-        return a + (h - lo) * (b - a)
-
-    def count_above(self, threshold: float) -> int:
-        values, cumulative, _ = self._index()
-        i = bisect.bisect_right(values, threshold)
-        return self.n - (cumulative[i - 1] if i else 0)
-
-    @property
-    def mean(self) -> float:
-        n = self.n
-        return self.total / n if n else 0.0
-
-    @property
-    def max(self) -> int:
-        return max(self.counts) if self.counts else 0
-
-    def summary(self, extra: Sequence[float] = ()) -> dict[str, float | int | None]:
-        """count, mean, p50/p90/p95/p99 (+ extra), max — None when empty."""
-        keys = sorted(set(STANDARD_PERCENTILES) | set(extra))
-        out: dict[str, float | int | None] = {"count": self.n}
-        out["mean"] = self.mean if self.n else None
-        for p in keys:
-            out[percentile_key(p)] = self.percentile(p) if self.n else None
-        out["max"] = self.max if self.n else None
-        return out
-
-
-def percentile_key(p: float) -> str:
-    """'p99', 'p99.9': the JSON key of a percentile."""
-    return f"p{p:g}"
 
 
 @dataclass(frozen=True)
@@ -204,6 +105,12 @@ def _opt_int(rec: Mapping[str, Any], key: str) -> int | None:
     if type(v) is not int or not 0 <= v <= MAX_PLAUSIBLE_TOKENS:
         raise MalformedRecord(f"{key} is not a plausible token count")
     return v
+
+
+def _lenient_int(rec: Mapping[str, Any], key: str) -> int | None:
+    """A non-negative integer field, else None (as `proxy.demand` reads records)."""
+    v = rec.get(key)
+    return v if type(v) is int and v >= 0 else None
 
 
 def record_lengths(rec: Any) -> Lengths:
@@ -260,6 +167,8 @@ class ModelStats:
     completion_counts: dict[int, int] = field(default_factory=dict)
     total_counts: dict[int, int] = field(default_factory=dict)
     sequence_counts: dict[int, int] = field(default_factory=dict)
+    demand: dm.DemandTally = field(default_factory=dm.DemandTally)
+    reasons: dict[str, int] = field(default_factory=dict)     # not served, by proxy.demand's reason
 
     @property
     def prompt(self) -> Histogram:
@@ -302,6 +211,20 @@ class ModelStats:
             c = self.sequence_counts
             c[r.sequence] = c.get(r.sequence, 0) + 1
 
+    def add_demand(self, r: Lengths, rec: Mapping[str, Any]) -> None:
+        """`proxy.demand`'s demand and reason of one record, from the fields `record_lengths` checked."""
+        limit = _lenient_int(rec, "max_model_len")
+        if r.prompt is not None:
+            f = dm.demand_figures(r.prompt, r.n, _lenient_int(rec, "requested_max_tokens"), r.completion,
+                                  _lenient_int(rec, "granted_max_tokens"), bool(r.finished_length),
+                                  str(rec.get("endpoint")))
+            self.demand.add_values(r.prompt, f.sequence, f.kv_tokens, f.lower_bound, limit)
+        status = rec.get("status")
+        reason = dm.reason_of(rec.get("error_code"), r.action, status if type(status) is int else None,
+                              _lenient_int(rec, "prompt_tokens"), limit)
+        if reason is not None:
+            self.reasons[reason] = self.reasons.get(reason, 0) + 1
+
     def share(self, action: str) -> float:
         return self.actions.get(action, 0) / self.requests if self.requests else 0.0
 
@@ -342,6 +265,7 @@ class ReportBuilder:
         if stats is None:
             stats = self.models[r.model] = ModelStats(r.model)
         stats.add(r, rec.get("max_model_len"))
+        stats.add_demand(r, rec)
 
     def add_file(self, path: str, progress: Callable[[str, int], None] | None = None) -> None:
         self.stats.files.append(path)
@@ -396,13 +320,22 @@ def parse_since(text: str, now: float) -> float:
 # result
 
 
-def model_report(stats: ModelStats, p: float = 99.0, block_size: int = BLOCK_SIZE) -> dict[str, Any]:
-    """Everything the report prints for one model, as plain data (JSON-ready)."""
+def model_report(stats: ModelStats, p: float = 99.0, block_size: int = BLOCK_SIZE, *,
+                 model_bound: int | None = None, kv_bound: int | None = None,
+                 min_completion: int = 1) -> dict[str, Any]:
+    """Everything the report prints for one model, as plain data (JSON-ready).
+
+    `model_bound` / `kv_bound` cap the recommendation (`proxy.demand.recommend_from_demand`).
+    """
     extra = (p,)
     prompt, completion, total, sequence = stats.prompt, stats.completion, stats.total, stats.sequence
-    rec = recommend_max_model_len(sequence, p, block_size)
+    served = recommend_max_model_len(sequence, p, block_size)
     current = max(stats.max_model_len_seen, key=stats.max_model_len_seen.__getitem__) \
         if stats.max_model_len_seen else None
+    tally = stats.demand
+    rec = dm.recommend_from_demand(tally, p, block_size, model_bound=model_bound, kv_bound=kv_bound,
+                                   current=current, min_completion=min_completion)
+    beyond = sum(c for v, c in tally.sequence.items() if current is not None and v > current)
     return {
         "model": stats.model,
         "requests": stats.requests,
@@ -411,6 +344,7 @@ def model_report(stats: ModelStats, p: float = 99.0, block_size: int = BLOCK_SIZ
         "clamped_share": stats.share("clamped"),
         "rejected_share": stats.share("rejected"),
         "upstream_error_share": stats.share("upstream_error"),
+        "rejections": dict(sorted(stats.reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
         "length_finish_share": (stats.finished_length / stats.with_finish_reasons
                                 if stats.with_finish_reasons else None),
         "parallel_sampling_requests": stats.parallel_sampling,
@@ -419,13 +353,18 @@ def model_report(stats: ModelStats, p: float = 99.0, block_size: int = BLOCK_SIZ
         "completion_tokens": completion.summary(extra),
         "total_tokens": total.summary(extra),
         "sequence_tokens": sequence.summary(extra),
-        "recommendation": None if rec is None else {
-            "percentile": rec.percentile,
-            "sequence_tokens_at_percentile": rec.value,
-            "max_model_len": rec.max_model_len,
-            "block_size": rec.block_size,
-            "would_clamp": rec.clamped_count,
-            "would_clamp_fraction": rec.clamped_fraction,
+        "demand_tokens": tally.sequence_histogram.summary(extra),
+        "demand_kv_tokens": tally.kv_histogram.summary(extra),
+        "demand_lower_bounds": tally.lower_bounds,
+        "beyond_max_model_len": beyond,
+        "recommendation": None if rec is None else rec.to_dict(),
+        "served_recommendation": None if served is None else {
+            "percentile": served.percentile,
+            "sequence_tokens_at_percentile": served.value,
+            "max_model_len": served.max_model_len,
+            "block_size": served.block_size,
+            "would_clamp": served.clamped_count,
+            "would_clamp_fraction": served.clamped_fraction,
         },
     }
 

@@ -1,18 +1,25 @@
 """The live view's figures: pure functions over the recent window's samples.
 
 `/stats` answers from `model_stats`, and the dashboard draws exactly the bins
-it returns; percentiles and the recommendation use `proxy.lengths`' one
-definition, so `/stats` and `headroom report` agree on the same traffic.
+it returns; percentiles use `proxy.lengths`' one definition, and the demand
+(what each request asked for, refused and clamped ones included), the
+recommendation and the rejection reasons are `proxy.demand`'s, so `/stats`
+and `headroom report` agree on the same traffic.  What bounds the
+recommendation beyond the traffic (the model's own context, the running
+vLLM's KV pool) and the check of that pool come in a `proxy.sizing.ModelSizing`.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
+from . import demand as dm
 from .lengths import effective_prompt_tokens, percentile, round_to_blocks, sequence_tokens, total_tokens
 from .record import Action, LengthRecord
+from .sizing import ModelSizing, upstream_section
 
 PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 
@@ -83,36 +90,65 @@ class Sample(NamedTuple):
     action: str
     finish_length: bool | None   # None: no finish reason known (error, rejection)
     max_model_len: int | None
+    demanded: int | None = None     # the demanded sequence length (proxy.demand), None without a prompt count
+    demanded_kv: int | None = None  # the demanded KV tokens
+    demand_lower: bool = False      # the demand is only a lower bound
+    reason: str | None = None       # why it was not served (proxy.demand.rejection_reason)
 
 
 def sample_of(rec: LengthRecord) -> Sample:
+    """Runs per request on the event loop: positional arguments (keywords cost twice as much here)."""
     reasons = rec.finish_reasons
+    completion = rec.completion_tokens
     prompt = effective_prompt_tokens(rec.prompt_tokens, rec.upstream_prompt_tokens)
+    cut = "length" in reasons
+    demanded = demanded_kv = None
+    lower = False
+    if prompt is not None:
+        _, demanded, demanded_kv, _, lower = dm.demand_figures(
+            prompt, rec.n, rec.requested_max_tokens, completion, rec.granted_max_tokens, cut, rec.endpoint)
     return Sample(
-        ts=rec.ts,
-        prompt=prompt,
-        completion=rec.completion_tokens,
-        total=total_tokens(prompt, rec.completion_tokens),
-        sequence=sequence_tokens(prompt, rec.completion_tokens, rec.n, rec.granted_max_tokens),
-        action=rec.action,
-        finish_length=("length" in reasons) if reasons else None,
-        max_model_len=rec.max_model_len,
+        rec.ts, prompt, completion, total_tokens(prompt, completion),
+        sequence_tokens(prompt, completion, rec.n, rec.granted_max_tokens), rec.action,
+        cut if reasons else None, rec.max_model_len, demanded, demanded_kv, lower,
+        dm.reason_of(rec.error_code, rec.action, rec.status, rec.prompt_tokens, rec.max_model_len),
     )
 
 
-def model_stats(model: str, samples: Sequence[Sample]) -> dict[str, Any]:
+def model_stats(model: str, samples: Sequence[Sample], sizing: ModelSizing | None = None,
+                p: float = 99.0) -> dict[str, Any]:
     """The /stats entry for one model over its recent samples."""
+    sizing = sizing or ModelSizing()
     prompts = [s.prompt for s in samples if s.prompt is not None]
     completions = [s.completion for s in samples if s.completion is not None]
     totals = [s.total for s in samples if s.total is not None]
     sequences = sorted(s.sequence for s in samples if s.sequence is not None)
     actions = {a.value: 0 for a in Action}
+    reasons: dict[str, int] = {}
+    tally = dm.DemandTally(min_completion=sizing.min_completion)
     for s in samples:
         actions[s.action] = actions.get(s.action, 0) + 1
+        if s.reason is not None:
+            reasons[s.reason] = reasons.get(s.reason, 0) + 1
+        if s.demanded is not None and s.prompt is not None and s.demanded_kv is not None:
+            tally.add_values(s.prompt, s.demanded, s.demanded_kv, s.demand_lower, s.max_model_len)
     finished = [s.finish_length for s in samples if s.finish_length is not None]
     cut = sum(finished)
     limits = [s.max_model_len for s in samples if s.max_model_len is not None]
+    current = limits[-1] if limits else None
     total = summarize(totals)
+    demanded = [s.demanded for s in samples if s.demanded is not None and s.prompt is not None]
+    kv = tally.kv_histogram
+    demand_kv_p95 = math.ceil(kv.percentile(95)) if kv.n else None
+    context = sizing.context
+    recommendation = dm.recommend_from_demand(
+        tally, p, model_bound=context.max_model_len if context else None, kv_bound=sizing.kv_bound,
+        current=current)
+    beyond = sum(c for v, c in tally.sequence.items() if current is not None and v > current)
+    upstream = None
+    if sizing.upstream is not None:
+        upstream = upstream_section(sizing.upstream, model, config=sizing.config,
+                                    demand_kv_tokens=demand_kv_p95).to_dict()
     return {
         "model": model,
         "count": len(samples),
@@ -120,12 +156,25 @@ def model_stats(model: str, samples: Sequence[Sample]) -> dict[str, Any]:
         "clamped": actions["clamped"],
         "rejected": actions["rejected"],
         "upstream_errors": actions["upstream_error"],
+        # Not served, by reason (proxy.demand.rejection_reason), largest first.
+        "rejections": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
         # Requests with at least one choice cut by the completion limit, among those that finished.
         "finish_length": {"requests": cut, "finished": len(finished),
                           "share": round(cut / len(finished), 4) if finished else None},
-        "max_model_len": limits[-1] if limits else None,
+        "max_model_len": current,
         "prompt_tokens": summarize(prompts),
         "completion_tokens": summarize(completions),
         "total_tokens": total,
-        "recommended_max_model_len": round_to_blocks(percentile(sequences, 99) if sequences else None),
+        # What the requests asked for: prompt + the completion limit asked (refused and clamped included).
+        "demand_tokens": summarize(demanded),
+        "demand_lower_bounds": tally.lower_bounds,
+        "demand_kv_p95": demand_kv_p95,
+        "beyond_max_model_len": {"count": beyond, "share": round(beyond / tally.n, 4) if tally.n else None},
+        "model_context": None if context is None else {
+            "max_model_len": context.max_model_len, "key": context.key, "source": sizing.config_source},
+        "recommendation": None if recommendation is None else recommendation.to_dict(),
+        "recommended_max_model_len": recommendation.max_model_len if recommendation is not None else None,
+        # The p99 of served sequences alone: censored at the current max_model_len, for comparison.
+        "served_recommended_max_model_len": round_to_blocks(percentile(sequences, 99) if sequences else None),
+        "upstream": upstream,
     }

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenizer_cache import ModelTokenizer
+from tokenizer_cache import CountingModel
 
 from .admission import RequestedLimit, read_requested_limit
 from .errors import HeadroomError
@@ -68,7 +68,7 @@ class Surface:
         n = body.get("n")
         return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
 
-    def count(self, tokenizer: ModelTokenizer, body: dict[str, Any]) -> int | list[int]:
+    def count(self, tokenizer: CountingModel, body: dict[str, Any]) -> int | list[int]:
         """Prompt tokens with the model's own tokenizer (one figure per prompt); raises CountError."""
         raise NotImplementedError
 
@@ -76,7 +76,7 @@ class Surface:
         """The upstream /tokenize requests that count this prompt exactly (one per prompt)."""
         raise NotImplementedError
 
-    def prompt_texts(self, tokenizer: ModelTokenizer, body: dict[str, Any]) -> list[str]:
+    def prompt_texts(self, tokenizer: CountingModel, body: dict[str, Any]) -> list[str]:
         """The texts vLLM holds to its character bound before encoding (none: no check)."""
         return []
 
@@ -163,10 +163,10 @@ class ChatSurface(OpenAIStreamUsage, Surface):
     # vLLM: max_completion_tokens wins when both are given.
     limit_fields = ("max_completion_tokens", "max_tokens")
 
-    def count(self, tokenizer: ModelTokenizer, body: dict[str, Any]) -> int | list[int]:
+    def count(self, tokenizer: CountingModel, body: dict[str, Any]) -> int | list[int]:
         return tokenizer.count_chat(body)
 
-    def prompt_texts(self, tokenizer: ModelTokenizer, body: dict[str, Any]) -> list[str]:
+    def prompt_texts(self, tokenizer: CountingModel, body: dict[str, Any]) -> list[str]:
         return [tokenizer.render_chat(body)]          # the rendered conversation is one text
 
     def tokenize_calls(self, model: str, body: Mapping[str, Any]) -> list[TokenizeCall]:
@@ -185,10 +185,10 @@ class CompletionsSurface(OpenAIStreamUsage, Surface):
     # captures/c18_completions_string_no_max_tokens.json).
     implicit_max_tokens = 16
 
-    def count(self, tokenizer: ModelTokenizer, body: dict[str, Any]) -> int | list[int]:
+    def count(self, tokenizer: CountingModel, body: dict[str, Any]) -> int | list[int]:
         return tokenizer.count_completion(body)
 
-    def prompt_texts(self, tokenizer: ModelTokenizer, body: dict[str, Any]) -> list[str]:
+    def prompt_texts(self, tokenizer: CountingModel, body: dict[str, Any]) -> list[str]:
         prompt = body.get("prompt")                   # each text prompt is checked on its own
         if isinstance(prompt, str):
             return [prompt]

@@ -56,12 +56,18 @@ class CountTrust:
         """Tokens to hold back when clamping: the under-count seen, when the count is not exact."""
         return 0 if self.exact else max(self.max_under, 1)
 
-    def probes(self, matched: bool | None) -> str | None:
-        """The start-up parity result; returns the change to log, if any."""
+    def probes(self, matched: bool | None, *, by_tokenize: bool = True) -> str | None:
+        """The start-up parity result; returns the change to log, if any.
+
+        `by_tokenize`: the probes were compared with the upstream's /tokenize,
+        which can then count for this model; False where /tokenize renders
+        another prompt than the chat does (gpt-oss: harmony), so the probes
+        were compared with the usage of one-token completions instead.
+        """
         self.parity = matched
         if matched is None:
             return None
-        self.upstream_tokenize = True
+        self.upstream_tokenize = by_tokenize
         if matched:
             return None
         return self._distrust("its start-up probes differ from the upstream's /tokenize")

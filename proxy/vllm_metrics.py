@@ -19,7 +19,8 @@ used ÷ (num_gpu_blocks − 1), so at most (num_gpu_blocks − 1) × block_size
 tokens are ever held (vllm/v1/core/block_pool.py `get_usage`).
 
 Everything here is pure except `UpstreamMetricsScraper`, which only calls the
-fetch function it is given.
+fetch function it is given (`proxy.upstream_metrics` gives it each upstream's
+own connection pool and runs one per upstream).
 """
 
 from __future__ import annotations
@@ -223,16 +224,21 @@ def cross_check(cache: CacheConfigInfo, plan: cap.Plan, demand_tokens: int | Non
                     f"{cap.format_both(plan.memory.activation_bytes)} of activations: vLLM profiles activations, "
                     "CUDA graphs and other processes' memory at start-up; plan with --activation-memory "
                     f"{max(0, implied_other) / cap.GIB:.2f}GiB")
-    concurrency = None
-    if demand_tokens is not None and demand_tokens > 0:
-        concurrency = usable // cap.slots_per_request(demand_tokens, block)
     return CrossCheck(
         block_size=block, actual_blocks=cache.num_gpu_blocks, actual_tokens=actual, usable_tokens=usable,
         planned_tokens=planned, difference_tokens=abs(actual - planned), actual_above_plan=actual > planned,
         ratio=actual / planned if planned else 0.0, actual_kv_bytes=actual * bpt,
         implied_other_bytes=None if implied_other is None else max(0, implied_other),
-        explanation=tuple(notes), demand_tokens=demand_tokens, concurrency=concurrency,
+        explanation=tuple(notes), demand_tokens=demand_tokens, concurrency=concurrency_at(cache, demand_tokens),
     )
+
+
+def concurrency_at(cache: CacheConfigInfo, demand_tokens: int | None) -> int | None:
+    """Requests of `demand_tokens` tokens the usable pool holds at once (whole blocks each)."""
+    usable = cache.usable_tokens
+    if usable is None or cache.block_size is None or demand_tokens is None or demand_tokens <= 0:
+        return None
+    return usable // cap.slots_per_request(demand_tokens, cache.block_size)
 
 
 # ---------------------------------------------------------------------------
@@ -315,20 +321,44 @@ def observe(state: CapacityState, metrics: VllmMetrics, *, pinned_at: float = DE
                                   f"{rise:g} preemptions since the last scrape ({g.preemptions_total:g} in all)",
                                   ACTIONS["preemptions_rising"]))
         if waiting >= min_scrapes:
-            if max_num_seqs is None:
-                action = ACTIONS["requests_waiting"]
-            elif (g.running or 0) >= max_num_seqs:
-                action = ACTIONS["requests_waiting_scheduler"]
-            else:
-                action = ACTIONS["requests_waiting_memory"]
             signals.append(Signal(model, "requests_waiting", waiting,
                                   f"{g.waiting:g} requests waiting, {g.running or 0:g} running, for {waiting} scrapes",
-                                  action))
+                                  _waiting_action(g, max_num_seqs)))
     return CapacityState(state.scrapes + 1, trends), tuple(signals)
 
 
+def current_signals(metrics: VllmMetrics, *, pinned_at: float = DEFAULT_PINNED_AT,
+                    max_num_seqs: int | None = None) -> tuple[Signal, ...]:
+    """The signals one scrape can show on its own (`headroom report --upstream`).
+
+    A single scrape cannot tell whether usage stays pinned or preemptions are rising: usage at the
+    threshold and requests waiting count now; preemptions count since vLLM started.
+    """
+    signals: list[Signal] = []
+    for model, g in sorted(metrics.models.items()):
+        if g.kv_cache_usage is not None and g.kv_cache_usage >= pinned_at:
+            signals.append(Signal(model, "kv_usage_pinned", 1, f"KV cache {100 * g.kv_cache_usage:.1f} % used now "
+                                  f"(threshold {100 * pinned_at:g} %)", ACTIONS["kv_usage_pinned"]))
+        if g.preemptions_total:
+            signals.append(Signal(model, "preemptions_rising", 1, f"{g.preemptions_total:g} preemptions since vLLM "
+                                  "started", ACTIONS["preemptions_rising"]))
+        if g.waiting:
+            signals.append(Signal(model, "requests_waiting", 1,
+                                  f"{g.waiting:g} requests waiting, {g.running or 0:g} running now",
+                                  _waiting_action(g, max_num_seqs)))
+    return tuple(signals)
+
+
+def _waiting_action(g: ModelGauges, max_num_seqs: int | None) -> str:
+    if max_num_seqs is None:
+        return ACTIONS["requests_waiting"]
+    if (g.running or 0) >= max_num_seqs:
+        return ACTIONS["requests_waiting_scheduler"]
+    return ACTIONS["requests_waiting_memory"]
+
+
 # ---------------------------------------------------------------------------
-# the scraper (not wired into the proxy yet)
+# the scraper
 
 
 class UpstreamMetricsScraper:
@@ -353,6 +383,7 @@ class UpstreamMetricsScraper:
         self.last_success: float | None = None
         self.last_error: str | None = None
         self.failures = 0               # consecutive
+        self.on_scrape: list[Callable[[UpstreamMetricsScraper], None]] = []   # after each attempt
 
     async def scrape_once(self) -> bool:
         try:
@@ -361,6 +392,7 @@ class UpstreamMetricsScraper:
         except Exception as exc:  # any failure of the upstream or of its body is reported, not raised
             self.failures += 1
             self.last_error = f"{type(exc).__name__}: {exc}"
+            self._scraped()
             return False
         self.latest = metrics
         self.state, self.signals = observe(self.state, metrics, pinned_at=self.pinned_at,
@@ -368,7 +400,12 @@ class UpstreamMetricsScraper:
         self.last_success = self._clock()
         self.last_error = None
         self.failures = 0
+        self._scraped()
         return True
+
+    def _scraped(self) -> None:
+        for callback in self.on_scrape:
+            callback(self)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Scrape until `stop` is set (checked between scrapes and while waiting)."""

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.realvllm.fixture"]
+pytest_plugins = ["tests.realvllm.fixture", "tests.realvllm.vl_fixture"]
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"

@@ -45,6 +45,17 @@ def test_per_model_overrides_build_the_policy(tmp_path: Path, qwen3_dir: Path) -
     assert config.policy_for("other").margin_tokens == 8
 
 
+def test_tokenizer_mode_per_model(tmp_path: Path) -> None:
+    mistral = tmp_path / "mistral"
+    mistral.mkdir()
+    (mistral / "tekken.json").write_text("{}")
+    config = load_config(write(tmp_path, f'[models."m"]\ntokenizer = "{mistral}"\ntokenizer_mode = "mistral"\n'), env={})
+    assert (config.models["m"].tokenizer_mode, config.models["m"].tokenizer) == ("mistral", str(mistral))
+    assert load_config(write(tmp_path, '[models."m"]\nmax_model_len = 8\n'), env={}).models["m"].tokenizer_mode == "auto"
+    with pytest.raises(ConfigError, match="must be one of 'auto', 'hf', 'mistral'"):
+        load_config(write(tmp_path, '[models."m"]\ntokenizer_mode = "slow"\n'), env={})
+
+
 @pytest.mark.parametrize(
     "text,expected",
     [

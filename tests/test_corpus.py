@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from proxy import count_cli
-from tokenizer_cache import CountError, TokenizerCache
-
-from tests.support.corpus import CASES, CORPUS_FILES, SHARED
+from tests.support.corpus import CASES, CORPUS_FILES, SHARED, check_case
+from tokenizer_cache import TokenizerCache
 
 
 @pytest.fixture(scope="module")
@@ -30,19 +29,7 @@ def test_corpus_is_complete():
 
 @pytest.mark.parametrize("case", CASES, ids=[case["id"] for case in CASES])
 def test_case(case: dict, cache: TokenizerCache):
-    tokenizer = cache.get(SHARED / case["model_dir"])
-    request = case["request"]
-
-    def count() -> int:
-        if case["endpoint"] == "chat":
-            return tokenizer.count_chat(request)
-        return sum(tokenizer.count_completion(request))
-
-    if case["expected_error"] is not None:
-        with pytest.raises(CountError):
-            count()
-    else:
-        assert count() == case["expected_prompt_tokens"]
+    check_case(case, cache)
 
 
 def test_count_cli_jsonl_runs_the_whole_corpus(tmp_path: Path, capsys: pytest.CaptureFixture[str]):

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
-from tokenizer_cache import CountError, UnsupportedContent, load_model_tokenizer
+from tokenizer_cache import CountError, MediaNotCountable, load_model_tokenizer
 from tokenizer_cache._content_format import detect_content_format
 from tokenizer_cache._jinja import parse_template
 
@@ -132,9 +132,23 @@ OPENAI_PARTS_AS_JSON = (
 
 def test_string_format_joins_non_empty_text_parts_with_newlines(model):
     tok = model(PARTS_AS_JSON)
-    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": ""}, "b", {"type": "text"},
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": ""}, "b",
              {"type": "refusal", "refusal": "c"}]
     assert tok.render_chat(chat(user(parts), add_generation_prompt=False)) == 'user="a\\nb\\nc";'
+
+
+@pytest.mark.parametrize("part", [{"type": "text"}, {"type": "text", "text": None}, {"type": "input_text", "text": "a"}])
+def test_openai_roles_refuse_parts_their_request_model_refuses(model, part):
+    # vLLM 0.32 answers 400 for each (pydantic checks OpenAI's part types on these roles).
+    for role in ("user", "system", "assistant"):
+        with pytest.raises(CountError):
+            model(PARTS_AS_JSON).count_chat(chat({"role": role, "content": [part]}, user("q")))
+
+
+def test_custom_roles_skip_a_text_part_without_text(model):
+    body = chat({"role": "critic", "content": [{"type": "text"}, {"type": "text", "text": "b"}]},
+                add_generation_prompt=False)
+    assert model(PARTS_AS_JSON).render_chat(body) == 'critic="b";'
 
 
 def test_string_format_turns_null_content_into_empty_string(model):
@@ -161,12 +175,14 @@ def test_tool_message_parts_are_always_flattened(model):
     assert tok.render_chat(chat(user("q"), tool)).endswith('tool="x\\n\\ny";')
 
 
-def test_media_parts_cannot_be_counted(model):
+def test_media_for_a_model_without_multimodal_arithmetic_is_not_countable(model):
+    """Not a CountError: headroom cannot tell that vLLM would refuse it, so it must not 400."""
     tok = model()
     body = chat(user([{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]))
-    with pytest.raises(UnsupportedContent) as caught:
+    with pytest.raises(MediaNotCountable) as caught:
         tok.count_chat(body)
-    assert isinstance(caught.value, CountError)
+    assert not isinstance(caught.value, CountError)
+    assert caught.value.reason == "model"
 
 
 def test_unknown_part_type_is_rejected(model):
@@ -186,6 +202,43 @@ def test_tools_are_reserialised_in_vllm_key_order_with_nulls(model):
         '[{"type": "function", "function": {"name": "f", "description": null, '
         '"parameters": {"type": "object"}}}]'
     )
+
+
+@pytest.mark.parametrize(
+    ("function_extra", "tool_extra", "dumped_function", "dumped_tool"),
+    [
+        # vLLM 0.32's FunctionDefinition / ChatCompletionToolsParam serialisers:
+        # strict and defer_loading survive unless null, false included.
+        ({"strict": True}, {}, {"strict": True}, {}),
+        ({"strict": False}, {}, {"strict": False}, {}),
+        ({"strict": None}, {}, {}, {}),
+        ({"strict": "yes"}, {}, {"strict": True}, {}),
+        ({"defer_loading": True}, {}, {"defer_loading": True}, {}),
+        ({}, {"defer_loading": False}, {"defer_loading": False}, {"defer_loading": False}),
+        ({"defer_loading": True}, {"defer_loading": False}, {"defer_loading": True}, {"defer_loading": False}),
+        ({"strict": False, "defer_loading": None, "cache_control": {"type": "ephemeral"}}, {"strict": True},
+         {"strict": False}, {}),
+    ],
+)
+def test_strict_and_defer_loading_are_dumped_as_vllm_dumps_them(
+    model, function_extra, tool_extra, dumped_function, dumped_tool
+):
+    tok = model("{{ tools | tojson }}")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, **function_extra},
+            **tool_extra}
+    expected = [{"type": "function",
+                 "function": {"name": "f", "description": None, "parameters": {"type": "object"}, **dumped_function},
+                 **dumped_tool}]
+    rendered = tok.render_chat(chat(user("x"), tools=[tool]))
+    assert rendered == json.dumps(expected, ensure_ascii=False)
+
+
+@pytest.mark.parametrize("field", ["strict", "defer_loading"])
+def test_a_strict_that_is_not_a_boolean_is_refused(model, field):
+    tool = {"type": "function", "function": {"name": "f", field: 2}}
+    with pytest.raises(CountError) as caught:
+        model().count_chat(chat(user("x"), tools=[tool]))
+    assert caught.value.param == f"tools[0].function.{field}"
 
 
 def test_empty_tools_list_is_rejected(model):
@@ -210,14 +263,29 @@ CALLS_AS_JSON = (
         ("not json", "{}"),
         ("[1, 2]", "{}"),
         ("42", "{}"),
-        (None, "{}"),
-        ({"already": "dict"}, '{"already": "dict"}'),
     ],
 )
 def test_tool_call_arguments_become_objects(model, arguments, rendered):
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
     body = chat(user("x"), {"role": "assistant", "content": None, "tool_calls": [call]})
     assert model(CALLS_AS_JSON).render_chat(body) == f"user:no-calls;{rendered};"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        {"id": "c1", "type": "function", "function": {"name": "f"}},
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": None}},
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"already": "dict"}}},
+        {"type": "function", "function": {"name": "f", "arguments": "{}"}},
+        {"id": "c1", "function": {"name": "f", "arguments": "{}"}},
+    ],
+)
+def test_tool_calls_the_request_model_refuses(model, call):
+    # Each is a 400 on vLLM 0.32 (OpenAI's tool-call type requires id, type and string arguments).
+    body = chat(user("x"), {"role": "assistant", "content": None, "tool_calls": [call]})
+    with pytest.raises(CountError):
+        model(CALLS_AS_JSON).count_chat(body)
 
 
 def test_empty_tool_calls_are_removed(model):
@@ -236,16 +304,36 @@ def test_message_fields_are_whitelisted_and_reasoning_copied(model):
     tok = model("{% for m in messages %}{{ m | tojson }}\n{% endfor %}")
     body = chat(
         {"role": "user", "content": "q", "name": "ann", "secret": "x"},
-        {"role": "assistant", "content": "a", "reasoning": "think", "reasoning_content": "old", "name": 7},
-        {"role": "tool", "content": "r", "tool_call_id": "c1", "reasoning": "dropped"},
+        {"role": "assistant", "content": "a", "reasoning": "think", "reasoning_content": "old", "task": 7},
+        {"role": "tool", "content": "r", "tool_call_id": "c1", "reasoning": "dropped", "task": "t"},
+        {"role": "assistant", "content": "b", "reasoning": ["any", "type"]},
         add_generation_prompt=False,
     )
     lines = [json.loads(line) for line in tok.render_chat(body).splitlines()]
     assert lines == [
         {"role": "user", "content": "q", "name": "ann"},
         {"role": "assistant", "content": "a", "reasoning": "think", "reasoning_content": "think"},
-        {"role": "tool", "content": "r", "tool_call_id": "c1"},
+        {"role": "tool", "content": "r", "tool_call_id": "c1", "task": "t"},
+        {"role": "assistant", "content": "b", "reasoning": ["any", "type"], "reasoning_content": ["any", "type"]},
     ]
+
+
+@pytest.mark.parametrize("name", [7, None])
+def test_a_name_that_is_not_a_string_is_refused(model, name):
+    # vLLM 0.32: 400 from the request model, null included.
+    with pytest.raises(CountError) as caught:
+        model().count_chat(chat({"role": "user", "content": "q", "name": name}))
+    assert caught.value.param == "messages[0].name"
+
+
+@pytest.mark.parametrize("role", ["user", "system", "tool", "developer", "critic"])
+def test_null_content_is_refused_except_on_assistant_messages(model, role):
+    with pytest.raises(CountError) as caught:
+        model().count_chat(chat(user("q"), {"role": role, "content": None}))
+    assert caught.value.param == "messages[1].content"
+    model().count_chat(chat(user("q"), {"role": "assistant", "content": None}))
+    model().count_chat(chat(user("q"), {"role": "function", "name": "f", "content": None}))
+    model().count_chat(chat({"role": "user"}))  # content left out altogether is fine
 
 
 # ---------------------------------------------------------------------------
@@ -264,6 +352,26 @@ def test_developer_messages_merge_with_system_messages(model):
     body = chat({"role": "system", "content": "s"}, user("q"), {"role": "developer", "content": "d"},
                 add_generation_prompt=False)
     assert model(ROLES).render_chat(body) == "[system:s\n\nd][user:q]"
+
+
+def test_merged_system_text_skips_empty_contents_and_joins_parts_with_newlines(model):
+    # vllm/renderers/hf.py _consolidate_system_messages: "\n\n" between non-empty
+    # contents, "\n" between a message's parts, plain text even for the openai format.
+    body = chat({"role": "system", "content": ""}, user("q"),
+                {"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                {"role": "developer", "content": "c"}, add_generation_prompt=False)
+    assert model(ROLES).render_chat(body) == "[system:a\nb\n\nc][user:q]"
+    openai_format = "{% for m in messages %}{% for p in m.content %}{% endfor %}[{{ m.role }}:{{ m.content }}]{% endfor %}"
+    assert model(openai_format).render_chat(body) == "[system:a\nb\n\nc][user:[{'type': 'text', 'text': 'q'}]]"
+
+
+def test_developer_tools_reach_templates_that_know_developer(model):
+    template = "{% for m in messages %}{{ m.tools | tojson }};{% endfor %}{# 'developer' #}"
+    body = chat({"role": "developer", "content": "d", "tools": [{"x": 1}]}, {"role": "developer", "content": "e"},
+                add_generation_prompt=False)
+    assert model(template).render_chat(body) == '[{"x": 1}];null;'
+    body = chat({"role": "developer", "content": "d", "tools": [{"x": 1}]}, add_generation_prompt=False)
+    assert model("{% for m in messages %}{{ m.tools is defined }}{% endfor %}").render_chat(body) == "False"
 
 
 def test_plain_system_messages_are_left_alone_without_developer(model):
@@ -396,7 +504,6 @@ def test_generation_prompt_can_be_turned_off(model):
         ({"messages": [user("x")], "reasoning_effort": 3}, "reasoning_effort"),
         ({"messages": [user("x"), {"role": "assistant", "tool_calls": "f()"}]}, "messages[1].tool_calls"),
         ({"messages": [user("x"), {"role": "assistant", "tool_calls": [1]}]}, "tool_calls"),
-        ({"messages": [user("x"), {"role": "assistant", "reasoning": ["r"]}]}, "messages[1].reasoning"),
     ],
 )
 def test_wrong_field_types_raise_count_error_naming_the_field(model, body, param):
@@ -432,7 +539,7 @@ def test_template_raise_exception_becomes_count_error(model):
 
 def test_template_type_error_becomes_count_error(model):
     template = "{% for m in messages %}{% for c in m.tool_calls %}{{ 'x' + c.function.arguments }}{% endfor %}{% endfor %}"
-    call = {"type": "function", "function": {"name": "f", "arguments": "{}"}}
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     with pytest.raises(CountError, match="can only concatenate"):
         model(template).count_chat(chat({"role": "assistant", "content": "", "tool_calls": [call]}))
 

@@ -15,18 +15,20 @@ import subprocess
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
 import uvicorn
 from starlette.applications import Starlette
 
+from proxy import vllm_metrics as vm
 from proxy.pages import routes
-from proxy.recorder import Recorder
 from proxy.record import LengthRecord
+from proxy.recorder import Recorder
+from proxy.sizing import ModelSizing, UpstreamView
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +39,27 @@ CHROMIUM_FLAGS = [
     # virtual time runs the page's timers without waiting; network fetches pause it
     "--virtual-time-budget=4000",
 ]
-METRICS = ("prompt_tokens", "completion_tokens", "total_tokens")
+METRICS = ("prompt_tokens", "completion_tokens", "total_tokens", "demand_tokens")
+TINY = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+        "hidden_size": 64, "torch_dtype": "bfloat16", "max_position_embeddings": 40960}   # 512 B per token
+ALPHA_METRICS = (   # a pool of 400 blocks of 16 = 6,400 tokens, given as 6,400 × 512 B; pinned and queueing
+    'vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",kv_cache_memory_bytes="3276800",'
+    'num_gpu_blocks="400"} 1.0\n'
+    'vllm:kv_cache_usage_perc{engine="0",model_name="alpha"} 0.95\n'
+    'vllm:num_requests_waiting{engine="0",model_name="alpha"} 2\n'
+    'vllm:num_requests_running{engine="0",model_name="alpha"} 3\n'
+    'vllm:num_preemptions_total{engine="0",model_name="alpha"} 0\n')
+
+
+def known_sizing(model: str) -> ModelSizing:
+    """alpha: its config.json and two scrapes of its vLLM; beta: a config.json only (32,768 of context)."""
+    if model == "alpha":
+        metrics = vm.parse_vllm_metrics(ALPHA_METRICS)
+        state, _ = vm.observe(vm.CapacityState(), metrics)
+        state, signals = vm.observe(state, metrics)
+        return ModelSizing(config=TINY, config_source="alpha/config.json",
+                           upstream=UpstreamView("default", "http://vllm:8000", metrics, signals, scrapes=2))
+    return ModelSizing(config={**TINY, "max_position_embeddings": 32768}, config_source="beta/config.json")
 
 
 def find_chromium() -> str:
@@ -75,6 +97,7 @@ def dashboard_url() -> Iterator[str]:
     recorder = Recorder()
     for rec in known_records(time.time()):
         recorder.record(rec)
+    recorder.sizing = known_sizing
     app = Starlette(routes=routes(recorder))
     # Bind before the server thread starts: connections queue in the backlog
     # until uvicorn accepts them, so nothing has to wait for "server started".
@@ -108,8 +131,16 @@ class DashboardDom(HTMLParser):
         self.model: str | None = None
         self.svg_metric: str | None = None
         self.bars: dict[tuple[str, str], list[tuple[str, str, str]]] = defaultdict(list)
+        self.bar_boxes: dict[tuple[str, str], list[tuple[float, float, tuple[str, str, str]]]] = {}
         self.cells: dict[tuple[str, str, str], tuple[str, str]] = {}   # (model, metric, stat) → (data-value, text)
         self.facts: dict[tuple[str, str], tuple[str, str]] = {}        # (model, field) → (data-value, text)
+        self.notes: dict[tuple[str, str], tuple[str, str]] = {}        # (model, field) → ("", the fact's note)
+        self.beyond_bars: dict[tuple[str, str], list[tuple[str, str, str]]] = defaultdict(list)
+        self.markers: dict[tuple[str, str, str], dict[str, str]] = {}  # (model, metric, class) → attributes
+        self.beyond_labels: dict[tuple[str, str], str] = {}            # (model, metric) → data-count
+        self.reasons: dict[str, dict[str, str]] = defaultdict(dict)    # model → reason → data-count
+        self.signals: dict[str, list[str]] = defaultdict(list)         # model → data-kind of each signal
+        self.texts: dict[str, list[str]] = defaultdict(list)           # model → every text node, in order
         self._text_for: tuple[dict, tuple] | None = None
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
@@ -120,37 +151,59 @@ class DashboardDom(HTMLParser):
             self.model = a["data-model"]
         elif tag == "svg":
             self.svg_metric = a.get("data-metric")
-        elif tag == "rect" and a.get("class") == "bar":
-            self.bars[(self.model, self.svg_metric)].append((a["data-lo"], a["data-hi"], a["data-count"]))
+        elif tag == "rect" and "bar" in a.get("class", "").split():
+            bar = (a["data-lo"], a["data-hi"], a["data-count"])
+            self.bars[(self.model, self.svg_metric)].append(bar)
+            if "beyond" in a["class"].split():
+                self.beyond_bars[(self.model, self.svg_metric)].append(bar)
+            self.bar_boxes.setdefault((self.model, self.svg_metric), []).append(
+                (float(a["x"]), float(a["width"]), bar))
+        elif tag == "line" and "marker" in a.get("class", "").split():
+            kind = next(c for c in a["class"].split() if c != "marker")
+            self.markers[(self.model, self.svg_metric, kind)] = a
+        elif tag == "text" and a.get("class") == "beyond-label":
+            self.beyond_labels[(self.model, self.svg_metric)] = a["data-count"]
+        elif tag == "span" and "data-reason" in a and a["data-reason"]:
+            self.reasons[self.model][a["data-reason"]] = a["data-count"]
+        elif tag == "li" and a.get("class") == "signal":
+            self.signals[self.model].append(a["data-kind"])
         elif tag == "td" and "data-stat" in a:
             self._text_for = (self.cells, (self.model, a["data-metric"], a["data-stat"]), a["data-value"])
         elif tag == "dd" and "data-field" in a:
             self._text_for = (self.facts, (self.model, a["data-field"]), a["data-value"])
+        elif tag == "small" and "data-note" in a:
+            self._text_for = (self.notes, (self.model, a["data-note"]), "")
 
     def handle_data(self, data: str) -> None:
+        if self.model is not None:
+            self.texts[self.model].append(data)
         if self._text_for is not None:
             target, key, value = self._text_for
             target[key] = (value, data)
             self._text_for = None
 
 
-def test_dashboard_draws_the_stats_it_fetched(dashboard_url: str, tmp_path: Path) -> None:
+def rendered(url: str, tmp_path: Path) -> tuple[dict[str, dict], DashboardDom]:
+    """/stats per model, and what Chromium drew of /dashboard from it."""
     chromium = find_chromium()
-    stats = httpx.get(dashboard_url + "/stats", trust_env=False).json()
-    by_model = {m["model"]: m for m in stats["models"]}
-
-    result = run_chromium(chromium, tmp_path / "profile", "--dump-dom", dashboard_url + "/dashboard")
+    stats = httpx.get(url + "/stats", trust_env=False).json()
+    result = run_chromium(chromium, tmp_path / "profile", "--dump-dom", url + "/dashboard")
     assert result.returncode == 0, result.stderr[-2000:]
     dom = DashboardDom()
     dom.feed(result.stdout)
     assert dom.rendered_at, "the page never rendered /stats:\n" + result.stdout[-2000:]
+    return {m["model"]: m for m in stats["models"]}, dom
+
+
+def test_dashboard_draws_the_stats_it_fetched(dashboard_url: str, tmp_path: Path) -> None:
+    by_model, dom = rendered(dashboard_url, tmp_path)
 
     # Every histogram bar is a bin of /stats, in order, with its count.
     for model, m in by_model.items():
         for metric in METRICS:
             h = m[metric]["histogram"]
             his = [("" if e is None else str(e)) for e in h["edges"][1:]]
-            expected = [(str(lo), hi, str(c)) for lo, hi, c in zip(h["edges"], his, h["counts"])]
+            expected = [(str(lo), hi, str(c)) for lo, hi, c in zip(h["edges"][:-1], his, h["counts"], strict=True)]
             assert dom.bars[(model, metric)] == expected, (model, metric)
 
     # ...and for alpha the bins are the ones prompts 1..100 imply (counted by hand).
@@ -170,11 +223,70 @@ def test_dashboard_draws_the_stats_it_fetched(dashboard_url: str, tmp_path: Path
         assert float(value) == pytest.approx(want), (metric, stat)
         assert float(text) == pytest.approx(want, abs=0.051), (metric, stat, text)   # shown to 0.1
 
-    assert dom.facts[("alpha", "recommended_max_model_len")] == ("112", "112")   # ceil(109.01/16)*16
+    # alpha's demand: 90 × (i + 100), ten clamped asks of i + 5,000 → p99 5,090.1 → 5,104 (above 4,096)
+    assert dom.facts[("alpha", "recommended_max_model_len")] == ("5104", "5104")
+    assert dom.notes[("alpha", "recommended_max_model_len")][1] == "from the demand"
+    assert dom.facts[("alpha", "served_recommended_max_model_len")] == ("112", "112")   # ceil(109.01/16)*16
     assert dom.facts[("alpha", "clamped")][1] == "10"
     assert dom.facts[("alpha", "finish_length_pct")][1] == "20 %"
     assert dom.facts[("beta", "rejected")][1] == "1"
     assert dom.facts[("beta", "recommended_max_model_len")][1] == str(by_model["beta"]["recommended_max_model_len"])
+
+
+def test_dashboard_marks_the_limit_the_recommendation_and_demand_beyond_it(dashboard_url: str, tmp_path: Path) -> None:
+    by_model, dom = rendered(dashboard_url, tmp_path)
+
+    for model, m in by_model.items():
+        limit, recommended = m["max_model_len"], m["recommended_max_model_len"]
+        for metric in METRICS:
+            # a marker at max_model_len and one at the recommendation on every histogram
+            for kind, value in (("max-model-len", limit), ("recommendation", recommended)):
+                marker = dom.markers[(model, metric, kind)]
+                assert int(marker["data-value"]) == value, (model, metric, kind)
+                edges = m[metric]["histogram"]["edges"]
+                inside = edges[0] <= value and (edges[-1] is None or value < edges[-1])
+                assert marker["data-clipped"] == ("" if inside else "above" if value >= edges[0] else "below")
+                if inside:      # drawn over the bar whose bin holds the value
+                    x = float(marker["x1"])
+                    [(bx, bw, _)] = [b for b in dom.bar_boxes[(model, metric)]
+                                     if int(b[2][0]) <= value and (b[2][1] == "" or value < int(b[2][1]))]
+                    assert bx - 1 <= x <= bx + bw + 1, (model, metric, kind, x, bx, bw)
+            # every bar that starts at or past max_model_len is flagged, and only those
+            h = m[metric]["histogram"]
+            flagged = [(str(lo), "" if hi is None else str(hi), str(c)) for lo, hi, c
+                       in zip(h["edges"][:-1], h["edges"][1:], h["counts"], strict=True) if lo >= limit and c]
+            assert dom.beyond_bars[(model, metric)] == flagged, (model, metric)
+            assert dom.beyond_labels.get((model, metric)) == (str(sum(int(c) for *_, c in flagged)) if flagged
+                                                              else None)
+
+    # alpha: the ten 5,0xx-token demands are the [4096, 6144) bar, flagged; prompts stay far below the limit
+    assert dom.beyond_bars[("alpha", "demand_tokens")] == [("4096", "6144", "10")]
+    assert dom.markers[("alpha", "prompt_tokens", "max-model-len")]["data-clipped"] == "above"
+    assert dom.facts[("alpha", "beyond")][0] == "10"
+    assert dom.facts[("alpha", "clamped_shares")][1] == "10 % → 0 %"
+    assert dom.facts[("alpha", "refused_shares")][1] == "0 % → 0 %"
+    # beta: the refused 40,000-token prompt is demand too; the model's own context caps the recommendation
+    beta = by_model["beta"]
+    assert beta["recommendation"]["limited_by"] == "model_context"
+    assert dom.facts[("beta", "recommended_max_model_len")][1] == "32768"
+    assert dom.notes[("beta", "recommended_max_model_len")][1] == (
+        f"capped: the model's own context (wanted {beta['recommendation']['wanted']})")
+    assert dom.facts[("beta", "model_context")][1] == "32768"
+    assert dom.reasons["beta"] == {"prompt_too_long": "1"}
+    assert dom.beyond_bars[("beta", "demand_tokens")] == [("32768", "49152", "1")]
+    assert dom.facts[("beta", "refused_shares")][1] == "20 % → 20 %"
+
+    # alpha's running vLLM: its pool against the plan, the concurrency at p95 demand, the seed's signals
+    up = by_model["alpha"]["upstream"]
+    assert dom.facts[("alpha", "pool_actual")][0] == "6400" and dom.facts[("alpha", "pool_planned")][0] == "6400"
+    assert dom.facts[("alpha", "pool_difference")][0] == "0"
+    assert dom.facts[("alpha", "concurrency")][0] == str(up["pool"]["concurrency"])
+    assert dom.facts[("alpha", "kv_usage")][1] == "95 %" and dom.facts[("alpha", "waiting")][1] == "2"
+    assert dom.signals["alpha"] == ["kv_usage_pinned", "requests_waiting"]
+    text = " ".join(dom.texts["alpha"])
+    assert "→ time to add KV capacity (seed 000): try --kv-cache-dtype fp8 first" in text
+    assert "vLLM was given exactly 3.12 MiB (3.28 MB) of KV cache" in text
+    assert "upstream" not in by_model["beta"] or by_model["beta"]["upstream"] is None
 
 
 def test_dashboard_screenshot(dashboard_url: str, tmp_path: Path) -> None:

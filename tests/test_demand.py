@@ -76,10 +76,27 @@ def test_outcome(prompt, requested, limit, expected):
     assert dm.outcome(d, limit) == expected
 
 
-def test_outcome_with_headroom_margin():
+def test_outcome_follows_admission_min_completion():
+    # proxy.admission: a room below min_completion_tokens refuses; a margin only shortens a clamp
     d = dm.record_demand(rec(prompt_tokens=2040, requested_max_tokens=100))
-    assert dm.outcome(d, 2048, margin=16) == "refused"      # 8 − 16 < 1
-    assert dm.outcome(d, 2048, margin=4, min_completion=4) == "clamped"
+    assert dm.outcome(d, 2048, min_completion=8) == "clamped"     # room 8
+    assert dm.outcome(d, 2048, min_completion=9) == "refused"
+    fits = dm.record_demand(rec(prompt_tokens=2040, requested_max_tokens=8))
+    assert dm.outcome(fits, 2048, min_completion=9) == "fits"     # it fits: nothing to clamp
+
+
+def test_outcome_matches_admission_decide():
+    """The outcome of a demand is what proxy.admission.decide does with the same numbers."""
+    from proxy.admission import Policy, RequestedLimit, decide
+
+    for prompt in (100, 1990, 2040, 2047, 2048, 3000):
+        for asked in (1, 8, 58, 100, 4096):
+            for minimum in (1, 16):
+                d = dm.record_demand(rec(prompt_tokens=prompt, requested_max_tokens=asked))
+                decision = decide([prompt], 2048, RequestedLimit.of(("max_tokens", asked)), Policy(
+                    margin_tokens=32, min_completion_tokens=minimum), model="m", prompt_param="messages")
+                expected = {"pass": "fits", "clamped": "clamped", "rejected": "refused"}[decision.action]
+                assert dm.outcome(d, 2048, min_completion=minimum) == expected, (prompt, asked, minimum)
 
 
 # --- the issue's traffic: 60 requests on max_model_len 2,048 ------------------------------------------
@@ -131,6 +148,35 @@ def test_demand_percentiles_are_numpys():
     for q in (50, 90, 95, 99):
         assert hist.percentile(q) == pytest.approx(float(np.percentile(values, q)), abs=1e-9)
     assert dm.kv_histogram(ds).n == 60
+
+
+def test_tally_gives_the_same_answers_as_the_list():
+    ds = dm.demands(issue_traffic())
+    tally = dm.DemandTally(ds)
+    assert tally.n == 60 and tally.lower_bounds == 18 and tally.limits == {2048: 60}
+    assert len(tally.sequence) < 60          # repeats are counted, not stored
+    for p in (50, 95, 99):
+        assert dm.recommend_from_demand(tally, p, model_bound=40960) == dm.recommend_from_demand(
+            ds, p, model_bound=40960)
+    assert dm.outcome_shares(tally, 4096) == dm.outcome_shares(ds, 4096)
+
+
+@pytest.mark.parametrize("minimum", [1, 2, 16, 500])
+def test_tally_outcomes_equal_each_demands_outcome(minimum):
+    """Two histogram reads give, at every L, the count of outcome() over the demands one by one."""
+    rng = random.Random(minimum)
+    records = [rec(prompt_tokens=rng.randint(0, 3000), requested_max_tokens=rng.choice([None, 1, 5, 20, 700, 4000]),
+                   completion_tokens=rng.randint(0, 50), endpoint=rng.choice(["chat", "completions"]))
+               for _ in range(400)]
+    ds = dm.demands(records)
+    tally = dm.DemandTally(ds, minimum)
+    for limit in [1, 2, 15, 16, 17, 500, 1024, 2047, 2048, 2049, 2999, 3000, 3001, 3700, 8000]:
+        counts = {"fits": 0, "clamped": 0, "refused": 0}
+        for d in ds:
+            counts[dm.outcome(d, limit, minimum)] += 1
+        assert dm.outcome_shares(tally, limit) == dm.OutcomeShares(limit, 400, **counts), limit
+    with pytest.raises(ValueError):
+        dm.outcome_shares(tally, 100, min_completion=minimum + 1)
 
 
 def test_current_defaults_to_the_most_common_limit():
@@ -209,17 +255,14 @@ def test_demand_from_proxied_records_matches_what_was_sent(tmp_path, qwen3, qwen
     for q in (50, 90, 95, 99):
         assert hist.percentile(q) == pytest.approx(float(np.percentile(demanded, q)), abs=1e-9)
 
-    # headroom's default policy: margin 16, minimum completion 1
-    now = dm.outcome_shares(ds, 512, margin=16)
-    assert now.refused == actions.count("rejected") == sum(p >= 512 or 512 - p - 16 < 1 for p, m in sent
-                                                           if p + m > 512)
+    # headroom's default policy: minimum completion 1, so only a prompt that fills the context is refused
+    now = dm.outcome_shares(ds, 512)
+    assert now.refused == actions.count("rejected") == sum(p >= 512 for p, m in sent)
     assert now.clamped == actions.count("clamped")
-    r = dm.recommend_from_demand(ds, 95, 16, model_bound=40960, margin=16)
+    r = dm.recommend_from_demand(ds, 95, 16, model_bound=40960)
     assert r.max_model_len > 512 and r.max_model_len % 16 == 0
     assert r.current is not None and r.current.max_model_len == 512
     assert r.recommended.share("refused") < r.current.share("refused")
     too_long = sum(p >= 512 for p, _ in sent)
-    no_room = sum(p < 512 and p + m > 512 and 512 - p - 16 < 1 for p, m in sent)
     assert too_long > 0
-    expected = {"prompt_too_long": too_long, "no_room_left": no_room}
-    assert dm.rejection_breakdown(records) == {k: v for k, v in expected.items() if v}
+    assert dm.rejection_breakdown(records) == {"prompt_too_long": too_long}

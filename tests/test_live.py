@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -14,9 +15,9 @@ from proxy.lengthlog import LengthLog
 from proxy.lengths import percentile
 from proxy.lengths import round_to_blocks as recommend_max_model_len
 from proxy.pages import dashboard_html, routes
+from proxy.record import LengthRecord
 from proxy.recorder import Recorder
 from proxy.stats import DISPLAY_EDGES, histogram
-from proxy.record import LengthRecord
 
 
 def rec(**kw) -> LengthRecord:
@@ -111,11 +112,36 @@ def test_stats_percentiles_counts_and_recommendation() -> None:
     t = m["total_tokens"]
     assert (t["p50"], t["p99"], t["max"]) == (60.5, 109.01, 110)
     assert m["completion_tokens"]["p95"] == 10
-    assert m["recommended_max_model_len"] == 112           # ceil(109.01 / 16) * 16
+    assert m["served_recommended_max_model_len"] == 112    # ceil(109.01 / 16) * 16: censored at what was served
     assert p["histogram"] == {
         "edges": [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128],
         "counts": [1, 2, 4, 8, 8, 8, 16, 16, 32, 5],
     }
+
+
+def test_stats_recommendation_comes_from_demand() -> None:
+    """Demand = prompt + the limit asked: 90 × (i + 100), and the ten clamped ones asked i + 5000."""
+    import numpy as np
+
+    r = recorder()
+    feed_hundred(r)
+    [m] = r.stats()["models"]
+    demanded = [i + (5000 if i % 10 == 0 else 100) for i in range(1, 101)]
+    d = m["demand_tokens"]
+    for q in (50, 90, 95, 99):
+        assert d[f"p{q}"] == pytest.approx(float(np.percentile(demanded, q)))
+    assert (d["count"], d["max"]) == (100, 5100)
+    # p99: h = 98.01 between 5,090 and 5,100 → 5,090.1 → 5,104 in blocks of 16, above the current 4,096
+    rec_ = m["recommendation"]
+    assert (rec_["demand_at_percentile"], rec_["max_model_len"], rec_["limited_by"]) == (
+        pytest.approx(5090.1), 5104, "demand")
+    assert m["recommended_max_model_len"] == 5104
+    assert rec_["current"] == {"max_model_len": 4096, "total": 100, "fits": 90, "clamped": 10, "refused": 0,
+                               "clamped_share": 0.1, "refused_share": 0.0}
+    assert (rec_["recommended"]["fits"], rec_["recommended"]["clamped"]) == (100, 0)
+    assert m["beyond_max_model_len"] == {"count": 10, "share": 0.1}
+    assert m["rejections"] == {} and m["upstream"] is None and m["model_context"] is None
+    assert m["demand_kv_p95"] == math.ceil(float(np.percentile(demanded, 95)))
 
 
 def test_rejected_requests_count_but_add_no_completion() -> None:
@@ -128,6 +154,37 @@ def test_rejected_requests_count_but_add_no_completion() -> None:
     assert m["prompt_tokens"]["max"] == 9000 and m["prompt_tokens"]["count"] == 2
     assert m["total_tokens"]["count"] == 1 and m["total_tokens"]["max"] == 150
     assert m["finish_length"] == {"requests": 1, "finished": 1, "share": 1.0}
+    # the refused prompt is demand too: 9,000 + 1 at least (nothing was asked), beyond max_model_len; the
+    # other asked for nothing and one choice was cut by length: 150 is a lower bound as well
+    assert m["demand_tokens"]["max"] == 9001 and m["demand_lower_bounds"] == 2
+    assert m["rejections"] == {"prompt_too_long": 1}
+    assert m["recommendation"]["current"]["refused"] == 1
+
+
+def test_stats_recommendation_is_bounded_by_the_model_and_the_kv_pool() -> None:
+    from proxy import vllm_metrics as vm
+    from proxy.sizing import ModelSizing, UpstreamView
+
+    r = recorder()
+    feed_hundred(r)
+    r.sizing = lambda model: ModelSizing(config={"max_position_embeddings": 4608}, config_source="config.json")
+    [m] = r.stats()["models"]
+    assert (m["recommended_max_model_len"], m["recommendation"]["limited_by"]) == (4608, "model_context")
+    assert m["model_context"] == {"max_model_len": 4608, "key": "max_position_embeddings", "source": "config.json"}
+    # a pool of 280 blocks of 16 = 4,480 tokens binds below the model's 4,608
+    text = ('vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",kv_cache_memory_bytes="None",'
+            'num_gpu_blocks="280"} 1.0\n'
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5\n')
+    view = UpstreamView("default", "http://vllm:8000", vm.parse_vllm_metrics(text), scrapes=3)
+    r.sizing = lambda model: ModelSizing(config={"max_position_embeddings": 4608}, upstream=view)
+    [m] = r.stats()["models"]
+    assert (m["recommended_max_model_len"], m["recommendation"]["limited_by"]) == (4480, "kv_cache")
+    up = m["upstream"]
+    assert (up["upstream"], up["scrapes"], up["kv_cache_usage"], up["signals"]) == ("default", 3, 0.5, [])
+    pool = up["pool"]
+    assert (pool["actual_tokens"], pool["usable_tokens"], pool["planned_tokens"]) == (4480, 279 * 16, None)
+    assert pool["explanation"][0].startswith("no plan: config.json")      # no layers: no bytes per token
+    assert pool["concurrency"] == 279 * 16 // (math.ceil(m["demand_kv_p95"] / 16) * 16)
 
 
 def test_models_are_reported_separately_and_sorted() -> None:
@@ -192,7 +249,7 @@ def test_stats_route(client: TestClient) -> None:
     resp = client.get("/stats")
     assert resp.status_code == 200 and resp.headers["cache-control"] == "no-store"
     [m] = resp.json()["models"]
-    assert m["recommended_max_model_len"] == 112
+    assert m["recommended_max_model_len"] == 5104 and m["served_recommended_max_model_len"] == 112
 
 
 def test_metrics_route(client: TestClient) -> None:
@@ -215,3 +272,13 @@ def test_dashboard_route_is_self_contained(client: TestClient) -> None:
 
 def test_routes_reject_other_methods(client: TestClient) -> None:
     assert client.post("/stats").status_code == 405
+
+
+def test_demand_kv_percentile_of_one_model() -> None:
+    r = recorder()
+    feed_hundred(r)
+    r.record(rec(model="other-model", prompt_tokens=7, requested_max_tokens=3))
+    demanded = sorted(i + (5000 if i % 10 == 0 else 100) for i in range(1, 101))
+    assert r.demand_kv_percentile("m", 95) == pytest.approx(percentile(demanded, 95))
+    assert r.demand_kv_percentile("other-model") == 10
+    assert r.demand_kv_percentile("nobody") is None

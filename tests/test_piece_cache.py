@@ -17,17 +17,17 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import shutil
 import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 import pytest
-from tokenizers import AddedToken, Regex, Tokenizer, pre_tokenizers
+from tokenizers import Tokenizer
 
+from tests.support.corpus import CASES  # the 320 corpus requests, loaded once
+from tests.support.tokenizer_variants import EXACT_VARIANTS, FALLBACK_VARIANTS, bos_eos, edited, metaspace
 from tokenizer_cache import (
     CountError,
     ModelTokenizer,
@@ -38,7 +38,6 @@ from tokenizer_cache import (
 )
 from tokenizer_cache._added_split import AddedTokenSplitter, SplitToken
 from tokenizer_cache._piece_support import fallback_reason, split_tokens
-from tests.support.corpus import CASES  # the 320 corpus requests, loaded once
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 MODELS = SHARED / "models"
@@ -194,75 +193,6 @@ def test_splitter_rules_without_a_tokenizer():
 # Edited tokenizers: the flags the shipped ones do not use
 # ---------------------------------------------------------------------------
 
-def _edited(model_dir: Path, edit: Callable[[dict], None] | None = None) -> Tokenizer:
-    if edit is None:
-        return Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    state = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
-    if edit is not None:
-        edit(state)
-    return Tokenizer.from_str(json.dumps(state))
-
-
-def _llama_with_strip_and_normalized_tokens() -> Tokenizer:
-    # DeepSeek-R1-Distill-Llama-8B has no normalizer, so normalized tokens are exact.
-    tokenizer = _edited(MODELS / "deepseek-ai--DeepSeek-R1-Distill-Llama-8B")
-    tokenizer.add_special_tokens(
-        [AddedToken("<L>", lstrip=True, normalized=False), AddedToken("<R>", rstrip=True, normalized=False),
-         AddedToken("<LR>", lstrip=True, rstrip=True, normalized=False)]
-    )
-    tokenizer.add_tokens(
-        [AddedToken("<n>", normalized=True), AddedToken("<n", normalized=True),
-         AddedToken("<nl>", normalized=True, lstrip=True, rstrip=True)]
-    )
-    return tokenizer
-
-
-def _encode_special_tokens(model_dir: Path) -> Tokenizer:
-    tokenizer = _edited(model_dir)
-    tokenizer.encode_special_tokens = True
-    return tokenizer
-
-
-def _byte_level_prefix_space() -> Tokenizer:
-    """Qwen3 with ByteLevel add_prefix_space on: a space before every piece."""
-    tokenizer = _edited(MODELS / "Qwen--Qwen3-8B")
-    split = json.loads(tokenizer.pre_tokenizer.__getstate__())["pretokenizers"][0]
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(split["pattern"]["Regex"]), "isolated"),
-         pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=False)]
-    )
-    return tokenizer
-
-
-def _metaspace(scheme: str) -> Callable[[dict], None]:
-    def edit(state: dict) -> None:
-        state["normalizer"] = None
-        state["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": scheme, "split": False}
-
-    return edit
-
-
-def _bos_eos(state: dict) -> None:
-    """Llama-2's style of post-processor: <s> A </s>."""
-    state["post_processor"] = {
-        "type": "TemplateProcessing",
-        "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                   {"SpecialToken": {"id": "</s>", "type_id": 0}}],
-        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-        "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]},
-                           "</s>": {"id": "</s>", "ids": [2], "tokens": ["</s>"]}},
-    }
-
-
-EXACT_VARIANTS: dict[str, Callable[[], Tokenizer]] = {
-    "lstrip-rstrip-and-normalized-tokens": _llama_with_strip_and_normalized_tokens,
-    "qwen3-encode-special-tokens": lambda: _encode_special_tokens(MODELS / "Qwen--Qwen3-8B"),
-    "phi3-encode-special-tokens": lambda: _encode_special_tokens(PHI3_MINI),
-    "byte-level-add-prefix-space": _byte_level_prefix_space,
-    "metaspace-always": lambda: _edited(PHI3_MINI, _metaspace("always")),
-    "post-processor-bos-eos": lambda: _edited(PHI3_MINI, _bos_eos),
-}
-
 
 @pytest.mark.parametrize("variant", EXACT_VARIANTS)
 def test_edited_tokenizers_count_the_same_by_pieces(variant: str):
@@ -271,43 +201,11 @@ def test_edited_tokenizers_count_the_same_by_pieces(variant: str):
 
 
 def test_post_processor_specials_are_added_once():
-    tokenizer = _edited(PHI3_MINI, _bos_eos)
+    tokenizer = edited(PHI3_MINI, bos_eos)
     counter, _ = PieceCounter.for_tokenizer(tokenizer, PieceCountCache())
     assert counter is not None
     assert counter.count("", add_special_tokens=True).tokens == 2
     assert counter.count("a<|end|>b", add_special_tokens=True).tokens == len(tokenizer.encode("a<|end|>b"))
-
-
-def _single_word(model_dir: Path) -> Tokenizer:
-    tokenizer = _edited(model_dir)
-    tokenizer.add_tokens([AddedToken("word", single_word=True, normalized=False)])
-    return tokenizer
-
-
-def _nfc_with_normalized_token() -> Tokenizer:
-    tokenizer = _edited(MODELS / "Qwen--Qwen3-8B")
-    tokenizer.add_tokens([AddedToken("<n>", normalized=True)])
-    return tokenizer
-
-
-def _whitespace_edged_token() -> Tokenizer:
-    tokenizer = _edited(PHI3_MINI)
-    tokenizer.add_tokens([AddedToken(" <x>", normalized=False)])
-    return tokenizer
-
-
-def _dropout(state: dict) -> None:
-    state["model"]["dropout"] = 0.5
-
-
-FALLBACK_VARIANTS: dict[str, tuple[Callable[[], Tokenizer], str, str | None]] = {
-    # name: (tokenizer, words of the reason, a text whose naive piece sum is wrong)
-    "single-word": (lambda: _single_word(MODELS / "Qwen--Qwen3-8B"), "single_word", "|<|im_wordx<|box_end|>"),
-    "metaspace-first": (lambda: _edited(PHI3_MINI, _metaspace("first")), "first", "<|end|>안녕"),
-    "normalized-token-under-nfc": (_nfc_with_normalized_token, "normalized", None),
-    "whitespace-edged-token-with-rstrip": (_whitespace_edged_token, "whitespace", None),
-    "bpe-dropout": (lambda: _edited(PHI3_MINI, _dropout), "dropout", None),
-}
 
 
 @pytest.mark.parametrize("variant", FALLBACK_VARIANTS)
@@ -330,7 +228,7 @@ def test_a_model_that_falls_back_still_counts_exactly(tmp_path: Path):
     for name in ("tokenizer_config.json", "chat_template.jinja"):
         if (PHI3_MINI / name).is_file():
             shutil.copy(PHI3_MINI / name, tmp_path / name)
-    tokenizer = _edited(PHI3_MINI, _metaspace("first"))
+    tokenizer = edited(PHI3_MINI, metaspace("first"))
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     model = load_model_tokenizer(tmp_path, piece_cache=PieceCountCache())
     assert model.piece_counter is None and "first" in (model.piece_fallback or "")

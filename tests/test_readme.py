@@ -170,3 +170,45 @@ def test_report_example(tmp_path, qwen3, qwen3_dir) -> None:
     out = subprocess.run([sys.executable, "-m", "proxy.report_cli", str(log_path)],
                          capture_output=True, text=True, check=True).stdout
     assert [line.rstrip() for line in out.strip().splitlines()] == [line.rstrip() for line in block[1:]]
+
+
+def report_output(*argv: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-m", "proxy.report_cli", *argv],
+                         capture_output=True, text=True, check=True).stdout
+    return [line.rstrip() for line in out.strip().splitlines()]
+
+
+def documented(marker: str) -> tuple[list[str], list[str]]:
+    """(the documented command's arguments after `headroom report`, the output lines shown)."""
+    block = block_after(marker)
+    return block[0].split("headroom report", 1)[1].split(), [line.rstrip() for line in block[1:]]
+
+
+def test_report_rising_example(tmp_path, qwen3, qwen3_dir) -> None:
+    """Issue 16's traffic (tests/support/traffic.py) recorded by the proxy, then reported against Qwen3-8B."""
+    from tests.support.traffic import issue16_mix, record_traffic
+
+    log_path = tmp_path / "lengths.jsonl"
+    record_traffic(log_path, qwen3, qwen3_dir, issue16_mix(), model=MODEL)
+    argv, shown = documented("$ headroom report lengths.jsonl --preset Qwen3-8B")
+    argv[argv.index("lengths.jsonl")] = str(log_path)
+    assert report_output(*argv) == shown
+
+
+def test_report_upstream_example(tmp_path, qwen3, qwen3_dir) -> None:
+    """Six 301 + 600-token requests through the proxy, then one read of a real vLLM 0.32's /metrics as it
+    was while six such requests fought over its 16 blocks (tests/data/vllm032_cpu/pressure_3.txt)."""
+    from tests.realvllm.tiny_model import model_config
+    from tests.support.traffic import record_traffic
+
+    log_path = tmp_path / "lengths.jsonl"
+    record_traffic(log_path, qwen3, qwen3_dir, [(292, 600)] * 6, model="tiny-qwen", max_model_len=1024)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(model_config(151_669)))
+    argv, shown = documented("$ headroom report lengths.jsonl --upstream")
+    with FakeVLLM(model="tiny-qwen") as vllm:
+        vllm.metrics_text = (ROOT / "tests" / "data" / "vllm032_cpu" / "pressure_3.txt").read_text()
+        argv = [{"lengths.jsonl": str(log_path), "http://127.0.0.1:8000": vllm.base_url,
+                 "tiny-qwen/config.json": str(config)}.get(a, a) for a in argv]
+        out = [line.replace(vllm.base_url, "http://127.0.0.1:8000") for line in report_output(*argv)]
+    assert out == shown

@@ -8,11 +8,12 @@ import math
 import random
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from proxy import capacity as cap
 from proxy import report as rep
 from proxy import report_cli
 from proxy.record import LengthRecord
@@ -162,10 +163,10 @@ NOW = 1_800_000_000.0
 @pytest.mark.parametrize("text, expected", [
     ("24h", NOW - 86400), ("30m", NOW - 1800), ("7d", NOW - 7 * 86400), ("90s", NOW - 90), ("1.5h", NOW - 5400),
     ("1700000000", 1_700_000_000.0),
-    ("2026-01-02T03:04:05Z", datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc).timestamp()),
-    ("2026-01-02T03:04:05", datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc).timestamp()),
-    ("2026-01-02T12:04:05+09:00", datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc).timestamp()),
-    ("2026-01-02", datetime(2026, 1, 2, tzinfo=timezone.utc).timestamp()),
+    ("2026-01-02T03:04:05Z", datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC).timestamp()),
+    ("2026-01-02T03:04:05", datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC).timestamp()),
+    ("2026-01-02T12:04:05+09:00", datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC).timestamp()),
+    ("2026-01-02", datetime(2026, 1, 2, tzinfo=UTC).timestamp()),
 ])
 def test_parse_since(text, expected):
     assert rep.parse_since(text, NOW) == expected
@@ -234,11 +235,24 @@ def test_report_percentiles_match_reference_across_merged_files(capsys, tmp_path
     assert m["rejected_share"] == pytest.approx(sum(r["action"] == "rejected" for r in records) / 1200)
     assert m["length_finish_share"] == pytest.approx(
         sum("length" in r["finish_reasons"] for r in done) / len(done))
-    rec95 = m["recommendation"]
+    served = m["served_recommendation"]
     expected_mml = math.ceil(reference_percentile(totals, 95) / 16) * 16
-    assert rec95["percentile"] == 95 and rec95["max_model_len"] == expected_mml
-    assert rec95["would_clamp"] == sum(t > expected_mml for t in totals)
+    assert served["percentile"] == 95 and served["max_model_len"] == expected_mml
+    assert served["would_clamp"] == sum(t > expected_mml for t in totals)
     assert m["max_model_len_current"] == 8192
+    # demand: nothing was asked, so what was generated; a refused prompt p asked for at least p + 1
+    demanded = [r["upstream_prompt_tokens"] + (r["completion_tokens"] if r["completion_tokens"] is not None else 1)
+                for r in records]
+    for p in (50, 90, 95, 99):
+        assert m["demand_tokens"][f"p{p}"] == pytest.approx(reference_percentile(demanded, p), abs=1e-9)
+    rec95 = m["recommendation"]
+    assert rec95["percentile"] == 95 and rec95["limited_by"] == "demand"
+    assert rec95["max_model_len"] == math.ceil(reference_percentile(demanded, 95) / 16) * 16
+    refused = sum(r["action"] == "rejected" for r in records)
+    # these synthetic rejections carry no error code: counted, under "other"
+    assert m["demand_lower_bounds"] >= refused and m["rejections"] == {"other": refused}
+    assert rec95["current"]["max_model_len"] == 8192
+    assert rec95["current"]["refused"] == sum(r["upstream_prompt_tokens"] >= 8192 for r in records)
 
 
 def test_report_model_and_since_filters(capsys, tmp_path):
@@ -271,12 +285,34 @@ def test_report_capacity_section(capsys, tmp_path):
     assert c["gpus_at_mean"] == 2 and c["recommended_max_model_len_fits"] is True
 
 
-def test_report_capacity_warns_when_recommendation_does_not_fit(capsys, tmp_path):
+def test_report_recommendation_is_capped_by_the_model_and_the_kv_cache(capsys, tmp_path):
     write_jsonl(tmp_path / "x.jsonl", [rec(prompt_tokens=120_000, completion_tokens=1000)])
-    assert report_cli.main([str(tmp_path / "x.jsonl"), "--preset", "Qwen2.5-7B", "--gpu", "A10-24GB",
-                            "--weights-memory", "14.2GiB", "--kv-cache-dtype", "bf16"]) == 0
+    argv = [str(tmp_path / "x.jsonl"), "--preset", "Qwen2.5-7B"]
+    # the model's own context: Qwen2.5-7B's max_position_embeddings 32,768, without any GPU
+    m = report_json(capsys, *argv)["models"][0]
+    assert (m["recommendation"]["wanted"], m["recommendation"]["max_model_len"]) == (121_008, 32_768)
+    assert m["recommendation"]["limited_by"] == "model_context"
+    assert m["model_context"]["key"] == "max_position_embeddings" and "capacity" not in m
+    # Qwen3-8B (40,960 of context) on an A10: 24 GiB × 0.92 − 15.26 GiB of weights − 4 GiB → 2.82 GiB of KV at
+    # 144 KiB per token: the plan's KV blocks bind first
+    argv = [str(tmp_path / "x.jsonl"), "--preset", "Qwen3-8B", "--gpu", "A10-24GB"]
+    m = report_json(capsys, *argv)["models"][0]
+    preset = cap.PRESETS["Qwen3-8B"]
+    kv = cap.kv_memory(24 * cap.GIB, 0.92, preset.params * 2, 4 * cap.GIB).kv_memory_bytes
+    blocks = kv // (144 * 1024 * 16)
+    assert blocks * 16 < 40_960
+    assert (m["recommendation"]["max_model_len"], m["recommendation"]["limited_by"]) == (blocks * 16, "kv_cache")
+    assert m["kv_bound_source"] == "the plan's KV cache"
+    assert m["capacity"]["recommended_max_model_len_fits"] is True
+    assert report_cli.main(argv) == 0
     out = capsys.readouterr().out
-    assert "WARNING: vLLM would refuse to start with max_model_len 121,008" in out
+    assert f"recommended max_model_len: {blocks * 16:,} (p99 of demanded sequence length = 121,000" in out
+    assert "capped at the longest the KV cache holds (the plan's KV cache)" in out
+
+
+def test_report_without_files_or_upstream_is_an_error(capsys):
+    assert report_cli.main([]) == 2
+    assert "give length record files, --upstream URL, or both" in capsys.readouterr().err
 
 
 def test_report_gpu_options_without_model_are_an_error(capsys, tmp_path):
@@ -292,7 +328,7 @@ def test_report_table_output(capsys, tmp_path):
     assert "200 records from 1 file(s)" in out and "1 malformed and skipped" in out
     assert "model qwen3-8b: 200 requests" in out
     assert "p99.9" in out and "recommended max_model_len:" in out
-    for label in ("prompt", "completion", "total", "sequence"):
+    for label in ("prompt", "completion", "total", "sequence", "demanded"):
         assert f"\n  {label}" in out
 
 
@@ -357,3 +393,26 @@ def test_plausible_usage(prompt, completion, mml, n, kept):
     from proxy.lengths import plausible_usage
 
     assert plausible_usage(prompt, completion, mml, n) == kept
+
+
+def test_report_demand_is_proxy_demands(tmp_path):
+    """The report's fast path gives the demand proxy.demand.record_demand gives, record by record."""
+    from proxy import demand as dm
+
+    rng = random.Random(11)
+    records = [rec(prompt_tokens=rng.randint(1, 5000), n=rng.choice([1, 1, 3]),
+                   endpoint=rng.choice(["chat", "completions"]),
+                   requested_max_tokens=rng.choice([None, 0, 16, 900]), granted_max_tokens=rng.choice([None, 300]),
+                   completion_tokens=rng.choice([None, 10, 700]), max_model_len=4096,
+                   finish_reasons=rng.choice([[], ["stop"], ["length", "stop"]]),
+                   action=rng.choice(["pass", "clamped", "rejected"]), status=rng.choice([200, 400]),
+                   error_code=rng.choice([None, "context_length_exceeded", "invalid_media"]))
+               for _ in range(500)]
+    builder = rep.ReportBuilder()
+    for r in records:
+        builder.add_line(json.dumps(r))
+    [stats] = builder.models.values()
+    expected = dm.DemandTally(dm.demands(records))
+    assert (stats.demand.sequence, stats.demand.kv, stats.demand.refused_below, stats.demand.lower_bounds) == (
+        expected.sequence, expected.kv, expected.refused_below, expected.lower_bounds)
+    assert stats.reasons == dm.rejection_breakdown(records)

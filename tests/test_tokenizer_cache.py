@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -9,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tokenizer_cache import ModelTokenizer, TokenizerCache, find_tokenizer_dir
+from tokenizer_cache import (
+    CountError,
+    ModelTokenizer,
+    TokenizerCache,
+    find_tokenizer_dir,
+    load_model_tokenizer,
+)
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 PHI3_MINI = SHARED / "models" / "microsoft--Phi-3-mini-4k-instruct"
@@ -209,9 +216,11 @@ def test_the_public_surface_is_what_the_package_exports() -> None:
     exported = {name for name in dir(tokenizer_cache) if not name.startswith("_")}
     modules = {name for name in exported if type(getattr(tokenizer_cache, name)).__name__ == "module"}
     assert exported - modules == set(tokenizer_cache.__all__) == {
-        "CountError", "DEFAULT_PIECE_CACHE_ENTRIES", "ModelTokenizer", "PieceCacheStats", "PieceCountCache",
-        "PieceCounter", "PieceTally", "TokenizerCache", "UnsupportedContent", "find_tokenizer_dir",
-        "load_model_tokenizer",
+        "CharBoundExceeded", "CountError", "CountingModel", "DEFAULT_PIECE_CACHE_ENTRIES", "HarmonyOptions",
+        "HarmonyTokenizer", "char_bound_message",
+        "MistralTokenizer", "ModelTokenizer", "PieceCacheStats", "PieceCountCache", "PieceCounter", "PieceTally",
+        "TOKENIZER_MODES", "TokenizerCache", "MediaNotCountable", "detect_family", "find_tokenizer_dir",
+        "holds_tokenizer", "load_model_tokenizer",
     }
 
 
@@ -226,3 +235,48 @@ def test_the_proxy_uses_only_the_public_surface() -> None:
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tokenizer_cache."):
                 private.append(f"{path.name}: from {node.module}")
     assert private == []
+
+
+# ---------------------------------------------------------------------------
+# Token ids outside the vocabulary (completions with token-id prompts)
+# ---------------------------------------------------------------------------
+
+QWEN3 = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "Qwen--Qwen3-8B"
+
+
+def qwen3_copy(tmp_path: Path, config: dict | None) -> Path:
+    directory = tmp_path / "qwen3"
+    directory.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(QWEN3 / name, directory / name)
+    if config is not None:
+        (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("config", "largest_accepted"),
+    [
+        # The tiny test model: embedding rows = the tokenizer's ids (151,669).
+        ({"vocab_size": 151669}, 151668),
+        # Qwen3-8B's config: more rows than tokenizer ids; vLLM takes the larger.
+        ({"vocab_size": 151936}, 151935),
+        # Fewer rows than the tokenizer's ids: the tokenizer's largest id still counts.
+        ({"text_config": {"vocab_size": 1000}}, 151668),
+    ],
+)
+def test_token_ids_beyond_vllms_limit_are_out_of_vocabulary(tmp_path, config, largest_accepted):
+    tok = load_model_tokenizer(qwen3_copy(tmp_path, config))
+    assert tok.token_id_limit == largest_accepted
+    assert tok.count_completion({"prompt": [0, largest_accepted]}) == [2]
+    with pytest.raises(CountError, match=f"Token id {largest_accepted + 1} is out of vocabulary"):
+        tok.count_completion({"prompt": [[1], [largest_accepted + 1, 5]]})
+
+
+def test_without_config_json_no_id_is_refused_for_being_large(tmp_path):
+    # The model may have more embedding rows than the tokenizer has ids; only vLLM knows.
+    tok = load_model_tokenizer(qwen3_copy(tmp_path, None))
+    assert tok.max_token_id == 151668 and tok.token_id_limit is None
+    assert tok.count_completion({"prompt": [999_999]}) == [1]
+    with pytest.raises(CountError):
+        tok.count_completion({"prompt": [-1]})

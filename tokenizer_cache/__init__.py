@@ -1,11 +1,16 @@
 """Tokenizer loading and caching, chat-template rendering and prompt-token counting.
 
-Counts prompt tokens exactly as vLLM does, from a model directory holding
-`tokenizer.json` + `tokenizer_config.json` (+ `chat_template.jinja`), with only
-`tokenizers` and `jinja2`:
+Counts prompt tokens exactly as vLLM does, from a model directory, with the
+renderer vLLM picks for it (`detect_family`): `tokenizer.json` +
+`tokenizer_config.json` (+ `chat_template.jinja`) with `tokenizers` and
+`jinja2` for most models; openai-harmony for gpt-oss (`HarmonyTokenizer`);
+mistral-common for Mistral-format folders (`MistralTokenizer`, optional extra):
 
     tokenizer = TokenizerCache().get(find_tokenizer_dir("Qwen/Qwen3-8B", root=None))
     tokenizer.count_chat({"messages": [{"role": "user", "content": "Hi"}]})
+
+`get(directory, tokenizer_mode)` takes vLLM's `--tokenizer-mode` for the model
+("auto" by default).  Every loaded model satisfies `CountingModel`.
 
 Models loaded through a TokenizerCache count through a shared per-piece
 cache: text between added tokens is encoded once, so a conversation resent
@@ -15,24 +20,38 @@ Everything else lives in private modules; import from here.
 """
 
 from ._cache import TokenizerCache
-from ._chat import UnsupportedContent
-from ._errors import CountError
-from ._locate import find_tokenizer_dir
+from ._char_bound import CharBoundExceeded, char_bound_message
+from ._errors import CountError, MediaNotCountable
+from ._family import TOKENIZER_MODES, detect_family
+from ._gptoss import HarmonyTokenizer
+from ._harmony import HarmonyOptions
+from ._locate import find_tokenizer_dir, holds_tokenizer
+from ._mistral import MistralTokenizer
 from ._model import ModelTokenizer, load_model_tokenizer
 from ._piece_cache import DEFAULT_MAX_ENTRIES as DEFAULT_PIECE_CACHE_ENTRIES
 from ._piece_cache import PieceCacheStats, PieceCountCache
 from ._piece_count import PieceCounter, PieceTally
+from ._protocol import CountingModel
 
 __all__ = [
+    "CharBoundExceeded",
     "CountError",
+    "CountingModel",
     "DEFAULT_PIECE_CACHE_ENTRIES",
+    "HarmonyOptions",
+    "HarmonyTokenizer",
+    "MediaNotCountable",
+    "MistralTokenizer",
     "ModelTokenizer",
     "PieceCacheStats",
     "PieceCountCache",
     "PieceCounter",
     "PieceTally",
+    "TOKENIZER_MODES",
     "TokenizerCache",
-    "UnsupportedContent",
+    "char_bound_message",
+    "detect_family",
     "find_tokenizer_dir",
+    "holds_tokenizer",
     "load_model_tokenizer",
 ]

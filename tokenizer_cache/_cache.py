@@ -8,27 +8,38 @@ different directories load in parallel (the lock is not held while loading).
 
 The models loaded here share one `PieceCountCache` (per-piece token counts,
 so a resent conversation only encodes what is new); `piece_cache_entries=0`
-turns it off.
+turns it off.  `engine` chooses the encoder as `load_model_tokenizer` does
+("auto": the fast engine wherever it passes its self-check); the models
+also share one `ChatCountCache` (`chat_cache_entries=0` turns it off).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
-import functools
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Callable
 
-from ._model import ModelTokenizer, load_model_tokenizer
+from ._chat_cache import DEFAULT_MAX_ENTRIES as DEFAULT_CHAT_ENTRIES
+from ._chat_cache import ChatCountCache
+from ._family import check_tokenizer_mode
+from ._model import load_model_tokenizer
 from ._piece_cache import DEFAULT_MAX_ENTRIES, PieceCountCache
+from ._protocol import CountingModel
 
-Loader = Callable[[pathlib.Path], ModelTokenizer]
+_Key = tuple[pathlib.Path, str]
+Loader = Callable[..., CountingModel]  # (directory[, tokenizer_mode=...]) -> model
 
 
 class TokenizerCache:
-    """`get(directory)` → the ModelTokenizer for that directory, loaded at most once while cached."""
+    """`get(directory, tokenizer_mode)` → the counter for that directory, loaded at most once while cached.
+
+    `tokenizer_mode` is vLLM's `--tokenizer-mode` for the model ("auto", the
+    default, "hf" or "mistral"); the same folder under two modes is two entries.
+    """
 
     def __init__(
         self,
@@ -36,23 +47,29 @@ class TokenizerCache:
         *,
         loader: Loader | None = None,
         piece_cache_entries: int = DEFAULT_MAX_ENTRIES,
+        engine: str = "auto",
+        chat_cache_entries: int = DEFAULT_CHAT_ENTRIES,
     ) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
-        if piece_cache_entries < 0:
-            raise ValueError("piece_cache_entries must be 0 (off) or more")
+        if piece_cache_entries < 0 or chat_cache_entries < 0:
+            raise ValueError("piece_cache_entries and chat_cache_entries must be 0 (off) or more")
         self.max_entries = max_entries
         # One table for every model: the digests are keyed by tokenizer.
         self.piece_cache = PieceCountCache(piece_cache_entries) if piece_cache_entries else None
+        # Chat counts by exact template inputs (repeated requests skip rendering).
+        self.chat_cache = ChatCountCache(chat_cache_entries) if chat_cache_entries else None
         if loader is None:
-            loader = functools.partial(load_model_tokenizer, piece_cache=self.piece_cache)
+            loader = functools.partial(
+                load_model_tokenizer, piece_cache=self.piece_cache, engine=engine, chat_cache=self.chat_cache
+            )
         self._loader = loader
         self._lock = threading.Lock()
-        self._entries: OrderedDict[pathlib.Path, ModelTokenizer] = OrderedDict()
-        self._loading: dict[pathlib.Path, Future[ModelTokenizer]] = {}
+        self._entries: OrderedDict[_Key, CountingModel] = OrderedDict()
+        self._loading: dict[_Key, Future[CountingModel]] = {}
 
-    def get(self, directory: str | os.PathLike) -> ModelTokenizer:
-        key = pathlib.Path(directory).expanduser().resolve()
+    def get(self, directory: str | os.PathLike, tokenizer_mode: str = "auto") -> CountingModel:
+        key = (pathlib.Path(directory).expanduser().resolve(), check_tokenizer_mode(tokenizer_mode))
         with self._lock:
             cached = self._entries.get(key)
             if cached is not None:
@@ -67,7 +84,8 @@ class TokenizerCache:
         if not owner:
             return pending.result()  # re-raises the loader's exception
         try:
-            model = self._loader(key)
+            # The default mode keeps the one-argument call custom loaders know.
+            model = self._loader(key[0]) if key[1] == "auto" else self._loader(key[0], tokenizer_mode=key[1])
         except BaseException as exc:
             with self._lock:
                 del self._loading[key]
@@ -83,9 +101,9 @@ class TokenizerCache:
         return model
 
     def __contains__(self, directory: str | os.PathLike) -> bool:
-        key = pathlib.Path(directory).expanduser().resolve()
+        path = pathlib.Path(directory).expanduser().resolve()
         with self._lock:
-            return key in self._entries
+            return any(key[0] == path for key in self._entries)
 
     def __len__(self) -> int:
         with self._lock:

@@ -18,7 +18,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
-from ._errors import CountError
+from ._errors import CountError, MediaNotCountable
+from ._media import MediaItem
 
 ContentFormat = Literal["string", "openai"]
 
@@ -31,22 +32,37 @@ _TEXT_PART_KEYS = {
     "refusal": "refusal",
     "thinking": "thinking",
 }
-# Part types that carry media: counting them needs the model's multimodal processor.
-_MEDIA_PART_TYPES = frozenset(
-    {
-        "image_url",
-        "input_image",
-        "image_pil",
-        "image_embeds",
-        "audio_url",
-        "input_audio",
-        "audio_embeds",
-        "video_url",
-        "prompt_embeds",
-    }
+# Roles whose messages vLLM's request model validates with OpenAI's own
+# message types (their content parts are checked strictly); other roles go
+# through vLLM's custom message type, which accepts any part.
+_OPENAI_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+_RESPONSES_TEXT_PARTS = frozenset({"input_text", "output_text"})
+# Part types that carry media, and the modality vLLM files each under
+# (`_parse_chat_message_content_part`).
+_MEDIA_PART_TYPES = {
+    "image_url": "image",
+    "input_image": "image",
+    "image_pil": "image",
+    "image_embeds": "image",
+    "audio_url": "audio",
+    "input_audio": "audio",
+    "audio_embeds": "audio",
+    "video_url": "video",
+    "video_embeds": "video",
+    "prompt_embeds": "prompt_embeds",
+}
+# Keys that make an untyped part (or one with a uuid) a media part, in the
+# order vLLM tries them (`_parse_chat_message_content_mm_part`).
+_MEDIA_KEYS = ("image_url", "image_pil", "image_embeds", "audio_embeds", "video_embeds", "prompt_embeds",
+               "audio_url", "input_audio", "video_url")
+# Fields of vLLM's content-part types; any other field of a media part is
+# handed to the template beside {"type": modality} (`_collect_extra_fields`).
+_KNOWN_PART_FIELDS = frozenset(
+    {"audio_embeds", "audio_url", "closed", "data", "file", "image_embeds", "image_pil", "image_url",
+     "input_audio", "name", "prompt_cache_breakpoint", "refusal", "text", "thinking", "type", "uuid",
+     "video_embeds", "video_url"}
 )
-_MEDIA_KEYS = ("image_url", "image_pil", "image_embeds", "audio_embeds", "prompt_embeds", "audio_url",
-               "input_audio", "video_url")
+_IMAGE_DETAILS = frozenset({"auto", "low", "high", "original"})
 
 # transformers' `apply_chat_template` named parameters: accepted as
 # chat_template_kwargs even when the template never reads them
@@ -78,11 +94,6 @@ _TRUE_STRINGS = frozenset({"1", "on", "t", "true", "y", "yes"})
 _FALSE_STRINGS = frozenset({"0", "off", "f", "false", "n", "no"})
 
 
-class UnsupportedContent(CountError):
-    """The request is valid but holds media (images, audio, video) that a text
-    tokenizer cannot count; only the model's multimodal processor can."""
-
-
 @dataclass(frozen=True)
 class ChatOptions:
     """The request-level switches that steer rendering and encoding."""
@@ -112,11 +123,12 @@ def _bad_type(param: str, expected: str, value: Any) -> CountError:
     return CountError(f"'{param}' must be {expected}, got {_type_name(value)}.", param=param)
 
 
-def _as_bool(body: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = body.get(key, default)
-    if isinstance(value, bool):
+def _lax_bool(value: Any, where: str) -> bool | None:
+    """pydantic's lax `bool | None` (vLLM's request models): booleans, 0/1, and
+    the usual yes/no strings; anything else is a 400 naming the field."""
+    if value is None or isinstance(value, bool):
         return value
-    if isinstance(value, int) and value in (0, 1):
+    if isinstance(value, (int, float)) and value in (0, 1):
         return bool(value)
     if isinstance(value, str):
         lowered = value.strip().lower()
@@ -124,7 +136,15 @@ def _as_bool(body: Mapping[str, Any], key: str, default: bool) -> bool:
             return True
         if lowered in _FALSE_STRINGS:
             return False
-    raise _bad_type(key, "a boolean", value)
+    raise _bad_type(where, "a boolean", value)
+
+
+def _as_bool(body: Mapping[str, Any], key: str, default: bool) -> bool:
+    """A required-bool request field: like `_lax_bool`, but null is refused too."""
+    value = _lax_bool(body.get(key, default), key)
+    if value is None:
+        raise _bad_type(key, "a boolean", None)
+    return value
 
 
 def chat_options(body: Mapping[str, Any]) -> ChatOptions:
@@ -166,9 +186,16 @@ def check_no_request_template(body: Mapping[str, Any]) -> None:
 # ---------------------------------------------------------------------------
 
 def parse_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-    """Tools as vLLM's pydantic model dumps them:
-    `{"type": "function", "function": {"name", "description", "parameters"}}`,
-    in that key order, unknown keys dropped, missing ones null."""
+    """Tools as vLLM 0.32 hands them to the template: `tool.model_dump()` of
+    `ChatCompletionToolsParam` (vllm/renderers/online_renderer.py `render_chat`),
+    whose serialisers (vllm/entrypoints/openai/chat_completion/protocol.py
+    `ChatCompletionToolsParam._serialize`, vllm/entrypoints/generate/base/protocol.py
+    `FunctionDefinition._serialize`) keep only the declared fields, in declaration
+    order: `{"type", "function": {"name", "description", "parameters", "strict"?,
+    "defer_loading"?}, "defer_loading"?}`.  `description` and `parameters` are
+    printed as null when missing; `strict` and `defer_loading` are dropped only
+    when null (`false` stays); a tool-level `defer_loading` is copied into the
+    function when the function has none (`_propagate_defer_loading`)."""
     tools = body.get("tools")
     if tools is None:
         return None
@@ -199,43 +226,119 @@ def _parse_tool(tool: Any, where: str) -> dict[str, Any]:
     parameters = function.get("parameters")
     if parameters is not None and not isinstance(parameters, dict):
         raise _bad_type(f"{where}.function.parameters", "an object", parameters)
-    return {
-        "type": "function",
-        "function": {"name": name, "description": description, "parameters": parameters},
-    }
+    strict = _lax_bool(function.get("strict"), f"{where}.function.strict")
+    defer_loading = _lax_bool(function.get("defer_loading"), f"{where}.function.defer_loading")
+    tool_defer_loading = _lax_bool(tool.get("defer_loading"), f"{where}.defer_loading")
+    if defer_loading is None:
+        defer_loading = tool_defer_loading
+
+    dumped_function: dict[str, Any] = {"name": name, "description": description, "parameters": parameters}
+    if strict is not None:
+        dumped_function["strict"] = strict
+    if defer_loading is not None:
+        dumped_function["defer_loading"] = defer_loading
+    dumped: dict[str, Any] = {"type": "function", "function": dumped_function}
+    if tool_defer_loading is not None:
+        dumped["defer_loading"] = tool_defer_loading
+    return dumped
 
 
 # ---------------------------------------------------------------------------
 # Messages
 # ---------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Conversation:
+    """What the template gets, and the media parts in the order vLLM tracks them."""
+
+    messages: list[dict[str, Any]]
+    media: list[MediaItem]
+
+
 def parse_messages(
-    body: Mapping[str, Any], content_format: ContentFormat, template_knows_developer: bool
-) -> list[dict[str, Any]]:
-    """The conversation vLLM passes to the template, built from `body["messages"]`."""
+    body: Mapping[str, Any],
+    content_format: ContentFormat,
+    template_knows_developer: bool,
+    placeholders: Mapping[str, str] | None = None,
+) -> Conversation:
+    """The conversation vLLM passes to the template, built from `body["messages"]`.
+
+    `placeholders` is the model's text per media modality, needed where a
+    "string"-format template gets media (vLLM's `get_placeholder_str`); a
+    media part of a modality it lacks is MediaNotCountable there.
+    """
+    messages = message_list(body)
+    if not messages:
+        raise CountError("'messages' is empty: send at least one message.", param="messages")
+    media: list[MediaItem] = []
+    conversation = [
+        _parse_message(message, f"messages[{i}]", content_format, media, placeholders or {})
+        for i, message in enumerate(messages)
+    ]
+    if not template_knows_developer:
+        conversation = _developer_as_system(conversation, content_format)
+    return Conversation(conversation, media)
+
+
+def message_list(body: Mapping[str, Any]) -> list[Any]:
+    """`body["messages"]`, which must be an array (it may be empty: whether that can be
+    rendered is the renderer's business)."""
     messages = body.get("messages")
     if messages is None:
         raise CountError("'messages' is required for a chat request.", param="messages")
     if not isinstance(messages, list):
         raise _bad_type("messages", "an array of message objects", messages)
-    if not messages:
-        raise CountError("'messages' is empty: send at least one message.", param="messages")
-    conversation = [
-        _parse_message(message, f"messages[{i}]", content_format) for i, message in enumerate(messages)
-    ]
-    if not template_knows_developer:
-        conversation = _developer_as_system(conversation, content_format)
-    return conversation
+    return messages
 
 
-def _parse_message(message: Any, where: str, content_format: ContentFormat) -> dict[str, Any]:
+def check_message_shape(message: Any, where: str) -> str:
+    """The checks vLLM's request model makes on every message, whatever renders it:
+    an object with a string role, content a string, a part list, or null (null
+    only on assistant and function messages; a missing content is fine on any).
+    Returns the role."""
     if not isinstance(message, dict):
         raise _bad_type(where, "an object", message)
     role = message.get("role")
     if not isinstance(role, str):
         raise _bad_type(f"{where}.role", "a string", role)
+    content = message.get("content")
+    if content is None and "content" in message and role not in ("assistant", "function"):
+        raise CountError(f"'{where}.content' must not be null for a {role!r} message.", param="messages")
+    if content is not None and not isinstance(content, (str, list)):
+        raise _bad_type(f"{where}.content", "a string, an array of content parts or null", content)
+    return role
 
-    content = _parse_content(message.get("content"), f"{where}.content", content_format)
+
+def _parse_message(
+    message: Any,
+    where: str,
+    content_format: ContentFormat,
+    media: list[MediaItem],
+    placeholders: Mapping[str, str],
+) -> dict[str, Any]:
+    """One message as vLLM's `_parse_chat_message_content` (vllm/renderers/chat_utils.py)
+    builds it, after the request model's validation (checked on a real vLLM 0.32):
+    `content: null` is a 400 except on assistant messages and on legacy `function`
+    messages that have a name; a `name` that is not a string (null too) is a 400."""
+    if not isinstance(message, dict):
+        raise _bad_type(where, "an object", message)
+    role = message.get("role")
+    if not isinstance(role, str):
+        raise _bad_type(f"{where}.role", "a string", role)
+    if "name" in message and not isinstance(message["name"], str):
+        raise _bad_type(f"{where}.name", "a string", message["name"])
+    if "content" in message and message["content"] is None and role != "assistant" and not (
+        role == "function" and "name" in message
+    ):
+        raise CountError(
+            f"'{where}.content' is null; only assistant messages may have null content "
+            "(send a string or an array of content parts).",
+            param=f"{where}.content",
+        )
+
+    content = _parse_content(
+        message.get("content"), f"{where}.content", content_format, role in _OPENAI_ROLES, media, placeholders
+    )
     result: dict[str, Any] = {"role": role, "content": content}
 
     if role == "assistant":
@@ -246,9 +349,8 @@ def _parse_message(message: Any, where: str, content_format: ContentFormat) -> d
                 result["tool_calls"] = parsed_calls
         reasoning = message.get("reasoning")
         if reasoning is not None:
-            if not isinstance(reasoning, str):
-                raise _bad_type(f"{where}.reasoning", "a string", reasoning)
-            # vLLM copies it under both names for templates old and new.
+            # Passed on as sent, whatever its type (the request model does not
+            # check it), under both names for templates old and new.
             result["reasoning"] = reasoning
             result["reasoning_content"] = reasoning
     elif role == "tool":
@@ -260,14 +362,26 @@ def _parse_message(message: Any, where: str, content_format: ContentFormat) -> d
         if isinstance(content, list):
             result["content"] = _flatten_tool_content(content)
 
-    name = message.get("name")
-    if isinstance(name, str):
-        result["name"] = name
+    if "name" in message:
+        result["name"] = message["name"]
+    task = message.get("task")
+    if isinstance(task, str):
+        result["task"] = task
+    if role == "developer":
+        result["tools"] = message.get("tools")
     return result
 
 
-def _parse_content(content: Any, where: str, content_format: ContentFormat) -> Any:
-    """`string`: one string ("\\n"-joined non-empty texts); `openai`: a list of text parts."""
+def _parse_content(
+    content: Any,
+    where: str,
+    content_format: ContentFormat,
+    openai_role: bool,
+    media: list[MediaItem],
+    placeholders: Mapping[str, str],
+) -> Any:
+    """`string`: one string ("\\n"-joined non-empty texts, media placeholders
+    first); `openai`: a list of parts, media as `{"type": modality}`."""
     if content is None:
         parts: list[Any] = []
     elif isinstance(content, str):
@@ -279,21 +393,53 @@ def _parse_content(content: Any, where: str, content_format: ContentFormat) -> A
     else:
         raise _bad_type(where, "a string, an array of content parts or null", content)
 
-    parsed = [_parse_part(part, f"{where}[{i}]") for i, part in enumerate(parts)]
+    first_media = len(media)
+    parsed = [_parse_part(part, f"{where}[{i}]", openai_role, media) for i, part in enumerate(parts)]
     if content_format == "openai":
         return [part for part in parsed if part is not None]
     # vLLM drops skipped and empty parts before joining.
     texts = []
     for part in parsed:
-        if part is not None:
+        if part is not None and part["type"] in ("text", "tool_reference"):
             text = part["text"] if part["type"] == "text" else part["name"]
             if text:
                 texts.append(text)
-    return "\n".join(texts)
+    return _with_placeholders("\n".join(texts), media[first_media:], placeholders)
 
 
-def _parse_part(part: Any, where: str) -> dict[str, Any] | None:
-    """One content part as the OpenAI-form dict, or None when vLLM skips it."""
+def _with_placeholders(text: str, items: list[MediaItem], placeholders: Mapping[str, str]) -> str:
+    """vLLM's `_get_full_multimodal_text_prompt` (interleave_mm_strings off, the
+    default): each item's placeholder not already typed in the text goes first."""
+    if not items:
+        return text
+    counts: dict[str, int] = {}
+    for item in items:
+        placeholder = placeholders.get(item.modality)
+        if placeholder is None:
+            raise _not_countable(item)
+        counts[placeholder] = counts.get(placeholder, 0) + 1
+    missing: list[str] = []
+    for placeholder, count in counts.items():
+        count -= text.count(placeholder)
+        if count < 0:
+            raise CountError(
+                f"Found more '{placeholder}' placeholders in input prompt than actual multimodal data items.",
+                param="messages",
+            )
+        missing.extend([placeholder] * count)
+    return "\n".join([*missing, text] if text else missing)
+
+
+def _parse_part(part: Any, where: str, openai_role: bool, media: list[MediaItem]) -> dict[str, Any] | None:
+    """One content part as the OpenAI-form dict, or None when vLLM skips it.
+
+    A media part is recorded in `media` and becomes `{"type": modality}` plus
+    its fields vLLM does not know.
+
+    On the OpenAI roles the request model checks parts against OpenAI's part
+    types first: a text part must carry a string, and the Responses-style
+    `input_text` / `output_text` parts are refused (400 on a real vLLM 0.32);
+    on other roles vLLM skips a text part without text."""
     if isinstance(part, str):
         return {"type": "text", "text": part}
     if not isinstance(part, dict):
@@ -302,7 +448,7 @@ def _parse_part(part: Any, where: str) -> dict[str, Any] | None:
     if kind is None or part.get("uuid") is not None:
         for key in _MEDIA_KEYS:
             if key in part:
-                raise _media(where, key)
+                return _media_part(part, key, _untyped_url(part.get(key)), where, media)
         if "tool_reference" in part:
             return _tool_reference(part.get("tool_reference"), where)
         raise CountError(f"Missing 'type' field in content part '{where}'.", param="type")
@@ -310,7 +456,15 @@ def _parse_part(part: Any, where: str) -> dict[str, Any] | None:
         raise CountError(f"Invalid 'type' field in content part '{where}'.", param="type")
     if kind in _TEXT_PART_KEYS:
         text = part.get(_TEXT_PART_KEYS[kind])
+        if openai_role and kind in _RESPONSES_TEXT_PARTS:
+            raise CountError(
+                f"Unsupported content part type {kind!r} in '{where}' for this message; "
+                'use {"type": "text", "text": ...}.',
+                param="type",
+            )
         if text is None:
+            if openai_role:
+                raise _bad_type(f"{where}.{_TEXT_PART_KEYS[kind]}", "a string", text)
             return None  # vLLM logs and skips a text part without text
         if not isinstance(text, str):
             raise _bad_type(f"{where}.{_TEXT_PART_KEYS[kind]}", "a string", text)
@@ -318,12 +472,51 @@ def _parse_part(part: Any, where: str) -> dict[str, Any] | None:
     if kind == "tool_reference":
         return _tool_reference(part.get("name"), where)
     if kind in _MEDIA_PART_TYPES:
-        raise _media(where, kind)
-    supported = ", ".join(sorted(set(_TEXT_PART_KEYS) | _MEDIA_PART_TYPES | {"tool_reference"}))
+        return _media_part(part, kind, _typed_url(part, kind, where), where, media)
+    supported = ", ".join(sorted(set(_TEXT_PART_KEYS) | set(_MEDIA_PART_TYPES) | {"tool_reference"}))
     raise CountError(
         f"Unsupported chat content part type: {kind!r} in '{where}'. Supported types: {supported}.",
         param="type",
     )
+
+
+def _untyped_url(value: Any) -> str | None:
+    """`{"image_url": "..."}`, or with a uuid `{"image_url": {"url": "..."}}`."""
+    if isinstance(value, dict):
+        value = value.get("url")
+    return value if isinstance(value, str) else None
+
+
+def _typed_url(part: dict[str, Any], kind: str, where: str) -> str | None:
+    """The URL of a typed part, validated as vLLM's pydantic models do."""
+    if kind in ("image_url", "video_url", "audio_url"):
+        spec = part.get(kind)
+        if not isinstance(spec, dict) or not isinstance(spec.get("url"), str):
+            raise CountError(f"'{where}.{kind}' must be an object with a string 'url'.", param="messages")
+        if kind == "image_url" and "detail" in spec and spec["detail"] not in _IMAGE_DETAILS:
+            raise CountError(
+                f"'{where}.image_url.detail' must be one of auto, low, high, original.", param="messages"
+            )
+        return str(spec["url"])
+    if kind == "input_image":
+        if part.get("detail") not in _IMAGE_DETAILS:
+            raise CountError(
+                f"'{where}.detail' is required on an input_image part: auto, low, high or original.",
+                param="messages",
+            )
+        url = part.get("image_url")
+        if url is not None and not isinstance(url, str):
+            raise _bad_type(f"{where}.image_url", "a string", url)
+        return url
+    return None
+
+
+def _media_part(
+    part: dict[str, Any], kind: str, url: str | None, where: str, media: list[MediaItem]
+) -> dict[str, Any]:
+    item = MediaItem(modality=_MEDIA_PART_TYPES[kind], part_type=kind, url=url, where=where)
+    media.append(item)
+    return {"type": item.modality, **{k: v for k, v in part.items() if k not in _KNOWN_PART_FIELDS}}
 
 
 def _tool_reference(name: Any, where: str) -> dict[str, Any]:
@@ -332,11 +525,22 @@ def _tool_reference(name: Any, where: str) -> dict[str, Any]:
     return {"type": "tool_reference", "name": name}
 
 
-def _media(where: str, kind: str) -> UnsupportedContent:
-    return UnsupportedContent(
-        f"'{where}' is a {kind} part; headroom counts text only and cannot count media tokens "
-        "without the model's multimodal processor.",
-        param="messages",
+def _not_countable(item: MediaItem) -> MediaNotCountable:
+    return MediaNotCountable(
+        f"'{item.where}' is a {item.part_type} part, and headroom has no {item.modality} arithmetic for "
+        "this model.",
+        reason="model" if item.modality == "image" else "modality",
+        where=item.where,
+    )
+
+
+def media_not_countable(where: str, kind: str) -> MediaNotCountable:
+    """A media part in a conversation whose renderer counts no media (Mistral's path)."""
+    modality = _MEDIA_PART_TYPES.get(kind, "media")
+    return MediaNotCountable(
+        f"'{where}' is a {kind} part, and headroom has no {modality} arithmetic for this model.",
+        reason="model" if modality == "image" else "modality",
+        where=where,
     )
 
 
@@ -350,7 +554,11 @@ def _flatten_tool_content(parts: list[dict[str, Any]]) -> Any:
 
 def _parse_tool_calls(tool_calls: Any, where: str) -> list[dict[str, Any]]:
     """Copies of the calls with `arguments` parsed to an object (vLLM `_postprocess_messages`);
-    an empty list is dropped so templates take the plain assistant path."""
+    an empty list is dropped so templates take the plain assistant path.
+
+    The request model (OpenAI's `ChatCompletionMessageFunctionToolCallParam`)
+    requires `id`, `type` and `function.{name, arguments}`, all strings: a call
+    missing one, or with `arguments` already an object, is a 400 on vLLM 0.32."""
     if not isinstance(tool_calls, list):
         raise _bad_type(where, "an array of tool calls", tool_calls)
     parsed = []
@@ -359,18 +567,23 @@ def _parse_tool_calls(tool_calls: Any, where: str) -> list[dict[str, Any]]:
         if not isinstance(call, dict):
             raise CountError("assistant tool_calls entries must be objects.", param="tool_calls")
         function = call.get("function")
-        if call.get("type", "function") != "function" or not isinstance(function, dict):
+        if call.get("type") != "function" or not isinstance(function, dict):
             raise CountError(
                 f"'{at}': chat completions only support assistant tool_calls of type 'function' "
-                "with a 'function' object.",
+                "with a 'function' object (and 'type': 'function' given).",
                 param="tool_calls",
             )
+        if not isinstance(call.get("id"), str):
+            raise _bad_type(f"{at}.id", "a string", call.get("id"))
         name = function.get("name")
         if not isinstance(name, str):
             raise _bad_type(f"{at}.function.name", "a string", name)
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str):
+            raise _bad_type(f"{at}.function.arguments", "a JSON string", arguments)
         new_call = dict(call)
         new_function = dict(function)
-        new_function["arguments"] = _parse_arguments(function.get("arguments"))
+        new_function["arguments"] = _parse_arguments(arguments)
         new_call["function"] = new_function
         parsed.append(new_call)
     return parsed
@@ -390,35 +603,37 @@ def _parse_arguments(arguments: Any) -> dict[str, Any]:
 
 
 def _developer_as_system(conversation: list[dict[str, Any]], content_format: ContentFormat) -> list[dict[str, Any]]:
-    """For templates that never mention "developer": developer messages become
-    system messages; if that leaves a system message anywhere but first, or
-    more than one, all system messages merge into one first message ("\\n\\n")."""
+    """For templates that never mention "developer" (vllm/renderers/hf.py
+    `_convert_developer_to_system`, `_consolidate_system_messages`): developer
+    messages become system messages without their `tools`; if that leaves a
+    system message anywhere but first, or more than one, the non-empty system
+    contents merge into one first message of plain text joined with "\\n\\n"
+    (a part list joined with "\\n" first), whatever the content format."""
     if not any(message["role"] == "developer" for message in conversation):
         return conversation
-    converted = [
-        {**message, "role": "system"} if message["role"] == "developer" else message
-        for message in conversation
-    ]
+    converted = []
+    for message in conversation:
+        if message["role"] == "developer":
+            message = {key: value for key, value in message.items() if key != "tools"}
+            message["role"] = "system"
+        converted.append(message)
     system_at = [i for i, message in enumerate(converted) if message["role"] == "system"]
     if system_at == [0]:
         return converted
-    systems = [converted[i] for i in system_at]
-    merged: dict[str, Any] = {"role": "system", "content": _join_contents(systems, content_format)}
+    texts = [_system_text(converted[i]["content"]) for i in system_at]
+    merged: dict[str, Any] = {"role": "system", "content": "\n\n".join(text for text in texts if text)}
     rest = [message for message in converted if message["role"] != "system"]
     return [merged, *rest]
 
 
-def _join_contents(messages: list[dict[str, Any]], content_format: ContentFormat) -> Any:
-    texts = []
-    for message in messages:
-        content = message["content"]
-        if isinstance(content, list):
-            content = "".join(part.get("text", "") for part in content if part.get("type") == "text")
-        texts.append(content or "")
-    joined = "\n\n".join(texts)
-    if content_format == "openai":
-        return [{"type": "text", "text": joined}]
-    return joined
+def _system_text(content: Any) -> Any:
+    if isinstance(content, list):
+        return "\n".join(
+            part["text"] if isinstance(part, dict) else part
+            for part in content
+            if (isinstance(part, dict) and "text" in part) or isinstance(part, str)
+        )
+    return content
 
 
 # ---------------------------------------------------------------------------

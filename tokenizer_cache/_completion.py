@@ -7,6 +7,7 @@ as they are.  An empty prompt is refused, as vLLM refuses it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Mapping, Union
 
 from ._errors import CountError
@@ -67,3 +68,24 @@ def parse_prompts(body: Mapping[str, Any]) -> list[Prompt]:
     if _is_token_id(first):
         return [_token_ids(prompt, "prompt")]
     raise CountError(f"'prompt' must be {_SHAPES}.", param="prompt")
+
+
+def count_prompts(body: Any, count_text: Callable[[str, bool], int],
+                  check_ids: Callable[[list[int]], None] | None = None) -> list[int]:
+    """Tokens per prompt of a /v1/completions body: texts through `count_text(text,
+    add_special_tokens)` (`add_special_tokens` defaults to true here), token ids as they
+    are, after `check_ids` (which raises CountError for ids vLLM refuses)."""
+    from ._chat import _as_bool
+
+    if not isinstance(body, dict):
+        raise CountError("The request body must be a JSON object.")
+    add_special_tokens = _as_bool(body, "add_special_tokens", True)
+    counts = []
+    for prompt in parse_prompts(body):
+        if isinstance(prompt, str):
+            counts.append(count_text(prompt, add_special_tokens))
+        else:
+            if check_ids is not None:
+                check_ids(prompt)
+            counts.append(len(prompt))
+    return counts

@@ -11,9 +11,16 @@ import os
 import pathlib
 
 
-def _holds_tokenizer(directory: pathlib.Path) -> bool:
+def holds_tokenizer(directory: pathlib.Path) -> bool:
+    """tokenizer.json, or a Mistral tokenizer file (vLLM's mistral mode needs no tokenizer.json)."""
     try:
-        return directory.is_dir() and os.access(directory, os.R_OK) and (directory / "tokenizer.json").is_file()
+        if not (directory.is_dir() and os.access(directory, os.R_OK)):
+            return False
+        if (directory / "tokenizer.json").is_file():
+            return True
+        return (directory / "tekken.json").is_file() or any(
+            entry.is_file() for entry in directory.glob("tokenizer.model.v*")
+        )
     except OSError:
         return False
 
@@ -30,7 +37,7 @@ def _cache_dir_name(repo_id: str) -> str:
 def _newest_snapshot(repo_dir: pathlib.Path) -> pathlib.Path | None:
     snapshots = repo_dir / "snapshots"
     try:
-        candidates = [s for s in snapshots.iterdir() if _holds_tokenizer(s)]
+        candidates = [s for s in snapshots.iterdir() if holds_tokenizer(s)]
     except OSError:
         return None
     if not candidates:
@@ -52,14 +59,15 @@ def default_hf_home() -> pathlib.Path:
 def find_tokenizer_dir(model_id: str, root: str | None, hf_home: str | None = None) -> pathlib.Path | None:
     """The directory to load `model_id`'s tokenizer from, or None.
 
-    `root` wins when it is a readable directory holding tokenizer.json.
+    `root` wins when it is a readable directory holding tokenizer.json (or,
+    for Mistral-format models, tekken.json / tokenizer.model.v*).
     Otherwise the HF cache under `hf_home` (default: $HF_HOME or
     ~/.cache/huggingface) is searched for `model_id`, then for `root` when it
-    looks like ORG/NAME; the newest snapshot holding tokenizer.json is used.
+    looks like ORG/NAME; the newest snapshot holding such a file is used.
     """
     if root:
         root_path = pathlib.Path(root).expanduser()
-        if _holds_tokenizer(root_path):
+        if holds_tokenizer(root_path):
             return root_path.resolve()
     hub = (pathlib.Path(hf_home).expanduser() if hf_home else default_hf_home()) / "hub"
     repo_ids = [model_id] if model_id else []

@@ -9,10 +9,14 @@ counting then only validates the request, renders and encodes.
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import json
 import os
 import pathlib
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -21,11 +25,32 @@ import jinja2.meta
 from tokenizers import Tokenizer
 
 from . import _chat, _completion
+from ._char_bound import (
+    char_bound,
+    check_chars,
+    config_token_texts,
+    max_chars_per_token,
+)
+from ._chat_cache import MAX_CHARS as CHAT_CACHE_MAX_CHARS
+from ._chat_cache import (
+    ChatCountCache,
+    inputs_digest,
+    is_pure,
+    message_chars,
+    template_key,
+)
 from ._content_format import ContentFormat, detect_content_format
-from ._errors import CountError
+from ._data_url import open_media_url
+from ._encoder import Encoder, EncoderChoice, ReferenceEncoder, select_encoder
+from ._errors import CountError, MediaNotCountable
+from ._family import detect_family
+from ._harmony import HarmonyOptions
+from ._image_size import image_size
 from ._jinja import compile_template, parse_template
+from ._media import MediaItem, MediaModel, load_media_model
 from ._piece_cache import PieceCountCache
 from ._piece_count import PieceCounter, PieceTally
+from ._protocol import CountingModel
 from ._render import render
 
 # The special-token attributes transformers exposes to templates
@@ -51,6 +76,7 @@ class ChatTemplate:
     content_format: ContentFormat
     variables: frozenset[str]  # names the template reads from its context
     knows_developer: bool  # mentions the "developer" role, so keeps it
+    pure: bool = False  # renders depend on the inputs alone (`_chat_cache.is_pure`)
 
 
 def _token_text(value: Any) -> str | None:
@@ -96,6 +122,7 @@ def _compile(name: str, source: str, where: pathlib.Path) -> ChatTemplate:
         content_format=detect_content_format(ast),
         variables=frozenset(jinja2.meta.find_undeclared_variables(ast)),
         knows_developer='"developer"' in source or "'developer'" in source,
+        pure=is_pure(ast),
     )
 
 
@@ -119,7 +146,10 @@ def _template_sources(directory: pathlib.Path, config: Mapping[str, Any]) -> dic
 
 
 class ModelTokenizer:
-    """Counts prompt tokens for one model exactly as vLLM does."""
+    """Counts prompt tokens for one model exactly as vLLM does (HF tokenizer + chat template)."""
+
+    # Which renderer vLLM uses for this model (`_family.Family`).
+    family = "hf"
 
     def __init__(
         self,
@@ -131,43 +161,146 @@ class ModelTokenizer:
         piece_counter: PieceCounter | None = None,
         piece_fallback: str | None = None,
         identity: bytes | None = None,
+        model_vocab_size: int | None = None,
+        media_model: MediaModel | None = None,
+        media_unsupported: str = "",
+        encoder: EncoderChoice | None = None,
+        max_chars_per_token: int | None = None,
+        chat_cache: ChatCountCache | None = None,
     ) -> None:
         self.source_dir = source_dir
+        # The model's embedding rows (config.json `vocab_size`), when the
+        # directory says: vLLM accepts prompt ids up to the larger of it and the
+        # tokenizer's own largest id.
+        self.model_vocab_size = model_vocab_size
         self._tokenizer = tokenizer
+        self._choice = encoder or EncoderChoice(ReferenceEncoder(tokenizer))
+        self._encoder: Encoder = self._choice.encoder
         self._templates = templates
         self._special_tokens = special_tokens
         self._piece_counter = piece_counter
         # Why this tokenizer is counted whole although a piece cache was offered.
         self.piece_fallback = piece_fallback
         self._identity = identity
+        self._media_model = media_model
+        # Why media cannot be counted for this model ("" when they can).
+        self.media_unsupported = media_unsupported
+        if max_chars_per_token is None:
+            max_chars_per_token = _max_chars_per_token(tokenizer, {})
+        # vLLM's longest token in characters: the character bound's factor (`_char_bound`).
+        self.max_chars_per_token = max_chars_per_token
+        self._chat_cache = chat_cache if identity is not None else None
+        self._template_keys = {
+            name: template_key(identity, template.source, special_tokens)
+            for name, template in templates.items()
+            if template.pure and identity is not None
+        }
 
     # -- public ----------------------------------------------------------
 
-    def count_chat(self, body: dict) -> int:
-        """Prompt tokens of a /v1/chat/completions request; raises CountError."""
-        return self.tally_chat(body).tokens
+    def count_chat(self, body: dict, *, max_model_len: int | None = None) -> int:
+        """Prompt tokens of a /v1/chat/completions request, media included.
 
-    def tally_chat(self, body: dict) -> PieceTally:
-        """`count_chat` plus the work it took (how much was encoded rather than cached)."""
-        text, add_special_tokens = self._render(body)
-        return self.tally_text(text, add_special_tokens=add_special_tokens)
+        Raises CountError where vLLM would answer 400, MediaNotCountable where
+        the request holds media this model's arithmetic cannot count (then
+        forward it unclamped: it is not an invalid request).  With
+        `max_model_len`, a rendered prompt longer than vLLM's character bound
+        raises CharBoundExceeded before anything is encoded.
+        """
+        return self.tally_chat(body, max_model_len=max_model_len).tokens
+
+    def tally_chat(self, body: dict, *, max_model_len: int | None = None) -> PieceTally:
+        """`count_chat` plus the work it took (how much was encoded rather than cached).
+
+        A request without media whose template inputs were counted before
+        comes from the chat cache (`_chat_cache`): nothing rendered, nothing
+        encoded.  Media requests are never cached: their count depends on the
+        images, not only on what the template sees.
+        """
+        template, variables, options, media = self._prepare(body)
+        bound = self._char_bound(body, max_model_len)
+        digest = None if media else self._chat_digest(template, variables, options.add_special_tokens)
+        if digest is not None:
+            assert self._chat_cache is not None
+            hit = self._chat_cache.get(digest)
+            if hit is not None:
+                tokens, chars = hit
+                check_chars(chars, bound, max_model_len)
+                return PieceTally(tokens=tokens, pieces=0, added_tokens=0, encoded_pieces=0, encoded_tokens=0)
+        text = render(template.compiled, variables, continue_final_message=options.continue_final_message)
+        check_chars(len(text), bound, max_model_len)
+        if media:
+            tokens = self._count_with_media(text, options.add_special_tokens, media, body)
+            return PieceTally(tokens=tokens, pieces=1, added_tokens=0, encoded_pieces=1, encoded_tokens=tokens)
+        tally = self.tally_text(text, add_special_tokens=options.add_special_tokens)
+        if digest is not None:
+            assert self._chat_cache is not None
+            self._chat_cache.put(digest, tally.tokens, len(text))
+        return tally
+
+    def _chat_digest(self, template: ChatTemplate, variables: dict[str, Any], add_special_tokens: bool) -> bytes | None:
+        key = self._template_keys.get(template.name) if self._chat_cache is not None else None
+        if key is None or message_chars(variables["messages"]) > CHAT_CACHE_MAX_CHARS:
+            return None
+        return inputs_digest(key, variables, add_special_tokens)
+
+    def char_bound(self, max_model_len: int | None, truncate_prompt_tokens: int | None = None) -> int | None:
+        """The most characters vLLM lets a prompt have (None: it does not refuse by characters)."""
+        return char_bound(max_model_len, self.max_chars_per_token, truncate_prompt_tokens)
+
+    def _char_bound(self, body: dict, max_model_len: int | None) -> int | None:
+        if max_model_len is None:
+            return None
+        return self.char_bound(max_model_len, body.get("truncate_prompt_tokens"))
 
     def render_chat(self, body: dict) -> str:
-        """The prompt text vLLM would encode for this chat request."""
+        """The prompt text vLLM would encode for this chat request (media as placeholders)."""
         return self._render(body)[0]
 
-    def count_completion(self, body: dict) -> list[int]:
-        """Prompt tokens of a /v1/completions request, one figure per prompt."""
-        if not isinstance(body, dict):
-            raise CountError("The request body must be a JSON object.")
-        add_special_tokens = _chat._as_bool(body, "add_special_tokens", True)
-        counts = []
-        for prompt in _completion.parse_prompts(body):
-            if isinstance(prompt, str):
-                counts.append(self.count_text(prompt, add_special_tokens=add_special_tokens))
-            else:
-                counts.append(len(prompt))
-        return counts
+    @property
+    def media_family(self) -> str | None:
+        """The multimodal arithmetic this model counts images with ("qwen2_vl", "gemma3", ...)."""
+        return self._media_model.family if self._media_model is not None else None
+
+    def count_completion(self, body: dict, *, max_model_len: int | None = None) -> list[int]:
+        """Prompt tokens of a /v1/completions request, one figure per prompt.
+
+        With `max_model_len`, each text prompt is held to vLLM's character
+        bound first (CharBoundExceeded), as vLLM checks each one.
+        """
+        if max_model_len is not None and isinstance(body, dict):
+            bound = self._char_bound(body, max_model_len)
+            for prompt in _completion.parse_prompts(body):
+                if isinstance(prompt, str):
+                    check_chars(len(prompt), bound, max_model_len)
+        return _completion.count_prompts(
+            body, lambda text, special: self.count_text(text, add_special_tokens=special),
+            check_ids=self._check_in_vocabulary,
+        )
+
+    @functools.cached_property
+    def max_token_id(self) -> int:
+        """The tokenizer's largest id, added tokens included (vLLM's
+        `tokenizer.max_token_id`, vllm/tokenizers/hf.py `get_cached_tokenizer`)."""
+        return max(self._tokenizer.get_vocab(with_added_tokens=True).values())
+
+    @property
+    def token_id_limit(self) -> int | None:
+        """The largest prompt token id vLLM accepts (vllm/renderers/base.py
+        `validate_token_ids`: the larger of the tokenizer's largest id and the
+        model's `vocab_size - 1`), or None when the directory has no config.json:
+        then the model may have more rows than the tokenizer has ids (Qwen3-8B:
+        151,936 vs 151,669) and refusing any id would refuse what vLLM serves."""
+        if self.model_vocab_size is None:
+            return None
+        return max(self.max_token_id, self.model_vocab_size - 1)
+
+    def _check_in_vocabulary(self, prompt: list[int]) -> None:
+        limit = self.token_id_limit
+        if limit is not None:
+            largest = max(prompt)
+            if largest > limit:
+                raise CountError(f"Token id {largest} is out of vocabulary", param="prompt")
 
     def count_text(self, text: str, *, add_special_tokens: bool) -> int:
         """Tokens of `text`; the post-processor decides what add_special_tokens adds."""
@@ -176,34 +309,67 @@ class ModelTokenizer:
     def tally_text(self, text: str, *, add_special_tokens: bool) -> PieceTally:
         """Count `text`, through the piece cache when this model has one.
 
-        Without it, `encode_batch_fast` gives the same ids as `encode` but releases the GIL
-        while it works and skips offset tracking: a long prompt counted in a
-        worker thread then leaves the event loop running, and counting is
-        about twice as fast (bench/count_bench.py).
+        Either way the model's encoder counts what is not cached: the fast
+        engine when it passed the self-check at load, else `tokenizers`
+        (`engine`, `engine_fallback`).  Both release the GIL, so a long
+        prompt counted in a worker thread leaves the event loop running.
         """
         if self._piece_counter is not None:
             return self._piece_counter.count(text, add_special_tokens=add_special_tokens)
-        encodings = self._tokenizer.encode_batch_fast([text], add_special_tokens=add_special_tokens)
-        # len(Encoding) is the number of ids without building a Python list of
-        # them: for 100k tokens that list costs 2-4 ms with the GIL held.
-        tokens = len(encodings[0])
+        tokens = self._encoder.count(text, add_special_tokens)
         return PieceTally(tokens=tokens, pieces=1, added_tokens=0, encoded_pieces=1, encoded_tokens=tokens)
 
     def with_piece_cache(self, piece_cache: PieceCountCache | None) -> ModelTokenizer:
-        """The same model (same tokenizer and templates, nothing reloaded)
+        """The same model (same tokenizer, templates and encoder, nothing reloaded)
         counting through `piece_cache`, or whole texts when it is None."""
+        return self._copy(piece_cache, self._choice, self._chat_cache)
+
+    def with_chat_cache(self, chat_cache: ChatCountCache | None) -> ModelTokenizer:
+        """The same model remembering chat counts in `chat_cache` (None: rendering every request)."""
+        cache = self._piece_counter.cache if self._piece_counter is not None else None
+        return self._copy(cache, self._choice, chat_cache)
+
+    @property
+    def chat_cache(self) -> ChatCountCache | None:
+        return self._chat_cache
+
+    def with_encoder(self, encoder: Encoder | EncoderChoice) -> ModelTokenizer:
+        """The same model counting with `encoder` (benchmarks and tests compare engines this way)."""
+        choice = encoder if isinstance(encoder, EncoderChoice) else EncoderChoice(encoder)
+        cache = self._piece_counter.cache if self._piece_counter is not None else None
+        return self._copy(cache, choice, self._chat_cache)
+
+    def _copy(
+        self, piece_cache: PieceCountCache | None, choice: EncoderChoice, chat_cache: ChatCountCache | None
+    ) -> ModelTokenizer:
         counter, fallback = None, None
         if piece_cache is not None:
-            counter, fallback = PieceCounter.for_tokenizer(self._tokenizer, piece_cache, self._identity)
-        return ModelTokenizer(
-            self.source_dir,
-            self._tokenizer,
-            self._templates,
-            self._special_tokens,
-            piece_counter=counter,
-            piece_fallback=fallback,
-            identity=self._identity,
-        )
+            counter, fallback = PieceCounter.for_tokenizer(
+                self._tokenizer, piece_cache, self._identity, choice.encoder
+            )
+        clone = copy.copy(self)  # keeps a subclass and its own state
+        clone._piece_counter = counter
+        clone.piece_fallback = fallback
+        clone._choice = choice
+        clone._encoder = choice.encoder
+        clone._chat_cache = chat_cache if self._identity is not None else None
+        return clone
+
+    @property
+    def engine(self) -> str:
+        """Which engine counts this model's tokens: "fastokens" or "tokenizers"."""
+        return self._encoder.name
+
+    @property
+    def engine_failures(self) -> int:
+        """Texts the fast engine raised on since load (each counted by `tokenizers` instead)."""
+        return int(getattr(self._encoder, "failures", 0))
+
+    @property
+    def engine_fallback(self) -> str | None:
+        """Why this model counts with `tokenizers` although a faster engine was wanted
+        (not installed, cannot load the tokenizer, failed the self-check); None otherwise."""
+        return self._choice.fallback_reason
 
     @property
     def piece_counter(self) -> PieceCounter | None:
@@ -238,25 +404,68 @@ class ModelTokenizer:
             f"be rendered. Available templates: {sorted(self._templates)}."
         )
 
-    def _render(self, body: Any) -> tuple[str, bool]:
+    def _render(self, body: Any) -> tuple[str, bool, list[MediaItem]]:
+        template, variables, options, media = self._prepare(body)
+        text = render(template.compiled, variables, continue_final_message=options.continue_final_message)
+        return text, options.add_special_tokens, media
+
+    def _prepare(self, body: Any) -> tuple[ChatTemplate, dict[str, Any], _chat.ChatOptions, list[MediaItem]]:
+        """The template, the variables it renders this request with (validated), and its media."""
         if not isinstance(body, dict):
             raise CountError("The request body must be a JSON object.")
         _chat.check_no_request_template(body)
         options = _chat.chat_options(body)
         tools = _chat.parse_tools(body)
         template = self._select_template(tools)
-        conversation = _chat.parse_messages(body, template.content_format, template.knows_developer)
+        placeholders = self._media_model.placeholders if self._media_model is not None else None
+        conversation = _chat.parse_messages(
+            body, template.content_format, template.knows_developer, placeholders
+        )
         named, extra = _chat.split_kwargs(_chat.template_kwargs(body, options), template.variables)
         variables = {**self._special_tokens, **extra}
         variables.update(
-            messages=conversation,
+            messages=conversation.messages,
             tools=tools,
             documents=named.get("documents"),
             add_generation_prompt=options.add_generation_prompt,
             continue_final_message=options.continue_final_message,
         )
-        text = render(template.compiled, variables, continue_final_message=options.continue_final_message)
-        return text, options.add_special_tokens
+        return template, variables, options, conversation.media
+
+    def _count_with_media(self, text: str, add_special_tokens: bool, media: list[MediaItem], body: dict) -> int:
+        """Encode the prompt to ids, then let the model's arithmetic expand each image.
+
+        Media requests are counted whole, not piece by piece: the arithmetic
+        needs the ids around each placeholder.  Each image's header is read
+        before the prompt is encoded, so an image vLLM would refuse fails fast.
+        """
+        model = self._media_model
+        if model is None:
+            first = media[0]
+            raise MediaNotCountable(
+                f"'{first.where}' is a {first.part_type} part and this model has no multimodal arithmetic "
+                f"in headroom ({self.media_unsupported}).",
+                reason="model",
+                where=first.where,
+            )
+        kwargs = body.get("mm_processor_kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise CountError("'mm_processor_kwargs' must be an object.", param="mm_processor_kwargs")
+        sizes = []
+        for item in media:
+            if item.modality != "image" or item.part_type not in ("image_url", "input_image") or item.url is None:
+                raise MediaNotCountable(
+                    f"'{item.where}' is a {item.part_type} part; headroom counts images given by URL only.",
+                    reason="modality",
+                    where=item.where,
+                )
+            sizes.append(image_size(open_media_url(item.url, item.where), item.where))
+        ids = self._encoder.ids(text, add_special_tokens)
+        return model.count(list(ids), sizes, kwargs)
+
+
+def _max_chars_per_token(tokenizer: Tokenizer, config: Mapping[str, Any]) -> int:
+    return max_chars_per_token(tokenizer.get_vocab(with_added_tokens=True), config_token_texts(config))
 
 
 def _read_config(path: pathlib.Path) -> dict[str, Any]:
@@ -271,20 +480,116 @@ def _read_config(path: pathlib.Path) -> dict[str, Any]:
     return config
 
 
+def _model_vocab_size(path: pathlib.Path) -> int | None:
+    """config.json's `vocab_size` (or its `text_config`'s, for multimodal models); None if absent."""
+    try:
+        config = _read_config(path)
+    except ValueError:
+        return None
+    for section in (config, config.get("text_config")):
+        if isinstance(section, dict):
+            size = section.get("vocab_size")
+            if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+                return size
+    return None
+
+
 def load_model_tokenizer(
-    directory: str | os.PathLike, *, piece_cache: PieceCountCache | None = None
-) -> ModelTokenizer:
-    """Load tokenizer.json and compile the chat template(s) of a model directory.
+    directory: str | os.PathLike,
+    *,
+    piece_cache: PieceCountCache | None = None,
+    tokenizer_mode: str = "auto",
+    harmony_options: HarmonyOptions | None = None,
+    engine: str = "auto",
+    chat_cache: ChatCountCache | None = None,
+) -> CountingModel:
+    """Load a model directory's tokenizer the way vLLM would for `tokenizer_mode`.
+
+    The renderer follows vLLM's choice (`_family.detect_family`): a gpt-oss
+    config gives a HarmonyTokenizer, a Mistral-format folder (or
+    tokenizer_mode "mistral") a MistralTokenizer, anything else a
+    ModelTokenizer on tokenizer.json and the chat template(s).
 
     With `piece_cache`, texts are counted piece by piece between added tokens
     and only pieces not seen before are encoded (`_piece_count`), unless the
     tokenizer's pieces are not independent (then `piece_fallback` says why).
-    Raises FileNotFoundError when the directory or its tokenizer.json is
-    missing, ValueError when a file is malformed.  Never downloads.
+    `engine` picks the encoder ("auto": fastokens when it passes the
+    self-check, see `_encoder.select_encoder`).  With `chat_cache`, a chat
+    request whose template inputs were counted before is not rendered again
+    (`_chat_cache`).  Raises FileNotFoundError when the directory or its tokenizer file is
+    missing, ValueError when a file is malformed or the tokenizer mode unknown.
+    Never downloads.
     """
     source_dir = pathlib.Path(directory).expanduser().resolve()
     if not source_dir.is_dir():
         raise FileNotFoundError(f"Tokenizer directory {source_dir} does not exist.")
+    family = detect_family(source_dir, tokenizer_mode)
+    if family == "mistral":
+        from ._mistral import load_mistral_tokenizer
+
+        return load_mistral_tokenizer(source_dir)
+    model = _load_hf_shared(source_dir, engine)
+    if chat_cache is not None:
+        model = model.with_chat_cache(chat_cache)
+    if family == "harmony":
+        from ._gptoss import HarmonyTokenizer
+
+        harmony = HarmonyTokenizer(
+            source_dir, model._tokenizer, model._templates, model._special_tokens, identity=model._identity,
+            encoder=model._choice, max_chars_per_token=model.max_chars_per_token,
+        )
+        harmony.harmony_options = harmony_options or HarmonyOptions.from_env()
+        model = harmony
+    return model.with_piece_cache(piece_cache) if piece_cache is not None else model
+
+
+# Loaded folders, shared by every TokenizerCache of the process: parsing a
+# tokenizer.json and building the fast engine takes seconds per model
+# (Qwen3-8B: ~0.5 s for `tokenizers`, ~3 s more for fastokens and its
+# self-check), and a model's loaded state is read-only once built (each cache
+# adds its own piece and chat caches to a copy).  Keyed by the files' sizes
+# and modification times, so a folder changed on disk is loaded afresh.
+_LOADED_MAX = 16
+_loaded: OrderedDict[tuple[Any, ...], ModelTokenizer] = OrderedDict()
+_loaded_lock = threading.Lock()
+
+
+def _folder_signature(source_dir: pathlib.Path) -> tuple[tuple[str, int, int], ...]:
+    names = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json",
+             "preprocessor_config.json", "processor_config.json")
+    signature = []
+    for name in names:
+        try:
+            stat = (source_dir / name).stat()
+        except OSError:
+            continue
+        signature.append((name, stat.st_size, stat.st_mtime_ns))
+    return tuple(signature)
+
+
+def forget_loaded() -> None:
+    """Drop the shared loaded folders (tests that change how loading behaves)."""
+    with _loaded_lock:
+        _loaded.clear()
+
+
+def _load_hf_shared(source_dir: pathlib.Path, engine: str) -> ModelTokenizer:
+    key = (source_dir, engine, _folder_signature(source_dir))
+    with _loaded_lock:
+        found = _loaded.get(key)
+        if found is not None:
+            _loaded.move_to_end(key)
+            return found
+    model = _load_hf(source_dir, engine)
+    with _loaded_lock:
+        _loaded[key] = model
+        while len(_loaded) > _LOADED_MAX:
+            _loaded.popitem(last=False)
+    return model
+
+
+def _load_hf(source_dir: pathlib.Path, engine: str = "auto") -> ModelTokenizer:
+    """tokenizer.json + tokenizer_config.json (+ chat_template.jinja), compiled once."""
     tokenizer_file = source_dir / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise FileNotFoundError(
@@ -311,5 +616,16 @@ def load_model_tokenizer(
     identity = hashlib.blake2b(
         raw + (b"\x01" if tokenizer.encode_special_tokens else b"\x00"), digest_size=32
     ).digest()
-    model = ModelTokenizer(source_dir, tokenizer, templates, special_token_variables(config), identity=identity)
-    return model.with_piece_cache(piece_cache) if piece_cache is not None else model
+    media_model, media_unsupported = load_media_model(source_dir, tokenizer, config)
+    return ModelTokenizer(
+        source_dir,
+        tokenizer,
+        templates,
+        special_token_variables(config),
+        identity=identity,
+        model_vocab_size=_model_vocab_size(source_dir / "config.json"),
+        media_model=media_model,
+        media_unsupported=media_unsupported,
+        encoder=select_encoder(tokenizer, raw.decode("utf-8"), engine=engine, source=str(source_dir)),
+        max_chars_per_token=_max_chars_per_token(tokenizer, config),
+    )

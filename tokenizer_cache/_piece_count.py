@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from tokenizers import Tokenizer
 
 from ._added_split import AddedTokenSplitter
+from ._encoder import Encoder, ReferenceEncoder
 from ._piece_cache import PieceCountCache
 from ._piece_support import fallback_reason, split_tokens
 
@@ -54,6 +55,9 @@ class PieceCounter:
 
     Build it with `PieceCounter.for_tokenizer`, which returns None when
     pieces would not be exact for this tokenizer (`fallback_reason`).
+    Missing pieces are counted by `encoder` (the model's engine, `tokenizers`
+    when none is given): the cached counts are the same whichever engine
+    made them, since an engine is only used once it equals `tokenizers`.
     """
 
     def __init__(
@@ -62,8 +66,9 @@ class PieceCounter:
         splitter: AddedTokenSplitter,
         cache: PieceCountCache,
         identity: bytes,
+        encoder: Encoder | None = None,
     ) -> None:
-        self._tokenizer = tokenizer
+        self._encoder = encoder or ReferenceEncoder(tokenizer)
         self._splitter = splitter
         self._cache = cache
         # Keyed hashing puts the tokenizer into every digest: one table, many models.
@@ -72,14 +77,18 @@ class PieceCounter:
 
     @classmethod
     def for_tokenizer(
-        cls, tokenizer: Tokenizer, cache: PieceCountCache, identity: bytes | None = None
+        cls,
+        tokenizer: Tokenizer,
+        cache: PieceCountCache,
+        identity: bytes | None = None,
+        encoder: Encoder | None = None,
     ) -> tuple[PieceCounter | None, str | None]:
         """(counter, None) when piece counting is exact, else (None, why not)."""
         splitter = AddedTokenSplitter(split_tokens(tokenizer), encode_special_tokens=tokenizer.encode_special_tokens)
         reason = fallback_reason(tokenizer, splitter)
         if reason is not None:
             return None, reason
-        return cls(tokenizer, splitter, cache, identity or tokenizer_identity(tokenizer)), None
+        return cls(tokenizer, splitter, cache, identity or tokenizer_identity(tokenizer), encoder), None
 
     @property
     def cache(self) -> PieceCountCache:
@@ -101,9 +110,8 @@ class PieceCounter:
                 missing[key] = piece
         encoded_tokens = 0
         if missing:
-            # encode_batch_fast releases the GIL and skips offsets (see count_text).
-            encodings = self._tokenizer.encode_batch_fast(list(missing.values()), add_special_tokens=False)
-            fresh = {key: len(encoding) for key, encoding in zip(missing, encodings)}
+            # One batch per prompt: the engine releases the GIL for all of it.
+            fresh = dict(zip(missing, self._encoder.count_pieces(list(missing.values()))))
             self._cache.put_many(fresh.items())
             encoded_tokens = sum(fresh.values())
             counts = [fresh[key] if count is None else count for key, count in zip(keys, counts)]

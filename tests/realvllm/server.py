@@ -24,6 +24,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .venv import SetupError, log_tail, quiet_env
 
@@ -53,7 +54,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def serve_command(python: Path, model_dir: Path, port: int) -> list[str]:
+def serve_command(
+    python: Path,
+    model_dir: Path,
+    port: int,
+    served_model_name: str = SERVED_MODEL_NAME,
+    extra_args: tuple[str, ...] = (),
+) -> list[str]:
     """The ``vllm serve`` command line, started through the launcher (see launcher.py)."""
     return [
         str(python),
@@ -66,9 +73,10 @@ def serve_command(python: Path, model_dir: Path, port: int) -> list[str]:
         "--dtype", "bfloat16",
         "--enforce-eager",
         "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
-        "--served-model-name", SERVED_MODEL_NAME,
+        "--served-model-name", served_model_name,
         "--enable-auto-tool-choice",
         "--tool-call-parser", "hermes",
+        *extra_args,
     ]  # fmt: skip
 
 
@@ -96,17 +104,25 @@ def _die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def start_server(python: Path, model_dir: Path, log_path: Path, port: int | None = None) -> subprocess.Popen:
+def start_server(
+    python: Path,
+    model_dir: Path,
+    log_path: Path,
+    port: int | None = None,
+    served_model_name: str = SERVED_MODEL_NAME,
+    extra_args: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.Popen:
     """Start vLLM in its own process group with output to `log_path`; does not wait."""
     port = port or free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         return subprocess.Popen(
-            serve_command(python, model_dir, port),
+            serve_command(python, model_dir, port, served_model_name, extra_args),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=server_env(),
+            env={**server_env(), **(extra_env or {})},
             start_new_session=True,
             preexec_fn=_die_with_parent,
         )
@@ -156,12 +172,16 @@ def stop_server(process: subprocess.Popen, timeout: float = STOP_TIMEOUT_S) -> N
 
 @contextlib.contextmanager
 def running_server(
-    python: Path, model_dir: Path, log_path: Path, timeout: float = HEALTH_TIMEOUT_S
+    python: Path,
+    model_dir: Path,
+    log_path: Path,
+    timeout: float = HEALTH_TIMEOUT_S,
+    **options: Any,
 ) -> Iterator[RunningServer]:
-    """Start vLLM, wait for health, yield it, and always stop it."""
+    """Start vLLM, wait for health, yield it, and always stop it (`options` go to `start_server`)."""
     port = free_port()
     started = time.monotonic()
-    process = start_server(python, model_dir, log_path, port)
+    process = start_server(python, model_dir, log_path, port, **options)
     try:
         base_url = f"http://127.0.0.1:{port}"
         wait_until_healthy(process, base_url, log_path, timeout)

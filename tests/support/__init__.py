@@ -1,1 +1,2 @@
-"""Shared test helpers: the fake vLLM, in-thread servers, headroom stacks, transports, deploy linters."""
+"""Shared test helpers: the fake vLLM, in-thread servers, headroom stacks, transports, deploy
+linters, and the scripts that prepare test data (npm-packed tokenizers)."""

@@ -940,7 +940,7 @@ _SSE = "text/event-stream; charset=utf-8"
 _NOT_FOUND = _dumps({"detail": "Not Found"})
 _METHOD_NOT_ALLOWED = _dumps({"detail": "Method Not Allowed"})
 _ROUTES = {
-    "/v1/models": "GET", "/health": "GET", "/ping": "GET", "/version": "GET",
+    "/v1/models": "GET", "/health": "GET", "/ping": "GET", "/version": "GET", "/metrics": "GET",
     "/tokenize": "POST", "/detokenize": "POST", "/v1/chat/completions": "POST",
     "/v1/completions": "POST", "/v1/chat/completions/render": "POST", "/v1/completions/render": "POST",
 }
@@ -953,7 +953,8 @@ class FakeVLLM:
     tests) or `async with FakeVLLM() as fake:` (server in the running loop).
     `fake.base_url` is "http://127.0.0.1:PORT"; `fake.requests` records every
     request.  Knobs a test may flip while it runs: `fail_next` (list of
-    `FaultSpec`, consumed in order), `ready`, `engine_dead`, `tokens_per_second`.
+    `FaultSpec`, consumed in order), `ready`, `engine_dead`, `tokens_per_second`,
+    `metrics_text` (the body of GET /metrics, Prometheus text; None: 404).
 
     `ready = False` emulates a vLLM that is not up yet: vLLM 0.32 opens its port
     only once the engine is loaded, so before that a client gets "connection
@@ -1000,6 +1001,7 @@ class FakeVLLM:
         self.tokens_per_second = tokens_per_second
         self.completion_text_token = completion_text_token
         self.detokenize = detokenize
+        self.metrics_text: str | None = None
         self.record = record
         self.cards: list[dict] = [{"id": model, "root": root, "parent": None, "max_model_len": max_model_len}]
         for extra in extra_models or []:
@@ -1304,6 +1306,10 @@ class FakeVLLM:
             return self._send(conn, record, 503 if self.engine_dead else 200, b"", None)
         if path == "/ping":
             return self._send(conn, record, 200, b"", None)
+        if path == "/metrics":
+            if self.metrics_text is None:
+                return self._send(conn, record, 404, _NOT_FOUND, _JSON)
+            return self._send(conn, record, 200, self.metrics_text.encode(), "text/plain; version=0.0.4; charset=utf-8")
         if path == "/version":
             return self._send(conn, record, 200, _dumps({"version": VLLM_VERSION}), _JSON)
         if path == "/v1/models":

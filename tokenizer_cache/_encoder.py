@@ -1,0 +1,187 @@
+"""What turns text into a token count: `tokenizers` (the reference) or a faster engine proven equal.
+
+vLLM encodes with `tokenizers` (through transformers), so `tokenizers` is
+what a count must equal.  `fastokens` loads the same tokenizer.json and was
+identical to it on the whole corpus and on large randomised sets for every
+shipped tokenizer, 10-90x faster (bench/engine_bench.py), but it is a
+reimplementation: it cannot load some components (Metaspace pre-tokenizers)
+and differs on some it can (ByteLevel with add_prefix_space before U+180E).
+So each model gets it only after a self-check at load time: its ids must
+equal `tokenizers`' on the built-in texts of `_selfcheck` (derived from the
+model's own added tokens).  Otherwise, or when it is not installed, the
+model counts with `tokenizers`, and `select_encoder` says why.  A fast
+engine that raises while counting (e.g. a regex resource limit on a
+pathological text) hands that text to `tokenizers`.
+
+Both engines release the GIL while encoding and are safe to call from
+several threads at once (tests/test_engine_exactness.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from tokenizers import Tokenizer
+
+from ._selfcheck import self_check_texts
+
+logger = logging.getLogger("headroom.tokenizer")
+
+REFERENCE = "tokenizers"
+FASTOKENS = "fastokens"
+ENGINES = (FASTOKENS, REFERENCE)  # preference order for "auto"
+
+
+class Encoder(Protocol):
+    """Counts tokens of texts for one tokenizer; thread-safe."""
+
+    name: str
+
+    def count(self, text: str, add_special_tokens: bool) -> int: ...
+
+    def count_pieces(self, pieces: list[str]) -> list[int]:
+        """Counts of texts encoded on their own without post-processor specials."""
+        ...
+
+    def ids(self, text: str, add_special_tokens: bool) -> list[int]: ...
+
+
+class ReferenceEncoder:
+    """`tokenizers` itself.  `encode_batch_fast` gives `encode`'s ids without
+    offsets and releases the GIL; len(Encoding) avoids a Python list of ids."""
+
+    name = REFERENCE
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+
+    def count(self, text: str, add_special_tokens: bool) -> int:
+        return len(self._tokenizer.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0])
+
+    def count_pieces(self, pieces: list[str]) -> list[int]:
+        return [len(e) for e in self._tokenizer.encode_batch_fast(pieces, add_special_tokens=False)]
+
+    def ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+
+class FastokensEncoder:
+    """`fastokens` over the same tokenizer.json, `tokenizers` for any text it fails on."""
+
+    name = FASTOKENS
+
+    def __init__(self, spec: str, reference: ReferenceEncoder, *, split_special_tokens: bool) -> None:
+        import fastokens
+
+        self._tokenizer = fastokens.Tokenizer.from_json_str(spec)
+        # As the loader does for `tokenizers`: count whole texts whatever tokenizer.json stores.
+        self._tokenizer.no_truncation()
+        self._tokenizer.no_padding()
+        self._split = split_special_tokens
+        self._reference = reference
+        self._failures = 0
+        self._lock = threading.Lock()
+
+    @property
+    def failures(self) -> int:
+        """Texts this engine raised on (counted by `tokenizers` instead)."""
+        return self._failures
+
+    def _failed(self, exc: Exception) -> None:
+        with self._lock:
+            self._failures += 1
+            first = self._failures == 1
+        if first:
+            logger.warning("fastokens raised %s while counting; that text and any later such text "
+                           "are counted with tokenizers", type(exc).__name__)
+
+    def count(self, text: str, add_special_tokens: bool) -> int:
+        try:
+            return len(self._tokenizer.encode(text, add_special_tokens=add_special_tokens,
+                                              split_special_tokens=self._split))
+        except Exception as exc:  # fastokens raises ValueError/RuntimeError kinds of its own
+            self._failed(exc)
+            return self._reference.count(text, add_special_tokens)
+
+    def count_pieces(self, pieces: list[str]) -> list[int]:
+        try:
+            encodings = self._tokenizer.encode_batch(pieces, add_special_tokens=False,
+                                                     split_special_tokens=self._split)
+        except Exception as exc:
+            self._failed(exc)
+            return self._reference.count_pieces(pieces)
+        return [len(e) for e in encodings]
+
+    def ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens,
+                                           split_special_tokens=self._split).ids)
+
+
+@dataclass(frozen=True)
+class EncoderChoice:
+    """The encoder a model counts with, and why it is not the preferred one (None when it is)."""
+
+    encoder: Encoder
+    fallback_reason: str | None = None
+
+
+def _flagged_tokens(tokenizer: Tokenizer) -> list[tuple[str, bool]]:
+    return [
+        (token.content, bool(token.lstrip or token.rstrip or token.single_word or token.normalized))
+        for _, token in sorted(tokenizer.get_added_tokens_decoder().items())
+    ]
+
+
+def first_mismatch(candidate: Encoder, reference: Encoder, texts: Sequence[str]) -> str | None:
+    """A description of the first text (and add_special_tokens value) where the ids differ, or None."""
+    for text in texts:
+        for add_special_tokens in (False, True):
+            try:
+                got = candidate.ids(text, add_special_tokens)
+            except Exception as exc:
+                return f"raised {type(exc).__name__} on {text[:40]!r} (add_special_tokens={add_special_tokens})"
+            expected = reference.ids(text, add_special_tokens)
+            if got != expected:
+                return (f"{len(got)} ids instead of {len(expected)} for {text[:40]!r} "
+                        f"(add_special_tokens={add_special_tokens})")
+        # count_pieces is what the piece counter uses: same texts, batched, no specials.
+    counts = candidate.count_pieces(list(texts))
+    expected_counts = reference.count_pieces(list(texts))
+    if counts != expected_counts:
+        return "batched piece counts differ from tokenizers'"
+    return None
+
+
+def select_encoder(tokenizer: Tokenizer, spec: str, *, engine: str = "auto", source: str = "") -> EncoderChoice:
+    """The encoder for this tokenizer: the fast engine when it loads and passes the
+    self-check, else `tokenizers` (with the reason, logged once per load).
+
+    `engine`: "auto" (fastokens if it qualifies), "tokenizers", or "fastokens"
+    (still self-checked: a failing engine is never used).  `source` names the
+    model in the log line.
+    """
+    reference = ReferenceEncoder(tokenizer)
+    if engine not in ("auto", *ENGINES):
+        raise ValueError(f"unknown tokenizer engine {engine!r}; choose auto, {', '.join(ENGINES)}")
+    if engine == REFERENCE:
+        return EncoderChoice(reference)
+    try:
+        candidate = FastokensEncoder(spec, reference, split_special_tokens=tokenizer.encode_special_tokens)
+    except ImportError:
+        return _fallback(reference, "fastokens is not installed", source, quiet=engine == "auto")
+    except Exception as exc:  # fastokens refuses components it does not implement
+        return _fallback(reference, f"fastokens cannot load it: {str(exc)[:200]}", source)
+    mismatch = first_mismatch(candidate, reference, self_check_texts(_flagged_tokens(tokenizer)))
+    if mismatch is not None:
+        return _fallback(reference, f"fastokens failed the self-check: {mismatch}", source)
+    return EncoderChoice(candidate)
+
+
+def _fallback(reference: ReferenceEncoder, reason: str, source: str, *, quiet: bool = False) -> EncoderChoice:
+    if not quiet:
+        logger.warning("%s counts with tokenizers: %s", source or "a tokenizer", reason)
+    return EncoderChoice(reference, reason)
