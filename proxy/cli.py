@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -107,6 +108,7 @@ def summary(config: Config) -> str:
         + f", min completion {config.policy.min_completion_tokens}",
         f"  length log {_length_log_target(config.length_log.path)}",
         f"  api keys   {len(config.server.api_keys) or 'none (open)'}",
+        f"  pages      /metrics /stats /dashboard: {_pages_target(config)}",
         f"  back-pressure {config.upstream.max_concurrent_requests or 'off'}"
         + (f" in flight per upstream, wait {config.upstream.queue_timeout:g} s"
            if config.upstream.max_concurrent_requests else ""),
@@ -117,6 +119,16 @@ def summary(config: Config) -> str:
         parts = [f"{k}={v}" for k, v in vars(model).items() if v is not None]
         lines.append(f"  model      {name}: {', '.join(parts) or 'no overrides'}")
     return "\n".join(lines)
+
+
+def _pages_target(config: Config) -> str:
+    server = config.server
+    where = f"http://{server.metrics_host or server.host}:{server.metrics_port}" if server.metrics_port else "here"
+    if server.metrics_api_keys:
+        return f"{where}, {len(server.metrics_api_keys)} metrics key(s)"
+    if server.api_keys and not server.metrics_port:
+        return f"{where}, API keys"
+    return f"{where}, open"
 
 
 def _upstream_metrics(config: Config) -> str:
@@ -144,6 +156,7 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .app import HeadroomApp
+    from .server import uvicorn_settings
 
     app = HeadroomApp(config)
     # uvicorn drains on SIGTERM, then re-raises the signal with the handler that
@@ -151,7 +164,7 @@ def run_serve(args: argparse.Namespace) -> int:
     # would die by the signal (status -15) after a clean drain, which systemd
     # and Kubernetes report as a failure; this handler makes it exit 0.
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    uvicorn.run(
+    server_config = uvicorn.Config(
         app,
         host=config.server.host,
         port=config.server.port,
@@ -165,8 +178,27 @@ def run_serve(args: argparse.Namespace) -> int:
         # headroom never reads the client address, so uvicorn's X-Forwarded-For
         # rewriting middleware would be pure per-request cost (~2 % of CPU, profiled).
         proxy_headers=False,
+        # The limits uvicorn lacks (head size, head/body/idle timeouts, connections): proxy.server.
+        **uvicorn_settings(config),
     )
-    return 0
+    server = uvicorn.Server(server_config)
+    if config.server.metrics_port:
+        # headroom's pages on a listener of their own: the app tells them apart by the local port.
+        sockets = [_listen(config.server.host, config.server.port),
+                   _listen(config.server.metrics_host or config.server.host, config.server.metrics_port)]
+        server.run(sockets=sockets)
+    else:
+        server.run()
+    return 0 if server.started else 1
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A bound TCP socket, as uvicorn binds its own (the server listens on it)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:

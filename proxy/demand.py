@@ -358,6 +358,7 @@ ERROR_CODE_REASONS: dict[str, Reason] = {
     ErrorCode.INVALID_VALUE: "bad_request",
     ErrorCode.REQUEST_TOO_LARGE: "bad_request",
     ErrorCode.MODEL_NOT_FOUND: "bad_request",
+    ErrorCode.NOT_FOUND: "bad_request",
     ErrorCode.UPSTREAM_BAD_REQUEST: "bad_request",
     ErrorCode.UPSTREAM_NOT_FOUND: "bad_request",
     ErrorCode.INVALID_API_KEY: "unauthorized",
@@ -370,6 +371,13 @@ ERROR_CODE_REASONS: dict[str, Reason] = {
     ErrorCode.UPSTREAM_KV_CACHE: "upstream_failure",
     ErrorCode.UPSTREAM_ERROR: "upstream_failure",
     ErrorCode.UPSTREAM_STREAM_ERROR: "upstream_failure",
+    ErrorCode.UPSTREAM_INVALID_RESPONSE: "upstream_failure",
+    ErrorCode.COUNTING_BUSY: "upstream_failure",      # headroom's own back-pressure, like upstream_busy
+    # Answered by proxy.server before any app code: never in a record, listed for completeness.
+    ErrorCode.INVALID_HTTP_REQUEST: "bad_request",
+    ErrorCode.REQUEST_TIMEOUT: "client_gone",
+    ErrorCode.REQUEST_HEADER_TOO_LARGE: "bad_request",
+    ErrorCode.TOO_MANY_CONNECTIONS: "upstream_failure",
     ErrorCode.SERVER_SHUTTING_DOWN: "upstream_failure",
     ErrorCode.INTERNAL_ERROR: "upstream_failure",
     ErrorCode.CLIENT_DISCONNECTED: "client_gone",

@@ -43,6 +43,7 @@ from . import demand as dm
 from .histogram import Histogram, percentile_key
 from .lengths import (
     BLOCK_SIZE,
+    MAX_PLAUSIBLE_TOKENS,
     UNKNOWN_MODEL,
     effective_prompt_tokens,
     percentile,
@@ -102,8 +103,8 @@ def _opt_int(rec: Mapping[str, Any], key: str) -> int | None:
     v = rec.get(key)
     if v is None:
         return None
-    if type(v) is not int or v < 0:
-        raise MalformedRecord(f"{key} is not a non-negative integer")
+    if type(v) is not int or not 0 <= v <= MAX_PLAUSIBLE_TOKENS:
+        raise MalformedRecord(f"{key} is not a plausible token count")
     return v
 
 
@@ -135,9 +136,7 @@ def record_lengths(rec: Any) -> Lengths:
     prompt = effective_prompt_tokens(
         _opt_int(rec, "prompt_tokens") if upstream_prompt is None else None, upstream_prompt
     )
-    completion = rec.get("completion_tokens")
-    if completion is not None and (type(completion) is not int or completion < 0):
-        raise MalformedRecord("completion_tokens is not a non-negative integer")
+    completion = _opt_int(rec, "completion_tokens")
     action = rec.get("action", "pass")
     if not isinstance(action, str):
         raise MalformedRecord("action is not a string")

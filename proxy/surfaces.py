@@ -115,6 +115,10 @@ class Surface:
         """The upstream /tokenize requests that count this prompt exactly (one per prompt)."""
         raise NotImplementedError
 
+    def prompt_texts(self, tokenizer: CountingModel, body: dict[str, Any]) -> list[str]:
+        """The texts vLLM holds to its character bound before encoding (none: no check)."""
+        return []
+
     def ask_for_usage(self, body: Mapping[str, Any], changes: dict[str, Any]) -> bool:
         """Add what makes a stream report its usage, if it lacks it; True when added (see `is_usage_only`)."""
         return False
@@ -202,6 +206,9 @@ class ChatSurface(OpenAIStreamUsage, Surface):
     def count(self, tokenizer: CountingModel, body: dict[str, Any]) -> int | list[int]:
         return tokenizer.count_chat(body)
 
+    def prompt_texts(self, tokenizer: CountingModel, body: dict[str, Any]) -> list[str]:
+        return [tokenizer.render_chat(body)]          # the rendered conversation is one text
+
     def tokenize_calls(self, model: str, body: Mapping[str, Any]) -> list[TokenizeCall]:
         return [UpstreamCount(_chat_tokenize_body(model, body))]
 
@@ -218,6 +225,12 @@ class CompletionsSurface(OpenAIStreamUsage, Surface):
 
     def count(self, tokenizer: CountingModel, body: dict[str, Any]) -> int | list[int]:
         return tokenizer.count_completion(body)
+
+    def prompt_texts(self, tokenizer: CountingModel, body: dict[str, Any]) -> list[str]:
+        prompt = body.get("prompt")                   # each text prompt is checked on its own
+        if isinstance(prompt, str):
+            return [prompt]
+        return [p for p in prompt if isinstance(p, str)] if isinstance(prompt, list) else []
 
     def tokenize_calls(self, model: str, body: Mapping[str, Any]) -> list[TokenizeCall]:
         prompt = body.get("prompt")

@@ -167,7 +167,8 @@ def test_record_lengths_without_usage():
 @pytest.mark.parametrize("bad", [
     [1, 2], "x", {"model": "m"}, rec(ts="yesterday"), rec(prompt_tokens=-1), rec(prompt_tokens=1.5),
     rec(completion_tokens="9"), rec(n=0), rec(model=3), rec(finish_reasons="stop"), rec(action=None),
-    rec(upstream_prompt_tokens=True), rec(endpoint=7),
+    rec(upstream_prompt_tokens=True), rec(upstream_prompt_tokens=10**30), rec(completion_tokens=2**31),
+    rec(endpoint=7),
 ])
 def test_record_lengths_rejects_malformed(bad):
     with pytest.raises(rep.MalformedRecord):
@@ -396,6 +397,22 @@ def test_reads_what_lengthlog_writes(capsys, tmp_path):
         finish_reasons=["stop"], status=200)) for i in range(1, 5)))
     out = report_json(capsys, str(path))
     assert out["malformed"] == 0 and out["models"][0]["total_tokens"]["max"] == 45
+
+
+@pytest.mark.parametrize("prompt,completion,mml,n,kept", [
+    (100, 50, 2048, 1, (100, 50)),
+    (-5, 50, 2048, 1, (None, 50)),
+    (10**30, 10**30, 2048, 1, (None, None)),
+    (2049, 10, 2048, 1, (None, 10)),                # a served prompt fits the context
+    (10, 4000, 2048, 2, (10, 4000)),                # two choices may each use most of it
+    (10, 4097, 2048, 2, (10, None)),
+    (10**6, 10**6, None, 1, (10**6, 10**6)),        # no limit known: only absurd counts go
+    (2**31, -1, None, 1, (None, None)),
+])
+def test_plausible_usage(prompt, completion, mml, n, kept):
+    from proxy.lengths import plausible_usage
+
+    assert plausible_usage(prompt, completion, mml, n) == kept
 
 
 def test_report_demand_is_proxy_demands(tmp_path):

@@ -113,8 +113,14 @@ class FaultSpec:
       "reset_mid_body"     same, with a TCP RST
       "sse_error"          stream normally, then after `after_chunks` events send
                            `data: {"error": ...}` and `data: [DONE]` (vLLM's mid-stream error)
+      "huge"               a 200 chat completion whose content is `size` bytes, written a
+                           MiB at a time (never held whole by the fake)
     `delay` seconds are waited before anything is sent; `gate` (a threading.Event)
     is waited for first, so a test can hold a request without sleeping.
+    `trickle` (kind "respond"): send the headers and the first half of the body,
+    wait that many seconds, then the rest (an answer still arriving after its headers).
+    `cut_at` (kind "respond"): declare the whole body's length, send its first
+    `cut_at` bytes, then close (an answer broken off mid-way).
     `path` limits the fault to one route (None: the next request of any path).
     """
 
@@ -127,6 +133,9 @@ class FaultSpec:
     gate: threading.Event | None = None
     path: str | None = None
     after_chunks: int = 1
+    trickle: float = 0.0
+    cut_at: int | None = None
+    size: int = 0
 
     def body_bytes(self) -> bytes:
         if self.body is None:
@@ -1053,6 +1062,9 @@ class _Connection(asyncio.Protocol):
         self.buffer += data
         if not self.busy:
             self._try_dispatch()
+        if self.buffer:
+            with self.fake._cond:      # a test may wait for a request to be under way
+                self.fake._cond.notify_all()
 
     def eof_received(self) -> bool | None:
         # a half-close from the client means it will send nothing more: treat as gone
@@ -1077,6 +1089,8 @@ class _Connection(asyncio.Protocol):
         self.fake._connections.discard(self)
         now = time.monotonic()
         with self.fake._cond:
+            if self.buffer and not self.busy:
+                self.fake.partial_requests.append(bytes(self.buffer[:200]))
             for rec in self.all:
                 if rec.closed_at is None:
                     rec.closed_at = now
@@ -1297,6 +1311,7 @@ class FakeVLLM:
       vocab_size: token ids at or above it are "out of vocabulary" (c26).
       detokenize(ids) -> text for /detokenize (default: the completion token per id).
       record: False keeps `requests` empty (long benchmarks).
+      card: fields shown in the main /v1/models card instead (the fake still enforces max_model_len).
     """
 
     def __init__(self, *, model: str = "tiny-qwen", max_model_len: int = 2048,
@@ -1305,7 +1320,8 @@ class FakeVLLM:
                  tokens_per_second: float | None = None, completion_text_token: str = " TObject",
                  count_chars: CountChars | None = None, vocab_size: int = QWEN3_VOCAB_SIZE,
                  enable_auto_tool_choice: bool = True,
-                 detokenize: Callable[[list[int]], str] | None = None, record: bool = True) -> None:
+                 detokenize: Callable[[list[int]], str] | None = None, record: bool = True,
+                 card: dict[str, Any] | None = None) -> None:
         self.model = model
         self.max_model_len = max_model_len
         self.root = root
@@ -1319,12 +1335,15 @@ class FakeVLLM:
         for extra in extra_models or []:
             self.cards.append({"parent": model, **extra})
         limits = {c["id"]: (c.get("max_model_len") or max_model_len) for c in self.cards}
+        self.cards[0].update(card or {})        # what the main card says (e.g. a broken max_model_len)
         self.validator = Validator(models=limits, default_model=model, mode=mode,
                                    count_prompt=count_prompt or crude_count_prompt,
                                    count_chars=count_chars or chatml_char_count, vocab_size=vocab_size,
                                    enable_auto_tool_choice=enable_auto_tool_choice)
         self.requests: list[RecordedRequest] = []
         self.stored_responses: set[str] = set()   # ids previous_response_id may name (vLLM's store)
+        # The first bytes of each request a client left unfinished (the connection closed mid-request).
+        self.partial_requests: list[bytes] = []
         self.errors: list[BaseException] = []     # exceptions inside the fake (a test may assert none)
         self.fail_next: list[FaultSpec] = []
         self.engine_dead = False
@@ -1415,6 +1434,10 @@ class FakeVLLM:
         assert self._loop is not None
         self._server = await self._loop.create_server(lambda: _Connection(self), sock=sock)
 
+    def receiving(self) -> list[bytes]:
+        """The first bytes of each request being received and not yet complete."""
+        return [bytes(c.buffer[:200]) for c in list(self._connections) if c.buffer and not c.busy]
+
     @property
     def ready(self) -> bool:
         return self._ready
@@ -1479,6 +1502,9 @@ class FakeVLLM:
         return None
 
     async def _handle(self, conn: _Connection, request: _Request) -> None:
+        if request.headers.get("expect", "").lower() == "100-continue":
+            # uvicorn, which serves vLLM's API, answers this before the app reads the body.
+            conn.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         split = urlsplit(request.target)
         path = split.path
         parsed: Any = None
@@ -1523,6 +1549,26 @@ class FakeVLLM:
     async def _pre_header_fault(self, conn: _Connection, record: RecordedRequest, fault: FaultSpec,
                                 parsed: Any) -> bool:
         """Apply a fault that replaces the whole answer; False when the real answer should follow."""
+        if fault.kind == "respond" and fault.cut_at is not None:
+            body = fault.body_bytes()
+            record.status = fault.status
+            headers = [("content-length", str(len(body))), ("content-type", fault.content_type)]
+            conn.write(conn._head(fault.status, headers) + body[: fault.cut_at])
+            await conn.drain()
+            conn.close()
+            raise _Disconnected()
+        if fault.kind == "respond" and fault.trickle:
+            body = fault.body_bytes()
+            record.status = fault.status
+            headers = [("content-length", str(len(body))), ("content-type", fault.content_type),
+                       *fault.headers.items()]
+            conn.write(conn._head(fault.status, headers) + body[: len(body) // 2])
+            await asyncio.sleep(fault.trickle)
+            conn.write(body[len(body) // 2:])
+            with self._cond:
+                record.finished_at = time.monotonic()
+                self._cond.notify_all()
+            return True
         if fault.kind == "respond":
             self._send(conn, record, fault.status, fault.body_bytes(), fault.content_type, fault.headers)
             return True
@@ -1542,9 +1588,31 @@ class FakeVLLM:
                                             ("transfer-encoding", "chunked")]))
             await self._wait_gone(conn)
             return True
+        if fault.kind == "huge":
+            await self._huge(conn, record, fault.size)
+            return True
         if fault.kind in ("close_mid_body", "reset_mid_body", "sse_error"):
             return False
         raise ValueError(f"unknown fault kind {fault.kind!r}")
+
+    async def _huge(self, conn: _Connection, record: RecordedRequest, size: int) -> None:
+        head = b'{"id":"chatcmpl-huge","object":"chat.completion","created":1,"model":"%s","choices":[' \
+               b'{"index":0,"message":{"role":"assistant","content":"' % self.model.encode()
+        tail = (b'"},"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":9,'
+                b'"total_tokens":2009,"completion_tokens":2000}}')
+        record.status = 200
+        conn.write(conn._head(200, [("content-length", str(len(head) + size + len(tail))),
+                                    ("content-type", _JSON)]) + head)
+        piece = b"lorem ip" * (1 << 17)              # 1 MiB
+        left = size
+        while left > 0:
+            conn.write(piece[:left])
+            left -= len(piece)
+            await conn.drain()
+        conn.write(tail)
+        with self._cond:
+            record.finished_at = time.monotonic()
+            self._cond.notify_all()
 
     async def _wait_gone(self, conn: _Connection) -> None:
         assert self._stopping is not None

@@ -25,6 +25,7 @@ from proxy.config import Config, ModelConfig, ServerConfig, UpstreamConfig
 from proxy.metrics import Metrics
 from proxy.record import LengthRecord
 from proxy.recorder import Recorder
+from proxy.server import uvicorn_settings
 from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread
 from tokenizer_cache import ModelTokenizer, load_model_tokenizer
@@ -137,7 +138,7 @@ def running_stack(
         if configure is not None:
             configure(config)
         app = HeadroomApp(config, recorder=rec)
-        with serve_in_thread(app) as base:
+        with serve_in_thread(app, **uvicorn_settings(config)) as base:
             yield Stack(fake, base, app, rec if isinstance(rec, ListRecorder) else None)
 
 
