@@ -104,6 +104,7 @@ class AdmittedExchange:
         self.holds_slot = False            # one of the backend's gate slots is taken
         self.count_source: str | None = None   # how the prompt was counted: local | upstream | margin
         self.uncounted: str | None = None      # why it could not be counted (media), if so
+        self.prompts = 1                       # prompts the upstream's usage sums (a batch's inputs)
 
     async def run(self) -> None:
         try:
@@ -183,6 +184,7 @@ class AdmittedExchange:
             self.uncounted = count.uncounted
             return decide_uncounted(limit, max_model_len)
         record.prompt_tokens = count.total
+        self.prompts = len(count.per_prompt)
         self.count_source = count.source if count.exact else "margin"
         decision = surface.decide(self.request, count.per_prompt, max_model_len, limit, services.policy_for(model),
                                   model=model, count_exact=count.exact, drift_margin=count.margin)
@@ -451,7 +453,7 @@ class AdmittedExchange:
         """The upstream's usage into the record, where it can be true (proxy.lengths.plausible_usage)."""
         record = self.record
         prompt, completion = plausible_usage(usage.prompt_tokens, usage.completion_tokens, record.max_model_len,
-                                             record.n)
+                                             record.n, self.prompts)
         if (prompt, completion) != (usage.prompt_tokens, usage.completion_tokens):
             _warn_implausible(record.model, usage, record.max_model_len)
         if prompt is not None:

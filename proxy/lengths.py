@@ -40,19 +40,21 @@ MAX_PLAUSIBLE_TOKENS = 2**31 - 1
 
 
 def plausible_usage(prompt: int | None, completion: int | None, max_model_len: int | None,
-                    n: int) -> tuple[int | None, int | None]:
+                    n: int, prompts: int = 1) -> tuple[int | None, int | None]:
     """The upstream's usage counts that can be true; None for each that cannot.
 
-    A served prompt fits the context (0 <= prompt <= max_model_len); the n
-    completions together are at most n x max_model_len.  Without a known
-    max_model_len, only counts in 0..MAX_PLAUSIBLE_TOKENS pass.  An upstream
-    reporting -5 or 10**30 must not reach the records a max_model_len is
-    recommended from.
+    Each served prompt fits the context (0 <= prompt <= max_model_len), and a
+    batch's usage sums its `prompts` (completions and pooling inputs); the n
+    completions of each prompt together are at most n x max_model_len.
+    Without a known max_model_len, only counts in 0..MAX_PLAUSIBLE_TOKENS
+    pass.  An upstream reporting -5 or 10**30 must not reach the records a
+    max_model_len is recommended from.
     """
     limit = max_model_len if max_model_len is not None else MAX_PLAUSIBLE_TOKENS
-    if prompt is not None and not 0 <= prompt <= limit:
+    batch = max(prompts, 1)
+    if prompt is not None and not 0 <= prompt <= min(batch * limit, MAX_PLAUSIBLE_TOKENS):
         prompt = None
-    if completion is not None and not 0 <= completion <= min(max(n, 1) * limit, MAX_PLAUSIBLE_TOKENS):
+    if completion is not None and not 0 <= completion <= min(batch * max(n, 1) * limit, MAX_PLAUSIBLE_TOKENS):
         completion = None
     return prompt, completion
 

@@ -415,6 +415,17 @@ def test_plausible_usage(prompt, completion, mml, n, kept):
     assert plausible_usage(prompt, completion, mml, n) == kept
 
 
+@pytest.mark.parametrize("prompt,completion,prompts,kept", [
+    (2049, None, 2, (2049, None)),                  # two inputs, each within the context, summed
+    (4096, 8192, 2, (4096, 8192)),
+    (4097, 8193, 2, (None, None)),
+])
+def test_plausible_usage_of_a_batch(prompt, completion, prompts, kept):
+    from proxy.lengths import plausible_usage
+
+    assert plausible_usage(prompt, completion, 2048, 2, prompts) == kept
+
+
 def test_report_demand_is_proxy_demands(tmp_path):
     """The report's fast path gives the demand proxy.demand.record_demand gives, record by record."""
     from proxy import demand as dm
