@@ -61,9 +61,12 @@ class HeadroomApp:
         metrics = self.recorder.metrics
         self.counter.on_parity.append(metrics.set_tokenizer_parity)
         self.counter.on_trust.append(lambda trust: metrics.set_count_mode(trust.model, trust.mode))
-        self.recorder.counting = lambda: {m: t.describe() for m, t in self.counter.trust_states().items()}
+        self.recorder.counting = self.counting_state
         if self.counter.piece_cache is not None:
             metrics.attach_piece_cache(self.counter.piece_cache.stats)
+        if self.counter.chat_cache is not None:
+            metrics.attach_chat_cache(self.counter.chat_cache.stats)
+        metrics.attach_engines(self.counter.engines)
         metrics.attach_gates(lambda: [(b.name, b.gate) for b in self.backends.items])
         self._policies: dict[str | None, Policy] = {}
         # The model's config.json and its upstream's /metrics, for /stats and the sizing gauges.
@@ -82,6 +85,14 @@ class HeadroomApp:
         if policy is None:
             policy = self._policies[model] = self.config.policy_for(model)
         return policy
+
+    def counting_state(self) -> dict[str, dict[str, Any]]:
+        """For /stats, per model: how far its count is trusted (proxy.trust) and which engine counts it."""
+        trust = self.counter.trust_states()
+        engines = self.counter.engines()
+        return {model: {**(trust[model].describe() if model in trust else {}),
+                        **(engines[model].describe() if model in engines else {})}
+                for model in sorted(trust.keys() | engines.keys())}
 
     # -- lifecycle --------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from tokenizer_cache import holds_tokenizer
+from tokenizer_cache import DEFAULT_CHAT_CACHE_ENTRIES, holds_tokenizer
 
 from .admission import Policy
 
@@ -101,6 +101,13 @@ class TokenizersConfig:
     # Compare each model's count with the upstream's /tokenize at start-up
     # (proxy.trust): a mismatch switches the model to the upstream's count.
     parity_check: bool = True
+    # Whole-chat counts remembered by their exact template inputs: a repeated
+    # request renders nothing (0 = off).
+    chat_cache_entries: int = DEFAULT_CHAT_CACHE_ENTRIES
+    # Which engine encodes text: "auto" takes fastokens wherever it passes its
+    # load-time self-check against `tokenizers` (the reference) and `tokenizers`
+    # elsewhere; "fastokens" is still self-checked; "tokenizers" never tries it.
+    engine: Literal["auto", "tokenizers", "fastokens"] = "auto"
 
 
 @dataclass
