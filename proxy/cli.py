@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import signal
+import socket
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from . import __version__
 from .config import Config, ConfigError, load_config
@@ -40,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--upstream", metavar="URL", help="the vLLM server, e.g. http://127.0.0.1:8000")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8100)")
+    serve.add_argument("--workers", type=int, metavar="N",
+                       help="serving processes on the one port (default 1; README \"Workers\")")
     serve.add_argument("--length-log", metavar="FILE",
                        help="append one JSON line of length figures per request to FILE ('-': standard output)")
     serve.add_argument(
@@ -81,6 +85,7 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, object]:
         "upstream.url": args.upstream,
         "server.host": args.host,
         "server.port": args.port,
+        "server.workers": args.workers,
         "length_log.path": args.length_log,
         "upstream.timeout": args.upstream_timeout,
         "upstream.idle_timeout": args.upstream_timeout,
@@ -95,7 +100,8 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, object]:
 def summary(config: Config) -> str:
     lines = [
         f"headroom {__version__}",
-        f"  listen     http://{config.server.host}:{config.server.port}/v1",
+        f"  listen     http://{config.server.host}:{config.server.port}/v1"
+        + (f" ({config.server.workers} workers)" if config.server.workers > 1 else ""),
         f"  upstream   {config.upstream.url} (connect {config.upstream.connect_timeout:g} s, "
         f"first byte/idle {config.upstream.timeout:g} s)",
     ]
@@ -145,28 +151,43 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from .app import HeadroomApp
 
+    if config.server.workers > 1:
+        from . import workers
+
+        def run_worker(slot: workers.WorkerSlot, sock: socket.socket) -> int:
+            app = HeadroomApp(config, worker=slot)
+            uvicorn.Server(uvicorn.Config(app, **uvicorn_options(config))).run(sockets=[sock])
+            return 0
+
+        try:
+            return workers.serve(config.server.host, config.server.port, config.server.workers, run_worker)
+        except OSError as exc:
+            print(f"headroom: cannot listen on {config.server.host}:{config.server.port}: {exc}", file=sys.stderr)
+            return 1
+
     app = HeadroomApp(config)
     # uvicorn drains on SIGTERM, then re-raises the signal with the handler that
     # was installed before it started.  With the default handler the process
     # would die by the signal (status -15) after a clean drain, which systemd
     # and Kubernetes report as a failure; this handler makes it exit 0.
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    uvicorn.run(
-        app,
-        host=config.server.host,
-        port=config.server.port,
+    uvicorn.run(app, host=config.server.host, port=config.server.port, **uvicorn_options(config))
+    return 0
+
+
+def uvicorn_options(config: Config) -> dict[str, Any]:
+    """uvicorn's settings for one serving process (the only one, or each worker)."""
+    return dict(
         log_level=config.logging.level,
         log_config=None,           # keep configure_logging's handlers (JSON stays JSON)
         access_log=False,          # access lines would carry paths only, but keep logs quiet by default
         server_header=False,       # relay the upstream's own Server and Date headers
         date_header=False,
-        # uvicorn annotates it int; it hands the value to asyncio, which takes a float as well
-        timeout_graceful_shutdown=config.server.shutdown_timeout,  # type: ignore[arg-type]
+        timeout_graceful_shutdown=config.server.shutdown_timeout,
         # headroom never reads the client address, so uvicorn's X-Forwarded-For
         # rewriting middleware would be pure per-request cost (~2 % of CPU, profiled).
         proxy_headers=False,
     )
-    return 0
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:

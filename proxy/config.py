@@ -37,6 +37,8 @@ class ServerConfig:
     max_body_bytes: int = 32 * MiB          # larger bodies get 413
     api_keys: list[str] = field(default_factory=list)  # inbound keys; empty = no auth
     shutdown_timeout: float = 30.0         # after SIGTERM: seconds in-flight requests may still run
+    # Serving processes on the one port (proxy.workers); 1 = this process serves.
+    workers: int = 1
 
 
 @dataclass
@@ -341,6 +343,8 @@ def _check_semantics(config: Config) -> None:
         raise ConfigError(f"'upstream_metrics.kv_usage_pinned' must be in (0, 1], got {um.kv_usage_pinned}")
     if um.pinned_scrapes < 1 or (um.max_num_seqs is not None and um.max_num_seqs < 1):
         raise ConfigError("'upstream_metrics.pinned_scrapes' and 'upstream_metrics.max_num_seqs' must be at least 1")
+    if config.server.workers < 1:
+        raise ConfigError(f"'server.workers' must be at least 1, got {config.server.workers}")
     if not 0 < config.server.port < 65536:
         raise ConfigError(f"'server.port' must be 1–65535, got {config.server.port}")
     for name, model in config.models.items():
