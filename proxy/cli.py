@@ -12,12 +12,13 @@ import importlib
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import __version__
 from .config import Config, ConfigError, load_config
 from .logs import configure_logging
+from .siblings import WorkerSlot
 
 SUBCOMMAND_MODULES = ("proxy.count_cli", "proxy.report_cli", "proxy.plan_cli")
 
@@ -154,13 +155,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if config.server.workers > 1:
         from . import workers
 
-        def run_worker(slot: workers.WorkerSlot, sock: socket.socket) -> int:
-            app = HeadroomApp(config, worker=slot)
-            uvicorn.Server(uvicorn.Config(app, **uvicorn_options(config))).run(sockets=[sock])
-            return 0
-
         try:
-            return workers.serve(config.server.host, config.server.port, config.server.workers, run_worker)
+            return workers.serve(config.server.host, config.server.port, config.server.workers,
+                                 worker_runner(config))
         except OSError as exc:
             print(f"headroom: cannot listen on {config.server.host}:{config.server.port}: {exc}", file=sys.stderr)
             return 1
@@ -173,6 +170,20 @@ def run_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _exit_cleanly)
     uvicorn.run(app, host=config.server.host, port=config.server.port, **uvicorn_options(config))
     return 0
+
+
+def worker_runner(config: Config) -> Callable[[WorkerSlot, socket.socket], int]:
+    """What each of `--workers N` runs: a HeadroomApp that knows its slot, under uvicorn, on its socket."""
+    import uvicorn
+
+    from .app import HeadroomApp
+
+    def run_worker(slot: WorkerSlot, sock: socket.socket) -> int:
+        app = HeadroomApp(config, worker=slot)
+        uvicorn.Server(uvicorn.Config(app, **uvicorn_options(config))).run(sockets=[sock])
+        return 0
+
+    return run_worker
 
 
 def uvicorn_options(config: Config) -> dict[str, Any]:

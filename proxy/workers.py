@@ -91,18 +91,20 @@ class _Worker:
 class Supervisor:
     """Forks, watches and stops the workers (see the module docstring)."""
 
-    sockets: list[socket.socket]
+    sockets: list[socket.socket]      # one per worker, or one that every worker shares
     run_worker: RunWorker
     directory: Path
+    count: int = 0                    # workers (0: one per socket)
     _workers: dict[int, _Worker] = field(default_factory=dict)    # pid -> worker
     _stopping: bool = False
     _failed: int = 0                                               # the exit status once a worker failed
 
     def run(self) -> int:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in _SIGNALS}
+        count = self.count or len(self.sockets)
         try:
-            for index in range(len(self.sockets)):
-                self._start(WorkerSlot(index, len(self.sockets), self.directory))
+            for index in range(count):
+                self._start(WorkerSlot(index, count, self.directory))
             codes = self._wait()
         finally:
             for sig, handler in previous.items():
@@ -169,10 +171,11 @@ class Supervisor:
                 signal.signal(sig, _exit_cleanly)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
             _die_with_parent(parent)
-            for i, sock in enumerate(self.sockets):
-                if i != slot.index:
+            mine = self.sockets[slot.index if len(self.sockets) > 1 else 0]
+            for sock in self.sockets:
+                if sock is not mine:
                     sock.close()
-            code = self.run_worker(slot, self.sockets[slot.index])
+            code = self.run_worker(slot, mine)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         except BaseException:
