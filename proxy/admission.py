@@ -53,6 +53,7 @@ class Policy:
     on_overflow: Literal["clamp", "reject"] = "clamp"
     default_max_tokens: int | None = None
     max_tokens_ceiling: int | None = None
+    truncate_inputs: bool = False       # pooling: cut inputs over max_model_len instead of refusing them
 
     def margin(self, prompt_tokens: int) -> int:
         return self.margin_tokens + math.ceil(self.margin_fraction * prompt_tokens)
@@ -95,12 +96,13 @@ class RequestedLimit:
 
 @dataclass(frozen=True)
 class Decision:
-    action: Literal[Action.PASS, Action.CLAMPED, Action.REJECTED, Action.UNCOUNTED]
+    action: Literal[Action.PASS, Action.CLAMPED, Action.REJECTED, Action.UNCOUNTED, Action.TRUNCATED]
     requested: int | None                       # the client's effective limit (None: not sent)
     granted: int | None = None                  # the limit forwarded (None: nothing set)
     rewrite: Mapping[str, int] | None = None    # body fields to set; None → forward bytes as they came
     error: HeadroomError | None = None
     margin: int = 0
+    counted: int | None = None                  # prompt tokens the upstream will see, when the decision cuts them
 
 
 def parse_limit_field(name: str, value: Any) -> int | None:
@@ -219,3 +221,31 @@ def decide(
 
     action: Literal[Action.PASS, Action.CLAMPED] = Action.CLAMPED if target < effective else Action.PASS
     return Decision(action, asked, target, {f: target for f in requested.fields_to_set()}, margin=margin)
+
+
+def decide_inputs(
+    input_tokens: list[int],
+    max_model_len: int,
+    *,
+    model: str,
+    prompt_param: str,
+    truncate_field: str,
+    truncate: bool,
+    count_exact: bool = True,
+) -> Decision:
+    """Admit or refuse a pooling request (embeddings, score, rerank): inputs, no completion.
+
+    vLLM refuses the whole request when one input is longer than
+    max_model_len (an input of exactly max_model_len tokens is served); `input_tokens` are
+    the counts after any truncation the client asked for.  Too long → 400 naming
+    each input, unless the operator opted into truncation (`truncate`): then
+    the request is forwarded with `truncate_field` = max_model_len and marked truncated.
+    On an inexact count nothing is refused: the upstream judges.
+    """
+    too_long = [(i, n) for i, n in enumerate(input_tokens) if n > max_model_len]
+    if not too_long or not count_exact:
+        return Decision(Action.PASS, None)
+    if truncate:
+        counted = sum(min(n, max_model_len) for n in input_tokens)
+        return Decision(Action.TRUNCATED, None, rewrite={truncate_field: max_model_len}, counted=counted)
+    return Decision(Action.REJECTED, None, error=errors.inputs_too_long(too_long, max_model_len, model, prompt_param))

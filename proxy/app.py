@@ -1,9 +1,10 @@
 """The ASGI application: wiring, lifespan, dispatch and API keys.
 
 `POST` to an admitted surface (proxy.surfaces) runs one
-`proxy.exchange.AdmittedExchange`; headroom's own pages (proxy.pages) answer
-`/metrics`, `/stats` and `/dashboard`; everything else is relayed untouched
-(proxy.passthrough).
+`proxy.exchange.AdmittedExchange`; `POST /v1/messages/count_tokens` is
+answered from headroom's own count (proxy.count_tokens); headroom's own pages
+(proxy.pages) answer `/metrics`, `/stats` and `/dashboard`; everything else is
+relayed untouched (proxy.passthrough).
 
 This is a plain ASGI callable rather than a Starlette router because the hot
 path only needs the raw scope, and every layer skipped is CPU saved per
@@ -23,9 +24,10 @@ from starlette.routing import Router
 
 from . import errors, health
 from .admission import Policy
-from .asgi import Receive, Scope, Send, header, request_id, send_whole
+from .asgi import Receive, Scope, Send, content_length, has_body, header, request_id, send_whole
 from .backends import Backend, Backends
 from .config import Config
+from .count_tokens import answer_count_tokens
 from .counting import PromptCounter
 from .errors import HeadroomError
 from .exchange import AdmittedExchange, ExchangeServices
@@ -37,14 +39,27 @@ from .pages import routes
 from .passthrough import Passthrough
 from .recorder import Recorder
 from .siblings import WorkerSlot
-from .surfaces import ADMITTED, Surface
+from .surfaces import ADMITTED, ANSWERED, Surface
 from .upstream import Transport
 from .workerpages import WorkerPages
 
 log = logging.getLogger("headroom")
 
-LOCAL_PATHS = frozenset({"/metrics", "/stats", "/dashboard"}) | health.PATHS   # headroom's own pages
-OPEN_PATHS = LOCAL_PATHS | {"/health", "/ping", "/version"}       # no API key needed
+PAGES = frozenset({"/metrics", "/stats", "/dashboard"})   # headroom's own pages (server.metrics_api_keys)
+LOCAL_PATHS = PAGES | health.PATHS                         # answered by headroom itself
+# vLLM's unauthenticated routes, relayed without an API key: exactly these
+# methods and paths (vLLM 0.32 serves /ping for GET and POST), and only
+# without a query, a percent-encoded path or a body (see `is_open_route`).
+OPEN_ROUTES = frozenset({("GET", "/health"), ("GET", "/ping"), ("POST", "/ping"), ("GET", "/version")})
+
+
+def is_open_route(method: str, path: str, raw_path: bytes | None, query: bytes, has_body: bool) -> bool:
+    """A request relayed without an API key: one of OPEN_ROUTES exactly as written.  Pure.
+
+    `/heal%74h` decodes to /health but is not written so, `/health?x=1` and a
+    GET with a body carry more than a probe needs: each needs a key.
+    """
+    return (method, path) in OPEN_ROUTES and raw_path in (None, path.encode()) and not query and not has_body
 
 
 class HeadroomApp:
@@ -89,10 +104,12 @@ class HeadroomApp:
             metrics.registry.register(self.sizing.collector(self.recorder.demand_kv_percentile, metrics.model_label))
         self.services = ExchangeServices(config, self.backends, self.counter, self.recorder, self._policy)
         self._local = Router(routes=routes(self.recorder, self.workers)
-                             + health.routes(self.backends, self.counter, self.workers))
-        self._passthrough = Passthrough(self.backends)
+                             + health.routes(self.backends, self.counter, self.workers, self._pages_authorized))
+        self._passthrough = Passthrough(self.backends, config.server.shutdown_timeout, config.upstream.models_timeout)
         self._background: set[asyncio.Task[Any]] = set()
         self._api_keys = [k.encode() for k in config.server.api_keys]
+        self._metrics_keys = [k.encode() for k in config.server.metrics_api_keys]
+        self._metrics_port = config.server.metrics_port
 
     def _policy(self, model: str | None) -> Policy:
         """`Config.policy_for`, worked out once per model (it rebuilds a dataclass each call)."""
@@ -115,7 +132,8 @@ class HeadroomApp:
         ll = self.config.length_log
         if ll.path and self.recorder.lengthlog is None:
             # Made here, inside the serving process: the writer thread does not survive a fork.
-            self.recorder.attach_lengthlog(LengthLog(ll.path, max_bytes=ll.max_bytes, backups=ll.backups))
+            self.recorder.attach_lengthlog(LengthLog(ll.path, max_bytes=ll.max_bytes, backups=ll.backups,
+                                                     flush_interval_s=ll.flush_interval, fsync=ll.fsync))
         self.backends.start()
         self.sizing.start()
         if self.workers is not None:
@@ -131,6 +149,8 @@ class HeadroomApp:
         await asyncio.to_thread(self.recorder.close)   # flushes the length log
 
     def _models_changed(self, backend: Backend, models: dict[str, ModelInfo]) -> None:
+        for name, info in models.items():
+            self.recorder.metrics.set_limit_unknown(name, info.limit_problem is not None and info.source != "config")
         self.counter.forget_dirs()
         self.sizing.forget_configs()
         task = asyncio.ensure_future(self.counter.preload(list(models)))
@@ -164,18 +184,35 @@ class HeadroomApp:
         if kind == "http":
             path = scope["path"]
             surface = ADMITTED.get(path)
+            answered = ANSWERED.get(path) if surface is None else None
             try:
-                if surface is not None and scope["method"] == "POST":
+                if self._metrics_port and _local_port(scope) == self._metrics_port:
+                    await self._metrics_listener(scope, receive, send)
+                elif surface is not None and scope["method"] == "POST":
                     if self._authorized(scope):
                         await AdmittedExchange(self.services, surface, scope, receive, send).run()
                     else:
-                        await _refuse(send, scope, errors.unauthorized(), surface)
-                elif path in LOCAL_PATHS:
+                        await self._unauthorized(send, scope, surface.name, surface)
+                elif answered is not None and scope["method"] == "POST":
+                    if self._authorized(scope):
+                        await answer_count_tokens(self.services, answered, scope, receive, send)
+                    else:
+                        await self._unauthorized(send, scope, answered.name, answered)
+                elif path in PAGES:
+                    if self._metrics_port:          # served on the metrics listener only
+                        await _refuse(send, scope, errors.not_here(path))
+                    elif self._pages_authorized(scope):
+                        await self._local(scope, receive, send)
+                    else:
+                        await self._unauthorized(send, scope, "pages")
+                elif path in health.PATHS:          # probes: /ready trims its document itself
                     await self._local(scope, receive, send)
-                elif path in OPEN_PATHS or self._authorized(scope):
+                elif self._authorized(scope) or is_open_route(
+                        scope["method"], path, scope.get("raw_path"), scope.get("query_string") or b"",
+                        bool(content_length(scope)) or has_body(scope)):
                     await self._passthrough(scope, receive, send)
                 else:
-                    await _refuse(send, scope, errors.unauthorized())
+                    await self._unauthorized(send, scope, "passthrough")
             except Exception:
                 # A bug must still answer in the OpenAI shape, never a bare 500 page.
                 log.exception("unexpected error while handling %s %s", scope["method"], path)
@@ -183,18 +220,53 @@ class HeadroomApp:
         elif kind == "lifespan":
             await self._lifespan(receive, send)
 
+    async def _metrics_listener(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """server.metrics_port: headroom's pages and probes, and nothing the upstream serves."""
+        if scope["path"] not in LOCAL_PATHS:
+            await _refuse(send, scope, errors.not_here(scope["path"]))
+        elif scope["path"] in PAGES and self._metrics_keys and not _bearer_in(scope, self._metrics_keys):
+            await self._unauthorized(send, scope, "pages")
+        else:
+            await self._local(scope, receive, send)
+
+    async def _unauthorized(self, send: Send, scope: Scope, route: str, surface: Surface | None = None) -> None:
+        """401: counted on its own (headroom_unauthorized_requests_total), never a length record."""
+        self.recorder.metrics.count_unauthorized(route)
+        await _refuse(send, scope, errors.unauthorized(), surface)
+
     def _authorized(self, scope: Scope) -> bool:
         """No keys configured, or `Authorization: Bearer <one of them>`."""
-        if not self._api_keys:
+        return not self._api_keys or _bearer_in(scope, self._api_keys)
+
+    def _pages_authorized(self, scope: Scope) -> bool:
+        """/metrics, /stats, /dashboard and the full /ready document: never more open than the API.
+
+        A metrics key when server.metrics_api_keys is set; else an API key when
+        server.api_keys is; else open.  On the metrics listener (server.metrics_port)
+        only the metrics keys apply.
+        """
+        if self._metrics_keys:
+            return _bearer_in(scope, self._metrics_keys)
+        if self._metrics_port and _local_port(scope) == self._metrics_port:
             return True
-        value = header(scope, b"authorization")
-        if value is None:
-            return False
-        scheme, _, token = value.partition(b" ")
-        if scheme.lower() != b"bearer":
-            return False
-        token = token.strip()
-        return any(hmac.compare_digest(token, key) for key in self._api_keys)
+        return self._authorized(scope)
+
+
+def _bearer_in(scope: Scope, keys: list[bytes]) -> bool:
+    """`Authorization: Bearer <one of keys>` (compared in constant time)."""
+    value = header(scope, b"authorization")
+    if value is None:
+        return False
+    scheme, _, token = value.partition(b" ")
+    if scheme.lower() != b"bearer":
+        return False
+    token = token.strip()
+    return any(hmac.compare_digest(token, key) for key in keys)
+
+
+def _local_port(scope: Scope) -> int | None:
+    server = scope.get("server")
+    return server[1] if server else None
 
 
 def make_recorder(config: Config) -> Recorder:

@@ -89,11 +89,15 @@ async def read_body(receive: Receive, limit: int, scope: Scope) -> bytes:
 
 
 async def stream_body(receive: Receive) -> AsyncIterator[bytes]:
-    """The request body chunk by chunk, as it arrives."""
+    """The request body chunk by chunk, as it arrives; ClientGone if the client leaves first.
+
+    Raising (rather than ending) is what keeps a partial body from reaching the
+    upstream as if whole: the upstream request is then aborted, not completed.
+    """
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            return
+            raise ClientGone()
         chunk = message.get("body", b"")
         if chunk:
             yield chunk
@@ -160,6 +164,18 @@ def is_shutdown_deadline(exc: asyncio.CancelledError) -> bool:
 WATCH_AFTER_S = 0.05
 
 
+async def _disconnected(receive: Receive) -> None:
+    """Return once the client has left.
+
+    A request whose body was never read (a GET, a body the upstream answered
+    before reading) still has that body to deliver: uvicorn answers the first
+    `receive()` with it, at once.  That is not the client leaving; only
+    `http.disconnect` is.
+    """
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 async def until_disconnect(receive: Receive, work: Awaitable[None]) -> bool:
     """Run `work`, cancelling it as soon as the client disconnects; True when it did.
 
@@ -186,7 +202,7 @@ async def until_disconnect(receive: Receive, work: Awaitable[None]) -> bool:
 
     def watch() -> None:
         if not finished:
-            watcher = asyncio.ensure_future(receive())
+            watcher = asyncio.ensure_future(_disconnected(receive))
             watcher.add_done_callback(client_gone)
             watchers.append(watcher)
 

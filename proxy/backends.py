@@ -49,9 +49,12 @@ class Backends:
                 max_connections=up.max_connections,
                 api_key=api_key,
                 transport=transport_for(url) if transport_for is not None else None,
+                show_url=config.server.show_upstream_url,
+                forward_authorization=up.forward_client_authorization,
+                total_timeout=up.total_timeout,
             )
-            registry = ModelRegistry(config, _fetcher(upstream), url=url, name=name)
-            gate = UpstreamGate(url, up.max_concurrent_requests, up.queue_timeout)
+            registry = ModelRegistry(config, _fetcher(upstream, up.models_timeout), url=url, name=name)
+            gate = UpstreamGate(upstream.public_url, up.max_concurrent_requests, up.queue_timeout)
             self.items.append(Backend(name, upstream, registry, gate))
 
     @property
@@ -102,13 +105,13 @@ class Backends:
                 cause = self.default.registry.last_exception
                 if isinstance(cause, HeadroomError):
                     raise cause
-                raise errors.no_model_known(self.default.upstream.base_url)
+                raise errors.no_model_known(self.default.upstream.public_url)
         if model is None or model == "":
             for backend in self.items:
                 default = backend.registry.default_model()
                 if default is not None:
                     return default, backend
-            raise errors.no_model_known(self.default.upstream.base_url)
+            raise errors.no_model_known(self.default.upstream.public_url)
         found = self.for_model(model)
         if found is None:
             await self.refresh_all(unknown=True)
@@ -138,5 +141,5 @@ class Backends:
             await backend.upstream.close()
 
 
-def _fetcher(upstream: Upstream) -> Callable[[], Any]:
-    return lambda: upstream.get_json("/v1/models")
+def _fetcher(upstream: Upstream, timeout: float) -> Callable[[], Any]:
+    return lambda: upstream.get_json("/v1/models", timeout=timeout)

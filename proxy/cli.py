@@ -114,6 +114,7 @@ def summary(config: Config) -> str:
         + f", min completion {config.policy.min_completion_tokens}",
         f"  length log {_length_log_target(config.length_log.path)}",
         f"  api keys   {len(config.server.api_keys) or 'none (open)'}",
+        f"  pages      /metrics /stats /dashboard: {_pages_target(config)}",
         f"  back-pressure {config.upstream.max_concurrent_requests or 'off'}"
         + (f" in flight per upstream, wait {config.upstream.queue_timeout:g} s"
            if config.upstream.max_concurrent_requests else ""),
@@ -124,6 +125,16 @@ def summary(config: Config) -> str:
         parts = [f"{k}={v}" for k, v in vars(model).items() if v is not None]
         lines.append(f"  model      {name}: {', '.join(parts) or 'no overrides'}")
     return "\n".join(lines)
+
+
+def _pages_target(config: Config) -> str:
+    server = config.server
+    where = f"http://{server.metrics_host or server.host}:{server.metrics_port}" if server.metrics_port else "here"
+    if server.metrics_api_keys:
+        return f"{where}, {len(server.metrics_api_keys)} metrics key(s)"
+    if server.api_keys and not server.metrics_port:
+        return f"{where}, API keys"
+    return f"{where}, open"
 
 
 def _upstream_metrics(config: Config) -> str:
@@ -168,8 +179,16 @@ def run_serve(args: argparse.Namespace) -> int:
     # would die by the signal (status -15) after a clean drain, which systemd
     # and Kubernetes report as a failure; this handler makes it exit 0.
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    uvicorn.run(app, host=config.server.host, port=config.server.port, **uvicorn_options(config))
-    return 0
+    server = uvicorn.Server(uvicorn.Config(app, host=config.server.host, port=config.server.port,
+                                           **uvicorn_options(config)))
+    if config.server.metrics_port:
+        # headroom's pages on a listener of their own: the app tells them apart by the local port.
+        sockets = [_listen(config.server.host, config.server.port),
+                   _listen(config.server.metrics_host or config.server.host, config.server.metrics_port)]
+        server.run(sockets=sockets)
+    else:
+        server.run()
+    return 0 if server.started else 1
 
 
 def worker_runner(config: Config) -> Callable[[WorkerSlot, socket.socket], int]:
@@ -180,14 +199,17 @@ def worker_runner(config: Config) -> Callable[[WorkerSlot, socket.socket], int]:
 
     def run_worker(slot: WorkerSlot, sock: socket.socket) -> int:
         app = HeadroomApp(config, worker=slot)
-        uvicorn.Server(uvicorn.Config(app, **uvicorn_options(config))).run(sockets=[sock])
-        return 0
+        server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options(config)))
+        server.run(sockets=[sock])
+        return 0 if server.started else 1
 
     return run_worker
 
 
 def uvicorn_options(config: Config) -> dict[str, Any]:
     """uvicorn's settings for one serving process (the only one, or each worker)."""
+    from .server import uvicorn_settings
+
     return dict(
         log_level=config.logging.level,
         log_config=None,           # keep configure_logging's handlers (JSON stays JSON)
@@ -198,7 +220,18 @@ def uvicorn_options(config: Config) -> dict[str, Any]:
         # headroom never reads the client address, so uvicorn's X-Forwarded-For
         # rewriting middleware would be pure per-request cost (~2 % of CPU, profiled).
         proxy_headers=False,
+        # The limits uvicorn lacks (head size, head/body/idle timeouts, connections): proxy.server.
+        **uvicorn_settings(config),
     )
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A bound TCP socket, as uvicorn binds its own (the server listens on it)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:

@@ -57,12 +57,18 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: the request's \"model\")")
     parser.add_argument(
         "--endpoint",
-        choices=("chat", "completions"),
-        help="request kind (default: chat if the body has 'messages', completions if it has 'prompt')",
+        choices=ENDPOINTS,
+        help="request kind (default: chat if the body has 'messages', completions if it has 'prompt', "
+             "responses if it has 'input'; an Anthropic Messages body needs --endpoint messages)",
     )
     parser.add_argument("input", nargs="?", default="-", metavar="FILE|-", help="request body (default: stdin)")
     parser.add_argument("--jsonl", metavar="FILE", help="corpus-format cases, one JSON object per line")
     parser.add_argument("--models-root", metavar="DIR", help="directory the cases' model_dir is relative to")
+
+
+# The bodies `count_request` counts: chat, completions, and the Responses and Anthropic Messages
+# requests vLLM renders as chats.
+ENDPOINTS = ("chat", "completions", "responses", "messages")
 
 
 def _emit(out: TextIO, obj: dict[str, Any]) -> None:
@@ -76,6 +82,8 @@ def _endpoint_of(body: dict[str, Any], given: str | None) -> str | None:
         return "chat"
     if "prompt" in body:
         return "completions"
+    if "input" in body:
+        return "responses"
     return None
 
 
@@ -83,6 +91,10 @@ def count_request(tokenizer: CountingModel, endpoint: str, body: Any) -> dict[st
     """The result object for one request body (raises CountError on rejection)."""
     if endpoint == "chat":
         return {"prompt_tokens": tokenizer.count_chat(body)}
+    if endpoint == "responses":
+        return {"prompt_tokens": tokenizer.count_responses(body)}
+    if endpoint == "messages":
+        return {"prompt_tokens": tokenizer.count_messages(body)}
     per_prompt = tokenizer.count_completion(body)
     result: dict[str, Any] = {"prompt_tokens": sum(per_prompt)}
     if len(per_prompt) > 1:
@@ -105,7 +117,7 @@ def _run_single(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_BAD_INPUT
     endpoint = _endpoint_of(body, args.endpoint)
     if endpoint is None:
-        err.write("headroom count: cannot tell the endpoint (no 'messages' or 'prompt'); pass --endpoint\n")
+        err.write("headroom count: cannot tell the endpoint (no 'messages', 'prompt' or 'input'); pass --endpoint\n")
         return EXIT_BAD_INPUT
     directory = args.tokenizer or _cached_tokenizer_dir(args.model or body.get("model"), err)
     if directory is None:
@@ -152,7 +164,7 @@ def _case_result(cache: TokenizerCache, root: pathlib.Path, line: str, number: i
     if not isinstance(model_dir, str) or not isinstance(request, dict):
         return {"id": case_id, "error": "malformed line: needs 'model_dir' (string) and 'request' (object)"}
     endpoint = _endpoint_of(request, case.get("endpoint"))
-    if endpoint not in ("chat", "completions"):
+    if endpoint not in ENDPOINTS:
         return {"id": case_id, "error": f"malformed line: unknown endpoint {case.get('endpoint')!r}"}
     try:
         tokenizer = cache.get(root / model_dir)

@@ -10,15 +10,32 @@ and does not enforce the length limit).
 
 Loading a tokenizer takes ~0.5 s and large prompts take milliseconds to
 encode, so both run in a worker thread, never on the event loop.
+
+Memory.  Encoding costs 95-240 MiB of RSS per MB of prompt (tokenizers'
+`encode_batch_fast` on Qwen3's tokenizer: English text at the low end,
+random symbols at the high end; measured with VmHWM), so a 33 MB prompt
+peaked at 5.5 GiB.  Three rules bound it:
+
+* a prompt vLLM would refuse by its character bound (`char_bound`) is
+  refused before anything is encoded, in vLLM's words;
+* long prompts are encoded within `tokenizers.count_memory_bytes`
+  (`proxy.gate.MemoryBudget`, weighed at COUNT_BYTES_PER_BODY_BYTE per body
+  byte); the excess waits up to `upstream.queue_timeout`, then gets 503;
+* after a count above TRIM_ABOVE_BYTES the freed heap is handed back to the
+  OS (`malloc_trim`): without it 4.1 GiB stayed resident 80 s after the count.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ctypes
+import ctypes.util
+import json
 import logging
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +56,8 @@ from tokenizer_cache import (
 from . import errors
 from .backends import Backends
 from .config import Config
+from .errors import HeadroomError
+from .gate import MemoryBudget
 from .models import ModelInfo
 from .surfaces import Surface
 from .trust import CountTrust
@@ -82,6 +101,107 @@ def _long_prompt_pool() -> concurrent.futures.ThreadPoolExecutor:
             initializer=_lower_thread_priority,
         )
     return _pool
+
+
+# RSS an encode costs per byte of request body: the top of the measured
+# 95-240 MiB per MB, rounded up, so the budget is not overrun by symbol-dense text.
+COUNT_BYTES_PER_BODY_BYTE = 256
+# Counts (and refusals) of larger bodies give their freed heap back: malloc_trim
+# took 1.7 ms after a 250 KB prompt, 10.6 ms after 4 MB, on the counting thread.
+TRIM_ABOVE_BYTES = 128 * 1024
+_libc: Any = None
+
+
+def _trim_heap() -> None:
+    """glibc's malloc_trim(0): return freed memory of every arena to the OS (a few ms; no-op elsewhere)."""
+    global _libc
+    if _libc is None:
+        name = ctypes.util.find_library("c")
+        try:
+            _libc = ctypes.CDLL(name) if name else False
+        except OSError:
+            _libc = False
+    trim = getattr(_libc, "malloc_trim", None) if _libc else None
+    if trim is not None:
+        trim(0)
+
+
+# -- vLLM's character bound ------------------------------------------------------------
+
+_FACTORS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def max_chars_per_token(tok: CountingModel) -> int | None:
+    """vLLM's factor: the longest token of the vocabulary, in characters; None where no bound applies.
+
+    vLLM 0.32 takes `max(len(tok) for tok in tokenizer.get_vocab())`
+    (vllm/tokenizers/hf.py) and holds text prompts to it.  The counter's own
+    `max_chars_per_token` is used when it has one (tokenizer_cache's
+    ModelTokenizer does); an HF tokenizer without it gets it computed here
+    over the same vocabulary (tokenizer.json with added tokens, plus what
+    tokenizer_config.json declares: a token too many can only raise the
+    bound).  Other families (harmony, mistral) are not held to a bound here:
+    skipping a check never refuses what vLLM would serve.
+    """
+    own = getattr(tok, "max_chars_per_token", None)
+    if isinstance(own, int) and not isinstance(own, bool):
+        return own
+    if getattr(tok, "family", "hf") != "hf" or not hasattr(tok, "tokenizer"):
+        return None
+    found = _FACTORS.get(tok)
+    if found is None:
+        found = max((len(t) for t in tok.tokenizer.get_vocab(with_added_tokens=True)), default=0)
+        found = max([found, *map(len, _config_token_texts(tok.source_dir))])
+        _FACTORS[tok] = found
+    return found
+
+
+def _config_token_texts(directory: Path) -> list[str]:
+    try:
+        config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(config, dict):
+        return []
+    values: list[Any] = []
+    decoder = config.get("added_tokens_decoder")
+    if isinstance(decoder, dict):
+        values += decoder.values()
+    values += [config.get(key) for key in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                                           "cls_token", "mask_token")]
+    for key in ("additional_special_tokens", "extra_special_tokens"):
+        more = config.get(key)
+        values += list(more.values()) if isinstance(more, dict) else more if isinstance(more, list) else []
+    texts = []
+    for value in values:
+        text = value.get("content") if isinstance(value, dict) else value
+        if isinstance(text, str):
+            texts.append(text)
+    return texts
+
+
+def char_bound(max_model_len: int, chars_per_token: int, body: dict[str, Any]) -> int | None:
+    """The most characters vLLM 0.32 lets a prompt have, or None when it does not refuse by characters.
+
+    renderers/params.py `_text_len_check`: max_input_tokens (= max_model_len)
+    x max_chars_per_token, unless the request asks for truncate_prompt_tokens
+    (then vLLM truncates instead).  Pure.
+    """
+    if body.get("truncate_prompt_tokens") is not None:
+        return None
+    return max_model_len * chars_per_token
+
+
+def check_char_bound(surface: Surface, tok: CountingModel, body: dict[str, Any], bound: int,
+                     max_model_len: int) -> None:
+    """Refuse, as vLLM would, a prompt text longer than `bound` characters (before encoding it)."""
+    for text in surface.prompt_texts(tok, body):
+        if len(text) > bound:
+            raise errors.prompt_over_char_bound(len(text), bound, max_model_len, surface.prompt_param)
+
+
+def _counting_busy(limit: int, waited: float) -> HeadroomError:
+    return errors.counting_busy(limit, waited)
 
 
 @dataclass(frozen=True)
@@ -143,6 +263,8 @@ class PromptCounter:
         # changes, so a refresh does not make a known model "pending" again
         # (GET /ready reads it).
         self.counted_by: dict[str, str] = {}
+        self.budget = MemoryBudget(config.tokenizers.count_memory_bytes, config.upstream.queue_timeout,
+                                   _counting_busy)
 
     # -- where each model's tokenizer is -------------------------------------
 
@@ -353,15 +475,20 @@ class PromptCounter:
 
     # -- counting -------------------------------------------------------------
 
-    async def count(self, model: str, surface: Surface, body: dict[str, Any], body_size: int) -> Count:
-        """The request's prompt tokens, one figure per prompt: locally, else by the upstream."""
+    async def count(self, model: str, surface: Surface, body: dict[str, Any], body_size: int,
+                    max_model_len: int | None = None) -> Count:
+        """The request's prompt tokens, one figure per prompt: locally, else by the upstream.
+
+        With `max_model_len`, a prompt over vLLM's character bound is refused
+        before it is encoded.
+        """
         tok = await self.tokenizer(model)
         trust = self.trust(model)
         if tok is None:
             counted = await self._count_upstream(model, surface, body)
             return Count(counted, trust.exact, trust.margin, "upstream")
         try:
-            local = await self._count_local(tok, surface, body, body_size)
+            local = await self._count_local(tok, surface, body, body_size, max_model_len)
         except MediaNotCountable as exc:
             return await self._count_media_upstream(model, surface, body, exc)
         if trust.mode == "upstream":
@@ -386,40 +513,65 @@ class PromptCounter:
             return Count([], False, 0, "local", uncounted=exc.reason)
 
     async def _count_local(self, tok: CountingModel, surface: Surface, body: dict[str, Any],
-                           body_size: int) -> list[int]:
+                           body_size: int, max_model_len: int | None) -> list[int]:
         try:
             if body_size > self._config.tokenizers.offload_above_bytes:
-                result = await asyncio.get_running_loop().run_in_executor(
-                    _long_prompt_pool(), surface.count, tok, body
-                )
+                result = await self._count_long(tok, surface, body, body_size, max_model_len)
             else:
                 result = surface.count(tok, body)
         except CountError as exc:
             raise errors.invalid_prompt(exc.message, getattr(exc, "param", None) or surface.prompt_param) from None
         return [result] if isinstance(result, int) else list(result)
 
+    async def _count_long(self, tok: CountingModel, surface: Surface, body: dict[str, Any], body_size: int,
+                          max_model_len: int | None) -> int | list[int]:
+        """A long prompt, on the counting threads: the character bound, then the encode within the budget.
+
+        A prompt's text cannot be over the bound unless its body is at least
+        about half as long (a chat template adds little), so smaller bodies
+        skip rendering it twice.
+        """
+        pool = _long_prompt_pool()
+        factor = max_chars_per_token(tok)
+        bound = char_bound(max_model_len, factor, body) if max_model_len is not None and factor else None
+        trim = body_size > TRIM_ABOVE_BYTES
+        if bound is not None and max_model_len is not None and body_size * 2 > bound:
+            await _in_thread(pool, _check_and_trim, surface, tok, body, bound, max_model_len, trim)
+        weight = await self.budget.acquire(body_size * COUNT_BYTES_PER_BODY_BYTE)
+        done = pool.submit(_count_and_trim, surface, tok, body, trim)
+        # The budget is returned when the thread is done, not when this await
+        # ends: a client gone mid-count does not stop the encode.
+        loop = asyncio.get_running_loop()
+        done.add_done_callback(lambda _: loop.call_soon_threadsafe(self.budget.release, weight))
+        return await asyncio.wrap_future(done)
+
     def _upstream(self, model: str) -> Upstream:
         backend = self._backends.for_model(model) or self._backends.default
         return backend.upstream
 
     async def _count_upstream(self, model: str, surface: Surface, body: dict[str, Any]) -> list[int]:
-        """Ask vLLM's /tokenize for the count (exact; it does not enforce max_model_len)."""
+        """Ask the upstream for the count: vLLM's /tokenize (exact; it does not enforce max_model_len)
+        or the surface's own counting route."""
         upstream = self._upstream(model)
         counts: list[int] = []
-        for call in surface.tokenize_calls(model, body):
+        try:
+            calls = surface.tokenize_calls(model, body)
+        except CountError as exc:
+            raise errors.invalid_prompt(exc.message, exc.param or surface.prompt_param) from None
+        for call in calls:
             if isinstance(call, int):
                 counts.append(call)
                 continue
-            status, answer = await upstream.post_json("/tokenize", call)
-            if status == 200 and isinstance(answer, dict) and isinstance(answer.get("count"), int):
-                counts.append(answer["count"])
+            status, answer = await upstream.post_json(call.path, call.body)
+            if status == 200 and isinstance(answer, dict) and isinstance(answer.get(call.field), int):
+                counts.append(answer[call.field])
                 continue
             message = _message_of(answer) or f"HTTP {status}"
             if 400 <= status < 500:
                 raise errors.invalid_prompt(
                     f"The upstream could not tokenize this request: {message}", surface.prompt_param
                 )
-            raise errors.upstream_not_ready(upstream.base_url, status, f"/tokenize failed: {message}")
+            raise errors.upstream_not_ready(upstream.public_url, status, f"{call.path} failed: {message}")
         return counts
 
 
@@ -495,6 +647,28 @@ PARITY_PROBES: dict[str, dict[str, Any]] = {
         {"role": "user", "content": "How are you?"},
     ]},
 }
+
+
+def _count_and_trim(surface: Surface, tok: CountingModel, body: dict[str, Any], trim: bool) -> int | list[int]:
+    try:
+        return surface.count(tok, body)
+    finally:
+        if trim:
+            _trim_heap()
+
+
+def _check_and_trim(surface: Surface, tok: CountingModel, body: dict[str, Any], bound: int, max_model_len: int,
+                    trim: bool) -> None:
+    try:
+        check_char_bound(surface, tok, body, bound, max_model_len)
+    except HeadroomError:
+        if trim:
+            _trim_heap()            # the rendered text of a huge prompt, gone
+        raise
+
+
+async def _in_thread(pool: concurrent.futures.Executor, fn: Callable[..., Any], *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
 
 def _message_of(answer: Any) -> str | None:

@@ -50,10 +50,10 @@ from typing import Any, Literal, NamedTuple
 from proxy.errors import ErrorCode
 from proxy.histogram import Histogram
 from proxy.lengths import BLOCK_SIZE, effective_prompt_tokens, round_to_blocks, sequence_tokens
-from proxy.surfaces import CHAT, COMPLETIONS
+from proxy.surfaces import ADMITTED
 
 # what the engine applies when a surface's request sends no limit (None: the whole room)
-_IMPLICIT_LIMIT = {s.name: s.implicit_max_tokens for s in (CHAT, COMPLETIONS)}
+_IMPLICIT_LIMIT = {s.name: s.implicit_max_tokens for s in ADMITTED.values()}
 
 Source = Literal["requested", "generated", "engine_default", "prompt_only"]
 Outcome = Literal["fits", "clamped", "refused"]
@@ -95,18 +95,23 @@ class DemandFigures(NamedTuple):
 
 
 def demand_figures(prompt: int, n: int, requested: int | None, generated: int | None, granted: int | None,
-                   cut: bool, endpoint: str) -> DemandFigures:
-    """The demand of a request with these (already valid) fields: the definitions of the module docstring."""
+                   cut: bool, endpoint: str, longest: int | None = None) -> DemandFigures:
+    """The demand of a request with these (already valid) fields: the definitions of the module docstring.
+
+    `longest` is a batch's longest prompt (several prompts or pooling inputs): its sequences are its
+    prompts one by one, its KV footprint all of them.
+    """
+    single = longest if longest is not None else prompt
     if requested is not None and requested > 0:
-        return DemandFigures(requested, prompt + requested, prompt + n * requested, "requested", False)
+        return DemandFigures(requested, single + requested, prompt + n * requested, "requested", False)
     if generated is not None:
-        sequence = sequence_tokens(prompt, generated, n, granted)
+        sequence = sequence_tokens(prompt, generated, n, granted, longest)
         assert sequence is not None
-        return DemandFigures(sequence - prompt, sequence, prompt + generated, "generated", cut)
+        return DemandFigures(sequence - single, sequence, prompt + generated, "generated", cut)
     implicit = _IMPLICIT_LIMIT.get(endpoint)
     if implicit is not None:
-        return DemandFigures(implicit, prompt + implicit, prompt + n * implicit, "engine_default", False)
-    return DemandFigures(None, prompt + 1, prompt + n, "prompt_only", True)
+        return DemandFigures(implicit, single + implicit, prompt + n * implicit, "engine_default", False)
+    return DemandFigures(None, single + 1, prompt + n, "prompt_only", True)
 
 
 def record_demand(rec: Mapping[str, Any]) -> Demand | None:
@@ -117,12 +122,14 @@ def record_demand(rec: Mapping[str, Any]) -> Demand | None:
     n = rec.get("n")
     n = n if type(n) is int and n >= 1 else 1
     reasons = rec.get("finish_reasons")
+    longest = _int(rec, "longest_prompt_tokens")
     f = demand_figures(prompt, n, _int(rec, "requested_max_tokens"), _int(rec, "completion_tokens"),
                        _int(rec, "granted_max_tokens"), isinstance(reasons, list) and "length" in reasons,
-                       str(rec.get("endpoint")))
+                       str(rec.get("endpoint")), longest)
     model = rec.get("model")
-    return Demand(model if isinstance(model, str) else None, str(rec.get("action", "pass")), n, prompt,
-                  f.completion, f.sequence, f.kv_tokens, f.source, f.lower_bound, _int(rec, "max_model_len"))
+    return Demand(model if isinstance(model, str) else None, str(rec.get("action", "pass")), n,
+                  longest if longest is not None else prompt, f.completion, f.sequence, f.kv_tokens, f.source,
+                  f.lower_bound, _int(rec, "max_model_len"))
 
 
 def demands(records: Iterable[Mapping[str, Any]]) -> list[Demand]:
@@ -351,6 +358,7 @@ ERROR_CODE_REASONS: dict[str, Reason] = {
     ErrorCode.INVALID_VALUE: "bad_request",
     ErrorCode.REQUEST_TOO_LARGE: "bad_request",
     ErrorCode.MODEL_NOT_FOUND: "bad_request",
+    ErrorCode.NOT_FOUND: "bad_request",
     ErrorCode.UPSTREAM_BAD_REQUEST: "bad_request",
     ErrorCode.UPSTREAM_NOT_FOUND: "bad_request",
     ErrorCode.INVALID_API_KEY: "unauthorized",
@@ -363,6 +371,13 @@ ERROR_CODE_REASONS: dict[str, Reason] = {
     ErrorCode.UPSTREAM_KV_CACHE: "upstream_failure",
     ErrorCode.UPSTREAM_ERROR: "upstream_failure",
     ErrorCode.UPSTREAM_STREAM_ERROR: "upstream_failure",
+    ErrorCode.UPSTREAM_INVALID_RESPONSE: "upstream_failure",
+    ErrorCode.COUNTING_BUSY: "upstream_failure",      # headroom's own back-pressure, like upstream_busy
+    # Answered by proxy.server before any app code: never in a record, listed for completeness.
+    ErrorCode.INVALID_HTTP_REQUEST: "bad_request",
+    ErrorCode.REQUEST_TIMEOUT: "client_gone",
+    ErrorCode.REQUEST_HEADER_TOO_LARGE: "bad_request",
+    ErrorCode.TOO_MANY_CONNECTIONS: "upstream_failure",
     ErrorCode.SERVER_SHUTTING_DOWN: "upstream_failure",
     ErrorCode.INTERNAL_ERROR: "upstream_failure",
     ErrorCode.CLIENT_DISCONNECTED: "client_gone",

@@ -38,11 +38,18 @@ class ErrorCode(StrEnum):
     INVALID_MEDIA = "invalid_media"                        # a media part (image, audio, video) that cannot be counted
     INVALID_API_KEY = "invalid_api_key"                    # 401
     MODEL_NOT_FOUND = "model_not_found"                    # 404, worded as vLLM words it
+    NOT_FOUND = "not_found"                                # 404: a path this listener does not serve
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"    # headroom's or the upstream's length refusal
+    # the connection (answered by proxy.server, before any app code runs)
+    INVALID_HTTP_REQUEST = "invalid_http_request"          # 400: not parseable HTTP/1.1
+    REQUEST_TIMEOUT = "request_timeout"                    # 408: head or body too slow
+    REQUEST_HEADER_TOO_LARGE = "request_header_too_large"  # 431: over server.max_header_bytes
+    TOO_MANY_CONNECTIONS = "too_many_connections"          # 503: server.max_connections, none idle
     # the upstream (5xx), and what an upstream's answer was mapped to
     UPSTREAM_NOT_READY = "upstream_not_ready"              # 503: loading, or no /v1/models yet
     UPSTREAM_ENGINE_DEAD = "upstream_engine_dead"          # 503: vLLM's EngineDeadError
     UPSTREAM_BUSY = "upstream_busy"                        # 503: back-pressure gate full
+    COUNTING_BUSY = "counting_busy"                        # 503: tokenizers.count_memory_bytes in use
     UPSTREAM_UNREACHABLE = "upstream_unreachable"          # 502: connection refused
     UPSTREAM_CONNECTION_ERROR = "upstream_connection_error"  # 502: broke mid-exchange
     UPSTREAM_TIMEOUT = "upstream_timeout"                  # 504
@@ -51,6 +58,7 @@ class ErrorCode(StrEnum):
     UPSTREAM_NOT_FOUND = "upstream_not_found"              # 404 for a route
     UPSTREAM_ERROR = "upstream_error"                      # any other upstream fault or unreadable answer
     UPSTREAM_STREAM_ERROR = "upstream_stream_error"        # an error event inside a started stream
+    UPSTREAM_INVALID_RESPONSE = "upstream_invalid_response"  # 502: a success whose body is not whole JSON
     # headroom itself
     SERVER_SHUTTING_DOWN = "server_shutting_down"          # SIGTERM drain deadline passed
     INTERNAL_ERROR = "internal_error"                      # a bug in headroom
@@ -64,14 +72,33 @@ _TYPE_BY_STATUS = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    408: "timeout_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
+    431: "invalid_request_error",
     500: "server_error",
     502: "upstream_error",
     503: "service_unavailable",
     504: "timeout_error",
+}
+
+# Anthropic's error `type` values by HTTP status (docs.anthropic.com, "Errors").
+_ANTHROPIC_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
 }
 
 
@@ -126,6 +153,40 @@ class HeadroomError(Exception):
     def sse_event(self) -> bytes:
         """The error as vLLM reports a failure after a stream started: an event, then [DONE]."""
         return b"data: " + self.body_bytes() + b"\n\ndata: [DONE]\n\n"
+
+    # -- Anthropic's envelope (/v1/messages) ------------------------------------
+
+    def anthropic_body(self) -> dict[str, Any]:
+        """Anthropic's error envelope, `{"type": "error", "error": {"type", "message"}}`, which the
+        `anthropic` client turns into its usual exception class (chosen by the HTTP status);
+        headroom's code, param and numbers ride in `error.headroom`."""
+        error: dict[str, Any] = {"type": _ANTHROPIC_TYPE_BY_STATUS.get(self.status, "api_error"),
+                                 "message": self.message}
+        extra: dict[str, Any] = {"code": self.code.value}
+        if self.param is not None:
+            extra["param"] = self.param
+        error["headroom"] = {**extra, **self.details}
+        return {"type": "error", "error": error}
+
+    def anthropic_body_bytes(self) -> bytes:
+        return json.dumps(self.anthropic_body(), ensure_ascii=False).encode("utf-8")
+
+    def anthropic_event(self) -> bytes:
+        """The error as Anthropic ends a stream that failed: `event: error` (no message_stop follows)."""
+        return b"event: error\ndata: " + self.anthropic_body_bytes() + b"\n\n"
+
+    # -- the Responses API's stream failure (/v1/responses) ---------------------
+
+    def responses_event(self, sequence_number: int) -> bytes:
+        """The Responses API's `error` event (`type`, `code`, `message`, `param`, `sequence_number`),
+        with OpenAI's error object beside it: the `openai` client raises `APIError` with
+        headroom's message on a stream event that carries `error`, and the Agents SDK ends the
+        run on an `error` event."""
+        event: dict[str, Any] = {"type": "error", "code": self.envelope_code, "message": self.message,
+                                 "param": self.param, "sequence_number": sequence_number}
+        event.update(self.body())
+        data = json.dumps(event, ensure_ascii=False).encode("utf-8")
+        return b"event: error\ndata: " + data + b"\n\n"
 
 
 # ---------------------------------------------------------------------------
@@ -187,15 +248,61 @@ def model_not_found(model: str, available: list[str]) -> HeadroomError:
     )
 
 
-def no_model_known(upstream: str) -> HeadroomError:
+def no_model_known(upstream: str | None) -> HeadroomError:
     return HeadroomError(
         503,
-        f"headroom does not know which models the upstream {upstream} serves yet: its /v1/models "
+        f"headroom does not know which models {_the(upstream)} serves yet: its /v1/models "
         "has not answered. vLLM takes tens of seconds to minutes to load weights before it serves; "
         "retry shortly.",
         code=ErrorCode.UPSTREAM_NOT_READY,
         headers={"Retry-After": "5"},
     )
+
+
+def malformed_request(detail: str) -> HeadroomError:
+    return HeadroomError(
+        400,
+        f"The request is not valid HTTP/1.1 ({detail.rstrip('.')}); nothing was forwarded.",
+        code=ErrorCode.INVALID_HTTP_REQUEST,
+    )
+
+
+def request_timeout(part: str, seconds: float) -> HeadroomError:
+    """The client started a request and stopped sending it (server.header_timeout / body_timeout)."""
+    key = "server.header_timeout" if part == "request head" else "server.body_timeout"
+    return HeadroomError(
+        408,
+        f"The {part} did not arrive within {seconds:g} s ({key}); the connection is closed and nothing "
+        "was forwarded.",
+        code=ErrorCode.REQUEST_TIMEOUT,
+        details={"timeout_s": seconds},
+    )
+
+
+def header_too_large(limit: int) -> HeadroomError:
+    return HeadroomError(
+        431,
+        f"The request line and headers are larger than the {limit} bytes this headroom accepts "
+        "(server.max_header_bytes); nothing was forwarded.",
+        code=ErrorCode.REQUEST_HEADER_TOO_LARGE,
+        details={"max_header_bytes": limit},
+    )
+
+
+def too_many_connections(limit: int) -> HeadroomError:
+    return HeadroomError(
+        503,
+        f"headroom already holds {limit} client connections (server.max_connections), each with a request "
+        "under way. Retry shortly.",
+        code=ErrorCode.TOO_MANY_CONNECTIONS,
+        details={"max_connections": limit},
+        headers={"Retry-After": "1"},
+    )
+
+
+def not_here(path: str) -> HeadroomError:
+    """A path this listener does not serve (server.metrics_port splits headroom's pages from the API)."""
+    return HeadroomError(404, f"Nothing is served at {path} on this port.", code=ErrorCode.NOT_FOUND)
 
 
 def unauthorized() -> HeadroomError:
@@ -260,6 +367,49 @@ def not_enough_room(
     )
 
 
+def inputs_too_long(
+    too_long: list[tuple[int, int]], max_model_len: int, model: str, param: str
+) -> HeadroomError:
+    """A pooling request (embeddings, score, rerank, …) with inputs longer than max_model_len.
+
+    `too_long` is (index, tokens) per offending input.  vLLM refuses the whole
+    request ("at least N input tokens", without saying which input); headroom
+    names each one.
+    """
+    index, tokens = too_long[0]
+    others = len(too_long) - 1
+    more = f" ({others} more input{'s are' if others != 1 else ' is'} too long as well)" if others else ""
+    return HeadroomError(
+        400,
+        f"This model's maximum context length is {max_model_len} tokens. However, input {index} of "
+        f"'{param}' is {tokens} tokens (counted with {model}'s own tokenizer){more}. Shorten it by at least "
+        f"{tokens - max_model_len} tokens, or send truncate_prompt_tokens to let vLLM cut every input to "
+        f"{max_model_len} tokens.",
+        code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+        param=param,
+        details={
+            "max_model_len": max_model_len,
+            "inputs": [{"index": i, "prompt_tokens": n, "tokens_to_remove": n - max_model_len}
+                       for i, n in too_long],
+        },
+    )
+
+
+def prompt_over_char_bound(chars: int, max_chars: int, max_model_len: int, param: str) -> HeadroomError:
+    """vLLM 0.32's character pre-check, word for word (captures/c09d_chat_over_char_bound.json): refused
+    before tokenizing, since more characters than that cannot fit whatever they encode to."""
+    return HeadroomError(
+        400,
+        f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains {chars} "
+        f"characters (more than {max_chars} characters, which is the upper bound for {max_model_len} input "
+        f"tokens). Please reduce the length of the input prompt. (parameter=input_text, value={chars})",
+        code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+        param=param,
+        details={"prompt_chars": chars, "max_prompt_chars": max_chars, "max_model_len": max_model_len,
+                 "chars_to_remove": chars - max_chars},
+    )
+
+
 def completion_too_long(
     requested: int, field_name: str, prompt_tokens: int, max_model_len: int
 ) -> HeadroomError:
@@ -286,46 +436,71 @@ def completion_too_long(
 # Upstream unavailable (502 / 503 / 504)
 # ---------------------------------------------------------------------------
 
-def upstream_unreachable(upstream: str, detail: str) -> HeadroomError:
+def upstream_unreachable(upstream: str | None, detail: str) -> HeadroomError:
     return HeadroomError(
         502,
-        f"headroom could not connect to the upstream {upstream} ({detail}). Is vLLM running and "
+        f"headroom could not connect to {_the(upstream)} ({detail}). Is vLLM running and "
         "listening there? A vLLM that is still starting refuses connections until its API server is up.",
         code=ErrorCode.UPSTREAM_UNREACHABLE,
-        details={"upstream": upstream, "cause": detail},
+        details={**_where(upstream), "cause": detail},
     )
 
 
-def upstream_broken(upstream: str, detail: str) -> HeadroomError:
+def upstream_broken(upstream: str | None, detail: str) -> HeadroomError:
     return HeadroomError(
         502,
-        f"The upstream {upstream} broke the connection ({detail}). It may have crashed or been "
+        f"{_the_cap(upstream)} broke the connection ({detail}). It may have crashed or been "
         "restarted; check its logs.",
         code=ErrorCode.UPSTREAM_CONNECTION_ERROR,
-        details={"upstream": upstream, "cause": detail},
+        details={**_where(upstream), "cause": detail},
     )
 
 
-def upstream_not_ready(upstream: str, status: int, detail: str) -> HeadroomError:
+def upstream_invalid_answer(upstream: str | None, status: int, size: int, what: str) -> HeadroomError:
+    """The upstream said success, but its body is not the complete JSON answer (cut short, or garbage)."""
+    return HeadroomError(
+        502,
+        f"{_the_cap(upstream)} answered HTTP {status} with {what} ({size} bytes) instead of a complete "
+        "JSON answer. The request may have run upstream, but its answer is lost; retry it. The upstream may "
+        "have crashed mid-answer; check its logs.",
+        code=ErrorCode.UPSTREAM_INVALID_RESPONSE,
+        details={**_where(upstream), "upstream_status": status, "body_bytes": size},
+    )
+
+
+def upstream_not_ready(upstream: str | None, status: int, detail: str) -> HeadroomError:
     return HeadroomError(
         503,
-        f"The upstream {upstream} is not ready (HTTP {status}: {detail}). vLLM answers 503 while it "
+        f"{_the_cap(upstream)} is not ready (HTTP {status}: {detail}). vLLM answers 503 while it "
         "loads weights or after its engine died; loading takes tens of seconds to minutes. Retry shortly.",
         code=ErrorCode.UPSTREAM_NOT_READY,
-        details={"upstream": upstream, "upstream_status": status, "upstream_message": detail},
+        details={**_where(upstream), "upstream_status": status, "upstream_message": detail},
         headers={"Retry-After": "5"},
     )
 
 
-def upstream_busy(upstream: str, limit: int, waited: float) -> HeadroomError:
+def upstream_busy(upstream: str | None, limit: int, waited: float) -> HeadroomError:
     """Back-pressure (proxy.gate): every request slot to this upstream stayed taken."""
     return HeadroomError(
         503,
-        f"The upstream {upstream} already has {limit} requests in flight, the most headroom sends it "
+        f"{_the_cap(upstream)} already has {limit} requests in flight, the most headroom sends it "
         f"(upstream.max_concurrent_requests), and no slot freed within {waited:g} s "
         "(upstream.queue_timeout). Retry shortly; if vLLM has spare capacity, raise the limit.",
         code=ErrorCode.UPSTREAM_BUSY,
-        details={"upstream": upstream, "max_concurrent_requests": limit, "queue_timeout_s": waited},
+        details={**_where(upstream), "max_concurrent_requests": limit, "queue_timeout_s": waited},
+        headers={"Retry-After": "1"},
+    )
+
+
+def counting_busy(limit: int, waited: float) -> HeadroomError:
+    """Long prompts already fill the memory set aside for counting them (proxy.gate.MemoryBudget)."""
+    return HeadroomError(
+        503,
+        f"headroom is already counting as many long prompts as {limit >> 20} MiB of memory allows "
+        f"(tokenizers.count_memory_bytes), and none finished within {waited:g} s (upstream.queue_timeout). "
+        "Retry shortly.",
+        code=ErrorCode.COUNTING_BUSY,
+        details={"count_memory_bytes": limit, "queue_timeout_s": waited},
         headers={"Retry-After": "1"},
     )
 
@@ -343,23 +518,65 @@ def internal_error(request_id: str) -> HeadroomError:
 def shutting_down(deadline: float) -> HeadroomError:
     return HeadroomError(
         503,
-        f"headroom is shutting down (SIGTERM) and this stream was still running when the {deadline:g} s "
-        "drain deadline passed (server.shutdown_timeout); the answer is incomplete. Retry the request.",
+        f"headroom is shutting down (SIGTERM) and this request was still running when the {deadline:g} s "
+        "drain deadline passed (server.shutdown_timeout); its answer is missing or incomplete. Retry the "
+        "request.",
         code=ErrorCode.SERVER_SHUTTING_DOWN,
         details={"shutdown_timeout_s": deadline},
         headers={"Retry-After": "1"},
     )
 
 
-def upstream_timeout(upstream: str, phase: str, seconds: float) -> HeadroomError:
+def discovery_timeout(upstream: str | None, path: str, seconds: float) -> HeadroomError:
+    """Model discovery (GET /v1/models) got no answer in upstream.models_timeout: not a slow generation."""
+    return HeadroomError(
+        503,
+        f"{_the_cap(upstream)} did not answer GET {path} within {seconds:g} s (upstream.models_timeout). headroom "
+        "needs that list to know the served models and their max_model_len; the upstream may still be starting, "
+        "or be overloaded or stuck. Retry shortly.",
+        code=ErrorCode.UPSTREAM_NOT_READY,
+        details={**_where(upstream), "phase": f"GET {path}", "timeout_s": seconds},
+        headers={"Retry-After": "5"},
+    )
+
+
+def request_deadline(upstream: str | None, seconds: float) -> HeadroomError:
+    """upstream.total_timeout: one request's whole time, however steadily the upstream was answering."""
     return HeadroomError(
         504,
-        f"The upstream {upstream} did not answer within {seconds:g} s ({phase}). A long generation can "
+        f"The request ran longer than the {seconds:g} s headroom allows one request (upstream.total_timeout), so "
+        f"headroom closed it, which stops {_the(upstream)}'s work on it; the answer is incomplete. Request fewer "
+        "tokens, or ask the operator to raise the limit.",
+        code=ErrorCode.UPSTREAM_TIMEOUT,
+        details={**_where(upstream), "phase": "the whole request", "timeout_s": seconds},
+    )
+
+
+def upstream_timeout(upstream: str | None, phase: str, seconds: float) -> HeadroomError:
+    return HeadroomError(
+        504,
+        f"{_the_cap(upstream)} did not answer within {seconds:g} s ({phase}). A long generation can "
         "be legitimately slow: raise the timeout (headroom serve --upstream-timeout) or request fewer "
         "tokens; if every request times out, the server is overloaded or stuck.",
         code=ErrorCode.UPSTREAM_TIMEOUT,
-        details={"upstream": upstream, "phase": phase, "timeout_s": seconds},
+        details={**_where(upstream), "phase": phase, "timeout_s": seconds},
     )
+
+
+def _the(upstream: str | None) -> str:
+    """How a client-facing message names the upstream: its URL only when the operator lets clients
+    see it (server.show_upstream_url); internal topology is otherwise for the logs."""
+    return f"the upstream {upstream}" if upstream else "the upstream"
+
+
+def _the_cap(upstream: str | None) -> str:
+    """`_the`, starting a sentence."""
+    text = _the(upstream)
+    return text[:1].upper() + text[1:]
+
+
+def _where(upstream: str | None) -> dict[str, str]:
+    return {"upstream": upstream} if upstream else {}
 
 
 def clip(text: str, limit: int) -> str:

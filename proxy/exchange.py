@@ -3,10 +3,12 @@
 `AdmittedExchange.run()` reads as the flow it is:
 
     prepare   read the body (bounded), parse it once, resolve the model and its
-              max_model_len, count the prompt, decide (proxy.admission, pure),
-              rewrite only the limit fields the decision changes
-    forward   hold a back-pressure slot, send; if the upstream refuses for
-              length, retry once with the limit its own numbers allow
+              max_model_len, take a back-pressure slot (proxy.gate; counting
+              is work for the upstream's requests, so it waits its turn too),
+              count the prompt, decide (proxy.admission, pure), rewrite only
+              the limit fields the decision changes
+    forward   send, holding the slot to the last byte; if the upstream refuses
+              for length, retry once with the limit its own numbers allow
               (proxy.upstream_explain.retry_limit, pure)
     relay     the answer as it arrives: whole, or streamed event by event,
               mapping upstream failures to explained errors
@@ -27,7 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import errors, jsonbody
-from .admission import Decision, Policy, RequestedLimit, decide, decide_uncounted
+from .admission import Decision, Policy, RequestedLimit, decide_uncounted
+from .answer import AnswerScanner
 from .asgi import (
     ClientGone,
     Headers,
@@ -47,6 +50,7 @@ from .backends import Backend, Backends
 from .config import Config
 from .counting import PromptCounter
 from .errors import ErrorCode, HeadroomError
+from .lengths import plausible_usage
 from .record import Action, LengthRecord
 from .recorder import Recorder
 from .sse import EventStreamScanner
@@ -58,6 +62,10 @@ from .upstream_failure import parse_upstream_error
 log = logging.getLogger("headroom")
 
 MAX_ERROR_BODY = 1024 * 1024      # how much of an upstream error body is read
+# A non-streamed answer up to this size is read whole, checked and parsed; a
+# larger one is relayed as it arrives (`relay_large`), so its size never
+# becomes headroom's memory (a 500 MB answer peaked at 1,130 MiB when held).
+MAX_WHOLE_ANSWER = 1024 * 1024
 # headroom reads an admitted answer (usage, finish reasons), so it asks for it uncompressed.
 _DROP_ADMITTED = DROP_REQUEST_ID | {b"accept-encoding"}
 
@@ -93,25 +101,37 @@ class AdmittedExchange:
         self.limit_fields: list[str] = []  # the completion-limit fields a retry rewrites
         self.strip_usage = False           # headroom asked for the stream's usage: remove it again
         self.backend: Backend | None = None
+        self.holds_slot = False            # one of the backend's gate slots is taken
         self.count_source: str | None = None   # how the prompt was counted: local | upstream | margin
         self.uncounted: str | None = None      # why it could not be counted (media), if so
 
     async def run(self) -> None:
         try:
-            await self.prepare()
-        except ClientGone:
-            log.debug("client left before sending the whole body of %s", self.scope["path"])
-            return
-        except HeadroomError as err:
-            if not self.info:
-                self.info = [(b"x-headroom-action", Action.REJECTED.encode()),
-                             (b"x-request-id", self.request_id.encode())]
-            await self.answer_error(err, Action.REJECTED if err.status < 500 else Action.UPSTREAM_ERROR)
+            try:
+                await self.prepare()
+            except ClientGone:
+                log.debug("client left before sending the whole body of %s", self.scope["path"])
+                return
+            except HeadroomError as err:
+                if not self.info:
+                    self.info = [(b"x-headroom-action", Action.REJECTED.encode()),
+                                 (b"x-request-id", self.request_id.encode())]
+                await self.answer_error(err, Action.REJECTED if err.status < 500 else Action.UPSTREAM_ERROR)
+                self.finish()
+                return
+            try:
+                if await until_disconnect(self.receive, self.forward_and_relay()):
+                    self.record.error_code = ErrorCode.CLIENT_DISCONNECTED
+            except asyncio.CancelledError as exc:
+                if not is_shutdown_deadline(exc):
+                    raise
+                # SIGTERM's drain deadline passed while this request waited for its answer.
+                await self.answer_shutdown()
             self.finish()
-            return
-        if await until_disconnect(self.receive, self.forward_gated()):
-            self.record.error_code = ErrorCode.CLIENT_DISCONNECTED
-        self.finish()
+        finally:
+            if self.holds_slot:
+                assert self.backend is not None
+                self.backend.gate.release()
 
     # -- prepare ----------------------------------------------------------------------
 
@@ -123,6 +143,8 @@ class AdmittedExchange:
         record.n = surface.choices(request)
         model, self.backend = await services.backends.resolve(request.get("model"))
         record.model = model
+        await self.backend.gate.acquire()      # 503 upstream_busy when no slot frees in time
+        self.holds_slot = True
         limit = surface.read_limit(request)
         record.requested_max_tokens = limit.value
         info = self.backend.registry.get(model)
@@ -145,46 +167,39 @@ class AdmittedExchange:
         self.outgoing = jsonbody.with_fields(self.body, request, self.changes) if self.changes else self.body
 
     async def decide(self, model: str, limit: RequestedLimit, max_model_len: int | None) -> Decision:
-        """Count the prompt and decide (proxy.admission): pass, clamp, refuse, or forward uncounted."""
+        """Count the prompt and decide (the surface's rule, proxy.admission): pass, clamp, refuse, cut
+        pooling inputs, or forward uncounted."""
         services, surface, record = self.services, self.surface, self.record
         if max_model_len is None:
             # No limit known (a config-less model whose card lacks one): relay untouched.
             return Decision(Action.PASS, limit.value, limit.value)
-        count = await services.counter.count(model, surface, self.request, len(self.body))
+        stored = surface.uncounted(self.request)
+        if stored is not None:
+            # The prompt lives upstream (a stored conversation): nothing here can count it.
+            self.uncounted = stored
+            return decide_uncounted(limit, max_model_len)
+        count = await services.counter.count(model, surface, self.request, len(self.body), max_model_len)
         if count.uncounted is not None:
             self.uncounted = count.uncounted
             return decide_uncounted(limit, max_model_len)
         record.prompt_tokens = count.total
         self.count_source = count.source if count.exact else "margin"
-        return decide(
-            count.per_prompt,
-            max_model_len,
-            limit,
-            services.policy_for(model),
-            model=model,
-            prompt_param=surface.prompt_param,
-            implicit_max_tokens=surface.implicit_max_tokens,
-            count_exact=count.exact,
-            drift_margin=count.margin,
-        )
+        decision = surface.decide(self.request, count.per_prompt, max_model_len, limit, services.policy_for(model),
+                                  model=model, count_exact=count.exact, drift_margin=count.margin)
+        if len(count.per_prompt) > 1:
+            record.longest_prompt_tokens = max(count.per_prompt)
+        if decision.counted is not None:    # the upstream will see the prompts cut to what it keeps
+            record.prompt_tokens = decision.counted
+            if record.longest_prompt_tokens is not None:
+                record.longest_prompt_tokens = min(record.longest_prompt_tokens, max_model_len)
+        return decision
 
     # -- forward ------------------------------------------------------------------------
 
-    async def forward_gated(self) -> None:
-        """Forward and relay holding one of the upstream's request slots (proxy.gate); 503 when none frees."""
-        assert self.backend is not None
-        gate = self.backend.gate
-        try:
-            await gate.acquire()
-        except HeadroomError as err:
-            await self.answer_error(err, Action.UPSTREAM_ERROR)
-            return
-        try:
-            response = await self.forward()
-            if response is not None:
-                await self.relay(response)
-        finally:
-            gate.release()
+    async def forward_and_relay(self) -> None:
+        response = await self.forward()
+        if response is not None:
+            await self.relay(response)
 
     async def forward(self) -> Response | None:
         """Send the request; at most one retry after a length refusal.  None: an error was answered."""
@@ -218,7 +233,7 @@ class AdmittedExchange:
                 continue
             err = explain_upstream_error(
                 failure,
-                upstream=upstream.base_url,
+                upstream=upstream.public_url,
                 prompt_tokens=record.prompt_tokens,
                 max_model_len=record.max_model_len,
                 requested_max_tokens=record.requested_max_tokens,
@@ -246,18 +261,103 @@ class AdmittedExchange:
     async def relay(self, response: Response) -> None:
         assert self.backend is not None
         headers = forwardable(response.raw_headers, DROP_REQUEST_ID) + self.info
-        if (response.headers.get("content-type") or "").startswith("text/event-stream"):
+        content_type = response.headers.get("content-type") or ""
+        if content_type.startswith("text/event-stream"):
             await self.relay_stream(response, headers)
             return
         try:
-            payload = await self.backend.upstream.read_body(response)
+            parts, whole = await self.read_answer(response)
         except HeadroomError as err:
             await self.answer_error(err, Action.UPSTREAM_ERROR)
+            return
+        if not whole:
+            await self.relay_large(response, headers, parts)
+            return
+        payload = parts[0] if len(parts) == 1 else b"".join(parts)
+        data = parse_json_payload(payload)
+        if data is None and (not content_type or "json" in content_type):
+            # A 200 whose JSON is cut short (`{"id": "x", "choices": [`) is no answer: say so.
+            what = "an empty body" if not payload.strip() else "a body that is not complete JSON"
+            invalid = errors.upstream_invalid_answer(self.backend.upstream.public_url, response.status,
+                                                     len(payload), what)
+            await self.answer_error(invalid, Action.UPSTREAM_ERROR)
             return
         self.record.status = response.status
         await send_whole(self.send, response.status, payload, headers)
         usage = Usage()
-        self.surface.read_usage(parse_json_payload(payload), usage)
+        self.surface.read_usage(data, usage)
+        self.take_usage(usage)
+
+    async def read_answer(self, response: Response) -> tuple[list[bytes], bool]:
+        """The answer's body: whole (True), or the first chunks past MAX_WHOLE_ANSWER (False)."""
+        assert self.backend is not None
+        parts: list[bytes] = []
+        size = 0
+        try:
+            while chunk := await response.next_chunk():
+                parts.append(chunk)
+                size += len(chunk)
+                if size > MAX_WHOLE_ANSWER:
+                    return parts, False
+        except BaseException as exc:
+            response.close()
+            mapped = self.backend.upstream.map_exception(exc, phase="reading the response body")
+            if mapped is exc:
+                raise
+            raise mapped from exc
+        response.release()
+        return parts, True
+
+    async def relay_large(self, response: Response, headers: Headers, parts: list[bytes]) -> None:
+        """A large non-streamed answer, relayed as it arrives (proxy.answer scans it on the way).
+
+        The latest chunk is held back until the next one comes: an answer whose
+        end turns out incomplete (cut short, the upstream gone) is then cut
+        before its last bytes, which the client sees as a broken response, never
+        as a complete success.
+        """
+        assert self.backend is not None
+        upstream, record, send = self.backend.upstream, self.record, self.send
+        record.status = response.status
+        length = response.headers.get("content-length")
+        if length is not None:
+            headers = [*headers, (b"content-length", length.encode("latin-1"))]
+        await send_start(send, response.status, headers)
+        scanner = AnswerScanner()
+        held = b"".join(parts)
+        scanner.feed(held)
+        size = len(held)
+        failure: HeadroomError | None = None
+        try:
+            while chunk := await response.next_chunk():
+                scanner.feed(chunk)
+                size += len(chunk)
+                await send_chunk(send, held)
+                held = chunk
+        except asyncio.CancelledError:
+            response.close()
+            raise
+        except Exception as exc:
+            mapped = upstream.map_exception(exc, phase="reading the response body")
+            failure = mapped if isinstance(mapped, HeadroomError) else errors.upstream_broken(
+                upstream.public_url, f"{type(exc).__name__}: {exc}")
+            response.close()
+        finally:
+            response.release()
+        if failure is None and not scanner.complete:
+            failure = errors.upstream_invalid_answer(upstream.public_url, response.status, size,
+                                                     "a large body that is not complete JSON")
+        if failure is not None:
+            # Nothing can be added to a JSON body already under way: leave it unfinished.
+            log.warning("model %s: a large answer broke off mid-way (%s); the client's response is cut",
+                        record.model, failure.code)
+            record.action = Action.UPSTREAM_ERROR
+            record.error_code = failure.code
+            return
+        await send_chunk(send, held, more=False)
+        usage = Usage()
+        reasons = [{"finish_reason": reason} for reason in scanner.finish_reasons]
+        self.surface.read_usage({"usage": scanner.usage(), "choices": reasons}, usage)
         self.take_usage(usage)
 
     async def relay_stream(self, response: Response, headers: Headers) -> None:
@@ -295,19 +395,21 @@ class AdmittedExchange:
             except Exception as exc:
                 mapped = upstream.map_exception(exc, phase="streaming the response")
                 failure = mapped if isinstance(mapped, HeadroomError) else errors.upstream_broken(
-                    upstream.base_url, f"{type(exc).__name__}: {exc}"
+                    upstream.public_url, f"{type(exc).__name__}: {exc}"
                 )
             finally:
                 response.release()
-            if failure is None and not scanner.done:
+            ended = scanner.done or (scanner.failed and self.surface.error_ends_stream)
+            if failure is None and not ended:
                 failure = errors.upstream_broken(
-                    upstream.base_url, f"the stream ended without its final {self.surface.stream_end_event}"
+                    upstream.public_url, f"the stream ended without its final {self.surface.stream_end_event}"
                 )
             tail = scanner.leftover() if self.strip_usage else b""
             if failure is not None:
                 record.action = Action.UPSTREAM_ERROR
                 record.error_code = failure.code
-                tail = (b"\n\n" if not scanner.at_boundary else b"") + self.surface.error_event(failure)
+                tail = (b"\n\n" if not scanner.at_boundary else b"") + self.surface.error_event(
+                    failure, scanner.last_data)
             await send_chunk(send, tail, more=False)
         finally:
             self.take_usage(scanner.usage)
@@ -324,6 +426,11 @@ class AdmittedExchange:
     async def answer_error(self, err: HeadroomError, action: Action) -> None:
         """The error in the surface's shape; the record and x-headroom-action say what happened."""
         record = self.record
+        if action == Action.UPSTREAM_ERROR and err.status >= 500 and self.backend is not None:
+            # The operator's view: which upstream, and the transport's own cause (never the
+            # upstream's message, which may quote the prompt).
+            log.warning("upstream %s (%s): %s answered %d%s", self.backend.name, self.backend.upstream.base_url,
+                        err.code, err.status, f" ({err.details['cause']})" if "cause" in err.details else "")
         record.action = action
         record.status = err.status
         if record.error_code is None:
@@ -331,18 +438,33 @@ class AdmittedExchange:
         self.info = _replace_header(self.info, b"x-headroom-action", action)
         await send_whole(self.send, err.status, self.surface.error_body(err), err.response_headers(self.info))
 
+    async def answer_shutdown(self) -> None:
+        """The drain deadline cut the request: a 503 if nothing was sent yet, else only the record."""
+        err = errors.shutting_down(self.services.config.server.shutdown_timeout)
+        if self.record.status == 0:
+            await self.answer_error(err, Action.UPSTREAM_ERROR)
+            return
+        self.record.action = Action.UPSTREAM_ERROR
+        self.record.error_code = err.code
+
     def take_usage(self, usage: Usage) -> None:
+        """The upstream's usage into the record, where it can be true (proxy.lengths.plausible_usage)."""
         record = self.record
-        if usage.prompt_tokens is not None:
-            record.upstream_prompt_tokens = usage.prompt_tokens
-        if usage.completion_tokens is not None:
-            record.completion_tokens = usage.completion_tokens
+        prompt, completion = plausible_usage(usage.prompt_tokens, usage.completion_tokens, record.max_model_len,
+                                             record.n)
+        if (prompt, completion) != (usage.prompt_tokens, usage.completion_tokens):
+            _warn_implausible(record.model, usage, record.max_model_len)
+        if prompt is not None:
+            record.upstream_prompt_tokens = prompt
+        if completion is not None:
+            record.completion_tokens = completion
         record.finish_reasons.extend(usage.finish_reasons)
 
     def finish(self) -> None:
         record = self.record
         record.latency_ms = (time.perf_counter() - self.started) * 1000
-        if record.model is not None and record.prompt_tokens is not None and record.upstream_prompt_tokens is not None:
+        if (self.surface.compares_usage and record.model is not None and record.prompt_tokens is not None
+                and record.upstream_prompt_tokens is not None):
             if record.prompt_tokens != record.upstream_prompt_tokens:
                 log.warning(
                     "prompt-token drift on model %s: headroom counted %d, the upstream reported %d",
@@ -353,6 +475,19 @@ class AdmittedExchange:
             self.services.recorder.record(record)
         except Exception:  # recording must never fail a request
             log.exception("could not record a request's length figures")
+
+
+_IMPLAUSIBLE_WARNED: set[str | None] = set()
+
+
+def _warn_implausible(model: str | None, usage: Usage, max_model_len: int | None) -> None:
+    """Once per model: an upstream whose usage cannot be true is worth one line, not one per request."""
+    if model in _IMPLAUSIBLE_WARNED:
+        return
+    _IMPLAUSIBLE_WARNED.add(model)
+    log.warning("model %s: the upstream reported usage prompt_tokens=%s, completion_tokens=%s, which cannot be "
+                "true (max_model_len %s); such counts are left out of the records", model,
+                str(usage.prompt_tokens)[:24], str(usage.completion_tokens)[:24], max_model_len)
 
 
 def headroom_headers(prompt: int | None, max_model_len: int | None, d: Decision, request_id: str,

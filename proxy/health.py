@@ -21,7 +21,7 @@ headroom.  These two are headroom's:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +47,7 @@ class UpstreamState:
     """What /ready needs to know of one upstream."""
 
     name: str
-    url: str
+    url: str | None                     # None: not shown to clients (server.show_upstream_url)
     answered: bool                      # its /v1/models answered at least once
     last_error: str | None = None       # the latest failure to read /v1/models, if the latest failed
     max_model_len: Mapping[str, int | None] = field(default_factory=dict)   # served model -> limit
@@ -60,7 +60,8 @@ def readiness(upstreams: Sequence[UpstreamState], counted_by: Mapping[str, str])
     for up in upstreams:
         if not up.answered:
             cause = f": {up.last_error}" if up.last_error else ""
-            missing.append(f"upstream {up.name} ({up.url}) has not answered GET /v1/models yet{cause}")
+            where = f" ({up.url})" if up.url else ""
+            missing.append(f"upstream {up.name}{where} has not answered GET /v1/models yet{cause}")
         for model, limit in up.max_model_len.items():
             if model in models:          # served twice: requests go to the first upstream
                 continue
@@ -72,7 +73,8 @@ def readiness(upstreams: Sequence[UpstreamState], counted_by: Mapping[str, str])
     document = {
         "ready": ready,
         "upstreams": [
-            {"name": up.name, "url": up.url, "answered": up.answered, "last_error": up.last_error}
+            {"name": up.name, **({"url": up.url} if up.url else {}), "answered": up.answered,
+             "last_error": up.last_error}
             for up in upstreams
         ],
         "models": models,
@@ -91,17 +93,25 @@ def upstream_states(backends: Backends) -> list[UpstreamState]:
             limits[name] = info.max_model_len if info is not None else None
         cause = registry.last_exception
         error = describe_error(cause) if cause is not None else registry.last_error
-        states.append(UpstreamState(backend.name, backend.upstream.base_url, registry.loaded, error, limits))
+        states.append(UpstreamState(backend.name, backend.upstream.public_url, registry.loaded, error, limits))
     return states
 
 
-def routes(backends: Backends, counter: PromptCounter, workers: WorkerPages | None = None) -> list[Route]:
-    """GET /ready and GET /live for the app to mount; with `workers`, for every worker."""
+def routes(backends: Backends, counter: PromptCounter, workers: WorkerPages | None = None,
+           full_view: Callable[[Any], bool] = lambda scope: True) -> list[Route]:
+    """GET /ready and GET /live for the app to mount; with `workers`, for every worker.
+
+    `full_view(scope)`: may this caller read the whole /ready document (it
+    names every model)?  A probe that may not gets only `{"ready": ...}`
+    with the same status: all a load balancer or Kubernetes reads.
+    """
 
     async def ready_endpoint(request: Request) -> Response:
         ok, document = readiness(upstream_states(backends), counter.counted_by)
         if workers is not None:
             ok, document = await workers.ready(ok, document)
+        if not full_view(request.scope):
+            document = {"ready": ok}
         return JSONResponse(document, status_code=200 if ok else 503, headers=_NO_STORE)
 
     async def live_endpoint(request: Request) -> Response:

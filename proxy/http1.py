@@ -51,6 +51,10 @@ class ReadTimeout(Exception):
     """The upstream sent nothing for longer than the timeout of the current phase."""
 
 
+class DeadlineExceeded(ReadTimeout):
+    """The request's whole time (upstream.total_timeout) ran out, however busy the upstream kept it."""
+
+
 class Broken(Exception):
     """The connection closed or sent something that is not HTTP/1.1 mid-exchange."""
 
@@ -100,6 +104,7 @@ class _Connection(asyncio.Protocol):
         self.status = 0
         self.raw_headers: list[tuple[bytes, bytes]] = []
         self.headers_done = False
+        self.interim = False        # inside a 1xx answer, which the final one follows
         self.complete = False
         self.keep_alive = False
         self.close_delimited = False
@@ -159,11 +164,16 @@ class _Connection(asyncio.Protocol):
         self.raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if 100 <= status < 200 and status != 101:
+            # An interim answer (100 Continue, 103 Early Hints): the final one follows
+            # on the same connection.  101 is an upgrade, which llhttp reports itself.
+            self.interim = True
+            self.raw_headers = []
+            return
+        self.status = status
         self.headers_done = True
-        if self.head or self.status in (204, 304) or 100 <= self.status < 200:
-            if 100 <= self.status < 200:
-                raise Broken(f"unexpected interim response {self.status}")
+        if self.head or status in (204, 304):
             self.complete = True    # no body follows; llhttp cannot know that for HEAD
             return
         framed = False
@@ -181,6 +191,9 @@ class _Connection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
         # Asked here: once the message is complete llhttp resets and always says no.
         self.keep_alive = self.parser.should_keep_alive()
         self.complete = True
@@ -199,11 +212,18 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def wait(self, timeout: float) -> None:
-        """Wait for the next parser event, at most `timeout` seconds."""
+    async def wait(self, timeout: float, deadline: float | None = None) -> None:
+        """Wait for the next parser event, at most `timeout` seconds and never past `deadline` (loop time)."""
+        expire = _expire
+        if deadline is not None:
+            left = deadline - self.loop.time()
+            if left <= 0:
+                raise DeadlineExceeded()
+            if left < timeout:
+                timeout, expire = left, _expire_deadline
         waiter = self.loop.create_future()
         self._waiter = waiter
-        timer = self.loop.call_later(timeout, _expire, waiter)
+        timer = self.loop.call_later(timeout, expire, waiter)
         try:
             await waiter
         finally:
@@ -239,6 +259,11 @@ def _expire(waiter: asyncio.Future[None]) -> None:
         waiter.set_exception(ReadTimeout())
 
 
+def _expire_deadline(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(DeadlineExceeded())
+
+
 class Response:
     """The answer to one request: status and headers now, body as it arrives.
 
@@ -248,12 +273,13 @@ class Response:
     leaves, so that vLLM aborts the generation).
     """
 
-    def __init__(self, conn: _Connection, idle_timeout: float) -> None:
+    def __init__(self, conn: _Connection, idle_timeout: float, deadline: float | None = None) -> None:
         self._conn: _Connection | None = conn
         self.status = conn.status
         self.raw_headers = conn.raw_headers
         self.headers = Headers(conn.raw_headers)
         self._idle_timeout = idle_timeout
+        self._deadline = deadline
 
     async def next_chunk(self) -> bytes:
         """The body bytes that arrived since the last call, waiting for some; b"" at the end.
@@ -278,7 +304,7 @@ class Response:
                 return b""
             if conn.error is not None:
                 raise conn.error
-            await conn.wait(self._idle_timeout)
+            await conn.wait(self._idle_timeout, self._deadline)
 
     async def read(self, limit: int | None = None) -> bytes:
         """The whole body (or its first `limit` bytes)."""
@@ -344,8 +370,12 @@ class Pool:
         *,
         timeout: float,
         idle_timeout: float,
+        deadline: float | None = None,
     ) -> Response:
-        """Send one request and wait (at most `timeout` s of silence) for the response headers."""
+        """Send one request and wait (at most `timeout` s of silence) for the response headers.
+
+        `deadline` (loop time) bounds the whole exchange, headers and body.
+        """
         head = _request_head(method, self.prefix + path_qs, self.host_header, headers, body)
         conn = await self._acquire()
         conn._reset(head=method == "HEAD")
@@ -354,11 +384,11 @@ class Pool:
             while not conn.headers_done:
                 if conn.error is not None:
                     raise conn.error
-                await conn.wait(timeout)
+                await conn.wait(timeout, deadline)
         except BaseException:
             self._release(conn, reusable=False)
             raise
-        return Response(conn, idle_timeout)
+        return Response(conn, idle_timeout, deadline)
 
     async def close(self) -> None:
         for conn in self._idle:

@@ -15,6 +15,13 @@ Why it is built this way:
   `os.write`s as rotation allows, each of whole lines.  (Woken per record,
   it cost ~80 us of CPU per request at one connection: a thread wake-up, a
   GIL hand-off and several system calls each.)
+* **What a crash can lose.**  A record is queued once its answer was sent;
+  `kill -9` loses what was queued and not yet written: at most the records
+  of the last `flush_interval_s` (the page cache keeps what was written).
+  `flush_interval_s = 0` wakes the writer for every record instead (the
+  loss is then what was answered in the last moment, at the per-record
+  cost above); `fsync` also syncs every round to the disk, for a machine
+  that loses power (one disk flush per round).
 * **Size-based rotation that works across processes.**  Rotation uses
   `logging.handlers.RotatingFileHandler`'s naming (`file.1` is the newest
   backup, `file.<backups>` the oldest).  Sizing, rename-and-reopen and the
@@ -46,9 +53,10 @@ import select
 import stat
 import threading
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from .record import LengthRecord
 
@@ -117,6 +125,7 @@ class LengthLog:
         warn_interval_s: float = 300.0,
         reopen_interval_s: float = 1.0,
         flush_interval_s: float = 0.1,
+        fsync: bool = False,
     ) -> None:
         self.path = Path(path)
         self.to_stdout = os.fspath(path) == STDOUT
@@ -124,7 +133,8 @@ class LengthLog:
         self.backups = backups              # 0: rotation truncates (like RotatingFileHandler)
         self.warn_interval_s = warn_interval_s
         self.reopen_interval_s = reopen_interval_s
-        self.flush_interval_s = flush_interval_s
+        self.flush_interval_s = flush_interval_s    # 0: the writer is woken for every record
+        self.fsync = fsync                          # fsync after every round (survives a machine crash)
         self.stats = LengthLogStats()
         # A deque, not queue.Queue: appending takes no lock and wakes no thread
         # (a Queue's put notifies the writer: a wake-up and a GIL hand-off per
@@ -158,6 +168,8 @@ class LengthLog:
                 self._pending.append(encode_line(rec))
             except (TypeError, ValueError) as exc:   # not JSON-able: a bug, counted by the writer
                 self._pending.append(exc)
+            if self.flush_interval_s <= 0:
+                self._wake.set()
             return True
         with self._drop_lock:                  # enqueue may run on many threads at once
             self.stats.dropped += 1
@@ -184,7 +196,7 @@ class LengthLog:
         self._wake.set()
         self._thread.join(timeout)
 
-    def __enter__(self) -> "LengthLog":
+    def __enter__(self) -> LengthLog:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -195,7 +207,7 @@ class LengthLog:
     def _run(self) -> None:
         try:
             while True:
-                self._wake.wait(self.flush_interval_s)
+                self._wake.wait(self.flush_interval_s if self.flush_interval_s > 0 else None)
                 self._wake.clear()         # cleared before draining: a later set() is not lost
                 # Take everything queued since the last round: under load the
                 # records of many requests go out in one write.
@@ -221,6 +233,14 @@ class LengthLog:
 
     def _write_lines(self, lines: list[bytes]) -> None:
         """Append whole lines: as few writes as rotation allows, each of whole lines only."""
+        self._append(lines)
+        if self.fsync and lines and self._fd is not None and self._regular:
+            try:
+                os.fsync(self._fd)
+            except OSError as exc:
+                self._warn(exc, "could not be synced to disk")
+
+    def _append(self, lines: list[bytes]) -> None:
         start = 0
         while start < len(lines):
             try:

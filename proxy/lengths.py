@@ -13,7 +13,10 @@
   choices).  Equal to total when n = 1.  For n > 1 usage does not give
   per-choice lengths, so the safe upper bound prompt + min(completion,
   granted limit) is used: the longest choice can be neither longer than all
-  choices together nor longer than its cap.
+  choices together nor longer than its cap.  A request with several prompts
+  (a completions batch, an embeddings batch) records its longest prompt, and
+  its sequence is that prompt + the same bound on its completion: the sum of
+  a batch's prompts is no sequence at all.
 * percentiles interpolate linearly between closest ranks, numpy's default
   (`method="linear"`): for n sorted values v, p → index h = (n − 1)·p/100,
   v[⌊h⌋] + (h − ⌊h⌋)·(v[⌊h⌋+1] − v[⌊h⌋]).
@@ -32,6 +35,26 @@ from collections.abc import Sequence
 BLOCK_SIZE = 16
 # The model label of a request that named no resolvable model.
 UNKNOWN_MODEL = "unknown"
+# No token count of any real request comes near this (2**31 - 1): a larger one is corrupt.
+MAX_PLAUSIBLE_TOKENS = 2**31 - 1
+
+
+def plausible_usage(prompt: int | None, completion: int | None, max_model_len: int | None,
+                    n: int) -> tuple[int | None, int | None]:
+    """The upstream's usage counts that can be true; None for each that cannot.
+
+    A served prompt fits the context (0 <= prompt <= max_model_len); the n
+    completions together are at most n x max_model_len.  Without a known
+    max_model_len, only counts in 0..MAX_PLAUSIBLE_TOKENS pass.  An upstream
+    reporting -5 or 10**30 must not reach the records a max_model_len is
+    recommended from.
+    """
+    limit = max_model_len if max_model_len is not None else MAX_PLAUSIBLE_TOKENS
+    if prompt is not None and not 0 <= prompt <= limit:
+        prompt = None
+    if completion is not None and not 0 <= completion <= min(max(n, 1) * limit, MAX_PLAUSIBLE_TOKENS):
+        completion = None
+    return prompt, completion
 
 
 def effective_prompt_tokens(prompt_tokens: int | None, upstream_prompt_tokens: int | None) -> int | None:
@@ -46,14 +69,15 @@ def total_tokens(prompt: int | None, completion: int | None) -> int | None:
     return prompt + completion
 
 
-def sequence_tokens(prompt: int | None, completion: int | None, n: int, granted: int | None) -> int | None:
-    """Prompt + the longest choice (an upper bound for n > 1): what max_model_len bounds."""
+def sequence_tokens(prompt: int | None, completion: int | None, n: int, granted: int | None,
+                    longest_prompt: int | None = None) -> int | None:
+    """Prompt + the longest choice (an upper bound for n > 1 and for batches): what max_model_len bounds."""
     if prompt is None or completion is None:
         return None
     longest = completion
-    if n > 1 and granted is not None:
+    if (n > 1 or longest_prompt is not None) and granted is not None:
         longest = min(completion, granted)
-    return prompt + longest
+    return (longest_prompt if longest_prompt is not None else prompt) + longest
 
 
 def percentile(sorted_values: Sequence[float], p: float) -> float:

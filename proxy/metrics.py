@@ -52,6 +52,11 @@ DRIFT_BUCKETS: tuple[float, ...] = (
 # Upstream error codes (as mapped by proxy.upstream_explain) that mean "too long".
 LENGTH_ERROR_CODES: frozenset[ErrorCode] = frozenset({ErrorCode.CONTEXT_LENGTH_EXCEEDED})
 
+# The largest magnitude observed as it is (2**53: every integer up to it is an exact
+# float).  A client may send max_tokens = 10**400, which no float holds: such a
+# value is observed as this bound, so count and sum stay in step and finite.
+MAX_OBSERVED = float(2**53)
+
 MAX_LABEL_CHARS = 128
 OTHER_MODEL = "other"
 
@@ -94,6 +99,13 @@ def safe_label(value: object, limit: int = MAX_LABEL_CHARS) -> str:
         text = "".join(ch if ch.isprintable() else "_" for ch in text)
     return text[:limit] if text else UNKNOWN_MODEL
 
+
+
+def bounded(value: float) -> float:
+    """`value` within ±MAX_OBSERVED (an int of any size in, never an OverflowError out)."""
+    if -MAX_OBSERVED <= value <= MAX_OBSERVED:
+        return value
+    return MAX_OBSERVED if value > 0 else -MAX_OBSERVED
 
 
 def record_prompt_tokens(rec: LengthRecord) -> int | None:
@@ -207,6 +219,19 @@ class Metrics:
             "upstream: the upstream's /tokenize, after drift; margin: neither is exact, a margin is held back).",
             ["model", "mode"], registry=self.registry,
         )
+        self.limit_unknown = Gauge(
+            "headroom_model_limit_unknown",
+            "1 for a served model whose /v1/models card gives no usable max_model_len (missing, 0, negative, "
+            "a string): its requests are not clamped unless upstream.fallback_max_model_len or a per-model "
+            "max_model_len says otherwise; 0 once it gives one.",
+            ["model"], registry=self.registry,
+        )
+        self.unauthorized = Counter(
+            "headroom_unauthorized_requests_total",
+            "Requests refused for a missing or wrong API key, by route (admitted surface, pages, passthrough); "
+            "never length records.",
+            ["route"], registry=self.registry,
+        )
         self.length_retries = Counter(
             "headroom_length_retries_total",
             "Requests re-sent with a smaller completion limit after an upstream length error.",
@@ -227,7 +252,7 @@ class Metrics:
         child = self._children.get(key)
         if child is None:
             child = self._children[key] = counter.labels(*labels)
-        child.inc(amount)
+        child.inc(bounded(amount))
 
     def observe(self, rec: LengthRecord) -> None:
         """Update every metric one finished request touches."""
@@ -271,6 +296,14 @@ class Metrics:
         label = self.model_label(model)
         for name in ("local", "upstream", "margin"):
             self.count_mode.labels(label, name).set(1 if name == mode else 0)
+
+    def set_limit_unknown(self, model: str, unknown: bool) -> None:
+        """Whether the upstream's card for `model` lacks a usable max_model_len (proxy.models)."""
+        self.limit_unknown.labels(self.model_label(model)).set(1 if unknown else 0)
+
+    def count_unauthorized(self, route: str) -> None:
+        """A 401 answered by headroom (its route is one of a few fixed names)."""
+        self._inc(self.unauthorized, (route,))
 
     def count_length_retry(self, model: str | None) -> None:
         """The app retried a request after an upstream length error (not visible in a record)."""
@@ -330,6 +363,7 @@ class TokenHistogram(Collector):
         self._sums: dict[str, float] = {}
 
     def observe(self, model: str, value: float) -> None:
+        value = bounded(value)
         counts = self._counts.get(model)
         if counts is None:
             counts = self._counts[model] = [0] * (len(self.bounds) + 1)
@@ -473,7 +507,8 @@ class _GateCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         in_flight = GaugeMetricFamily(
             "headroom_in_flight_requests",
-            "Chat and completions requests forwarded to the upstream and not finished (a stream until its last byte).",
+            "Admitted requests (every surface) being counted or forwarded to the upstream and not finished (a stream until its last "
+            "byte).",
             labels=["upstream"],
         )
         queued = GaugeMetricFamily(

@@ -20,6 +20,7 @@ gone.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import time
@@ -39,11 +40,23 @@ class ModelInfo:
     max_model_len: int | None          # None: unknown (no card value and no override)
     root: str | None = None            # vLLM's `root`: the local path or hub id it loaded
     parent: str | None = None          # the base model of a LoRA adapter
-    source: str = "upstream"           # where max_model_len came from: upstream | config | parent
+    source: str = "upstream"           # where max_model_len came from: upstream | config | parent | fallback
+    limit_problem: str | None = None   # why the card's own max_model_len could not be used
 
 
-def parse_models(payload: Any, overrides: Mapping[str, Any] | None = None) -> dict[str, ModelInfo]:
-    """Turn a `/v1/models` JSON body into ModelInfo per model id (ignores malformed cards)."""
+def _usable_limit(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def parse_models(payload: Any, overrides: Mapping[str, Any] | None = None,
+                 fallback: int | None = None) -> dict[str, ModelInfo]:
+    """Turn a `/v1/models` JSON body into ModelInfo per model id (ignores malformed cards).
+
+    A card whose max_model_len is missing or not a positive whole number (0,
+    -5, "4096") keeps no limit, says why in `limit_problem`, and gets
+    `fallback` (upstream.fallback_max_model_len) when one is configured;
+    a config override wins over everything.
+    """
     cards = payload.get("data") if isinstance(payload, dict) else None
     if not isinstance(cards, list):
         raise ValueError("the /v1/models answer has no 'data' list")
@@ -53,23 +66,27 @@ def parse_models(payload: Any, overrides: Mapping[str, Any] | None = None) -> di
             raw[card["id"]] = card
     result: dict[str, ModelInfo] = {}
     for name, card in raw.items():
-        mml = card.get("max_model_len")
-        mml = mml if isinstance(mml, int) and not isinstance(mml, bool) and mml > 0 else None
+        given = card.get("max_model_len")
+        mml = _usable_limit(given)
         parent = card.get("parent") if isinstance(card.get("parent"), str) else None
         source = "upstream"
-        if mml is None and parent in raw:
-            pm = raw[parent].get("max_model_len")
-            if isinstance(pm, int) and pm > 0:
-                mml, source = pm, "parent"
+        problem = None
+        if mml is None and parent in raw and _usable_limit(raw[parent].get("max_model_len")) is not None:
+            mml, source = _usable_limit(raw[parent].get("max_model_len")), "parent"   # a LoRA adapter
+        elif mml is None:
+            problem = ("its card has no max_model_len" if given is None else
+                       f"its card's max_model_len {json.dumps(given)[:40]} is not a positive whole number")
+            if fallback is not None:
+                mml, source = fallback, "fallback"
         root = card.get("root") if isinstance(card.get("root"), str) else None
-        result[name] = ModelInfo(name, mml, root, parent, source)
+        result[name] = ModelInfo(name, mml, root, parent, source, problem)
     # Overrides apply to the models this upstream serves; with several upstreams
     # a model is configured once, by name, and routed to whichever serves it.
     for name, override in (overrides or {}).items():
         value = getattr(override, "max_model_len", None)
         base = result.get(name)
         if value is not None and base is not None:
-            result[name] = ModelInfo(name, value, base.root, base.parent, "config")
+            result[name] = ModelInfo(name, value, base.root, base.parent, "config", base.limit_problem)
     return result
 
 
@@ -92,6 +109,16 @@ def outage_message(url: str, error: str) -> str:
         f"the upstream at {url} stopped answering GET /v1/models. {_sentence(error)} headroom keeps "
         f"its last model list and retries in the background."
     )
+
+
+def limit_warning(url: str, info: ModelInfo) -> str:
+    """The one warning for a model whose card gives no usable max_model_len."""
+    if info.source == "fallback":
+        then = f"headroom uses upstream.fallback_max_model_len = {info.max_model_len} for it"
+    else:
+        then = (f'headroom cannot clamp its requests and forwards their completion limits untouched; set '
+                f'models."{info.name}".max_model_len (or upstream.fallback_max_model_len) to its real limit')
+    return f"model {info.name} at the upstream {url}: {info.limit_problem}, so {then}."
 
 
 def _sentence(text: str) -> str:
@@ -163,7 +190,7 @@ class ModelRegistry:
         self._last_attempt = time.monotonic()
         try:
             payload = await self._fetch()
-            models = parse_models(payload, self._config.models)
+            models = parse_models(payload, self._config.models, self._config.upstream.fallback_max_model_len)
         except Exception as exc:  # any failure leaves the previous list in place
             self.last_error = f"{type(exc).__name__}: {exc}"
             self.last_exception = exc
@@ -179,6 +206,8 @@ class ModelRegistry:
         if changed:
             for name, info in models.items():
                 log.info("model %s: max_model_len=%s (%s)", name, info.max_model_len, info.source)
+                if info.limit_problem is not None and info.source != "config":
+                    log.warning(limit_warning(self.url, info))
             for callback in self.on_change:
                 callback(models)
         return True

@@ -14,6 +14,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from . import errors
 from .asgi import (
     ClientGone,
     Receive,
@@ -21,6 +22,7 @@ from .asgi import (
     Send,
     content_length,
     has_body,
+    is_shutdown_deadline,
     path_qs,
     read_body,
     request_id,
@@ -40,8 +42,10 @@ MAX_BUFFERED_BODY = 1024 * 1024  # larger request bodies are streamed
 
 
 class Passthrough:
-    def __init__(self, backends: Backends) -> None:
+    def __init__(self, backends: Backends, shutdown_timeout: float = 30.0, models_timeout: float = 10.0) -> None:
         self.backends = backends
+        self.shutdown_timeout = shutdown_timeout
+        self.models_timeout = models_timeout       # each upstream's share of a merged GET /v1/models
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         rid = request_id(scope)
@@ -65,8 +69,17 @@ class Passthrough:
             log.debug("client left before sending the whole body of %s", scope["path"])
             return
         except HeadroomError as err:
-            headers = err.response_headers([(b"x-request-id", rid.encode())])
-            await send_whole(send, err.status, err.body_bytes(), headers)
+            if err.status >= 500:
+                log.warning("upstream %s: %s %s answered %d%s", self.backends.default.upstream.base_url
+                            if len(self.backends.items) == 1 else "(pass-through)", scope["method"], scope["path"],
+                            err.status, f" ({err.details['cause']})" if "cause" in err.details else "")
+            await send_error(send, err, rid)
+            return
+        except asyncio.CancelledError as exc:
+            if not is_shutdown_deadline(exc):
+                raise
+            # SIGTERM's drain deadline passed while the upstream had not answered yet.
+            await send_error(send, errors.shutting_down(self.shutdown_timeout), rid)
             return
         await until_disconnect(receive, self.relay(scope, send, response, rid))
 
@@ -95,7 +108,7 @@ class Passthrough:
         seen: set[Any] = set()
         for backend in self.backends.items:
             try:
-                payload = await backend.upstream.get_json("/v1/models")
+                payload = await backend.upstream.get_json("/v1/models", timeout=self.models_timeout)
             except Exception as exc:  # one upstream down: list the others, say so in the log
                 log.warning("upstream %s: /v1/models failed: %s", backend.name, exc)
                 continue
@@ -106,3 +119,8 @@ class Passthrough:
         body = json.dumps({"object": "list", "data": cards}, ensure_ascii=False).encode()
         headers = [(b"content-type", b"application/json"), (b"x-request-id", rid.encode())]
         await send_whole(send, 200, body, headers)
+
+
+async def send_error(send: Send, err: HeadroomError, rid: str) -> None:
+    """An error in OpenAI's shape, before anything else was sent."""
+    await send_whole(send, err.status, err.body_bytes(), err.response_headers([(b"x-request-id", rid.encode())]))

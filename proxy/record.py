@@ -21,7 +21,9 @@ class Action(StrEnum):
     PASS = "pass"                      # forwarded with the client's own limit
     CLAMPED = "clamped"                # forwarded with a lower completion limit
     REJECTED = "rejected"              # refused by headroom itself (4xx)
-    UNCOUNTED = "uncounted"            # forwarded without a count (media nothing here can count)
+    UNCOUNTED = "uncounted"            # forwarded without a count: media nothing here can count, or a
+                                       # conversation stored upstream (Responses previous_response_id)
+    TRUNCATED = "truncated"            # inputs cut to max_model_len (pooling, only when the operator opted in)
     UPSTREAM_ERROR = "upstream_error"  # forwarded, and the upstream failed or refused it
 
 
@@ -35,6 +37,7 @@ class LengthRecord:
     n: int = 1                                  # choices requested
     max_model_len: int | None = None
     prompt_tokens: int | None = None            # headroom's own count (sum over prompts for a batch)
+    longest_prompt_tokens: int | None = None    # the longest prompt of a batch (None: one prompt)
     upstream_prompt_tokens: int | None = None   # the prompt count the upstream reported in its usage
     requested_max_tokens: int | None = None     # what the client asked for (None: not sent)
     granted_max_tokens: int | None = None       # what was forwarded (None: nothing set)

@@ -113,12 +113,16 @@ class Recorder:
         self.metrics.attach_lengthlog(lengthlog.stats)
 
     def record(self, rec: LengthRecord) -> None:
-        """Account one finished request.  Cheap and non-blocking: safe on the event loop."""
+        """Account one finished request.  Cheap and non-blocking: safe on the event loop.
+
+        The record file is written first: a fault in the aggregates must not
+        lose the raw record as well.
+        """
+        if self.lengthlog is not None:
+            self.lengthlog.enqueue(rec)
         self.metrics.observe(rec)
         self.records += 1
         self.window.add(safe_label(rec.model), sample_of(rec), self.clock())
-        if self.lengthlog is not None:
-            self.lengthlog.enqueue(rec)
 
     def count_length_retry(self, model: str | None) -> None:
         self.metrics.count_length_retry(model)

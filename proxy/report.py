@@ -43,6 +43,7 @@ from . import demand as dm
 from .histogram import Histogram, percentile_key
 from .lengths import (
     BLOCK_SIZE,
+    MAX_PLAUSIBLE_TOKENS,
     UNKNOWN_MODEL,
     effective_prompt_tokens,
     percentile,
@@ -95,14 +96,15 @@ class Lengths(NamedTuple):
     sequence: int | None
     finished_length: bool | None   # None: no finish reasons recorded
     n: int
+    endpoint: str = "chat"
 
 
 def _opt_int(rec: Mapping[str, Any], key: str) -> int | None:
     v = rec.get(key)
     if v is None:
         return None
-    if type(v) is not int or v < 0:
-        raise MalformedRecord(f"{key} is not a non-negative integer")
+    if type(v) is not int or not 0 <= v <= MAX_PLAUSIBLE_TOKENS:
+        raise MalformedRecord(f"{key} is not a plausible token count")
     return v
 
 
@@ -134,9 +136,7 @@ def record_lengths(rec: Any) -> Lengths:
     prompt = effective_prompt_tokens(
         _opt_int(rec, "prompt_tokens") if upstream_prompt is None else None, upstream_prompt
     )
-    completion = rec.get("completion_tokens")
-    if completion is not None and (type(completion) is not int or completion < 0):
-        raise MalformedRecord("completion_tokens is not a non-negative integer")
+    completion = _opt_int(rec, "completion_tokens")
     action = rec.get("action", "pass")
     if not isinstance(action, str):
         raise MalformedRecord("action is not a string")
@@ -144,10 +144,15 @@ def record_lengths(rec: Any) -> Lengths:
     if not isinstance(reasons, list):
         raise MalformedRecord("finish_reasons is not a list")
     total = total_tokens(prompt, completion)
-    sequence = sequence_tokens(prompt, completion, n, _opt_int(rec, "granted_max_tokens") if n > 1 else None)
+    longest = _opt_int(rec, "longest_prompt_tokens")
+    granted = _opt_int(rec, "granted_max_tokens") if n > 1 or longest is not None else None
+    sequence = sequence_tokens(prompt, completion, n, granted, longest)
     assert isinstance(ts, (int, float))
+    endpoint = rec.get("endpoint", "chat")
+    if not isinstance(endpoint, str):
+        raise MalformedRecord("endpoint is not a string")
     return Lengths(model, float(ts), action, prompt, completion, total, sequence,
-                   ("length" in reasons) if reasons else None, n)
+                   ("length" in reasons) if reasons else None, n, endpoint)
 
 
 # ---------------------------------------------------------------------------
@@ -159,6 +164,7 @@ class ModelStats:
     model: str
     requests: int = 0
     actions: dict[str, int] = field(default_factory=dict)
+    endpoints: dict[str, int] = field(default_factory=dict)
     with_finish_reasons: int = 0
     finished_length: int = 0
     parallel_sampling: int = 0        # requests with n > 1
@@ -192,6 +198,8 @@ class ModelStats:
         self.requests += 1
         actions = self.actions
         actions[r.action] = actions.get(r.action, 0) + 1
+        endpoints = self.endpoints
+        endpoints[r.endpoint] = endpoints.get(r.endpoint, 0) + 1
         if r.finished_length is not None:
             self.with_finish_reasons += 1
             self.finished_length += r.finished_length
@@ -216,10 +224,12 @@ class ModelStats:
         """`proxy.demand`'s demand and reason of one record, from the fields `record_lengths` checked."""
         limit = _lenient_int(rec, "max_model_len")
         if r.prompt is not None:
+            longest = _lenient_int(rec, "longest_prompt_tokens")
             f = dm.demand_figures(r.prompt, r.n, _lenient_int(rec, "requested_max_tokens"), r.completion,
                                   _lenient_int(rec, "granted_max_tokens"), bool(r.finished_length),
-                                  str(rec.get("endpoint")))
-            self.demand.add_values(r.prompt, f.sequence, f.kv_tokens, f.lower_bound, limit)
+                                  str(rec.get("endpoint")), longest)
+            self.demand.add_values(longest if longest is not None else r.prompt, f.sequence, f.kv_tokens,
+                                   f.lower_bound, limit)
         status = rec.get("status")
         reason = dm.reason_of(rec.get("error_code"), r.action, status if type(status) is int else None,
                               _lenient_int(rec, "prompt_tokens"), limit)
@@ -342,6 +352,7 @@ def model_report(stats: ModelStats, p: float = 99.0, block_size: int = BLOCK_SIZ
         "requests": stats.requests,
         "completed": total.n,
         "actions": dict(sorted(stats.actions.items())),
+        "endpoints": dict(sorted(stats.endpoints.items(), key=lambda e: (-e[1], e[0]))),
         "clamped_share": stats.share("clamped"),
         "rejected_share": stats.share("rejected"),
         "upstream_error_share": stats.share("upstream_error"),

@@ -266,6 +266,8 @@ def format_report(result: dict[str, Any]) -> str:
 
 def _model_lines(m: dict[str, Any], p: float, cols: list[str]) -> list[str]:
     lines = [f"model {m['model']}: {m['requests']:,} requests, {m['completed']:,} with usage"]
+    if len(m["endpoints"]) > 1 or set(m["endpoints"]) - {"chat"}:
+        lines.append("  endpoints: " + ", ".join(f"{name} {n:,}" for name, n in m["endpoints"].items()))
     lines.append(f"  clamped {_pct(m['clamped_share'])}, rejected {_pct(m['rejected_share'])}, "
                  f"upstream errors {_pct(m['upstream_error_share'])}, "
                  f"finish_reason=length {_pct(m['length_finish_share'])}"

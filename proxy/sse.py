@@ -1,10 +1,12 @@
 """Scanning a relayed event stream: usage, finish reasons, the end marker, in-stream errors.
 
 The scanner sees the bytes as they are relayed and keeps what it learns in its
-own fields (`usage`, `done`, `failed`); the exchange reads them when the
+own fields (`usage`, `done`, `failed`, `last_data`); the exchange reads them when the
 stream ends.  Only lines that can carry a value are JSON-parsed (the surface's
-`may_carry_usage` is a substring test), so relaying costs a substring search
-per chunk, not a parse.
+`may_carry_usage` is a name or substring test), so relaying costs a substring search
+per chunk, not a parse.  Each `data:` line is judged with the `event:` name
+that preceded it in its event (Responses and Anthropic Messages name every
+event; OpenAI's chat streams name none).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class EventStreamScanner:
         self.done = False           # the surface's end-of-stream event was seen
         self.failed = False         # the upstream sent an error event inside the stream
         self.at_boundary = True     # the bytes so far end between two events
+        self.last_data = b""        # the payload of the last `data:` line seen
+        self._event = b""           # the `event:` name of the event being read
         self._partial = b""
         self._event_tail = b""
 
@@ -38,13 +42,20 @@ class EventStreamScanner:
         self.at_boundary = data.endswith(b"\n\n")
         for line in lines:
             if not line.startswith(b"data:"):
+                if line.startswith(b"event:"):
+                    self._event = line[6:].strip()
+                elif not line.strip():
+                    self._event = b""      # a blank line ends the event
                 continue
-            payload = line[5:].strip()
-            if surface.is_stream_end(payload):
+            payload = self.last_data = line[5:].strip()
+            event = self._event
+            if surface.is_stream_end(event, payload):
                 self.done = True
-            elif surface.is_stream_error(payload):
+                if surface.may_carry_usage(event, payload):
+                    surface.read_usage(parse_json_payload(payload), self.usage)
+            elif surface.is_stream_error(event, payload):
                 self.failed = True
-            elif surface.may_carry_usage(payload):
+            elif surface.may_carry_usage(event, payload):
                 surface.read_usage(parse_json_payload(payload), self.usage)
 
     def drop_usage_events(self, chunk: bytes) -> bytes:

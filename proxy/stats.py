@@ -94,6 +94,8 @@ class Sample(NamedTuple):
     demanded_kv: int | None = None  # the demanded KV tokens
     demand_lower: bool = False      # the demand is only a lower bound
     reason: str | None = None       # why it was not served (proxy.demand.rejection_reason)
+    endpoint: str = "chat"          # the surface: chat, completions, responses, messages, embeddings, ...
+    longest: int | None = None      # a batch's longest prompt (None: one prompt)
 
 
 def sample_of(rec: LengthRecord) -> Sample:
@@ -104,14 +106,16 @@ def sample_of(rec: LengthRecord) -> Sample:
     cut = "length" in reasons
     demanded = demanded_kv = None
     lower = False
+    longest = rec.longest_prompt_tokens
     if prompt is not None:
         _, demanded, demanded_kv, _, lower = dm.demand_figures(
-            prompt, rec.n, rec.requested_max_tokens, completion, rec.granted_max_tokens, cut, rec.endpoint)
+            prompt, rec.n, rec.requested_max_tokens, completion, rec.granted_max_tokens, cut, rec.endpoint, longest)
     return Sample(
         rec.ts, prompt, completion, total_tokens(prompt, completion),
-        sequence_tokens(prompt, completion, rec.n, rec.granted_max_tokens), rec.action,
+        sequence_tokens(prompt, completion, rec.n, rec.granted_max_tokens, longest), rec.action,
         cut if reasons else None, rec.max_model_len, demanded, demanded_kv, lower,
         dm.reason_of(rec.error_code, rec.action, rec.status, rec.prompt_tokens, rec.max_model_len),
+        rec.endpoint, longest,
     )
 
 
@@ -125,13 +129,16 @@ def model_stats(model: str, samples: Sequence[Sample], sizing: ModelSizing | Non
     sequences = sorted(s.sequence for s in samples if s.sequence is not None)
     actions = {a.value: 0 for a in Action}
     reasons: dict[str, int] = {}
+    endpoints: dict[str, int] = {}
     tally = dm.DemandTally(min_completion=sizing.min_completion)
     for s in samples:
         actions[s.action] = actions.get(s.action, 0) + 1
+        endpoints[s.endpoint] = endpoints.get(s.endpoint, 0) + 1
         if s.reason is not None:
             reasons[s.reason] = reasons.get(s.reason, 0) + 1
         if s.demanded is not None and s.prompt is not None and s.demanded_kv is not None:
-            tally.add_values(s.prompt, s.demanded, s.demanded_kv, s.demand_lower, s.max_model_len)
+            tally.add_values(s.longest if s.longest is not None else s.prompt, s.demanded, s.demanded_kv,
+                             s.demand_lower, s.max_model_len)
     finished = [s.finish_length for s in samples if s.finish_length is not None]
     cut = sum(finished)
     limits = [s.max_model_len for s in samples if s.max_model_len is not None]
@@ -152,6 +159,7 @@ def model_stats(model: str, samples: Sequence[Sample], sizing: ModelSizing | Non
     return {
         "model": model,
         "count": len(samples),
+        "endpoints": dict(sorted(endpoints.items(), key=lambda e: -e[1])),
         "actions": actions,
         "clamped": actions["clamped"],
         "rejected": actions["rejected"],

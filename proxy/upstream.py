@@ -12,6 +12,7 @@ leaves here as a `HeadroomError` from `proxy.errors`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterable
 from typing import Any, Protocol
@@ -19,7 +20,7 @@ from typing import Any, Protocol
 from . import errors
 from .asgi import Headers
 from .errors import HeadroomError, clip
-from .http1 import Broken, ConnectError, ConnectTimeout, Pool, ReadTimeout
+from .http1 import Broken, ConnectError, ConnectTimeout, DeadlineExceeded, Pool, ReadTimeout
 from .http1 import Headers as ResponseHeaders
 
 # RFC 9110 §7.6.1 hop-by-hop headers, plus the ones the HTTP layers recompute.
@@ -37,6 +38,10 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
         b"host",
         b"content-length",
+        # The client's `Expect: 100-continue` was answered by headroom's own server
+        # (uvicorn sends 100 when the body is first read); headroom sends the
+        # upstream a body it already has, so there is nothing to wait for.
+        b"expect",
     }
 )
 
@@ -63,7 +68,8 @@ class Transport(Protocol):
     """How requests reach one upstream origin (`proxy.http1.Pool`)."""
 
     async def request(
-        self, method: str, path_qs: str, headers: Headers, body: Body, *, timeout: float, idle_timeout: float
+        self, method: str, path_qs: str, headers: Headers, body: Body, *, timeout: float, idle_timeout: float,
+        deadline: float | None = None,
     ) -> Response: ...
 
     async def close(self) -> None: ...
@@ -96,8 +102,16 @@ class Upstream:
         max_connections: int = 1024,
         api_key: str | None = None,
         transport: Transport | None = None,
+        show_url: bool = False,
+        forward_authorization: bool = True,
+        total_timeout: float = 0.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        # The URL as clients may see it in errors: only when the operator opts in
+        # (server.show_upstream_url); the logs always name it.
+        self.public_url: str | None = self.base_url if show_url else None
+        self.forward_authorization = forward_authorization
+        self.total_timeout = total_timeout          # 0: off; else one request's whole time, headers to last byte
         self.connect_timeout = connect_timeout
         self.timeout = timeout                      # until the response headers
         self.idle_timeout = idle_timeout if idle_timeout is not None else timeout  # between body chunks
@@ -110,11 +124,12 @@ class Upstream:
         await self._transport.close()
 
     def outgoing_headers(self, headers: Headers) -> Headers:
-        """Apply the Authorization policy: forward the client's, or replace it with the upstream key."""
-        if self.api_key is None:
+        """Apply the Authorization policy: the upstream key when set, else the client's (unless stripped)."""
+        if self.api_key is None and self.forward_authorization:
             return headers
         kept = [(k, v) for k, v in headers if k != b"authorization"]
-        kept.append((b"authorization", f"Bearer {self.api_key}".encode("latin-1")))
+        if self.api_key is not None:
+            kept.append((b"authorization", f"Bearer {self.api_key}".encode("latin-1")))
         return kept
 
     async def send(
@@ -123,37 +138,48 @@ class Upstream:
         path_qs: str,
         headers: Headers,
         body: Body,
+        *,
+        timeout: float | None = None,
     ) -> Response:
         """Send one request; the caller reads (or releases) the returned response.
 
         `path_qs` is always a path on the configured upstream: a request can
-        never make headroom connect anywhere else.
+        never make headroom connect anywhere else.  `timeout` replaces both the
+        first-byte and the idle timeout (model discovery has its own).
         """
         if not path_qs.startswith("/"):
             path_qs = "/" + path_qs
+        deadline = asyncio.get_running_loop().time() + self.total_timeout if self.total_timeout else None
         try:
             return await self._transport.request(
                 method, path_qs, self.outgoing_headers(headers), body,
-                timeout=self.timeout, idle_timeout=self.idle_timeout,
+                timeout=timeout if timeout is not None else self.timeout,
+                idle_timeout=timeout if timeout is not None else self.idle_timeout,
+                deadline=deadline,
             )
         except BaseException as exc:
-            raise self.map_exception(exc, phase="waiting for the response headers") from exc
+            mapped = self.map_exception(exc, phase="waiting for the response headers")
+            if mapped is exc:
+                raise     # not a transport failure (a client gone mid-body, a cancellation)
+            raise mapped from exc
 
     def map_exception(self, exc: BaseException, *, phase: str) -> BaseException:
         """Transport failures → the explained 502/504; anything else passes through unchanged."""
         if isinstance(exc, HeadroomError):
             return exc
         if isinstance(exc, ConnectError):
-            return errors.upstream_unreachable(self.base_url, str(exc))
+            return errors.upstream_unreachable(self.public_url, str(exc))
+        if isinstance(exc, DeadlineExceeded):
+            return errors.request_deadline(self.public_url, self.total_timeout)
         if isinstance(exc, ConnectTimeout):
-            return errors.upstream_timeout(self.base_url, "connecting", self.connect_timeout)
+            return errors.upstream_timeout(self.public_url, "connecting", self.connect_timeout)
         if isinstance(exc, (ReadTimeout, TimeoutError)):
             seconds = self.timeout if phase == "waiting for the response headers" else self.idle_timeout
-            return errors.upstream_timeout(self.base_url, phase, seconds)
+            return errors.upstream_timeout(self.public_url, phase, seconds)
         if isinstance(exc, Broken):
-            return errors.upstream_broken(self.base_url, clip(str(exc), CAUSE_CHARS))
+            return errors.upstream_broken(self.public_url, clip(str(exc), CAUSE_CHARS))
         if isinstance(exc, OSError):
-            return errors.upstream_broken(self.base_url, clip(f"{type(exc).__name__}: {exc}", CAUSE_CHARS))
+            return errors.upstream_broken(self.public_url, clip(f"{type(exc).__name__}: {exc}", CAUSE_CHARS))
         return exc
 
     async def read_body(self, response: Response, limit: int | None = None) -> bytes:
@@ -165,9 +191,15 @@ class Upstream:
         finally:
             response.release()
 
-    async def get_json(self, path: str) -> Any:
-        response = await self.send("GET", path, [(b"accept", b"application/json")], None)
-        body = await self.read_body(response)
+    async def get_json(self, path: str, timeout: float | None = None) -> Any:
+        """GET a JSON document; with `timeout` (model discovery), a silence past it is said as such."""
+        try:
+            response = await self.send("GET", path, [(b"accept", b"application/json")], None, timeout=timeout)
+            body = await self.read_body(response)
+        except HeadroomError as err:
+            if timeout is not None and err.code == errors.ErrorCode.UPSTREAM_TIMEOUT:
+                raise errors.discovery_timeout(self.public_url, path, timeout) from err
+            raise
         if response.status != 200:
             raise ValueError(f"HTTP {response.status} from {path}: {body[:200]!r}")
         return json.loads(body)

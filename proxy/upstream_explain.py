@@ -83,7 +83,7 @@ def retry_limit(f: UpstreamFailure, *, prompt_tokens: int | None, max_model_len:
 def explain_upstream_error(
     failure: UpstreamFailure,
     *,
-    upstream: str,
+    upstream: str | None,
     prompt_tokens: int | None = None,
     max_model_len: int | None = None,
     requested_max_tokens: int | None = None,
@@ -120,7 +120,7 @@ def explain_upstream_error(
 @dataclass
 class _Context:
     failure: UpstreamFailure
-    upstream: str
+    upstream: str | None          # the URL clients may see (server.show_upstream_url), else None
     prompt_tokens: int | None
     max_model_len: int | None
     requested: int | None
@@ -130,9 +130,12 @@ class _Context:
 
     @property
     def who(self) -> str:
-        """'the upstream vLLM at http://…' — who said no."""
+        """'the upstream vLLM' (or '... at http://…' when clients may see the URL) — who said no."""
         name = _ENGINE_NAMES.get(self.failure.engine or "", "")
-        return f"the upstream {name} at {self.upstream}" if name else f"the upstream {self.upstream}"
+        where = f" at {self.upstream}" if self.upstream else ""
+        if name:
+            return f"the upstream {name}{where}"
+        return f"the upstream {self.upstream}" if self.upstream else "the upstream"
 
     @property
     def limit(self) -> int | None:
@@ -180,7 +183,7 @@ class _Context:
 def _upstream_details(ctx: _Context) -> dict[str, Any]:
     f = ctx.failure
     details: dict[str, Any] = {
-        "upstream": ctx.upstream,
+        **({"upstream": ctx.upstream} if ctx.upstream else {}),
         "upstream_status": f.status,
         "upstream_message": f.message,
         "engine": f.engine,

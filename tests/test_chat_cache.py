@@ -32,6 +32,7 @@ def _count(model, case: dict) -> int:
     return sum(model.count_completion(case["request"]))
 
 
+@pytest.mark.slow
 def test_the_whole_corpus_counts_the_same_from_the_cache(cache: TokenizerCache):
     assert cache.chat_cache is not None
     for _ in range(2):

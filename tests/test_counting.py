@@ -621,3 +621,31 @@ def test_post_processor_decides_special_tokens_for_completions_not_chat(model):
     assert tok.count_completion({"prompt": "ab", "add_special_tokens": False}) == [2]
     assert tok.count_chat(chat(user("ab"))) == 2
     assert tok.count_chat(chat(user("ab"), add_special_tokens=True)) == 3
+
+
+# -- proxy.counting: vLLM's character bound -------------------------------------------------
+
+MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models"
+
+
+@pytest.mark.parametrize("name,vllm_factor", [("Qwen--Qwen3-8B", 128), ("Qwen--Qwen3.5-9B", 128),
+                                              ("microsoft--Phi-3-mini-4k-instruct", 16)])
+def test_max_chars_per_token_is_vllms(name: str, vllm_factor: int) -> None:
+    """max(len(tok) for tok in get_vocab()) of the tokenizer vLLM 0.32 loads (its venv's transformers,
+    measured on these files): the fallback computes the same factor from tokenizer.json + config."""
+    from proxy.counting import max_chars_per_token
+
+    tok = load_model_tokenizer(MODELS / name)
+    assert max_chars_per_token(tok) == vllm_factor
+
+
+def test_the_tokenizers_own_factor_wins_and_the_bound_follows_vllms_rule() -> None:
+    from proxy.counting import char_bound, max_chars_per_token
+
+    class WithFactor:
+        max_chars_per_token = 7
+
+    assert max_chars_per_token(WithFactor()) == 7  # type: ignore[arg-type]
+    assert char_bound(2048, 128, {}) == 262_144
+    assert char_bound(2048, 128, {"truncate_prompt_tokens": 100}) is None   # vLLM truncates instead
+    assert char_bound(2048, 128, {"truncate_prompt_tokens": -1}) is None

@@ -84,8 +84,9 @@ def known_records(now: float) -> list[LengthRecord]:
         )
         for i in range(1, 101)
     ]
-    for p, c in [(1500, 300), (3000, 800), (6000, 1900), (12000, 400)]:
-        out.append(LengthRecord(ts=now, model="beta", endpoint="completions", max_model_len=32768,
+    for p, c, endpoint in [(1500, 300, "completions"), (3000, 800, "responses"), (6000, 1900, "messages"),
+                           (12000, 400, "completions")]:
+        out.append(LengthRecord(ts=now, model="beta", endpoint=endpoint, max_model_len=32768,
                                 prompt_tokens=p, completion_tokens=c, finish_reasons=["stop"], status=200))
     out.append(LengthRecord(ts=now, model="beta", endpoint="chat", max_model_len=32768, prompt_tokens=40000,
                             action="rejected", status=400, error_code="context_length_exceeded"))
@@ -230,6 +231,8 @@ def test_dashboard_draws_the_stats_it_fetched(dashboard_url: str, tmp_path: Path
     assert dom.facts[("alpha", "clamped")][1] == "10"
     assert dom.facts[("alpha", "finish_length_pct")][1] == "20 %"
     assert dom.facts[("beta", "rejected")][1] == "1"
+    assert dom.facts[("alpha", "endpoints")][1] == "chat 100"
+    assert dom.facts[("beta", "endpoints")][1] == "completions 2 · responses 1 · messages 1 · chat 1"
     assert dom.facts[("beta", "recommended_max_model_len")][1] == str(by_model["beta"]["recommended_max_model_len"])
 
 

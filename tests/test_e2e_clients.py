@@ -35,6 +35,9 @@ from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread
 from tokenizer_cache import load_model_tokenizer
 
+# Each SDK scenario starts its SDK (some in a second venv): seconds each, so the slow tier.
+pytestmark = pytest.mark.slow
+
 COUNTED = ("/v1/chat/completions", "/v1/completions")
 # CI sets this: a missing SDK or SDK venv is then an error, not a skip.
 REQUIRE = os.environ.get("HEADROOM_REQUIRE_CLIENTS", "").lower() in ("1", "true", "yes", "require")

@@ -313,16 +313,22 @@ def test_unknown_route_status_is_relayed(stack: Stack) -> None:
 # --- upstream trouble -------------------------------------------------------------
 
 
-def test_upstream_down_is_502_explained(qwen3_dir) -> None:
+@pytest.mark.parametrize("shown", [False, True], ids=["url_hidden", "url_shown"])
+def test_upstream_down_is_502_explained(qwen3_dir, shown: bool) -> None:
+    """The upstream's address is internal: clients see it only when the operator opts in."""
     with FakeVLLM() as fake:
         url = fake.base_url
-    app = HeadroomApp(make_config(url, qwen3_dir))
+    config = make_config(url, qwen3_dir)
+    config.server.show_upstream_url = shown
+    app = HeadroomApp(config)
     with serve_in_thread(app) as base:
         client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
         with pytest.raises(openai.InternalServerError) as info:
             client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=4)
     assert info.value.status_code == 502
-    assert url in info.value.body["message"]
+    assert "could not connect to the upstream" in info.value.body["message"]
+    assert (url in info.value.body["message"]) is shown
+    assert (info.value.body.get("headroom", {}).get("upstream") == url) is shown
 
 
 def test_upstream_error_is_explained_with_exact_numbers(stack: Stack) -> None:

@@ -30,6 +30,7 @@ from tokenizer_cache import (
     CountError,
     ModelTokenizer,
     PieceCountCache,
+    _model,
     load_model_tokenizer,
 )
 from tokenizer_cache._encoder import (
@@ -94,6 +95,7 @@ def _random_set(model_dir: Path, models: dict[str, ModelTokenizer], count: int) 
         assert pieces.count_text(text, add_special_tokens=False) == expected, repr(text[:80])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_dir", MODEL_DIRS, ids=[d.name for d in MODEL_DIRS])
 def test_random_texts_encode_identically(model_dir: Path, models: dict[str, ModelTokenizer]):
     _random_set(model_dir, models, 400)
@@ -105,6 +107,7 @@ def test_many_random_texts_encode_identically(model_dir: Path, models: dict[str,
     _random_set(model_dir, models, 2500)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", EXACT_VARIANTS)
 def test_edited_tokenizers_are_exact_or_fall_back(variant: str):
     tokenizer = EXACT_VARIANTS[variant]()
@@ -125,6 +128,7 @@ def test_edited_tokenizers_are_exact_or_fall_back(variant: str):
             assert choice.encoder.ids(text, add_special_tokens) == reference.ids(text, add_special_tokens), repr(text)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", [v for v in FALLBACK_VARIANTS if v != "bpe-dropout"])
 def test_tokenizers_the_piece_cache_refuses_are_exact_or_fall_back(variant: str):
     tokenizer = FALLBACK_VARIANTS[variant][0]()
@@ -158,7 +162,9 @@ def test_a_disagreeing_engine_falls_back_and_says_so_once(monkeypatch, caplog):
 
 def test_a_model_whose_engine_disagrees_counts_with_tokenizers(monkeypatch):
     monkeypatch.setattr(FastokensEncoder, "ids", lambda self, text, add: [])
+    _model.forget_loaded()      # load afresh: the self-check runs at load
     model = load_model_tokenizer(MODELS / "Qwen--Qwen3-8B", piece_cache=PieceCountCache())
+    _model.forget_loaded()      # and keep the disagreeing engine from anyone else
     assert model.engine == REFERENCE and "self-check" in (model.engine_fallback or "")
     assert model.count_text("Hello world", add_special_tokens=False) == 2
 

@@ -215,6 +215,100 @@ async def test_headroom_refuses_an_unsaveable_prompt_without_the_upstream(qwen3_
     assert (rec.action, rec.status, rec.error_code) == ("rejected", 400, "context_length_exceeded")
 
 
+CAPTURES = Path(__file__).resolve().parents[1].parent / "shared" / "vllm" / "captures"
+
+
+def _capture_error(name: str) -> dict[str, Any]:
+    return json.loads((CAPTURES / f"{name}.json").read_text(encoding="utf-8"))["body"]["error"]
+
+
+@pytest.fixture
+def nothing_encoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any encode of a prompt fails the test (rendering it is allowed)."""
+    from tokenizer_cache import ModelTokenizer
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a prompt over the character bound was encoded")
+
+    monkeypatch.setattr(ModelTokenizer, "tally_text", refuse)
+    monkeypatch.setattr(ModelTokenizer, "count_text", refuse)
+
+
+@pytest.mark.parametrize("path,body,capture", [
+    (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": ("hello " * 50_000)[:300_000]}], "max_tokens": 4},
+     "c09d_chat_over_char_bound"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x" * 300_000, "max_tokens": 4}, "c09e_completions_over_char_bound"),
+], ids=["chat", "completions"])
+async def test_a_prompt_over_vllms_character_bound_is_refused_before_encoding(
+        qwen3_dir: Path, nothing_encoded: None, path: str, body: dict[str, Any], capture: str) -> None:
+    """vLLM 0.32 refuses more than max_model_len x 128 characters untokenized: so does headroom, in its words."""
+    upstream = Upstream()
+    app, recorder = app_for(upstream, qwen3_dir)
+    answer = await call_app(app, "POST", path, json.dumps(body).encode())
+    error = json.loads(answer.body)["error"]
+    assert answer.status == 400 and error["message"] == _capture_error(capture)["message"]
+    assert error["code"] == "context_length_exceeded"
+    assert [s.path for s in upstream.transport.sent if s.path in (CHAT, "/v1/completions")] == []
+    [rec] = recorder.records
+    assert (rec.action, rec.status) == ("rejected", 400)
+
+
+async def test_a_prompt_at_the_bound_or_asking_for_truncation_is_counted(qwen3_dir: Path, qwen3: Any) -> None:
+    overhead = len(qwen3.render_chat({"messages": [{"role": "user", "content": ""}]}))
+    at_bound = {"model": MODEL, "messages": [{"role": "user", "content": "a" * (MML * 128 - overhead)}]}
+    assert len(qwen3.render_chat(at_bound)) == MML * 128
+    over = {"model": MODEL, "messages": [{"role": "user", "content": "a" * (MML * 128)}],
+            "truncate_prompt_tokens": 100}
+    for body in (at_bound, over):
+        upstream = Upstream()
+        app, _ = app_for(upstream, qwen3_dir)
+        answer = await call_app(app, "POST", CHAT, json.dumps(body).encode())
+        error = json.loads(answer.body)["error"]
+        # Counted: refused by its token count (far above 2048), not by its characters.
+        assert answer.status == 400 and "characters" not in error["message"]
+        assert error["headroom"]["prompt_tokens"] == qwen3.count_chat(body)
+
+
+async def test_counting_waits_for_a_back_pressure_slot(qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every slot taken, a long prompt is not even counted until one frees (it used to count first)."""
+    import asyncio
+
+    from tokenizer_cache import ModelTokenizer
+
+    counted: list[int] = []
+    real = ModelTokenizer.count_chat
+
+    def count_chat(self: ModelTokenizer, body: dict[str, Any], **kw: Any) -> int:
+        if body.get("model") == MODEL:                  # not the start-up parity probes
+            counted.append(len(body["messages"][0]["content"]))
+        return real(self, body, **kw)
+
+    monkeypatch.setattr(ModelTokenizer, "count_chat", count_chat)
+    release = asyncio.Event()
+
+    async def held(sent: SentRequest) -> MockResponse:
+        await release.wait()
+        return completion(10)
+
+    upstream = Upstream(held)
+    recorder = ListRecorder()
+    config = make_config("http://upstream.test", qwen3_dir, max_concurrent_requests=1, queue_timeout=30.0)
+    app = HeadroomApp(config, recorder, transport_for=lambda url: upstream.transport)
+    first = asyncio.ensure_future(call_app(app, "POST", CHAT, chat_body(max_tokens=3)))
+    while not upstream.chats():
+        await asyncio.sleep(0)
+    second = asyncio.ensure_future(call_app(app, "POST", CHAT, chat_body(
+        messages=[{"role": "user", "content": "word " * 8000}], max_tokens=3)))
+    gate = app.backends.default.gate
+    while gate.waiting == 0 and len(counted) < 2:       # it queues for the slot (or, wrongly, counts first)
+        await asyncio.sleep(0.001)                      # (idle: counting threads run only when the loop rests)
+    assert counted == [len("Hello!")], "the second prompt was counted while no slot was free"
+    release.set()
+    assert (await first).status == 200
+    assert (await second).status == 400            # counted once the slot freed: 8,009 tokens do not fit
+    assert counted == [len("Hello!"), len("word " * 8000)]
+
+
 def _names_a_record(node: ast.expr) -> bool:
     """`rec`, `record`, `x.record`: how the code names a LengthRecord."""
     if isinstance(node, ast.Name):

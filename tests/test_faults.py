@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -23,7 +24,9 @@ import openai
 import pytest
 
 from proxy.app import HeadroomApp
+from proxy.asgi import WATCH_AFTER_S
 from proxy.config import Config
+from proxy.server import uvicorn_settings
 from tests.support.fakevllm import FakeVLLM, FaultSpec
 from tests.support.servers import free_port, serve_in_thread
 from tests.support.stack import ListRecorder, Stack
@@ -128,7 +131,7 @@ def read_all(sock: socket.socket) -> bytes:
 # Upstream faults
 # ---------------------------------------------------------------------------
 
-def test_connection_refused_is_502_naming_the_upstream(qwen3_dir: Path) -> None:
+def test_connection_refused_is_502_explained(qwen3_dir: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"          # nothing listens there
     recorder = ListRecorder()
     with serve_in_thread(HeadroomApp(make_config(url, qwen3_dir), recorder=recorder)) as base:
@@ -140,7 +143,7 @@ def test_connection_refused_is_502_naming_the_upstream(qwen3_dir: Path) -> None:
     for exc in (info.value, streamed.value):
         assert exc.status_code == 502
         assert exc.body["code"] == "upstream_unreachable"
-        assert url in exc.body["message"] and "could not connect" in exc.body["message"]
+        assert url not in exc.body["message"] and "could not connect" in exc.body["message"]
     record = recorder.wait_for(2)[0]
     assert (record.status, record.error_code) == (502, "upstream_unreachable")
 
@@ -162,7 +165,7 @@ def test_upstream_drops_connection_before_headers(stack: Stack, kind: str, strea
         stack.client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=4, stream=stream)
     assert info.value.status_code == 502
     assert info.value.body["code"] == "upstream_connection_error"
-    assert stack.fake.base_url in info.value.body["message"]
+    assert stack.fake.base_url not in info.value.body["message"]
     assert "crashed or been restarted" in info.value.body["message"]
     record = stack.next_record(before)
     assert (record.status, record.action, record.error_code) == (502, "upstream_error", "upstream_connection_error")
@@ -176,7 +179,7 @@ def test_upstream_breaks_mid_body(stack: Stack, kind: str) -> None:
         stack.client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=50)
     assert info.value.status_code == 502
     assert info.value.body["code"] == "upstream_connection_error"
-    assert stack.fake.base_url in info.value.body["message"]
+    assert stack.fake.base_url not in info.value.body["message"]
     record = stack.next_record(before)
     assert (record.status, record.action) == (502, "upstream_error")
 
@@ -192,7 +195,7 @@ def test_upstream_breaks_mid_stream_ends_with_error_event(stack: Stack, kind: st
     assert all("choices" in json.loads(e) for e in events[:-2])    # relayed chunks are intact
     error = json.loads(events[-2])["error"]
     assert error["code"] == "upstream_connection_error"
-    assert stack.fake.base_url in error["message"]
+    assert stack.fake.base_url not in error["message"]
     record = stack.next_record(before)
     assert (record.action, record.error_code) == ("upstream_error", "upstream_connection_error")
 
@@ -234,7 +237,7 @@ def test_stalled_body_is_504_and_the_upstream_request_is_closed(stack: Stack) ->
         stack.client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=5)
     assert info.value.status_code == 504
     assert info.value.body["code"] == "upstream_timeout"
-    assert stack.fake.base_url in info.value.body["message"]
+    assert stack.fake.base_url not in info.value.body["message"]
     assert f"{STALL_TIMEOUT:g} s" in info.value.body["message"]
     stalled = stack.chat_requests()[-1]
     assert stack.fake.wait_until(lambda f: stalled.closed_at is not None, timeout=5)
@@ -251,7 +254,7 @@ def test_stalled_stream_ends_with_timeout_event(stack: Stack) -> None:
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]
     assert error["code"] == "upstream_timeout"
-    assert stack.fake.base_url in error["message"]
+    assert stack.fake.base_url not in error["message"]
     stalled = stack.chat_requests()[-1]
     assert stack.fake.wait_until(lambda f: stalled.closed_at is not None, timeout=5)
     assert stack.next_record(before).error_code == "upstream_timeout"
@@ -281,7 +284,7 @@ def test_upstream_5xx_with_unusable_body_is_explained(stack: Stack, status: int,
     expected = 503 if status == 503 else 502
     assert info.value.status_code == expected
     assert isinstance(info.value.body, dict), "the client must get an OpenAI error object"
-    assert stack.fake.base_url in info.value.body["message"]
+    assert stack.fake.base_url not in info.value.body["message"]
     assert str(status) in info.value.body["message"]
     if expected == 503:
         assert int(info.value.response.headers["retry-after"]) > 0
@@ -294,14 +297,68 @@ def test_upstream_5xx_html_on_a_stream_request_is_plain_json(stack: Stack) -> No
     stack.fake.fail_next.append(FaultSpec(kind="respond", status=502, body=body, content_type=content_type, path=CHAT))
     response = stack.http.post(CHAT, json=chat(5, stream=True))
     error = assert_openai_error(response, 502)
-    assert stack.fake.base_url in error["message"]
+    assert stack.fake.base_url not in error["message"]
+
+
+@pytest.mark.parametrize("body", [b'{"id": "x", "choices": [', b"", b'{"id": "x"} trailing'],
+                         ids=["truncated", "empty", "trailing"])
+def test_success_whose_json_is_not_whole_is_an_explained_502(stack: Stack, body: bytes) -> None:
+    stack.fake.fail_next.append(FaultSpec(kind="respond", status=200, body=body, path=CHAT))
+    before = len(stack.recorder.records)
+    with pytest.raises(openai.InternalServerError) as info:
+        stack.client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=5)
+    assert info.value.status_code == 502
+    assert info.value.body["code"] == "upstream_invalid_response"
+    assert "HTTP 200" in info.value.body["message"] and "complete JSON" in info.value.body["message"]
+    record = stack.next_record(before)
+    assert (record.status, record.action, record.error_code) == (502, "upstream_error", "upstream_invalid_response")
+
+
+def _large_answer(content_bytes: int) -> dict[str, Any]:
+    return {"id": "chatcmpl-big", "object": "chat.completion", "created": 1, "model": "tiny-qwen",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "big \"quoted\" " * (
+                content_bytes // 16)}, "finish_reason": "length", "logprobs": None}],
+            "usage": {"prompt_tokens": 9, "total_tokens": 509, "completion_tokens": 500}}
+
+
+def test_large_answer_is_relayed_whole_with_its_usage(stack: Stack) -> None:
+    """Over the whole-answer limit: relayed as it arrives, byte for byte, usage still read."""
+    body = json.dumps(_large_answer(3 * 1024 * 1024)).encode()
+    stack.fake.fail_next.append(FaultSpec(kind="respond", status=200, body=body, path=CHAT))
+    before = len(stack.recorder.records)
+    with stack.http.stream("POST", CHAT, json=chat()) as response:
+        assert response.status_code == 200
+        assert response.headers["content-length"] == str(len(body))
+        assert response.headers["x-headroom-action"] in ("pass", "clamped")
+        relayed = response.read()
+    assert relayed == body
+    record = stack.next_record(before)
+    assert (record.status, record.completion_tokens, record.upstream_prompt_tokens) == (200, 500, 9)
+    assert record.finish_reasons == ["length"]
+
+
+@pytest.mark.parametrize("fault", ["connection_closes", "json_cut_short"])
+def test_large_answer_broken_mid_way_never_looks_complete(stack: Stack, fault: str) -> None:
+    full = json.dumps(_large_answer(3 * 1024 * 1024)).encode()
+    if fault == "connection_closes":
+        spec = FaultSpec(kind="respond", status=200, body=full, cut_at=len(full) - 5000, path=CHAT)
+    else:                       # framed as complete, but the JSON itself stops short
+        spec = FaultSpec(kind="respond", status=200, body=full[: len(full) - 5000], path=CHAT)
+    stack.fake.fail_next.append(spec)
+    before = len(stack.recorder.records)
+    with pytest.raises(httpx.RemoteProtocolError), stack.http.stream("POST", CHAT, json=chat()) as response:
+        assert response.status_code == 200
+        response.read()
+    record = stack.next_record(before)
+    assert record.action == "upstream_error"
+    assert record.error_code in ("upstream_connection_error", "upstream_invalid_response")
 
 
 @pytest.mark.parametrize("kind", ["close", "reset"])
 def test_passthrough_route_upstream_drop_is_502_in_openai_shape(stack: Stack, kind: str) -> None:
     stack.fake.fail_next.append(FaultSpec(kind=kind, path="/tokenize"))
     error = assert_openai_error(stack.http.post("/tokenize", json={"model": "tiny-qwen", "prompt": "hi"}), 502)
-    assert stack.fake.base_url in error["message"]
+    assert stack.fake.base_url not in error["message"]
 
 
 def test_passthrough_route_stall_is_504(stack: Stack) -> None:
@@ -310,13 +367,73 @@ def test_passthrough_route_stall_is_504(stack: Stack) -> None:
     assert error["code"] == "upstream_timeout"
 
 
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+def test_bodiless_passthrough_answer_slower_than_the_watch_delay_arrives_whole(stack: Stack, method: str) -> None:
+    """A request without a body: the disconnect watcher must not take its (empty) body for a disconnect."""
+    body = json.dumps({"data": ["x" * 1000] * 64}).encode()
+    stack.fake.fail_next.append(FaultSpec(kind="respond", status=200, body=body, trickle=WATCH_AFTER_S * 4,
+                                          path="/version"))
+    response = stack.http.request(method, "/version")
+    assert response.status_code == 200
+    assert response.content == body
+
+
 def test_engine_dead_is_503_with_retry_after(stack: Stack) -> None:
     stack.fake.engine_dead = True
     with pytest.raises(openai.APIStatusError) as info:
         stack.client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=5)
     assert info.value.status_code == 503
-    assert stack.fake.base_url in info.value.body["message"]
+    assert stack.fake.base_url not in info.value.body["message"]
     assert int(info.value.response.headers["retry-after"]) > 0
+
+
+@pytest.mark.parametrize("value", [0, -5, "4096"])
+@pytest.mark.parametrize("fallback", [None, 2048])
+def test_an_invalid_max_model_len_is_warned_counted_and_falls_back(
+        qwen3_dir: Path, caplog: pytest.LogCaptureFixture, value: Any, fallback: int | None) -> None:
+    """It silently disabled clamping: now a warning, headroom_model_limit_unknown, and the fallback if set."""
+    caplog.set_level("WARNING", "headroom.models")
+
+    def configure(config: Config) -> None:
+        config.upstream.fallback_max_model_len = fallback
+
+    with running_stack(qwen3_dir, recorder=None, configure=configure,
+                       fake_kwargs={"card": {"max_model_len": value}}) as st:
+        response = st.http.post(CHAT, json=chat(max_tokens=999999))
+        metrics = st.http.get("/metrics").text
+        forwarded = st.chat_requests()[-1].json["max_tokens"]
+    if fallback is None:              # unclamped: what vLLM itself says about 999999 stands
+        assert forwarded == 999999 and "x-headroom-max-model-len" not in response.headers
+    else:
+        assert response.status_code == 200, response.text[:300]
+        assert response.headers["x-headroom-action"] == "clamped" and forwarded < fallback
+    assert 'headroom_model_limit_unknown{model="tiny-qwen"} 1.0' in metrics
+    warned = [r.getMessage() for r in caplog.records if r.name == "headroom.models" and r.levelname == "WARNING"]
+    assert any("tiny-qwen" in m and "max_model_len" in m and str(value) in m for m in warned), warned
+
+
+def test_model_discovery_has_its_own_short_timeout_and_message(qwen3_dir: Path) -> None:
+    """A hung /v1/models at start-up used the 900 s generation timeout and a 504 about 'a long generation'."""
+    hold = threading.Event()
+    with FakeVLLM() as fake:
+        fake.fail_next.append(FaultSpec(kind="respond", status=200, gate=hold, path="/v1/models"))
+        config = make_config(fake.base_url, qwen3_dir, timeout=30.0)
+        config.upstream.models_timeout = 0.3
+        try:
+            with serve_in_thread(HeadroomApp(config, recorder=ListRecorder()), **uvicorn_settings(config)) as base:
+                client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
+                started = time.monotonic()
+                with pytest.raises(openai.APIStatusError) as info:
+                    client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=4)
+                elapsed = time.monotonic() - started
+                hold.set()
+                assert client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=4).usage
+        finally:
+            hold.set()
+    assert elapsed < 10, "the 30 s generation timeout, not models_timeout, ended the wait"
+    assert info.value.status_code == 503 and int(info.value.response.headers["retry-after"]) > 0
+    message = info.value.body["message"]
+    assert "GET /v1/models" in message and "upstream.models_timeout" in message and "generation" not in message
 
 
 def test_models_unreachable_at_start_then_served_without_restart(qwen3_dir: Path) -> None:
@@ -329,7 +446,7 @@ def test_models_unreachable_at_start_then_served_without_restart(qwen3_dir: Path
                 with pytest.raises(openai.APIStatusError) as info:
                     client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=4)
                 assert info.value.status_code in (502, 503)
-                assert fake.base_url in info.value.body["message"]
+                assert fake.base_url not in info.value.body["message"]
             fake.ready = True
             completion = client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=4)
             assert completion.usage.completion_tokens == 4
@@ -424,6 +541,46 @@ def test_client_that_never_finishes_its_body_does_not_reach_the_upstream(stack: 
     # A complete request afterwards is served, and the half request never reached vLLM.
     assert stack.http.post(CHAT, json=chat()).status_code == 200
     assert len(stack.chat_requests()) == before_chat + 1
+
+
+@pytest.mark.parametrize("path,body", [
+    (CHAT, chat()),
+    ("/tokenize", {"model": "tiny-qwen", "prompt": "Hello"}),
+], ids=["admitted", "passthrough"])
+def test_expect_100_continue_is_answered_here_and_not_forwarded(stack: Stack, path: str, body: dict) -> None:
+    """curl sends `Expect: 100-continue` above 1 MiB: the client gets 100 from headroom, then the answer."""
+    before = len(stack.fake.requests)
+    raw = json.dumps(body).encode()
+    sock = raw_http(stack.port, raw_post(path, raw, "expect: 100-continue\r\nconnection: close\r\n")[: -len(raw)])
+    assert read_until(sock, b"\r\n\r\n").startswith(b"HTTP/1.1 100 ")
+    sock.sendall(raw)
+    answer = read_all(sock)
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
+    assert answer.count(b"HTTP/1.1 ") == 1, "one final answer, no relayed interim one"
+    forwarded = stack.fake.requests[before:]
+    assert [r.path for r in forwarded] == [path]
+    assert "expect" not in forwarded[0].headers
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_abandoned_passthrough_body_is_not_forwarded_as_complete(stack: Stack, framing: str) -> None:
+    """A streamed pass-through body the client stops sending: the upstream request is aborted, not ended."""
+    before = len(stack.fake.partial_requests)
+    sent = b'{"model": "tiny-qwen", "prompt": "' + b"x" * 100_000
+    if framing == "content-length":
+        head = f"POST /tokenize HTTP/1.1\r\nhost: h\r\ncontent-type: application/json\r\ncontent-length: {2_000_000}"
+        payload = sent
+    else:
+        head = "POST /tokenize HTTP/1.1\r\nhost: h\r\ncontent-type: application/json\r\ntransfer-encoding: chunked"
+        payload = b"%x\r\n%b\r\n" % (len(sent), sent)
+    sock = raw_http(stack.port, head.encode() + b"\r\n\r\n" + payload)
+    assert stack.fake.wait_until(lambda f: any(b"POST /tokenize" in r for r in f.receiving()), timeout=5)
+    sock.close()
+    assert stack.fake.wait_until(lambda f: len(f.partial_requests) > before, timeout=5), (
+        "headroom ended the upstream request instead of aborting it"
+    )
+    assert not any(r.body.startswith(sent[:40]) for r in stack.fake.requests), "a partial body reached vLLM as whole"
 
 
 # ---------------------------------------------------------------------------
@@ -640,6 +797,59 @@ def test_enormous_or_odd_max_tokens_is_clamped(stack: Stack, value: Any) -> None
     granted = int(response.headers["x-headroom-granted-max-tokens"])
     assert 1 <= granted <= stack.fake.max_model_len
     assert stack.chat_requests()[-1].json["max_tokens"] == granted
+
+
+def test_astronomical_max_tokens_is_recorded_and_counted(qwen3_dir: Path, tmp_path: Path,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """10**400 is clamped (above), and its request still leaves a record and consistent metrics."""
+    length_log = tmp_path / "lengths.jsonl"
+
+    def configure(config: Config) -> None:
+        config.length_log.path = str(length_log)
+
+    with running_stack(qwen3_dir, recorder=None, configure=configure) as st:
+        for value in (10**400, 7):
+            assert st.http.post(CHAT, json=chat(max_tokens=value)).status_code == 200
+        metrics = st.http.get("/metrics").text
+        assert st.app.recorder.lengthlog is not None and st.app.recorder.lengthlog.flush(5)
+    records = [json.loads(line) for line in length_log.read_text().splitlines()]
+    assert [r["requested_max_tokens"] for r in records] == [10**400, 7]
+    count = sum_ = None
+    for line in metrics.splitlines():
+        if line.startswith('headroom_requested_max_tokens_count{model="tiny-qwen"}'):
+            count = float(line.split()[-1])
+        if line.startswith('headroom_requested_max_tokens_sum{model="tiny-qwen"}'):
+            sum_ = float(line.split()[-1])
+    assert count == 2 and sum_ is not None and sum_ < float("inf")
+    assert "could not record" not in caplog.text
+
+
+@pytest.mark.parametrize("prompt,completion", [(-5, 3), (10**30, 10**30), (3, -1)])
+def test_impossible_upstream_usage_stays_out_of_the_records(qwen3_dir: Path, tmp_path: Path, prompt: int,
+                                                            completion: int) -> None:
+    """A negative count was recorded (then skipped by the report), 10**30 made it recommend 1e30."""
+    from proxy.report import build_report, iter_models, model_report
+
+    length_log = tmp_path / "lengths.jsonl"
+
+    def configure(config: Config) -> None:
+        config.length_log.path = str(length_log)
+
+    answer = {"id": "x", "object": "chat.completion", "model": "tiny-qwen",
+              "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+              "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": 0}}
+    with running_stack(qwen3_dir, recorder=None, configure=configure) as st:
+        st.fake.fail_next.append(FaultSpec(kind="respond", status=200, body=answer, path=CHAT))
+        assert st.http.post(CHAT, json=chat()).status_code == 200
+        assert st.http.post(CHAT, json=chat()).status_code == 200            # a sane answer beside it
+        assert st.app.recorder.lengthlog is not None and st.app.recorder.lengthlog.flush(5)
+    odd, _sane = [json.loads(line) for line in length_log.read_text().splitlines()]
+    assert odd["upstream_prompt_tokens"] == (prompt if 0 <= prompt <= 2048 else None)
+    assert odd["completion_tokens"] == (completion if 0 <= completion <= 2048 else None)
+    builder = build_report([str(length_log)])
+    assert builder.stats.malformed == 0
+    [report] = [model_report(m) for m in iter_models(builder)]
+    assert "1e+30" not in json.dumps(report) and str(10**30) not in json.dumps(report)
 
 
 @pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e400"])
@@ -896,6 +1106,45 @@ def test_no_prompt_or_completion_text_in_logs_records_or_metrics(
             assert marker not in body, f"{marker} appears in {page}"
 
 
+def test_no_client_facing_answer_names_the_internal_address(qwen3_dir: Path) -> None:
+    """Internal topology stays in the logs: across every failure an upstream can cause, no body, event
+    or header a client receives names the upstream's address (server.show_upstream_url is off)."""
+    seen: list[str] = []
+
+    def keep(response: httpx.Response) -> None:
+        seen.append(response.text)
+        seen.extend(f"{k}: {v}" for k, v in response.headers.items())
+
+    with running_stack(qwen3_dir) as st:
+        address = f"127.0.0.1:{st.fake.port}"
+        faults = [FaultSpec(kind=k, path=CHAT) for k in ("close", "reset", "stall")] + [
+            FaultSpec(kind="respond", status=status, body=body, content_type=ctype, path=CHAT)
+            for status in (500, 502, 503) for body, ctype in UNUSABLE_BODIES.values()] + [
+            FaultSpec(kind="respond", status=200, body=b'{"id": "x", "choices": [', path=CHAT),
+            FaultSpec(kind="close_mid_body", path=CHAT), FaultSpec(kind="reset_mid_body", path=CHAT)]
+        for fault in faults:
+            for stream in (False, True):
+                st.fake.fail_next[:] = [fault]
+                keep(st.http.post(CHAT, json=chat(5, stream=stream)))
+        st.fake.fail_next[:] = [FaultSpec(kind="reset_mid_body", after_chunks=2, path=CHAT)]
+        keep(st.http.post(CHAT, json=chat(30, stream=True)))
+        st.fake.fail_next[:] = [FaultSpec(kind="reset", path="/tokenize")]
+        keep(st.http.post("/tokenize", json={"model": "tiny-qwen", "prompt": "hi"}))
+        st.fake.engine_dead = True
+        keep(st.http.post(CHAT, json=chat()))
+        st.fake.engine_dead = False
+        for page in ("/ready", "/live", "/metrics", "/stats", "/v1/models"):
+            keep(st.http.get(page))
+        st.fake.ready = False                               # the upstream goes away
+        keep(st.http.post(CHAT, json=chat()))
+        keep(st.http.post("/tokenize", json={"model": "tiny-qwen", "prompt": "hi"}))
+        keep(st.http.get("/ready"))
+        st.fake.ready = True
+    assert len(seen) > 100
+    leaks = [text[:200] for text in seen if address in text]
+    assert leaks == [], leaks
+
+
 INBOUND_KEY = "sk-inbound-zq7SECRETx9"
 UPSTREAM_KEY = "sk-upstream-zq7SECRETx9"
 WRONG_KEY = "sk-wrong-zq7SECRETx9"
@@ -931,6 +1180,87 @@ def test_health_stays_open_with_api_keys(keyed_stack: Stack) -> None:
     assert keyed_stack.http.get("/health").status_code == 200
 
 
+OPEN_PROBES = [b"GET /health", b"GET /version", b"GET /ping", b"POST /ping"]
+NOT_OPEN = [
+    b"POST /health", b"DELETE /version", b"PUT /ping", b"HEAD /health",   # another method
+    b"GET /heal%74h", b"GET /%68ealth", b"GET //health",                  # another spelling
+    b"GET /health?x=1", b"GET /version?v=1",                               # a query
+    b"GET /health/", b"GET /v1/models",                                    # another path
+]
+
+
+@pytest.mark.parametrize("line", OPEN_PROBES + NOT_OPEN, ids=lambda b: b.decode())
+def test_only_vllms_probes_exactly_as_written_pass_without_a_key(keyed_stack: Stack, line: bytes) -> None:
+    before = len(keyed_stack.fake.requests)
+    sock = raw_http(keyed_stack.port, line + b" HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n")
+    answer = read_all(sock)
+    sock.close()
+    relayed = keyed_stack.fake.requests[before:]
+    if line in OPEN_PROBES:
+        assert not answer.startswith(b"HTTP/1.1 401"), answer[:200]
+        assert [r.path for r in relayed] == [line.split(b" ")[1].decode()]
+    else:
+        assert answer.startswith(b"HTTP/1.1 401 "), answer[:200]
+        if not line.startswith(b"HEAD"):
+            assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["code"] == "invalid_api_key"
+        assert relayed == [], "nothing unauthenticated may reach the upstream"
+
+
+def test_a_probe_with_a_body_needs_a_key(keyed_stack: Stack) -> None:
+    before = len(keyed_stack.fake.requests)
+    for body in (b"x", b'{"model": "tiny-qwen"}'):
+        response = keyed_stack.http.request("GET", "/health", content=body)
+        assert response.status_code == 401
+    assert keyed_stack.http.post("/ping", content=b"ping").status_code == 401
+    assert keyed_stack.fake.requests[before:] == []
+
+
+@pytest.mark.parametrize("page", ["/metrics", "/stats", "/dashboard"])
+def test_headroom_pages_need_a_key_when_the_api_does(keyed_stack: Stack, page: str) -> None:
+    """They name every model and its traffic: never more open than /v1/models."""
+    for headers in ({}, {"authorization": f"Bearer {WRONG_KEY}"}):
+        error = assert_openai_error(keyed_stack.http.get(page, headers=headers), 401)
+        assert error["code"] == "invalid_api_key"
+    assert keyed_stack.http.get(page, headers={"authorization": f"Bearer {INBOUND_KEY}"}).status_code == 200
+
+
+def test_ready_without_a_key_says_only_whether_it_is_ready(keyed_stack: Stack) -> None:
+    keyed_stack.client.with_options(api_key=INBOUND_KEY).models.list()
+    bare = keyed_stack.http.get("/ready")
+    assert bare.json() == {"ready": bare.status_code == 200}
+    full = keyed_stack.http.get("/ready", headers={"authorization": f"Bearer {INBOUND_KEY}"})
+    assert full.status_code == bare.status_code and "tiny-qwen" in full.json()["models"]
+
+
+def test_metrics_keys_are_the_pages_own(qwen3_dir: Path) -> None:
+    def configure(config: Config) -> None:
+        config.server.api_keys = [INBOUND_KEY]
+        config.server.metrics_api_keys = ["sk-scraper"]
+
+    with running_stack(qwen3_dir, configure=configure) as st:
+        api, scraper = ({"authorization": f"Bearer {k}"} for k in (INBOUND_KEY, "sk-scraper"))
+        assert st.http.get("/metrics", headers=api).status_code == 401       # an API key reads no metrics
+        assert st.http.get("/metrics", headers=scraper).status_code == 200
+        assert st.http.get("/v1/models", headers=scraper).status_code == 401  # nor a metrics key the API
+        assert st.http.get("/v1/models", headers=api).status_code == 200
+
+
+def test_unauthorized_requests_are_counted_apart_and_never_recorded(keyed_stack: Stack) -> None:
+    before = len(keyed_stack.recorder.records)
+    metrics = keyed_stack.app.recorder.metrics
+    start = {route: metrics.registry.get_sample_value("headroom_unauthorized_requests_total", {"route": route}) or 0
+             for route in ("chat", "completions", "passthrough", "pages")}
+    keyed_stack.http.post(CHAT, json=chat(), headers={"authorization": f"Bearer {WRONG_KEY}"})
+    keyed_stack.http.post("/v1/completions", json={"prompt": "x"})
+    keyed_stack.http.get("/v1/models")
+    keyed_stack.http.get("/stats")
+    now = {route: metrics.registry.get_sample_value("headroom_unauthorized_requests_total", {"route": route})
+           for route in start}
+    assert {route: now[route] - start[route] for route in start} == {
+        "chat": 1, "completions": 1, "passthrough": 1, "pages": 1}
+    assert len(keyed_stack.recorder.records) == before, "a 401 is not a length record"
+
+
 def test_upstream_key_replaces_the_clients(keyed_stack: Stack) -> None:
     client = openai.OpenAI(base_url=keyed_stack.base_url + "/v1", api_key=INBOUND_KEY, max_retries=0)
     client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=4)
@@ -939,6 +1269,22 @@ def test_upstream_key_replaces_the_clients(keyed_stack: Stack) -> None:
         seen = [r for r in keyed_stack.fake.requests if r.path == path][-1].headers
         assert seen["authorization"] == f"Bearer {UPSTREAM_KEY}"
         assert INBOUND_KEY not in json.dumps(seen)
+
+
+@pytest.mark.parametrize("forward", [True, False])
+def test_the_clients_key_reaches_the_upstream_only_when_forwarding_is_on(qwen3_dir: Path, forward: bool) -> None:
+    """No upstream.api_key: the client's Authorization is forwarded (the default, documented), or dropped."""
+    def configure(config: Config) -> None:
+        config.server.api_keys = [INBOUND_KEY]
+        config.upstream.forward_client_authorization = forward
+
+    with running_stack(qwen3_dir, configure=configure) as st:
+        client = openai.OpenAI(base_url=st.base_url + "/v1", api_key=INBOUND_KEY, max_retries=0)
+        client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=4)
+        client.models.list()
+        for path in (CHAT, "/v1/models"):
+            seen = [r for r in st.fake.requests if r.path == path][-1].headers
+            assert (seen.get("authorization") == f"Bearer {INBOUND_KEY}") is forward
 
 
 def test_api_keys_are_never_logged(qwen3_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -1029,6 +1375,28 @@ def test_idle_timeout_is_separate_from_first_byte_timeout(qwen3_dir: Path, strea
     assert error["code"] == "upstream_timeout"
     assert "0.4 s" in error["message"]
     assert record.action == "upstream_error"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_total_deadline_cuts_an_upstream_that_never_stops(qwen3_dir: Path, stream: bool) -> None:
+    """idle_timeout restarts with every chunk: a stream that goes on forever needs upstream.total_timeout."""
+    with running_stack(qwen3_dir, fake_kwargs={"tokens_per_second": 20}, timeout=30.0, total_timeout=0.5) as stack:
+        started = time.monotonic()
+        response = httpx.post(stack.base_url + CHAT, timeout=60, json=chat(1000, stream=stream))  # 50 s of tokens
+        elapsed = time.monotonic() - started
+        request = stack.chat_requests()[-1]
+        assert stack.fake.wait_until(lambda f: request.closed_at is not None, timeout=5), "the upstream kept going"
+        record = stack.recorder.last()
+    assert elapsed < 10
+    if stream:
+        events = sse_data(response.text)
+        assert events[-1] == "[DONE]" and len(events) > 3       # tokens flowed, then the cut
+        error = json.loads(events[-2])["error"]
+    else:
+        assert response.status_code == 504
+        error = response.json()["error"]
+    assert error["code"] == "upstream_timeout" and "upstream.total_timeout" in error["message"]
+    assert (record.action, record.error_code) == ("upstream_error", "upstream_timeout")
 
 
 def test_slow_first_byte_is_bounded_by_timeout_not_idle_timeout(qwen3_dir: Path) -> None:

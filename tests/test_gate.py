@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
 from pathlib import Path
 
@@ -13,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.app import HeadroomApp, make_recorder
 from proxy.config import Config, ModelConfig, UpstreamConfig
 from proxy.errors import HeadroomError
-from proxy.gate import UpstreamGate
-from proxy.recorder import Recorder
+from proxy.gate import MemoryBudget, UpstreamGate
 from proxy.record import LengthRecord
+from proxy.recorder import Recorder
 from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread
 
@@ -94,3 +95,54 @@ def test_in_flight_gauge_follows_an_open_stream(qwen3_dir: Path) -> None:
                 b"".join(chunks)
             assert recorder.finished.wait(10)
             assert gauge(http.get("/metrics").text, "headroom_in_flight_requests") == {"default": 0}
+
+
+# -- MemoryBudget: the memory for counting long prompts ---------------------------------------
+
+def _busy(limit: int, waited: float) -> HeadroomError:
+    return HeadroomError(503, f"busy {limit} {waited}", code="counting_busy")  # type: ignore[arg-type]
+
+
+async def _queued(budget: MemoryBudget, count: int) -> None:
+    while len(budget._waiters) < count:
+        await asyncio.sleep(0)
+
+
+async def test_budget_grants_in_arrival_order_within_the_limit() -> None:
+    budget = MemoryBudget(100, 30.0, _busy)
+    a = await budget.acquire(60)
+    second = asyncio.ensure_future(budget.acquire(60))   # does not fit beside the first: waits
+    third = asyncio.ensure_future(budget.acquire(10))    # would fit, but waits its turn
+    await _queued(budget, 2)
+    assert budget.used == 60 and not second.done() and not third.done()
+    budget.release(a)
+    assert await second == 60 and await third == 10 and budget.used == 70
+
+
+async def test_work_larger_than_the_budget_runs_alone() -> None:
+    budget = MemoryBudget(100, 30.0, _busy)
+    small = await budget.acquire(10)
+    huge = asyncio.ensure_future(budget.acquire(10_000))
+    await _queued(budget, 1)
+    assert not huge.done()
+    budget.release(small)
+    assert await huge == 100 and budget.used == 100         # the whole budget, nothing beside it
+    later = asyncio.ensure_future(budget.acquire(1))
+    await _queued(budget, 1)
+    budget.release(100)
+    assert await later == 1
+
+
+async def test_budget_wait_times_out_with_the_refusal_and_frees_its_place() -> None:
+    budget = MemoryBudget(100, 0.05, _busy)
+    held = await budget.acquire(100)
+    with pytest.raises(HeadroomError, match=r"busy 100 0\.05"):
+        await budget.acquire(50)
+    assert budget._waiters == collections.deque() and budget.used == 100
+    cancelled = asyncio.ensure_future(budget.acquire(50))
+    await _queued(budget, 1)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    budget.release(held)
+    assert budget.used == 0 and not budget._waiters

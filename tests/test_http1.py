@@ -251,6 +251,20 @@ async def test_idle_connection_closed_by_the_server_is_not_used_again() -> None:
         assert server.connections == 2 and p._open == 1
 
 
+@pytest.mark.parametrize("interim", [b"HTTP/1.1 100 Continue\r\n\r\n",
+                                     b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n"],
+                         ids=["100", "100+103"])
+async def test_interim_answers_are_skipped_for_the_final_one(interim: bytes) -> None:
+    """uvicorn (vLLM's server) answers `Expect: 100-continue` with 100 before the real answer."""
+    async with Server(reply(interim + ok(b"final", b"x-final: 1\r\n"), hold=True)) as server:
+        p = pool(server)
+        response = await p.request("POST", "/", [], b"{}", timeout=5, idle_timeout=5)
+        assert (response.status, await response.read()) == (200, b"final")
+        assert response.headers.get("x-final") == "1" and "link" not in response.headers
+        response.release()
+        await p.close()
+
+
 async def test_connection_refused_and_garbage_and_reset() -> None:
     async with Server(answer_each) as server:
         url = server.url

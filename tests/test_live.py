@@ -187,6 +187,22 @@ def test_stats_recommendation_is_bounded_by_the_model_and_the_kv_pool() -> None:
     assert pool["concurrency"] == 279 * 16 // (math.ceil(m["demand_kv_p95"] / 16) * 16)
 
 
+def test_every_surface_is_counted_per_endpoint_and_a_batch_by_its_longest_prompt() -> None:
+    r = recorder()
+    r.record(rec(endpoint="chat", prompt_tokens=10, completion_tokens=5))
+    r.record(rec(endpoint="responses", prompt_tokens=20, completion_tokens=5))
+    r.record(rec(endpoint="responses", prompt_tokens=30, action="uncounted", upstream_prompt_tokens=30,
+                 completion_tokens=5))
+    r.record(rec(endpoint="messages", prompt_tokens=40, completion_tokens=5))
+    # 64 embedded inputs of 500 tokens: one sequence of 500, not one of 32,000
+    r.record(rec(endpoint="embeddings", prompt_tokens=32000, longest_prompt_tokens=500, upstream_prompt_tokens=32000,
+                 completion_tokens=0, action="truncated"))
+    [m] = r.stats()["models"]
+    assert m["endpoints"] == {"responses": 2, "chat": 1, "messages": 1, "embeddings": 1}
+    assert (m["actions"]["uncounted"], m["actions"]["truncated"]) == (1, 1)
+    assert m["recommended_max_model_len"] == 496   # p99 of sequences 15, 25, 35, 45, 500 → 482.2, in blocks
+
+
 def test_models_are_reported_separately_and_sorted() -> None:
     r = recorder()
     r.record(rec(model="zeta", prompt_tokens=1))

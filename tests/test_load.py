@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from tests.support.fakevllm import FakeVLLM, stream_events
-from tests.support.process import HeadroomProcess, wait_until
+from tests.support.process import HeadroomProcess, reset_peak_rss, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -176,3 +176,164 @@ def test_excess_requests_wait_then_get_503_with_retry_after(qwen3_dir: Path) -> 
             assert [r.status_code for r in results] == [200, 200]
             # once the slots are free, requests flow again
             assert http.post(CHAT, json=body).status_code == 200
+
+
+# ---------------------------------------------------------------------------
+# One huge non-streamed answer
+# ---------------------------------------------------------------------------
+
+HUGE_ANSWER = int(os.environ.get("HEADROOM_HUGE_ANSWER_MB", "500")) * 1024 * 1024
+
+
+def test_500_mb_answer_is_relayed_in_bounded_memory(qwen3_dir: Path, tmp_path: Path) -> None:
+    """A non-streamed answer far above the whole-answer limit: relayed as it arrives, usage still recorded."""
+    from tests.support.fakevllm import FaultSpec
+
+    log = tmp_path / "lengths.jsonl"
+    with FakeVLLM() as fake:
+        headroom = HeadroomProcess(fake.base_url, tmp_path, qwen3_dir, extra_args=["--length-log", str(log)])
+        try:
+            body = {"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+            assert httpx.post(headroom.base_url + CHAT, json=body, timeout=30).status_code == 200
+            rss_before = headroom.status("VmRSS")
+            exact_peak = reset_peak_rss(headroom.pid)
+            fake.fail_next.append(FaultSpec(kind="huge", size=HUGE_ANSWER, path=CHAT))
+            received = 0
+            tail = b""
+            started = time.perf_counter()
+            with httpx.stream("POST", headroom.base_url + CHAT, json=body, timeout=120) as response:
+                assert response.status_code == 200
+                declared = int(response.headers["content-length"])
+                for chunk in response.iter_raw():
+                    received += len(chunk)
+                    tail = (tail + chunk)[-4096:]
+            elapsed = time.perf_counter() - started
+            peak = headroom.status("VmHWM")
+        finally:
+            headroom.stop()
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert received == declared > HUGE_ANSWER
+    assert tail.endswith(b'"completion_tokens":2000}}')
+    assert records[-1]["completion_tokens"] == 2000 and records[-1]["status"] == 200
+    growth = (peak - rss_before) / 1024
+    print(f"\n[G] {HUGE_ANSWER >> 20} MB non-streamed answer in {elapsed:.1f} s: headroom RSS "
+          f"{rss_before / 1024:.0f} MiB before, peak {peak / 1024:.0f} MiB (+{growth:.0f} MiB"
+          f"{'' if exact_peak else ', peak since start'})")
+    assert growth < 100, f"RSS grew by {growth:.0f} MiB relaying one answer"
+
+
+# ---------------------------------------------------------------------------
+# Attacks on the connection layer (proxy.server): probes keep being answered
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind,count", [("slowloris", 150), ("header", 150), ("body", 150), ("idle", 5000)])
+def test_probes_are_answered_during_a_connection_attack(qwen3_dir: Path, tmp_path: Path, kind: str,
+                                                        count: int) -> None:
+    """bench/attack_bench.py's phases, shorter: every probe answered, memory and descriptors bounded.
+
+    The idle phase opens more connections than headroom's 4,096 descriptors: under uvicorn's own
+    protocol every probe then failed (bench/attack_bench.py --server plain).
+    """
+    from bench.attack_bench import phase, probe_once
+
+    with FakeVLLM(record=False) as fake:
+        headroom = HeadroomProcess(fake.base_url, tmp_path, qwen3_dir, fd_limit=4096)
+        try:
+            assert wait_until(lambda: probe_once(headroom.port, chat=True) is not None, timeout=30)
+            rss_before = headroom.status("VmRSS")
+            result = phase(headroom, kind, count, seconds=3.0)
+        finally:
+            headroom.stop()
+    growth = (int(result["peak"]) - rss_before) / 1024
+    print(f"\n[G] {kind} x{count}: {result['probes']} probes, {result['failed']} failed, p50 {result['p50']:.1f} ms, "
+          f"p99 {result['p99']:.1f} ms; RSS +{growth:.0f} MiB; {result['fds']} fds")
+    assert result["failed"] == 0, result
+    assert growth < 100, f"RSS grew by {growth:.0f} MiB under the {kind} attack"
+    assert int(result["fds"]) < 4096
+
+
+# ---------------------------------------------------------------------------
+# Memory for counting long prompts
+# ---------------------------------------------------------------------------
+
+def _prompt(chars: int, salt: str = "") -> dict:
+    words = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel")
+    text = " ".join(f"{words[i % 8]}{salt}{i % 97}" for i in range(chars // 6 + 1))[:chars]
+    return {"model": "tiny-qwen", "messages": [{"role": "user", "content": text}], "max_tokens": 4}
+
+
+def _peak_growth(headroom: HeadroomProcess, send) -> tuple[float, float, list[httpx.Response]]:
+    """(peak RSS growth, RSS growth left afterwards) in MiB around `send()`."""
+    rss_before = headroom.status("VmRSS")
+    reset_peak_rss(headroom.pid)
+    responses = send()
+    peak = headroom.status("VmHWM")
+    after = headroom.status("VmRSS")
+    return (peak - rss_before) / 1024, (after - rss_before) / 1024, responses
+
+
+def test_a_prompt_over_the_character_bound_costs_no_counting_memory(qwen3_dir: Path, tmp_path: Path) -> None:
+    """The issue's 33 MB prompt (just under the 32 MiB body limit) peaked at 5.5 GiB: now refused unencoded."""
+    with FakeVLLM(record=False) as fake:
+        headroom = HeadroomProcess(fake.base_url, tmp_path, qwen3_dir)
+        try:
+            assert httpx.post(headroom.base_url + CHAT, json=_prompt(100), timeout=30).status_code == 200
+            body = json.dumps(_prompt(32 * 1024 * 1024 - 200)).encode()
+            started = time.perf_counter()
+            peak, left, [response] = _peak_growth(headroom, lambda: [
+                httpx.post(headroom.base_url + CHAT, content=body, timeout=120)])
+            elapsed = time.perf_counter() - started
+        finally:
+            headroom.stop()
+    assert response.status_code == 400, response.text[:300]
+    assert "characters" in response.json()["error"]["message"]
+    print(f"\n[G] {len(body) / 1e6:.1f} MB prompt over the character bound: refused in {elapsed:.2f} s, "
+          f"RSS peak +{peak:.0f} MiB, +{left:.0f} MiB afterwards")
+    assert peak < 600, f"refusing one prompt cost {peak:.0f} MiB"
+
+
+LARGEST_MML = int(os.environ.get("HEADROOM_LARGEST_PROMPT_MML", "2048"))
+
+
+def test_the_largest_allowed_prompt_is_counted_and_its_memory_returned(qwen3_dir: Path, tmp_path: Path) -> None:
+    """A prompt just inside vLLM's character bound (max_model_len x 128) is counted; the heap goes back after."""
+    with FakeVLLM(record=False) as fake:
+        headroom = HeadroomProcess(fake.base_url, tmp_path, qwen3_dir, model_toml=f"max_model_len = {LARGEST_MML}")
+        try:
+            assert httpx.post(headroom.base_url + CHAT, json=_prompt(100), timeout=30).status_code == 200
+            overhead = 50     # Qwen3's template around one user message, in characters
+            body = _prompt(LARGEST_MML * 128 - overhead)
+            peak, left, [response] = _peak_growth(headroom, lambda: [
+                httpx.post(headroom.base_url + CHAT, json=body, timeout=300)])
+        finally:
+            headroom.stop()
+    assert response.status_code == 400, response.text[:300]        # counted: far more tokens than fit
+    error = response.json()["error"]
+    assert "characters" not in error["message"] and error["headroom"]["prompt_tokens"] > LARGEST_MML
+    print(f"\n[G] largest allowed prompt for max_model_len {LARGEST_MML} ({LARGEST_MML * 128 / 1e6:.2f} M chars, "
+          f"{error['headroom']['prompt_tokens']} tokens): RSS peak +{peak:.0f} MiB, +{left:.0f} MiB afterwards")
+    assert left < max(64.0, peak / 4), "the counting heap was not returned"
+
+
+def test_concurrent_long_prompts_are_counted_within_the_memory_budget(qwen3_dir: Path, tmp_path: Path) -> None:
+    """Three 8 MB prompts at once peaked at 3.3 GiB: each is over the 1 GiB budget, so they take turns."""
+    with FakeVLLM(record=False) as fake:
+        headroom = HeadroomProcess(fake.base_url, tmp_path, qwen3_dir, model_toml="max_model_len = 131072",
+                                   extra_toml="queue_timeout = 120.0")
+        try:
+            assert httpx.post(headroom.base_url + CHAT, json=_prompt(100), timeout=30).status_code == 200
+            bodies = [json.dumps(_prompt(8 * 1000 * 1000, salt=s)).encode() for s in "xyz"]
+
+            def send() -> list[httpx.Response]:
+                async def all_at_once() -> list[httpx.Response]:
+                    async with httpx.AsyncClient(base_url=headroom.base_url, timeout=300) as client:
+                        return list(await asyncio.gather(*(client.post(CHAT, content=b) for b in bodies)))
+                return asyncio.run(all_at_once())
+
+            peak, left, responses = _peak_growth(headroom, send)
+        finally:
+            headroom.stop()
+    assert [r.status_code for r in responses] == [400] * 3, [r.text[:200] for r in responses]
+    assert all(r.json()["error"]["headroom"]["prompt_tokens"] > 131072 for r in responses)
+    print(f"\n[G] three 8 MB prompts at once: RSS peak +{peak:.0f} MiB, +{left:.0f} MiB afterwards")
+    assert peak < 2 * 1024, f"three concurrent counts peaked at +{peak:.0f} MiB"

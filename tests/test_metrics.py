@@ -182,3 +182,17 @@ def test_render_negotiates_openmetrics() -> None:
     body, content_type = m.render("application/openmetrics-text; version=1.0.0")
     assert content_type.startswith("application/openmetrics-text")
     assert body.endswith(b"# EOF\n")
+
+
+def test_astronomical_values_keep_count_and_sum_in_step() -> None:
+    """A client may send max_tokens = 10**400: observing it must neither raise nor split count from sum."""
+    m = Metrics()
+    m.observe(rec(requested_max_tokens=10**400, granted_max_tokens=100, prompt_tokens=10, max_model_len=2048,
+                  action="clamped"))
+    m.observe(rec(requested_max_tokens=-(10**400), prompt_tokens=10))
+    assert value(m, "headroom_requested_max_tokens_count", model="qwen") == 2
+    total = value(m, "headroom_requested_max_tokens_sum", model="qwen")
+    assert total is not None and total == total and abs(total) < float("inf")
+    removed = value(m, "headroom_clamped_tokens_total", model="qwen")
+    assert removed is not None and 0 < removed < float("inf")
+    assert value(m, "headroom_requests_total", model="qwen", endpoint="chat", action="clamped", status="200") == 1

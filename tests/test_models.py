@@ -116,3 +116,25 @@ def test_backends_name_each_registry_after_its_upstream() -> None:
     backends = Backends(config)
     assert [(b.registry.name, b.registry.url) for b in backends.items] == [
         ("default", "http://a:8000"), ("big", "http://b:8000")]
+
+
+
+# -- a card without a usable max_model_len ------------------------------------------------
+
+@pytest.mark.parametrize("value", [0, -5, "4096", 4096.0, True, None, [4096]])
+def test_a_card_without_a_usable_limit_says_why_and_takes_the_fallback(value: Any) -> None:
+    card = {"id": "m", "max_model_len": value} if value is not None else {"id": "m"}
+    [info] = limits.parse_models({"data": [card]}).values()
+    assert info.max_model_len is None and info.limit_problem is not None
+    assert ("no max_model_len" in info.limit_problem) is (value is None)
+    [fell_back] = limits.parse_models({"data": [card]}, fallback=8192).values()
+    assert (fell_back.max_model_len, fell_back.source) == (8192, "fallback")
+    assert "fallback_max_model_len = 8192" in limits.limit_warning("http://vllm:8000", fell_back)
+    assert 'models."m".max_model_len' in limits.limit_warning("http://vllm:8000", info)
+
+
+def test_lora_adapters_inherit_and_good_cards_have_no_problem() -> None:
+    payload = {"data": [{"id": "base", "max_model_len": 4096}, {"id": "lora", "parent": "base", "max_model_len": None}]}
+    models = limits.parse_models(payload, fallback=99)
+    assert (models["base"].max_model_len, models["base"].limit_problem) == (4096, None)
+    assert (models["lora"].max_model_len, models["lora"].source, models["lora"].limit_problem) == (4096, "parent", None)

@@ -1,4 +1,4 @@
-"""Never worse than vLLM alone: the sweep of prompt sizes × limits, through headroom and direct.
+"""Never worse than vLLM alone: the sweep of prompt sizes × limits × surfaces, through headroom and direct.
 
 Against the REAL vLLM 0.32 (it clamps prompt + max_tokens > max_model_len by
 itself) and against the fake in legacy mode (older vLLM: it refuses that).
@@ -19,7 +19,7 @@ import pytest
 from proxy.app import HeadroomApp
 from proxy.config import Config, UpstreamConfig
 from tests.support.fakevllm import FakeVLLM
-from tests.support.promise import CHAT, Case, Outcome, judge, send, sweep_cases
+from tests.support.promise import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Case, Outcome, judge, send, sweep_cases
 from tests.support.servers import serve_in_thread
 from tests.support.stack import fake_counter, make_config
 from tokenizer_cache import load_model_tokenizer
@@ -28,11 +28,14 @@ CHAT_OVERHEAD = 8          # Qwen3's template around one user message, with the 
 
 
 def body_for(case: Case, tokens: int, model: str = "tiny-qwen") -> dict[str, Any]:
-    """A request whose prompt is exactly `tokens` long (Qwen3: one token per " hello")."""
-    if case.endpoint == CHAT:
-        text = " ".join(["hello"] * (tokens - CHAT_OVERHEAD))
-        return {"model": model, "messages": [{"role": "user", "content": text}]}
-    return {"model": model, "prompt": " ".join(["hello"] * tokens)}
+    """A request whose prompt is exactly `tokens` long (Qwen3: one token per " hello"); a
+    Responses input and a Messages message render like the chat message."""
+    if case.endpoint == COMPLETIONS:
+        return {"model": model, "prompt": " ".join(["hello"] * tokens)}
+    text = " ".join(["hello"] * (tokens - CHAT_OVERHEAD))
+    if case.endpoint == RESPONSES:
+        return {"model": model, "input": text}
+    return {"model": model, "messages": [{"role": "user", "content": text}]}
 
 
 def run_sweep(direct_url: str, through_url: str, max_model_len: int) -> tuple[int, list[str]]:
@@ -56,10 +59,11 @@ def run_sweep(direct_url: str, through_url: str, max_model_len: int) -> tuple[in
 
 def test_the_prompts_are_the_sizes_the_sweep_names(qwen3_dir: Path) -> None:
     qwen3 = load_model_tokenizer(qwen3_dir)
-    for case in (Case(CHAT, 2040, None, False), Case("/v1/completions", 2049, None, False)):
-        body = body_for(case, case.prompt_tokens)
-        counted = qwen3.count_chat(body) if case.endpoint == CHAT else qwen3.count_completion(body)[0]
-        assert counted == case.prompt_tokens
+    count = {CHAT: qwen3.count_chat, RESPONSES: qwen3.count_responses, MESSAGES: qwen3.count_messages,
+             COMPLETIONS: lambda body: qwen3.count_completion(body)[0]}
+    for endpoint, tokens in ((CHAT, 2040), (COMPLETIONS, 2049), (RESPONSES, 2047), (MESSAGES, 2056)):
+        case = Case(endpoint, tokens, None, False)
+        assert count[endpoint](body_for(case, case.prompt_tokens)) == tokens
 
 
 def test_never_worse_than_a_legacy_vllm_that_refuses_overflow(qwen3_dir: Path) -> None:
@@ -67,7 +71,7 @@ def test_never_worse_than_a_legacy_vllm_that_refuses_overflow(qwen3_dir: Path) -
     with FakeVLLM(mode="legacy", count_prompt=fake_counter(qwen3)) as fake, \
             serve_in_thread(HeadroomApp(make_config(fake.base_url, qwen3_dir))) as base:
         checked, failures = run_sweep(fake.base_url, base, 2048)
-    assert checked > 200 and failures == []
+    assert checked > 400 and failures == []
 
 
 @pytest.fixture(scope="module")
@@ -80,4 +84,4 @@ def through_real(real_vllm: Any) -> Iterator[str]:
 @pytest.mark.realvllm
 def test_never_worse_than_the_real_vllm(real_vllm: Any, through_real: str) -> None:
     checked, failures = run_sweep(real_vllm.base_url, through_real, real_vllm.max_model_len)
-    assert checked > 200 and failures == []
+    assert checked > 400 and failures == []

@@ -24,6 +24,7 @@ from proxy.app import HeadroomApp
 from proxy.config import Config, LengthLogConfig, ModelConfig, UpstreamConfig
 from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread
+from tests.support.stack import fake_counter
 from tokenizer_cache import load_model_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,6 +61,58 @@ def stack(qwen3, qwen3_dir):
         config.models[MODEL] = ModelConfig(tokenizer=str(qwen3_dir))
         with serve_in_thread(HeadroomApp(config)) as base:
             yield fake, base
+
+
+@pytest.fixture(scope="module")
+def stack_032(qwen3, qwen3_dir):
+    """The Responses and Messages examples: the same server, a vLLM 0.32 (it clamps overflow itself,
+    and refuses a limit above max_model_len)."""
+    with FakeVLLM(model=MODEL, max_model_len=8192, count_prompt=fake_counter(qwen3)) as fake:
+        config = Config(upstream=UpstreamConfig(url=fake.base_url, timeout=30.0))
+        config.models[MODEL] = ModelConfig(tokenizer=str(qwen3_dir))
+        with serve_in_thread(HeadroomApp(config)) as base:
+            yield fake, base
+
+
+def run_python_example(marker: str, old: str, new: str) -> tuple[list[str], list[str], dict]:
+    """Run the README's python block containing `marker` with `old` replaced by `new`;
+    (what it printed, what its comments say it prints, its namespace)."""
+    source = next(b for b in re.findall(r"```python\n(.*?)```", README, re.S) if marker in b).replace(old, new)
+    printed: list[str] = []
+    namespace: dict = {"print": lambda *a: printed.append(" ".join(map(str, a)))}
+    exec(compile(source, "README.md", "exec"), namespace)
+    return printed, re.findall(r"print\(.*\)\s+# (\S+)", source), namespace
+
+
+@pytest.mark.parametrize("path, marker, old", [
+    ("/v1/responses", "client.responses", "http://127.0.0.1:8100/v1"),
+    ("/v1/messages", "anthropic.Anthropic", "http://127.0.0.1:8100"),
+])
+def test_surface_python_examples(stack_032, path: str, marker: str, old: str) -> None:
+    _, base = stack_032
+    printed, documented, namespace = run_python_example(marker, old, base + ("/v1" if old.endswith("/v1") else ""))
+    assert printed == documented
+    assert printed[:2] == ["clamped", "8177"]
+    result = namespace["response"] if path == "/v1/responses" else namespace["message"]
+    assert result.usage.input_tokens == 15 and result.usage.output_tokens == 8177
+
+
+@pytest.mark.parametrize("path, refusal", [
+    ("/v1/responses", "max_output_tokens=65535 cannot be greater"),
+    ("/v1/messages", "max_completion_tokens=65535 cannot be greater"),
+])
+def test_surface_curl_examples(stack_032, path: str, refusal: str) -> None:
+    fake, base = stack_032
+    block = block_after(f"$ curl -si localhost:8100{path} ")
+    body = json.loads(re.search(r"-d '(\{.*\})'", " ".join(block)).group(1))
+    response = httpx.post(base + path, json=body, timeout=30)
+    assert response.status_code == int(block[2].split()[1])
+    assert {k: response.headers[k] for k in documented_headers(block)} == documented_headers(block)
+    assert json.loads(block[-1].replace(", ...}", "}"))["id"].split("_")[0].split("-")[0] in response.json()["id"]
+    direct = httpx.post(fake.base_url + path, json=body, timeout=30)
+    shown = next(b for b in re.findall(r"```\n(HTTP/1.1 400.*?)```", README, re.S) if refusal in b)
+    documented = re.search(r'"message":"(.*?) \.\.\."', shown).group(1)
+    assert direct.status_code == 400 and direct.json()["error"]["message"].startswith(documented)
 
 
 def test_python_example(stack) -> None:

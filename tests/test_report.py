@@ -139,6 +139,25 @@ def test_record_lengths_parallel_sampling_counts_prompt_once():
     assert r2.sequence == 500
 
 
+def test_a_batch_is_as_long_as_its_longest_prompt():
+    """An embeddings (or completions) batch: the KV holds every prompt, max_model_len bounds each one."""
+    r = rep.record_lengths(rec(endpoint="embeddings", prompt_tokens=32000, upstream_prompt_tokens=32000,
+                               longest_prompt_tokens=500, completion_tokens=0))
+    assert (r.prompt, r.total, r.sequence, r.endpoint) == (32000, 32000, 500, "embeddings")
+    batch = rep.record_lengths(rec(endpoint="completions", prompt_tokens=300, longest_prompt_tokens=200,
+                                   completion_tokens=60, granted_max_tokens=30))
+    assert batch.sequence == 230       # the longest prompt + at most its own cap
+
+
+def test_report_names_each_surfaces_requests(capsys, tmp_path):
+    records = [rec(endpoint=e, ts=NOW + i) for i, e in enumerate(["chat", "responses", "responses", "messages"])]
+    write_jsonl(tmp_path / "x.jsonl", records)
+    result = report_json(capsys, str(tmp_path / "x.jsonl"))
+    assert result["models"][0]["endpoints"] == {"responses": 2, "chat": 1, "messages": 1}
+    assert report_cli.main([str(tmp_path / "x.jsonl")]) == 0
+    assert "  endpoints: responses 2, chat 1, messages 1\n" in capsys.readouterr().out
+
+
 def test_record_lengths_without_usage():
     r = rep.record_lengths(rec(completion_tokens=None, action="rejected", status=400, finish_reasons=[]))
     assert r.prompt == 100 and r.total is None and r.sequence is None and r.finished_length is None
@@ -148,7 +167,8 @@ def test_record_lengths_without_usage():
 @pytest.mark.parametrize("bad", [
     [1, 2], "x", {"model": "m"}, rec(ts="yesterday"), rec(prompt_tokens=-1), rec(prompt_tokens=1.5),
     rec(completion_tokens="9"), rec(n=0), rec(model=3), rec(finish_reasons="stop"), rec(action=None),
-    rec(upstream_prompt_tokens=True),
+    rec(upstream_prompt_tokens=True), rec(upstream_prompt_tokens=10**30), rec(completion_tokens=2**31),
+    rec(endpoint=7),
 ])
 def test_record_lengths_rejects_malformed(bad):
     with pytest.raises(rep.MalformedRecord):
@@ -377,6 +397,22 @@ def test_reads_what_lengthlog_writes(capsys, tmp_path):
         finish_reasons=["stop"], status=200)) for i in range(1, 5)))
     out = report_json(capsys, str(path))
     assert out["malformed"] == 0 and out["models"][0]["total_tokens"]["max"] == 45
+
+
+@pytest.mark.parametrize("prompt,completion,mml,n,kept", [
+    (100, 50, 2048, 1, (100, 50)),
+    (-5, 50, 2048, 1, (None, 50)),
+    (10**30, 10**30, 2048, 1, (None, None)),
+    (2049, 10, 2048, 1, (None, 10)),                # a served prompt fits the context
+    (10, 4000, 2048, 2, (10, 4000)),                # two choices may each use most of it
+    (10, 4097, 2048, 2, (10, None)),
+    (10**6, 10**6, None, 1, (10**6, 10**6)),        # no limit known: only absurd counts go
+    (2**31, -1, None, 1, (None, None)),
+])
+def test_plausible_usage(prompt, completion, mml, n, kept):
+    from proxy.lengths import plausible_usage
+
+    assert plausible_usage(prompt, completion, mml, n) == kept
 
 
 def test_report_demand_is_proxy_demands(tmp_path):

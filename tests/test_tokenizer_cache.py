@@ -221,7 +221,7 @@ def test_the_public_surface_is_what_the_package_exports() -> None:
         "HarmonyTokenizer", "char_bound_message",
         "MistralTokenizer", "ModelTokenizer", "PieceCacheStats", "PieceCountCache", "PieceCounter", "PieceTally",
         "TOKENIZER_MODES", "TokenizerCache", "MediaNotCountable", "detect_family", "find_tokenizer_dir",
-        "holds_tokenizer", "load_model_tokenizer",
+        "holds_tokenizer", "load_model_tokenizer", "responses_to_chat", "count_messages", "count_responses",
     }
 
 

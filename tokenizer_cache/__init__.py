@@ -12,6 +12,9 @@ mistral-common for Mistral-format folders (`MistralTokenizer`, optional extra):
 `get(directory, tokenizer_mode)` takes vLLM's `--tokenizer-mode` for the model
 ("auto" by default).  Every loaded model satisfies `CountingModel`.
 
+Anthropic Messages and OpenAI Responses requests are counted as the chat
+request vLLM converts them to (`count_messages`, `count_responses`).
+
 Models loaded through a TokenizerCache count through a shared per-piece
 cache: text between added tokens is encoded once, so a conversation resent
 every turn only costs its new messages (`PieceCountCache`, `PieceTally`).
@@ -33,7 +36,10 @@ from ._model import ModelTokenizer, load_model_tokenizer
 from ._piece_cache import DEFAULT_MAX_ENTRIES as DEFAULT_PIECE_CACHE_ENTRIES
 from ._piece_cache import PieceCacheStats, PieceCountCache
 from ._piece_count import PieceCounter, PieceTally
+from ._anthropic import count_messages
 from ._protocol import CountingModel
+from ._responses import count_responses
+from ._responses import to_chat_request as responses_to_chat
 
 __all__ = [
     "DEFAULT_CHAT_CACHE_ENTRIES",
@@ -55,8 +61,11 @@ __all__ = [
     "PieceTally",
     "TokenizerCache",
     "char_bound_message",
+    "count_messages",
+    "count_responses",
     "detect_family",
     "find_tokenizer_dir",
     "holds_tokenizer",
     "load_model_tokenizer",
+    "responses_to_chat",
 ]

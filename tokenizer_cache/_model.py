@@ -15,6 +15,8 @@ import hashlib
 import json
 import os
 import pathlib
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -22,7 +24,7 @@ import jinja2
 import jinja2.meta
 from tokenizers import Tokenizer
 
-from . import _chat, _completion
+from . import _anthropic, _chat, _completion, _responses
 from ._char_bound import (
     char_bound,
     check_chars,
@@ -193,6 +195,8 @@ class ModelTokenizer:
             for name, template in templates.items()
             if template.pure and identity is not None
         }
+        self._merges_inline_system: bool | None = None
+        self._disabled_thinking_effort: str | None = None
 
     # -- public ----------------------------------------------------------
 
@@ -254,6 +258,44 @@ class ModelTokenizer:
     def render_chat(self, body: dict) -> str:
         """The prompt text vLLM would encode for this chat request (media as placeholders)."""
         return self._render(body)[0]
+
+    def count_messages(self, body: dict) -> int:
+        """Prompt tokens of an Anthropic /v1/messages (or count_tokens) request; raises CountError."""
+        return self.count_chat(self.messages_chat(body))
+
+    def messages_chat(self, body: dict) -> dict:
+        """The chat request vLLM converts a Messages request to (`_anthropic`)."""
+        return _anthropic.to_chat_request(body, merge_inline_system=self.merges_inline_system,
+                                          disabled_thinking_effort=self.disabled_thinking_effort)
+
+    def count_responses(self, body: dict) -> int:
+        """Prompt tokens of a /v1/responses request; raises CountError."""
+        return self.count_chat(self.responses_chat(body))
+
+    def responses_chat(self, body: dict) -> dict:
+        """The chat request vLLM renders for a Responses request (`_responses`)."""
+        return _responses.to_chat_request(body)
+
+    @property
+    def merges_inline_system(self) -> bool:
+        """vLLM merges system messages inside a Messages conversation into the first one
+        when a template it would render (without tools, or with) refuses them."""
+        if self._merges_inline_system is None:
+            sources: list[str | None] = [self._templates[name].source for name in ("default", "tool_use")
+                                         if name in self._templates]
+            self._merges_inline_system = any(_anthropic.detect_merge_inline_system(s) for s in sources or [None])
+        return self._merges_inline_system
+
+    @property
+    def disabled_thinking_effort(self) -> str:
+        """What Messages' `thinking: disabled` becomes: reasoning_effort "none", or "low" when the
+        template cannot render "none" or renders it like an effort (vLLM's start-up probe)."""
+        if self._disabled_thinking_effort is None:
+            self._disabled_thinking_effort = self._probe_disabled_thinking_effort()
+        return self._disabled_thinking_effort
+
+    def _probe_disabled_thinking_effort(self) -> str:
+        return _anthropic.probe_disabled_thinking_effort(self.render_chat)
 
     @property
     def media_family(self) -> str | None:
@@ -526,7 +568,9 @@ def load_model_tokenizer(
         from ._mistral import load_mistral_tokenizer
 
         return load_mistral_tokenizer(source_dir)
-    model = _load_hf(source_dir, engine, chat_cache)
+    model = _load_hf_shared(source_dir, engine)
+    if chat_cache is not None:
+        model = model.with_chat_cache(chat_cache)
     if family == "harmony":
         from ._gptoss import HarmonyTokenizer
 
@@ -539,7 +583,52 @@ def load_model_tokenizer(
     return model.with_piece_cache(piece_cache) if piece_cache is not None else model
 
 
-def _load_hf(source_dir: pathlib.Path, engine: str = "auto", chat_cache: ChatCountCache | None = None) -> ModelTokenizer:
+# Loaded folders, shared by every TokenizerCache of the process: parsing a
+# tokenizer.json and building the fast engine takes seconds per model
+# (Qwen3-8B: ~0.5 s for `tokenizers`, ~3 s more for fastokens and its
+# self-check), and a model's loaded state is read-only once built (each cache
+# adds its own piece and chat caches to a copy).  Keyed by the files' sizes
+# and modification times, so a folder changed on disk is loaded afresh.
+_LOADED_MAX = 16
+_loaded: OrderedDict[tuple[Any, ...], ModelTokenizer] = OrderedDict()
+_loaded_lock = threading.Lock()
+
+
+def _folder_signature(source_dir: pathlib.Path) -> tuple[tuple[str, int, int], ...]:
+    names = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json",
+             "preprocessor_config.json", "processor_config.json")
+    signature = []
+    for name in names:
+        try:
+            stat = (source_dir / name).stat()
+        except OSError:
+            continue
+        signature.append((name, stat.st_size, stat.st_mtime_ns))
+    return tuple(signature)
+
+
+def forget_loaded() -> None:
+    """Drop the shared loaded folders (tests that change how loading behaves)."""
+    with _loaded_lock:
+        _loaded.clear()
+
+
+def _load_hf_shared(source_dir: pathlib.Path, engine: str) -> ModelTokenizer:
+    key = (source_dir, engine, _folder_signature(source_dir))
+    with _loaded_lock:
+        found = _loaded.get(key)
+        if found is not None:
+            _loaded.move_to_end(key)
+            return found
+    model = _load_hf(source_dir, engine)
+    with _loaded_lock:
+        _loaded[key] = model
+        while len(_loaded) > _LOADED_MAX:
+            _loaded.popitem(last=False)
+    return model
+
+
+def _load_hf(source_dir: pathlib.Path, engine: str = "auto") -> ModelTokenizer:
     """tokenizer.json + tokenizer_config.json (+ chat_template.jinja), compiled once."""
     tokenizer_file = source_dir / "tokenizer.json"
     if not tokenizer_file.is_file():
@@ -579,5 +668,4 @@ def _load_hf(source_dir: pathlib.Path, engine: str = "auto", chat_cache: ChatCou
         media_unsupported=media_unsupported,
         encoder=select_encoder(tokenizer, raw.decode("utf-8"), engine=engine, source=str(source_dir)),
         max_chars_per_token=_max_chars_per_token(tokenizer, config),
-        chat_cache=chat_cache,
     )

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from .locking import exclusive_lock
-from .server import MAX_MODEL_LEN, SERVED_MODEL_NAME, process_tree_rss_bytes, running_server
+from .server import MAX_MODEL_LEN, POOLING_ARGS, SERVED_MODEL_NAME, process_tree_rss_bytes, running_server
 from .tiny_model import ensure_tiny_model
 from .venv import SetupError, cache_root, ensure_vllm_venv
 
@@ -100,14 +100,29 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealVllm]:
     """A running vLLM server serving the tiny Qwen3 model as ``tiny-qwen`` with max_model_len 2048."""
+    yield from _serve(tmp_path_factory, "realvllm", ())
+
+
+@pytest.fixture(scope="module")
+def real_vllm_pooling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealVllm]:
+    """The same tiny model served as an embedding model (``--runner pooling --convert embed``).
+
+    Module-scoped: vLLM serves either generation or pooling, so this is a second
+    server (~2.4 GiB), stopped when the module that needs it is done.
+    """
+    yield from _serve(tmp_path_factory, "realvllm-pooling", POOLING_ARGS)
+
+
+def _serve(tmp_path_factory: pytest.TempPathFactory, name: str, extra: tuple[str, ...]) -> Iterator[RealVllm]:
     mode = parse_mode(os.environ.get(MODE_ENV))
     if mode == "off":
         pytest.skip(f"{MODE_ENV}=off")
-    log_dir = tmp_path_factory.mktemp("realvllm")
+    log_dir = tmp_path_factory.mktemp(name)
     with contextlib.ExitStack() as stack:
         try:
             python, model_dir, timings = prepare(log_dir)
-            server = stack.enter_context(running_server(python, model_dir, log_dir / "vllm-server.log"))
+            server = stack.enter_context(running_server(python, model_dir, log_dir / "vllm-server.log",
+                                                        extra_args=extra))
         except SetupError as error:
             if mode == "require":
                 raise

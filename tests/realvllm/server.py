@@ -34,6 +34,9 @@ MAX_MODEL_LEN = 2048
 KV_CACHE_BYTES = 64 * 1024 * 1024  # 2 layers x 2 KV heads x 32 x bf16 = 512 B/token -> 131,072 tokens
 HEALTH_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 30.0
+# The same tiny model as an embedding model: vLLM 0.32 then serves /v1/embeddings, /pooling,
+# /score and /rerank (and no generation routes), converting the causal LM's last hidden state.
+POOLING_ARGS = ("--runner", "pooling", "--convert", "embed")
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,11 @@ def serve_command(
     served_model_name: str = SERVED_MODEL_NAME,
     extra_args: tuple[str, ...] = (),
 ) -> list[str]:
-    """The ``vllm serve`` command line, started through the launcher (see launcher.py)."""
+    """The ``vllm serve`` command line, started through the launcher (see launcher.py).
+
+    Responses (/v1/responses) and Anthropic Messages (/v1/messages) need no flag of
+    their own: vLLM 0.32 serves them beside chat for every generating model.
+    """
     return [
         str(python),
         str(LAUNCHER),

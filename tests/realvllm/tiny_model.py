@@ -37,10 +37,13 @@ from pathlib import Path
 BUILDER_VERSION = 1
 MANIFEST = "headroom-tiny-model.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# Copied (and hashed into the manifest) when the tokenizer folder has them.
+OPTIONAL_FILES = ("chat_template.jinja",)
 SEED = 20260101
 
 # Qwen3 special-token ids, from the real tokenizer's added_tokens
-# (<|endoftext|> = 151643, <|im_end|> = 151645).
+# (<|endoftext|> = 151643, <|im_end|> = 151645); other tokenizers' come from
+# their own files (`special_token_ids`), which gives these for Qwen3.
 BOS_TOKEN_ID = 151643
 EOS_TOKEN_IDS = [151645, 151643]
 
@@ -52,20 +55,24 @@ NUM_KV_HEADS = 2
 HEAD_DIM = 32  # >= 32: 16 crashes vLLM's CPU attention backend (REAL_VLLM.md)
 
 
-def model_config(vocab_size: int) -> dict:
+def model_config(vocab_size: int, bos_token_id: int = BOS_TOKEN_ID,
+                 eos_token_ids: list[int] | None = None) -> dict:
     """config.json for a Qwen3ForCausalLM of the tiny shape above.
 
     Field names and meaning follow the published Qwen3 configs (model_type
     ``qwen3``); ``max_position_embeddings`` is 40,960 like Qwen3-8B so vLLM's
-    ``--max-model-len 2048`` is a real reduction, as in production.
+    ``--max-model-len 2048`` is a real reduction, as in production.  The
+    architecture carries any tokenizer: vLLM renders and counts with the
+    tokenizer files, whatever the weights.
     """
+    eos = eos_token_ids or EOS_TOKEN_IDS
     return {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
         "attention_bias": False,
         "attention_dropout": 0.0,
-        "bos_token_id": BOS_TOKEN_ID,
-        "eos_token_id": EOS_TOKEN_IDS[0],
+        "bos_token_id": bos_token_id,
+        "eos_token_id": eos[0],
         "head_dim": HEAD_DIM,
         "hidden_act": "silu",
         "hidden_size": HIDDEN_SIZE,
@@ -88,13 +95,33 @@ def model_config(vocab_size: int) -> dict:
     }
 
 
-def generation_config() -> dict:
+def generation_config(bos_token_id: int = BOS_TOKEN_ID, eos_token_ids: list[int] | None = None) -> dict:
     """generation_config.json: stop ids only, no sampling defaults.
 
     vLLM applies a model's generation config as default sampling parameters;
     leaving them out keeps requests' behaviour the API defaults.
     """
-    return {"bos_token_id": BOS_TOKEN_ID, "eos_token_id": EOS_TOKEN_IDS, "pad_token_id": BOS_TOKEN_ID}
+    return {"bos_token_id": bos_token_id, "eos_token_id": eos_token_ids or EOS_TOKEN_IDS,
+            "pad_token_id": bos_token_id}
+
+
+def special_token_ids(tokenizer_source: Path) -> tuple[int, list[int]]:
+    """(bos id, eos ids) of a tokenizer folder: its bos_token (else <|endoftext|>, else its
+    eos) and its eos_token followed by the bos when they differ — Qwen3's pair for Qwen3."""
+    data = json.loads((tokenizer_source / "tokenizer.json").read_text(encoding="utf-8"))
+    ids = dict(data["model"]["vocab"]) if isinstance(data["model"].get("vocab"), dict) else {}
+    ids.update({token["content"]: token["id"] for token in data.get("added_tokens", [])})
+    config = json.loads((tokenizer_source / "tokenizer_config.json").read_text(encoding="utf-8"))
+
+    def token(key: str) -> str | None:
+        value = config.get(key)
+        return value.get("content") if isinstance(value, dict) else value
+
+    eos_text = token("eos_token")
+    bos_text = token("bos_token") or ("<|endoftext|>" if "<|endoftext|>" in ids else eos_text)
+    eos = ids.get(eos_text, 0)
+    bos = ids.get(bos_text, eos)
+    return bos, [eos] + ([bos] if bos != eos else [])
 
 
 def full_vocab_size(tokenizer_json: Path) -> int:
@@ -143,11 +170,15 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _copied_files(tokenizer_source: Path) -> list[str]:
+    return [*TOKENIZER_FILES, *(name for name in OPTIONAL_FILES if (tokenizer_source / name).is_file())]
+
+
 def expected_manifest(tokenizer_source: Path) -> dict:
     """What a current build records: builder version and the source tokenizer files' hashes."""
     return {
         "builder_version": BUILDER_VERSION,
-        "tokenizer_sha256": {name: file_sha256(tokenizer_source / name) for name in TOKENIZER_FILES},
+        "tokenizer_sha256": {name: file_sha256(tokenizer_source / name) for name in _copied_files(tokenizer_source)},
     }
 
 
@@ -204,11 +235,13 @@ def write_model(out: Path, tokenizer_source: Path) -> None:
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    for name in TOKENIZER_FILES:
+    for name in _copied_files(tokenizer_source):
         shutil.copyfile(tokenizer_source / name, out / name)
     vocab_size = full_vocab_size(tokenizer_source / "tokenizer.json")
-    (out / "config.json").write_text(json.dumps(model_config(vocab_size), indent=2, sort_keys=True) + "\n")
-    (out / "generation_config.json").write_text(json.dumps(generation_config(), indent=2, sort_keys=True) + "\n")
+    bos, eos = special_token_ids(tokenizer_source)
+    (out / "config.json").write_text(json.dumps(model_config(vocab_size, bos, eos), indent=2, sort_keys=True) + "\n")
+    (out / "generation_config.json").write_text(
+        json.dumps(generation_config(bos, eos), indent=2, sort_keys=True) + "\n")
 
     generator = torch.Generator().manual_seed(SEED)
     tensors = {}

@@ -576,7 +576,7 @@ def headroom_exposition() -> dict[str, set[str]]:
     """Every sample name headroom's /metrics exposes, with its label names.
 
     Built from a real `Metrics` after records that touch every metric (pass,
-    clamp, rejection, upstream length error, drift, retry, parity, length log), so a
+    clamp, rejection, upstream length error, drift, retry, 401, unknown limit, parity, length log), so a
     renamed metric in proxy/metrics.py breaks the dashboard test here.
     """
     metrics = Metrics()
@@ -589,6 +589,8 @@ def headroom_exposition() -> dict[str, set[str]]:
     metrics.observe(LengthRecord(ts=0.0, model="m", endpoint="completions", max_model_len=8192, prompt_tokens=100,
                                  action="upstream_error", status=400, error_code="context_length_exceeded"))
     metrics.count_length_retry("m")
+    metrics.count_unauthorized("chat")
+    metrics.set_limit_unknown("m", False)
     metrics.set_tokenizer_parity("m", True)
     metrics.set_count_mode("m", "local")
     body, _ = metrics.render()

@@ -41,7 +41,7 @@ import socket
 import struct
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, Callable, Iterable
@@ -113,8 +113,14 @@ class FaultSpec:
       "reset_mid_body"     same, with a TCP RST
       "sse_error"          stream normally, then after `after_chunks` events send
                            `data: {"error": ...}` and `data: [DONE]` (vLLM's mid-stream error)
+      "huge"               a 200 chat completion whose content is `size` bytes, written a
+                           MiB at a time (never held whole by the fake)
     `delay` seconds are waited before anything is sent; `gate` (a threading.Event)
     is waited for first, so a test can hold a request without sleeping.
+    `trickle` (kind "respond"): send the headers and the first half of the body,
+    wait that many seconds, then the rest (an answer still arriving after its headers).
+    `cut_at` (kind "respond"): declare the whole body's length, send its first
+    `cut_at` bytes, then close (an answer broken off mid-way).
     `path` limits the fault to one route (None: the next request of any path).
     """
 
@@ -127,6 +133,9 @@ class FaultSpec:
     gate: threading.Event | None = None
     path: str | None = None
     after_chunks: int = 1
+    trickle: float = 0.0
+    cut_at: int | None = None
+    size: int = 0
 
     def body_bytes(self) -> bytes:
         if self.body is None:
@@ -152,6 +161,14 @@ class VLLMError(Exception):
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code}}
+
+
+class AnthropicVLLMError(Exception):
+    """A VLLMError on the Messages routes, answered in Anthropic's envelope (`anthropic_error`)."""
+
+    def __init__(self, error: VLLMError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 def _validation_error(message: str, parameter: str, value: Any) -> VLLMError:
@@ -186,7 +203,10 @@ def crude_count_prompt(endpoint: str, body: dict) -> int:
     plus one per whitespace-separated word, plus 3 for the generation prompt when
     `add_generation_prompt` (default true); tools add one per 4 characters of their JSON.
     completions: one per word of a string prompt (minimum 1); a list of ids counts as is.
+    responses / messages: as the chat of their messages (`as_chat`).
     """
+    if endpoint in ("responses", "messages"):
+        return crude_count_prompt("chat", as_chat(endpoint, body))
     if endpoint == "chat":
         total = 0
         for message in body.get("messages") or []:
@@ -203,6 +223,50 @@ def crude_count_prompt(endpoint: str, body: dict) -> int:
     return max(1, len(str(prompt or "").split()))
 
 
+def _texts(content: Any) -> str:
+    """The text of a Responses item's or a Messages block list's content, roughly."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    parts = []
+    for part in content:
+        if isinstance(part, dict):
+            for key in ("text", "thinking", "arguments", "output"):
+                if isinstance(part.get(key), str):
+                    parts.append(part[key])
+            if isinstance(part.get("input"), dict):
+                parts.append(json.dumps(part["input"]))
+            if part.get("content") is not None:
+                parts.append(_texts(part["content"]))
+    return "\n".join(parts)
+
+
+def as_chat(endpoint: str, body: dict) -> dict:
+    """A Responses or Messages body as a chat body, for the fake's crude counters only
+    (headroom's tests count with the real conversion: tests/support/stack.py's `fake_counter`)."""
+    messages: list[dict] = []
+    if endpoint == "responses":
+        if body.get("instructions"):
+            messages.append({"role": "system", "content": str(body["instructions"])})
+        items = body.get("input")
+        items = [{"role": "user", "content": items}] if isinstance(items, str) else (items or [])
+        for item in items:
+            if isinstance(item, dict):
+                messages.append({"role": item.get("role", "assistant"), "content": _texts([item])})
+    else:
+        system = body.get("system")
+        if system:
+            messages.append({"role": "system", "content": _texts(system) if isinstance(system, list) else system})
+        for message in body.get("messages") or []:
+            if isinstance(message, dict):
+                messages.append({"role": message.get("role"), "content": _texts(message.get("content"))})
+    chat: dict = {"messages": messages}
+    if body.get("tools"):
+        chat["tools"] = body["tools"]
+    return chat
+
+
 def chatml_char_count(endpoint: str, body: dict) -> int:
     """Characters of the prompt text vLLM's character pre-check sees.
 
@@ -211,6 +275,8 @@ def chatml_char_count(endpoint: str, body: dict) -> int:
     "<|im_start|>assistant\\n" -- 300,000 characters of content render to 300,050,
     as in capture c09d.  completions: the prompt string's length.
     """
+    if endpoint in ("responses", "messages"):
+        return chatml_char_count("chat", as_chat(endpoint, body))
     if endpoint == "chat":
         n = 0
         for message in body.get("messages") or []:
@@ -335,6 +401,7 @@ class Plan:
     stream: bool
     include_usage: bool
     continuous_usage: bool
+    stopped: bool = False       # Responses: a stop string matched the first token (1 token, no text)
 
     @property
     def prompt_tokens(self) -> int:
@@ -544,6 +611,95 @@ class Validator:
             counts.append(count)
         return self._plan(model, counts, limits, n or 1, stream, body)
 
+    def responses(self, body: dict, known_responses: set[str]) -> Plan:
+        """/v1/responses, in OpenAIServingResponses' order (captures r01-r08)."""
+        errors: list[dict] = []
+        if "input" not in body:
+            errors.append(_err("missing", "body.input", "Field required", body))
+        max_output = _coerce_int(body, "max_output_tokens", errors)
+        stream = _coerce_bool(body, "stream", errors)
+        if errors:
+            raise _pydantic_error(errors)
+        model, mml = self.resolve_model(body)
+        previous = body.get("previous_response_id")
+        if previous is not None and previous not in known_responses:
+            raise VLLMError(404, f"Response with id '{previous}' not found.", type="invalid_request_error",
+                            param="response_id")
+        self._limit_alone(mml, max_output, "max_output_tokens")
+        truncate = "truncation" in body and body["truncation"] != "disabled"
+        if not truncate:
+            self._char_check(mml, self.count_chars("responses", body))
+        count = self.count_prompt("responses", body)
+        if truncate:     # build_tok_params: truncate_prompt_tokens=-1 keeps max_model_len (- 1 with a limit)
+            count = min(count, mml - 1 if max_output else mml)
+        self._token_check(mml, count, True, max_output)
+        if count >= mml:
+            raise VLLMError(400, f"The engine prompt length {count} exceeds the max_model_len {mml}. "
+                                 "Please reduce prompt.", type="invalid_request_error", param="input")
+        effective = decide_max_tokens(self.mode, mml, count, max_output, None)
+        return self._plan(model, [count], [effective], 1, stream, body)
+
+    def messages(self, body: dict) -> Plan:
+        """/v1/messages: vLLM's chat path on the converted request (captures m01-m11); its
+        errors are Anthropic-shaped except pydantic's (m06)."""
+        errors: list[dict] = []
+        if "messages" not in body:
+            errors.append(_err("missing", "body.messages", "Field required", body))
+        if "max_tokens" not in body:
+            errors.append(_err("missing", "body.max_tokens", "Field required", body))
+        max_tokens = _coerce_int(body, "max_tokens", errors)
+        stream = _coerce_bool(body, "stream", errors)
+        if errors:
+            raise _pydantic_error(errors)
+        model, mml = self.resolve_model(body)
+        self._limit_alone(mml, max_tokens, "max_completion_tokens")
+        self._char_check(mml, self.count_chars("messages", body))
+        count = self.count_prompt("messages", body)
+        self._token_check(mml, count, True, max_tokens)
+        effective = decide_max_tokens(self.mode, mml, count, max_tokens, None)
+        return self._plan(model, [count], [effective], 1, stream, body)
+
+    def count_tokens(self, body: dict) -> int:
+        """/v1/messages/count_tokens: the render's own length check applies (m09)."""
+        if "messages" not in body:
+            raise _pydantic_error([_err("missing", "body.messages", "Field required", body)])
+        _, mml = self.resolve_model(body)
+        self._char_check(mml, self.count_chars("messages", body))
+        count = self.count_prompt("messages", body)
+        self._token_check(mml, count, True, None)
+        return count
+
+    def pooling_inputs(self, path: str, body: dict) -> tuple[str, list[int]]:
+        """The prompt tokens of each input a pooling request embeds (captures p01-p11)."""
+        model, mml = self.resolve_model(body)
+        truncate = body.get("truncate_prompt_tokens")
+        if isinstance(truncate, int) and truncate > mml:
+            raise VLLMError(400, "truncate_prompt_tokens value is greater than max_model_len. Please request a "
+                                 "smaller truncation size.", param=None)
+        if path in ("/score", "/v1/score", "/rerank", "/v1/rerank"):
+            queries = body.get("query", body.get("queries"))
+            documents = body.get("documents")
+            texts = ([queries] if isinstance(queries, str) else list(queries or [])) + (
+                [documents] if isinstance(documents, str) else list(documents or []))
+            inputs: list[Any] = texts
+        elif body.get("messages") is not None:
+            inputs = [{"messages": body["messages"], "add_generation_prompt": False}]
+        else:
+            inputs = _split_prompts(body.get("input"))
+        counts = []
+        for item in inputs:
+            if isinstance(item, dict):
+                count, is_text = self.count_prompt("chat", item), True
+            elif isinstance(item, list):
+                count, is_text = len(item), False
+            else:
+                count, is_text = self.count_prompt("completions", dict(body, prompt=item)), True
+            if truncate is not None and truncate != 0:
+                count = min(count, mml if truncate == -1 else truncate)
+            self._token_check(mml, count, is_text, None)
+            counts.append(count)
+        return model, counts
+
     def _plan(self, model: str, counts: list[int], limits: list[int], n: int, stream: bool,
               body: dict) -> Plan:
         options = body.get("stream_options") if stream else None
@@ -689,6 +845,169 @@ def stream_events(plan: Plan, chat: bool, rid: str, created: int, token: str) ->
     yield "meta", SSE_DONE
 
 
+# --------------------------------------------------------------------------- #
+# Responses, Anthropic Messages and pooling bodies (key order as in
+# tests/data/vllm032_surfaces/)
+# --------------------------------------------------------------------------- #
+
+def _responses_usage(prompt: int, completion: int) -> dict:
+    return {"input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0, "input_tokens_per_turn": [],
+                                     "cached_tokens_per_turn": []},
+            "output_tokens": completion,
+            "output_tokens_details": {"reasoning_tokens": 0, "tool_output_tokens": 0, "output_tokens_per_turn": [],
+                                      "tool_output_tokens_per_turn": []},
+            "total_tokens": prompt + completion}
+
+
+def responses_object(plan: Plan, request: dict, rid: str, created: int, output: list, status: str,
+                     usage: dict | None) -> dict:
+    """A ResponsesResponse as vLLM dumps it (r01): `max_output_tokens` is the limit it generated to."""
+    temperature = request.get("temperature")
+    return {
+        "id": f"resp_{rid}", "created_at": created,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "instructions": request.get("instructions"), "metadata": request.get("metadata"), "model": plan.model,
+        "object": "response", "output": output, "parallel_tool_calls": True,
+        "temperature": float(temperature) if isinstance(temperature, (int, float)) else 1.0,
+        "tool_choice": "auto" if request.get("tools") else "none", "tools": request.get("tools") or [],
+        "top_p": 1.0, "background": False, "max_output_tokens": plan.max_tokens, "max_tool_calls": None,
+        "previous_response_id": request.get("previous_response_id"), "prompt": None, "reasoning": None,
+        "service_tier": "auto", "status": status, "text": None, "top_logprobs": None, "truncation": "disabled",
+        "usage": usage, "user": None, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+        "kv_transfer_params": None, "ec_transfer_params": None, "input_messages": None, "output_messages": None,
+    }
+
+
+def _output_message(mid: str, text: str, status: str, logprobs: Any) -> dict:
+    content = [{"annotations": [], "text": text, "type": "output_text", "logprobs": logprobs}] if status else []
+    return {"id": mid, "content": content, "role": "assistant", "status": status or "in_progress",
+            "type": "message", "phase": None}
+
+
+def _status(plan: Plan) -> str:
+    return "completed" if plan.stopped else "incomplete"
+
+
+def _generated(plan: Plan, token: str) -> str:
+    return "" if plan.stopped else token * plan.max_tokens
+
+
+def responses_body(plan: Plan, request: dict, rid: str, created: int, token: str) -> dict:
+    output = [_output_message(f"msg_{rid}", _generated(plan, token), "completed", None)]
+    return responses_object(plan, request, rid, created, output, _status(plan),
+                            _responses_usage(plan.prompt_tokens, plan.max_tokens))
+
+
+def _event(name: str, data: dict) -> bytes:
+    return f"event: {name}\ndata: ".encode() + _dumps(data) + b"\n\n"
+
+
+def responses_stream_events(plan: Plan, request: dict, rid: str, created: int,
+                            token: str) -> Iterable[tuple[str, bytes]]:
+    """r02: created, in_progress, the message item and its text part, a delta per token, the
+    closing events and response.completed (also when the answer is incomplete)."""
+    mid = f"msg_{rid}"
+    seq = iter(range(1 << 30))
+    initial = responses_object(plan, request, rid, created, [], "in_progress", None)
+    yield "meta", _event("response.created", {"response": initial, "sequence_number": next(seq),
+                                              "type": "response.created"})
+    yield "meta", _event("response.in_progress", {"response": initial, "sequence_number": next(seq),
+                                                  "type": "response.in_progress"})
+    yield "meta", _event("response.output_item.added", {
+        "item": _output_message(mid, "", "", None), "output_index": 0, "sequence_number": next(seq),
+        "type": "response.output_item.added"})
+    yield "meta", _event("response.content_part.added", {
+        "content_index": 0, "item_id": mid, "output_index": 0,
+        "part": {"annotations": [], "text": "", "type": "output_text", "logprobs": []},
+        "sequence_number": next(seq), "type": "response.content_part.added"})
+    for _ in range(0 if plan.stopped else plan.max_tokens):
+        yield "step", _event("response.output_text.delta", {
+            "content_index": 0, "delta": token, "item_id": mid, "logprobs": [], "output_index": 0,
+            "sequence_number": next(seq), "type": "response.output_text.delta"})
+    text = _generated(plan, token)
+    yield "meta", _event("response.output_text.done", {
+        "content_index": 0, "item_id": mid, "logprobs": [], "output_index": 0, "sequence_number": next(seq),
+        "text": text, "type": "response.output_text.done"})
+    yield "meta", _event("response.content_part.done", {
+        "content_index": 0, "item_id": mid, "output_index": 0,
+        "part": {"annotations": [], "text": text, "type": "output_text", "logprobs": None},
+        "sequence_number": next(seq), "type": "response.content_part.done"})
+    item = _output_message(mid, text, "completed", None)
+    yield "meta", _event("response.output_item.done", {"item": item, "output_index": 0,
+                                                       "sequence_number": next(seq),
+                                                       "type": "response.output_item.done"})
+    final = responses_object(plan, request, rid, created, [item], _status(plan),
+                             _responses_usage(plan.prompt_tokens, plan.max_tokens))
+    yield "meta", _event("response.completed", {"response": final, "sequence_number": next(seq),
+                                                "type": "response.completed"})
+
+
+def messages_body(plan: Plan, rid: str, token: str) -> dict:
+    """m01 (vLLM's id is the chat completion's)."""
+    return {"id": f"chatcmpl-{rid}", "type": "message", "role": "assistant",
+            "content": [{"type": "text", "text": token * plan.max_tokens}], "model": plan.model,
+            "stop_reason": "max_tokens", "usage": {"input_tokens": plan.prompt_tokens,
+                                                   "output_tokens": plan.max_tokens}}
+
+
+def messages_stream_events(plan: Plan, rid: str, token: str) -> Iterable[tuple[str, bytes]]:
+    """m02: message_start, one text block with a delta per token, message_delta (usage), message_stop."""
+    yield "meta", _event("message_start", {"type": "message_start", "message": {
+        "id": f"chatcmpl-{rid}", "type": "message", "role": "assistant", "content": [], "model": plan.model,
+        "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": plan.prompt_tokens, "output_tokens": 0}}})
+    yield "meta", _event("content_block_start", {"type": "content_block_start",
+                                                 "content_block": {"type": "text", "text": ""}, "index": 0})
+    for _ in range(plan.max_tokens):
+        yield "step", _event("content_block_delta", {"type": "content_block_delta",
+                                                     "delta": {"type": "text_delta", "text": token}, "index": 0})
+    yield "meta", _event("content_block_stop", {"type": "content_block_stop", "index": 0})
+    yield "meta", _event("message_delta", {
+        "type": "message_delta", "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
+        "usage": {"input_tokens": plan.prompt_tokens, "output_tokens": plan.max_tokens}})
+    yield "meta", _event("message_stop", {"type": "message_stop"})
+
+
+def anthropic_error(e: VLLMError) -> dict:
+    """`translate_error_response`: vLLM's error type and message in Anthropic's envelope (m03-m07)."""
+    return {"type": "error", "error": {"type": e.type, "message": e.message}}
+
+
+def _pool_usage(prompt: int) -> dict:
+    return {"prompt_tokens": prompt, "total_tokens": prompt, "completion_tokens": 0,
+            "prompt_tokens_details": None, "completion_tokens_details": None}
+
+
+def _vector(i: int) -> list[float]:
+    return [round(0.01 * (i + 1) * k, 6) for k in range(1, 5)]
+
+
+def pooling_body(path: str, model: str, counts: list[int], body: dict, rid: str, created: int) -> dict:
+    """p01 (embeddings), p08 (pooling), p09 (score), p10 (rerank); vectors are 4 made-up floats."""
+    prompt = sum(counts)
+    if path in ("/score", "/v1/score"):
+        documents = body.get("documents")
+        n = 1 if isinstance(documents, str) else len(documents or [])
+        return {"id": f"score-{rid}", "object": "list", "created": created, "model": model,
+                "data": [{"index": i, "object": "score", "score": -0.1 * (i + 1)} for i in range(n)],
+                "usage": _pool_usage(prompt)}
+    if path in ("/rerank", "/v1/rerank"):
+        documents = body.get("documents") or []
+        results = [{"index": i, "document": {"text": d, "multi_modal": None},
+                    "relevance_score": -0.1 * (len(documents) - i)} for i, d in enumerate(documents)]
+        results.sort(key=lambda r: -r["relevance_score"])    # best first, as vLLM ranks them
+        return {"id": f"score-{rid}", "model": model, "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
+                "results": results}
+    if path == "/v1/embeddings":
+        data = [{"index": i, "object": "embedding", "embedding": _vector(i)} for i in range(len(counts))]
+        return {"id": f"embd-{rid}", "object": "list", "created": created, "model": model, "data": data,
+                "usage": _pool_usage(prompt)}
+    data = [{"index": i, "object": "pooling", "data": _vector(i)} for i in range(len(counts))]
+    return {"id": f"pooling-{rid}", "object": "list", "created": created, "model": model, "data": data,
+            "usage": _pool_usage(prompt)}
+
+
 def model_card(card: dict, created: int) -> dict:
     """A /v1/models entry as vLLM dumps its `ModelCard` (a LoRA card has max_model_len null)."""
     return {
@@ -743,6 +1062,9 @@ class _Connection(asyncio.Protocol):
         self.buffer += data
         if not self.busy:
             self._try_dispatch()
+        if self.buffer:
+            with self.fake._cond:      # a test may wait for a request to be under way
+                self.fake._cond.notify_all()
 
     def eof_received(self) -> bool | None:
         # a half-close from the client means it will send nothing more: treat as gone
@@ -767,6 +1089,8 @@ class _Connection(asyncio.Protocol):
         self.fake._connections.discard(self)
         now = time.monotonic()
         with self.fake._cond:
+            if self.buffer and not self.busy:
+                self.fake.partial_requests.append(bytes(self.buffer[:200]))
             for rec in self.all:
                 if rec.closed_at is None:
                     rec.closed_at = now
@@ -925,10 +1249,28 @@ _JSON = "application/json"
 _SSE = "text/event-stream; charset=utf-8"
 _NOT_FOUND = _dumps({"detail": "Not Found"})
 _METHOD_NOT_ALLOWED = _dumps({"detail": "Method Not Allowed"})
+POOLING_ROUTES = ("/v1/embeddings", "/pooling", "/score", "/v1/score", "/rerank", "/v1/rerank")
 _ROUTES = {
     "/v1/models": "GET", "/health": "GET", "/ping": "GET", "/version": "GET", "/metrics": "GET",
     "/tokenize": "POST", "/detokenize": "POST", "/v1/chat/completions": "POST",
     "/v1/completions": "POST", "/v1/chat/completions/render": "POST", "/v1/completions/render": "POST",
+    "/v1/responses": "POST", "/v1/messages": "POST", "/v1/messages/count_tokens": "POST",
+    **{route: "POST" for route in POOLING_ROUTES},
+}
+# What a stream of each surface carries when the engine fails in the middle of it (the `sse_error`
+# fault): chat and completions send `data: {"error": ...}` and [DONE] (None: that, with the fault's
+# body); the others as captured in tests/data/vllm032_surfaces/x0*_engine_killed.json.
+STREAM_FAILURE: dict[str, bytes | None] = {
+    "chat": None, "completions": None,
+    # x02: the Responses generator raises on the error and the connection closes without the last chunk
+    "responses": b"",
+    # x03: the Messages converter fails to parse chat's error event as a chunk and says so
+    "messages": b'event: error\ndata: {"type":"error","error":{"type":"internal_error","message":"2 validation '
+                b"errors for ChatCompletionStreamResponse\\nmodel\\n  Field required [type=missing, input_value="
+                b"{'error': {'message': 'En...am': None, 'code': 500}}, input_type=dict]\\n    For further "
+                b"information visit https://errors.pydantic.dev/2.14/v/missing\\nchoices\\n  Field required "
+                b"[type=missing, input_value={'error': {'message': 'En...am': None, 'code': 500}}, input_type=dict]"
+                b'\\n    For further information visit https://errors.pydantic.dev/2.14/v/missing"}}\n\n',
 }
 
 
@@ -969,6 +1311,7 @@ class FakeVLLM:
       vocab_size: token ids at or above it are "out of vocabulary" (c26).
       detokenize(ids) -> text for /detokenize (default: the completion token per id).
       record: False keeps `requests` empty (long benchmarks).
+      card: fields shown in the main /v1/models card instead (the fake still enforces max_model_len).
     """
 
     def __init__(self, *, model: str = "tiny-qwen", max_model_len: int = 2048,
@@ -977,7 +1320,8 @@ class FakeVLLM:
                  tokens_per_second: float | None = None, completion_text_token: str = " TObject",
                  count_chars: CountChars | None = None, vocab_size: int = QWEN3_VOCAB_SIZE,
                  enable_auto_tool_choice: bool = True,
-                 detokenize: Callable[[list[int]], str] | None = None, record: bool = True) -> None:
+                 detokenize: Callable[[list[int]], str] | None = None, record: bool = True,
+                 card: dict[str, Any] | None = None) -> None:
         self.model = model
         self.max_model_len = max_model_len
         self.root = root
@@ -991,11 +1335,15 @@ class FakeVLLM:
         for extra in extra_models or []:
             self.cards.append({"parent": model, **extra})
         limits = {c["id"]: (c.get("max_model_len") or max_model_len) for c in self.cards}
+        self.cards[0].update(card or {})        # what the main card says (e.g. a broken max_model_len)
         self.validator = Validator(models=limits, default_model=model, mode=mode,
                                    count_prompt=count_prompt or crude_count_prompt,
                                    count_chars=count_chars or chatml_char_count, vocab_size=vocab_size,
                                    enable_auto_tool_choice=enable_auto_tool_choice)
         self.requests: list[RecordedRequest] = []
+        self.stored_responses: set[str] = set()   # ids previous_response_id may name (vLLM's store)
+        # The first bytes of each request a client left unfinished (the connection closed mid-request).
+        self.partial_requests: list[bytes] = []
         self.errors: list[BaseException] = []     # exceptions inside the fake (a test may assert none)
         self.fail_next: list[FaultSpec] = []
         self.engine_dead = False
@@ -1086,6 +1434,10 @@ class FakeVLLM:
         assert self._loop is not None
         self._server = await self._loop.create_server(lambda: _Connection(self), sock=sock)
 
+    def receiving(self) -> list[bytes]:
+        """The first bytes of each request being received and not yet complete."""
+        return [bytes(c.buffer[:200]) for c in list(self._connections) if c.buffer and not c.busy]
+
     @property
     def ready(self) -> bool:
         return self._ready
@@ -1150,6 +1502,9 @@ class FakeVLLM:
         return None
 
     async def _handle(self, conn: _Connection, request: _Request) -> None:
+        if request.headers.get("expect", "").lower() == "100-continue":
+            # uvicorn, which serves vLLM's API, answers this before the app reads the body.
+            conn.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         split = urlsplit(request.target)
         path = split.path
         parsed: Any = None
@@ -1186,12 +1541,34 @@ class FakeVLLM:
             return self._send(conn, record, 405, _METHOD_NOT_ALLOWED, _JSON, {"allow": allowed})
         try:
             await self._route(conn, record, path, request.body, fault)
+        except AnthropicVLLMError as e:
+            self._send(conn, record, e.error.status, _dumps(anthropic_error(e.error)), _JSON)
         except VLLMError as e:
             self._send(conn, record, e.status, _dumps(e.body()), _JSON)
 
     async def _pre_header_fault(self, conn: _Connection, record: RecordedRequest, fault: FaultSpec,
                                 parsed: Any) -> bool:
         """Apply a fault that replaces the whole answer; False when the real answer should follow."""
+        if fault.kind == "respond" and fault.cut_at is not None:
+            body = fault.body_bytes()
+            record.status = fault.status
+            headers = [("content-length", str(len(body))), ("content-type", fault.content_type)]
+            conn.write(conn._head(fault.status, headers) + body[: fault.cut_at])
+            await conn.drain()
+            conn.close()
+            raise _Disconnected()
+        if fault.kind == "respond" and fault.trickle:
+            body = fault.body_bytes()
+            record.status = fault.status
+            headers = [("content-length", str(len(body))), ("content-type", fault.content_type),
+                       *fault.headers.items()]
+            conn.write(conn._head(fault.status, headers) + body[: len(body) // 2])
+            await asyncio.sleep(fault.trickle)
+            conn.write(body[len(body) // 2:])
+            with self._cond:
+                record.finished_at = time.monotonic()
+                self._cond.notify_all()
+            return True
         if fault.kind == "respond":
             self._send(conn, record, fault.status, fault.body_bytes(), fault.content_type, fault.headers)
             return True
@@ -1211,9 +1588,31 @@ class FakeVLLM:
                                             ("transfer-encoding", "chunked")]))
             await self._wait_gone(conn)
             return True
+        if fault.kind == "huge":
+            await self._huge(conn, record, fault.size)
+            return True
         if fault.kind in ("close_mid_body", "reset_mid_body", "sse_error"):
             return False
         raise ValueError(f"unknown fault kind {fault.kind!r}")
+
+    async def _huge(self, conn: _Connection, record: RecordedRequest, size: int) -> None:
+        head = b'{"id":"chatcmpl-huge","object":"chat.completion","created":1,"model":"%s","choices":[' \
+               b'{"index":0,"message":{"role":"assistant","content":"' % self.model.encode()
+        tail = (b'"},"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":9,'
+                b'"total_tokens":2009,"completion_tokens":2000}}')
+        record.status = 200
+        conn.write(conn._head(200, [("content-length", str(len(head) + size + len(tail))),
+                                    ("content-type", _JSON)]) + head)
+        piece = b"lorem ip" * (1 << 17)              # 1 MiB
+        left = size
+        while left > 0:
+            conn.write(piece[:left])
+            left -= len(piece)
+            await conn.drain()
+        conn.write(tail)
+        with self._cond:
+            record.finished_at = time.monotonic()
+            self._cond.notify_all()
 
     async def _wait_gone(self, conn: _Connection) -> None:
         assert self._stopping is not None
@@ -1257,16 +1656,44 @@ class FakeVLLM:
             return self._send(conn, record, 200, self._tokenize(body), _JSON)
         if path == "/detokenize":
             return self._send(conn, record, 200, self._detokenize(body), _JSON)
-        chat = path == "/v1/chat/completions"
-        plan = self.validator.chat(body) if chat else self.validator.completions(body)
-        if self.engine_dead:
-            raise VLLMError(500, ENGINE_DEAD_MESSAGE, type="InternalServerError")
+        if path in POOLING_ROUTES:
+            model, counts = self.validator.pooling_inputs(path, body)
+            record.prompt_tokens = sum(counts)
+            answer = pooling_body(path, model, counts, body, _request_id(), int(time.time()))
+            return self._send(conn, record, 200, _dumps(answer), _JSON)
+        if path == "/v1/messages/count_tokens":
+            try:
+                count = self.validator.count_tokens(body)
+            except VLLMError as e:
+                raise AnthropicVLLMError(e) from None
+            record.prompt_tokens = count
+            answer = {"input_tokens": count, "context_management": {"original_input_tokens": count}}
+            return self._send(conn, record, 200, _dumps(answer), _JSON)
+        surface = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/responses": "responses",
+                   "/v1/messages": "messages"}[path]
+        try:
+            if surface == "responses":
+                plan = self.validator.responses(body, self.stored_responses)
+                stop = body.get("stop")
+                stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+                if any(isinstance(x, str) and x and x in self.completion_text_token for x in stops):
+                    plan = replace(plan, max_tokens=1, per_prompt_max=[1], stopped=True)
+            elif surface == "messages":
+                plan = self.validator.messages(body)
+            else:
+                plan = self.validator.chat(body) if surface == "chat" else self.validator.completions(body)
+            if self.engine_dead:
+                raise VLLMError(500, ENGINE_DEAD_MESSAGE, type="InternalServerError")
+        except VLLMError as e:
+            if surface == "messages" and e.type != "Bad Request":   # pydantic's answer is OpenAI-shaped (m06)
+                raise AnthropicVLLMError(e) from None
+            raise
         record.prompt_tokens = plan.prompt_tokens
         record.max_tokens = plan.max_tokens
         if plan.stream:
-            await self._stream(conn, record, plan, chat, fault)
+            await self._stream(conn, record, plan, surface, body, fault)
         else:
-            await self._complete(conn, record, plan, chat, fault)
+            await self._complete(conn, record, plan, surface, body, fault)
 
     @staticmethod
     def _flush(conn: _Connection, pending: list[bytes]) -> None:
@@ -1302,12 +1729,29 @@ class FakeVLLM:
             return
         raise _Disconnected()
 
-    async def _complete(self, conn: _Connection, record: RecordedRequest, plan: Plan, chat: bool,
-                        fault: FaultSpec | None) -> None:
+    def _whole_body(self, plan: Plan, surface: str, request: dict, rid: str, created: int) -> dict:
+        token = self.completion_text_token
+        if surface == "responses":
+            return responses_body(plan, request, rid, created, token)
+        if surface == "messages":
+            return messages_body(plan, rid, token)
+        build = chat_completion_body if surface == "chat" else completion_body
+        return build(plan, rid, created, token)
+
+    def _events(self, plan: Plan, surface: str, request: dict, rid: str,
+                created: int) -> Iterable[tuple[str, bytes]]:
+        token = self.completion_text_token
+        if surface == "responses":
+            return responses_stream_events(plan, request, rid, created, token)
+        if surface == "messages":
+            return messages_stream_events(plan, rid, token)
+        return stream_events(plan, surface == "chat", rid, created, token)
+
+    async def _complete(self, conn: _Connection, record: RecordedRequest, plan: Plan, surface: str,
+                        request: dict, fault: FaultSpec | None) -> None:
         await self._pace(conn, max(plan.per_prompt_max))
         rid, created = _request_id(), int(time.time())
-        build = chat_completion_body if chat else completion_body
-        body = _dumps(build(plan, rid, created, self.completion_text_token))
+        body = _dumps(self._whole_body(plan, surface, request, rid, created))
         record.completion_tokens = sum(plan.per_prompt_max) * plan.n
         if fault is not None and fault.kind in ("close_mid_body", "reset_mid_body"):
             record.status = 200
@@ -1318,8 +1762,8 @@ class FakeVLLM:
             raise _Disconnected()
         self._send(conn, record, 200, body, _JSON)
 
-    async def _stream(self, conn: _Connection, record: RecordedRequest, plan: Plan, chat: bool,
-                      fault: FaultSpec | None) -> None:
+    async def _stream(self, conn: _Connection, record: RecordedRequest, plan: Plan, surface: str,
+                      request: dict, fault: FaultSpec | None) -> None:
         rid, created = _request_id(), int(time.time())
         record.status = 200
         record.completion_tokens = 0
@@ -1328,14 +1772,22 @@ class FakeVLLM:
         paced = bool(self.tokens_per_second)
         pending: list[bytes] = []       # unpaced events go out in one write (one HTTP chunk each)
         sent = 0
-        for kind, event in stream_events(plan, chat, rid, created, self.completion_text_token):
+        for kind, event in self._events(plan, surface, request, rid, created):
             if sent == cut:
                 assert fault is not None
                 self._flush(conn, pending)
                 if fault.kind == "sse_error":
-                    conn.write_chunk(b"data: " + fault.body_bytes() + b"\n\n" + SSE_DONE)
-                    conn.end_stream()
-                    break
+                    failure = STREAM_FAILURE.get(surface)
+                    if failure is None:
+                        conn.write_chunk(b"data: " + fault.body_bytes() + b"\n\n" + SSE_DONE)
+                    elif failure:
+                        conn.write_chunk(failure)
+                    if failure is None or failure:
+                        conn.end_stream()
+                        break
+                    # vLLM's Responses stream breaks off: the connection closes mid-body
+                    conn.close()
+                    raise _Disconnected()
                 conn.reset() if fault.kind == "reset_mid_body" else conn.close()
                 raise _Disconnected()
             if kind == "step" and paced:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -21,26 +22,31 @@ class HeadroomProcess:
     """`python -m proxy.cli serve` with its stderr drained (start-up is awaited on uvicorn's line)."""
 
     def __init__(self, upstream: str, tmp: Path, tokenizer_dir: Path, extra_toml: str = "",
-                 extra_args: list[str] | None = None) -> None:
+                 extra_args: list[str] | None = None, fd_limit: int | None = None, model_toml: str = "") -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         config = tmp / "headroom.toml"
         config.write_text(
             f'[upstream]\nurl = "{upstream}"\ntimeout = 30.0\n{extra_toml}\n'
-            f'[models."tiny-qwen"]\ntokenizer = "{tokenizer_dir}"\n'
+            f'[models."tiny-qwen"]\ntokenizer = "{tokenizer_dir}"\n{model_toml}\n'
         )
         self.lines: list[str] = []
         self._started = threading.Event()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy.cli", "serve", "--config", str(config), "--port", str(self.port),
-             "--log-level", "info", *(extra_args or [])],
+            self._command(config, extra_args or []),
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit)))
+            if fd_limit is not None else None,
         )
         self._drain = threading.Thread(target=self._read, daemon=True)
         self._drain.start()
         if not self._started.wait(60) or self.proc.poll() is not None:
             self.proc.kill()
             raise RuntimeError("headroom did not start:\n" + "\n".join(self.lines[-30:]))
+
+    def _command(self, config: Path, extra_args: list[str]) -> list[str]:
+        return [sys.executable, "-m", "proxy.cli", "serve", "--config", str(config), "--port", str(self.port),
+                "--log-level", "info", *extra_args]
 
     def _read(self) -> None:
         assert self.proc.stderr is not None
@@ -83,4 +89,13 @@ def wait_until(predicate: Any, timeout: float) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
+    return True
+
+
+def reset_peak_rss(pid: int) -> bool:
+    """Start VmHWM over from the current RSS (Linux: write 5 to clear_refs); False when not allowed."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        return False
     return True

@@ -7,7 +7,8 @@ For one request sent twice, once to vLLM and once through headroom:
 * vLLM refuses it for another reason → headroom refuses it too (4xx), never a 5xx.
 
 `sweep_cases` is the grid the issue asks for: prompt sizes around
-max_model_len × completion limits × chat and completions × streamed or not.
+max_model_len × completion limits × every surface with a completion limit
+(chat, completions, Responses, Anthropic Messages) × streamed or not.
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ import httpx
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+RESPONSES = "/v1/responses"
+MESSAGES = "/v1/messages"
+ENDPOINTS = (CHAT, COMPLETIONS, RESPONSES, MESSAGES)
+# The completion-limit field of each surface.
+LIMIT_FIELD = {CHAT: "max_tokens", COMPLETIONS: "max_tokens", RESPONSES: "max_output_tokens", MESSAGES: "max_tokens"}
 OFFSETS = (-64, -33, -17, -16, -15, -9, -2, -1, 0, 1, 2, 17, 64)
 STREAM_OFFSETS = (-16, -1, 0, 1)
 
@@ -49,7 +55,7 @@ class Case:
 
     @property
     def name(self) -> str:
-        kind = "chat" if self.endpoint == CHAT else "cmpl"
+        kind = {CHAT: "chat", COMPLETIONS: "cmpl", RESPONSES: "resp", MESSAGES: "msgs"}[self.endpoint]
         return f"{kind}-{self.prompt_tokens}-{self.limit}{'-stream' if self.stream else ''}"
 
 
@@ -63,8 +69,8 @@ def limits_for(prompt: int, max_model_len: int) -> list[int | None]:
     return seen
 
 
-def sweep_cases(max_model_len: int) -> Iterator[Case]:
-    for endpoint in (CHAT, COMPLETIONS):
+def sweep_cases(max_model_len: int, endpoints: tuple[str, ...] = ENDPOINTS) -> Iterator[Case]:
+    for endpoint in endpoints:
         for offset in OFFSETS:
             prompt = max_model_len + offset
             for limit in limits_for(prompt, max_model_len):
@@ -74,13 +80,14 @@ def sweep_cases(max_model_len: int) -> Iterator[Case]:
 
 
 def send(client: httpx.Client, url: str, case: Case, body: dict[str, Any]) -> Outcome:
-    """POST one request; a stream is read to its end and its usage chunk taken."""
+    """POST one request; a stream is read to its end and its usage taken (each surface's own)."""
     payload = dict(body)
     if case.limit is not None:
-        payload["max_tokens"] = case.limit
+        payload[LIMIT_FIELD[case.endpoint]] = case.limit
     if case.stream:
         payload["stream"] = True
-        payload["stream_options"] = {"include_usage": True}
+        if case.endpoint in (CHAT, COMPLETIONS):
+            payload["stream_options"] = {"include_usage": True}
     response = client.post(url + case.endpoint, json=payload)
     if response.status_code != 200:
         try:
@@ -89,18 +96,23 @@ def send(client: httpx.Client, url: str, case: Case, body: dict[str, Any]) -> Ou
             error = {"message": response.text}
         if not isinstance(error, dict):
             error = {"message": str(error)}
-        return Outcome(response.status_code, code=error.get("code"), message=str(error.get("message", "")),
-                       details=error.get("headroom"))
+        details = error.get("headroom")
+        code = error.get("code")
+        if case.endpoint == MESSAGES and isinstance(details, dict):   # Anthropic's envelope has no code
+            code = details.get("code")
+        return Outcome(response.status_code, code=code, message=str(error.get("message", "")), details=details)
+    key = "completion_tokens" if case.endpoint in (CHAT, COMPLETIONS) else "output_tokens"
     if not case.stream:
-        return Outcome(200, response.json()["usage"]["completion_tokens"])
+        return Outcome(200, response.json()["usage"][key])
     completion = None
     for line in response.text.split("\n"):
         if line.startswith("data: {"):
             event = json.loads(line[6:])
             if "error" in event:
                 return Outcome(500, message=str(event["error"]))
-            if event.get("usage"):
-                completion = event["usage"]["completion_tokens"]
+            usage = event.get("usage") or (event.get("response") or {}).get("usage")
+            if isinstance(usage, dict) and usage.get(key) is not None:
+                completion = usage[key]
     return Outcome(200, completion)
 
 

@@ -25,6 +25,7 @@ from proxy.config import Config, ModelConfig, ServerConfig, UpstreamConfig
 from proxy.metrics import Metrics
 from proxy.record import LengthRecord
 from proxy.recorder import Recorder
+from proxy.server import uvicorn_settings
 from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread
 from tokenizer_cache import ModelTokenizer, load_model_tokenizer
@@ -50,7 +51,12 @@ def make_config(upstream: str, tokenizer_dir: Path | None, *, timeout: float = 1
 def fake_counter(tok: Any, offset: int = 0) -> Callable[[str, dict], int]:
     """A FakeVLLM prompt counter from a headroom tokenizer (`offset` tokens off, to simulate drift)."""
     def count(endpoint: str, body: dict) -> int:
-        base = tok.count_chat(body) if endpoint == "chat" else sum(tok.count_completion(body))
+        if endpoint == "responses":
+            base = tok.count_responses(body)
+        elif endpoint == "messages":
+            base = tok.count_messages(body)
+        else:
+            base = tok.count_chat(body) if endpoint == "chat" else sum(tok.count_completion(body))
         return base + offset
 
     return count
@@ -132,7 +138,7 @@ def running_stack(
         if configure is not None:
             configure(config)
         app = HeadroomApp(config, recorder=rec)
-        with serve_in_thread(app) as base:
+        with serve_in_thread(app, **uvicorn_settings(config)) as base:
             yield Stack(fake, base, app, rec if isinstance(rec, ListRecorder) else None)
 
 

@@ -90,7 +90,7 @@ class MockTransport:
 
     async def request(self, method: str, path_qs: str, headers: list[tuple[bytes, bytes]],
                       body: bytes | AsyncIterator[bytes] | None, *, timeout: float,
-                      idle_timeout: float) -> MockResponse:
+                      idle_timeout: float, deadline: float | None = None) -> MockResponse:
         if body is None:
             data = b""
         elif isinstance(body, bytes):
