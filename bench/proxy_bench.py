@@ -68,7 +68,7 @@ LOAD_CORE, PROXY_CORE = "0", "1"
 MODEL = "tiny-qwen"
 MAX_MODEL_LEN = 32768
 TARGETS = ("direct", "bare", "headroom")
-SCENARIOS = ("chat-197B", "chat-4KB", "p50@1conn", "stream", "stream-strip", "paced", "long-mix",
+SCENARIOS = ("chat-197B", "chat-4KB", "p50@1conn", "stream", "stream-strip", "paced", "long-mix", "workers",
              "counting", "startup", "memory")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 FILLER = ("Why does ice float on water? Explain density, hydrogen bonds and the open hexagonal lattice of "
@@ -90,6 +90,29 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK   # fields 14 and 15 of stat(5)
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of a process (its threads' children lists, Linux >= 3.5)."""
+    found: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    return found
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process and of its living descendants (the workers of `--workers N`)."""
+    total = 0.0
+    for p in [pid, *children(pid)]:
+        try:
+            total += cpu_seconds(p) if p == pid else tree_cpu_seconds(p)
+        except OSError:
+            pass
+    return total
 
 
 def rss_mib(pid: int) -> float:
@@ -156,13 +179,17 @@ def headroom_command() -> list[str]:
 
 
 def write_headroom_config(path: Path, upstream: str, models: dict[str, Path], length_log: Path | None,
-                          piece_cache: bool = False) -> None:
-    """headroom's config for the bench.  The per-piece count cache is off unless asked for:
-    the bench repeats one body, which a cache would count once and never again, so
-    with it on the figures would show the cost of a cache hit, not of counting."""
+                          piece_cache: bool = False, chat_cache: bool = False, root: Path = ROOT) -> None:
+    """headroom's config for the bench.  The per-piece and chat-count caches are off unless
+    asked for: the bench repeats one body, which a cache would count once and never again,
+    so with them on the figures would show the cost of a cache hit, not of counting.
+    (`root`: the headroom source tree run; one without the chat cache gets no key for it.)"""
     lines = ["[upstream]", f'url = "{upstream}"', "", "[logging]", 'level = "warning"', ""]
-    if not piece_cache:
-        lines += ["[tokenizers]", "piece_cache_entries = 0", ""]
+    tokenizers = [] if piece_cache else ["piece_cache_entries = 0"]
+    if not chat_cache and "chat_cache_entries" in (root / "proxy" / "config.py").read_text():
+        tokenizers.append("chat_cache_entries = 0")
+    if tokenizers:
+        lines += ["[tokenizers]", *tokenizers, ""]
     if length_log is not None:
         lines += ["[length_log]", f'path = "{length_log}"', ""]
     for name, directory in models.items():
@@ -425,9 +452,9 @@ def loadavg() -> str:
 
 def measure_wrk(results: Results, scenario: str, target: str, server: Server, url: str, body_file: Path,
                 connections: int, duration: float, workdir: Path, cpu_label: str = "cpu_ms") -> None:
-    before = cpu_seconds(server.proc.pid)
+    before = tree_cpu_seconds(server.proc.pid)
     r = run_wrk(url, body_file, connections, duration, workdir)
-    used = cpu_seconds(server.proc.pid) - before
+    used = tree_cpu_seconds(server.proc.pid) - before
     results.setdefault((scenario, target, "rps"), Series()).add(r["rps"])
     results.setdefault((scenario, target, cpu_label), Series()).add(used * 1000 / max(1, r["requests"]))
     results.setdefault((scenario, target, "p50"), Series()).add(r["p50"])
@@ -436,11 +463,68 @@ def measure_wrk(results: Results, scenario: str, target: str, server: Server, ur
 
 def measure_hey(results: Results, scenario: str, target: str, server: Server, url: str, body_file: Path,
                 connections: int, duration: float) -> None:
-    before = cpu_seconds(server.proc.pid)
+    before = tree_cpu_seconds(server.proc.pid)
     r = run_hey(url, body_file, connections, duration)
-    used = cpu_seconds(server.proc.pid) - before
+    used = tree_cpu_seconds(server.proc.pid) - before
     results.setdefault((scenario, target, "rps"), Series()).add(r["rps"])
     results.setdefault((scenario, target, "cpu_ms"), Series()).add(used * 1000 / max(1, r["requests"]))
+
+
+def measure_workers(results: Results, scenario: str, label: str, server: Server, fake: Server, body_file: Path,
+                    connections: int, duration: float, workdir: Path) -> None:
+    """req/s and proxy CPU per request, plus what the load generator and the fake used (in cores),
+    and how evenly the workers shared the work (least / most CPU of one worker)."""
+    workers = children(server.proc.pid)
+    per_worker = [tree_cpu_seconds(w) for w in workers]
+    load_before = cpu_seconds(fake.proc.pid) + _children_cpu()
+    before = tree_cpu_seconds(server.proc.pid)
+    started = time.perf_counter()
+    r = run_wrk(server.url + "/v1/chat/completions", body_file, connections, duration, workdir)
+    wall = time.perf_counter() - started
+    used = tree_cpu_seconds(server.proc.pid) - before
+    load = cpu_seconds(fake.proc.pid) + _children_cpu() - load_before
+    results.setdefault((scenario, label, "rps"), Series()).add(r["rps"])
+    results.setdefault((scenario, label, "cpu_ms"), Series()).add(used * 1000 / max(1, r["requests"]))
+    results.setdefault((scenario, label, "proxy_cores"), Series()).add(used / wall)
+    results.setdefault((scenario, label, "load_cores"), Series()).add(load / wall)
+    if len(workers) > 1:
+        shares = [tree_cpu_seconds(w) - b for w, b in zip(workers, per_worker, strict=True)]
+        results.setdefault((scenario, label, "balance"), Series()).add(min(shares) / max(shares))
+
+
+def _children_cpu() -> float:
+    """CPU of this process's finished children: the wrk and hey runs."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def print_workers(results: Results, labels: tuple[str, str], connections: int) -> None:
+    one, many = labels
+    if not any(k[1] == many for k in results):
+        return
+    print(f"\n== headroom, {one} (core {PROXY_CORE}; load + fake on core {LOAD_CORE}) vs {many} "
+          f"(one per core; load + fake still on core {LOAD_CORE}), {connections} connections")
+    print(f"{'body':<11}{'':<13}{'req/s':>26}{'CPU ms/req':>26}{'proxy cores':>13}{'load cores':>12}"
+          f"{'balance':>9}")
+    for scen in ("chat-197B", "chat-4KB"):
+        key = f"workers-{scen}"
+        for label in labels:
+            rps, cpu = results.get((key, label, "rps")), results.get((key, label, "cpu_ms"))
+            if rps is None or cpu is None:
+                continue
+            bal = results.get((key, label, "balance"))
+            print(f"{scen:<11}{label:<13}{fmt(rps.median, 0) + ' ' + rps.spread(0):>26}"
+                  f"{fmt(cpu.median, 3) + ' ' + cpu.spread(3):>26}"
+                  f"{fmt(results[(key, label, 'proxy_cores')].median, 2):>13}"
+                  f"{fmt(results[(key, label, 'load_cores')].median, 2):>12}"
+                  f"{(fmt(bal.median, 2) if bal else '-'):>9}")
+        a, b = results.get((key, one, "rps")), results.get((key, many, "rps"))
+        ca, cb = results.get((key, one, "cpu_ms")), results.get((key, many, "cpu_ms"))
+        if a and b and ca and cb:
+            pairs = [y / x for x, y in zip(a.values, b.values, strict=True)]
+            print(f"{'':<11}{many + ' / ' + one:<24} req/s {statistics.median(pairs):.2f}x "
+                  f"({min(pairs):.2f}-{max(pairs):.2f}), CPU per request {cb.median / ca.median:.2f}x")
+
 
 
 def counting_cost(rounds: int) -> None:
@@ -569,6 +653,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-length-log", action="store_true", help="run headroom without its length log")
     parser.add_argument("--piece-cache", action="store_true",
                         help="keep headroom's per-piece count cache on (the bench repeats one body: all hits)")
+    parser.add_argument("--chat-cache", action="store_true",
+                        help="keep headroom's chat-count cache on (the bench repeats one body: all hits)")
+    parser.add_argument("--workers", type=int, default=2, help="the 'workers' scenario: 1 worker against this many")
     parser.add_argument("--event-gap-ms", type=float, default=20.0, help="pause between events in 'paced'")
     parser.add_argument("--idle-connections", type=int, default=1000)
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
@@ -607,13 +694,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bodies: chat-197B {len(bodies['chat-197B'])} B, chat-4KB {len(bodies['chat-4KB'])} B "
           f"({tok.count_chat(json.loads(bodies['chat-4KB']))} tokens), long "
           f"{len(bodies['long']) // 1024} KiB ({tok.count_chat(json.loads(bodies['long']))} tokens); "
-          f"headroom from {args.headroom_root or ROOT}, piece cache {'on' if args.piece_cache else 'off'}")
+          f"headroom from {args.headroom_root or ROOT}, piece cache {'on' if args.piece_cache else 'off'}, "
+          f"chat cache {'on' if args.chat_cache else 'off'}")
     print(f"load average before: {loadavg()}")
     started = time.perf_counter()
 
     servers: dict[str, Server] = {}
     results: Results = {}
-    proxied = only & {"chat-197B", "chat-4KB", "p50@1conn", "stream", "stream-strip", "paced", "long-mix"}
+    proxied = only & {"chat-197B", "chat-4KB", "p50@1conn", "stream", "stream-strip", "paced", "long-mix",
+                      "workers"}
+    root = (args.headroom_root or ROOT).resolve()
+    many = f"{args.workers} workers"
+    labels = ("1 worker", many)
     try:
         if proxied:
             fake_port = free_port()
@@ -628,14 +720,27 @@ def main(argv: list[str] | None = None) -> int:
                 port = free_port()
                 config = workdir / "headroom.toml"
                 write_headroom_config(config, fake.url, {MODEL: QWEN3},
-                                      None if args.no_length_log else workdir / "lengths.jsonl", args.piece_cache)
+                                      None if args.no_length_log else workdir / "lengths.jsonl", args.piece_cache,
+                                      args.chat_cache, root)
                 env = {}
                 if args.headroom_root:
-                    env["PYTHONPATH"] = str(args.headroom_root.resolve())
+                    env["PYTHONPATH"] = str(root)
                 servers["headroom"] = spawn("headroom", [*headroom_command(), "--config", str(config),
                                                          "--port", str(port)], PROXY_CORE, port, workdir, env)
                 status, headers, _ = post(servers["headroom"].url + "/v1/chat/completions", bodies["chat-197B"])
                 assert status == 200 and headers.get("x-headroom-action") == "clamped", (status, headers)
+                if "workers" in only:
+                    # Every core for the workers: one each, pinned, the load generator and the
+                    # fake staying on core 0 (nowhere else to go on 2 cores; their CPU is shown).
+                    port = free_port()
+                    multi = spawn("headroom-multi", [*headroom_command(), "--config", str(config), "--port",
+                                                     str(port), "--workers", str(args.workers)],
+                                  ",".join(str(c) for c in range(os.cpu_count() or 2)), port, workdir, env,
+                                  ready_path="/ready")
+                    for i, pid in enumerate(sorted(children(multi.proc.pid))):
+                        os.sched_setaffinity(pid, {i % (os.cpu_count() or 2)})
+                    servers[many] = multi
+                    run_wrk(multi.url + "/v1/chat/completions", files["chat-197B"], args.connections, 1, workdir)
             for t in targets:   # warm up every path once
                 run_wrk(servers[t].url + "/v1/chat/completions", files["chat-197B"], args.connections, 1, workdir)
 
@@ -671,6 +776,11 @@ def main(argv: list[str] | None = None) -> int:
                 for scen in ("stream", "stream-strip"):
                     if scen in only:
                         measure_hey(results, scen, t, s, url, files[scen], args.connections, args.duration)
+            if many in servers:
+                for scen in ("chat-197B", "chat-4KB"):
+                    for label, server in zip(labels, (servers["headroom"], servers[many]), strict=True):
+                        measure_workers(results, f"workers-{scen}", label, server, servers["direct"], files[scen],
+                                        args.connections, args.duration, workdir)
             print(f"  round {rnd + 1}/{args.rounds} done ({time.perf_counter() - started:.0f} s, load {loadavg()})",
                   flush=True)
     finally:
@@ -699,6 +809,7 @@ def main(argv: list[str] | None = None) -> int:
                 [("p50", "p50", 3), ("p99", "p99", 3), ("p99 / alone", "ratio_p99", 2),
                  ("long p50", "long_p50", 1), ("long reqs", "long_n", 0)], results, "long-mix")
 
+    print_workers(results, labels, args.connections)
     if "counting" in only:
         counting_cost(args.rounds)
     if only & {"startup", "memory"}:

@@ -38,8 +38,10 @@ from .models import ModelInfo
 from .pages import routes
 from .passthrough import Passthrough
 from .recorder import Recorder
+from .siblings import WorkerSlot
 from .surfaces import ADMITTED, ANSWERED, Surface
 from .upstream import Transport
+from .workerpages import WorkerPages
 
 log = logging.getLogger("headroom")
 
@@ -67,7 +69,9 @@ class HeadroomApp:
         recorder: Recorder | None = None,
         *,
         transport_for: Callable[[str], Transport] | None = None,
+        worker: WorkerSlot | None = None,
     ) -> None:
+        """`worker`: this process's place among `--workers N` (None: the only process)."""
         self.config = config
         self.backends = Backends(config, transport_for)
         self.counter = PromptCounter(config, self.backends)
@@ -76,18 +80,31 @@ class HeadroomApp:
         metrics = self.recorder.metrics
         self.counter.on_parity.append(metrics.set_tokenizer_parity)
         self.counter.on_trust.append(lambda trust: metrics.set_count_mode(trust.model, trust.mode))
-        self.recorder.counting = lambda: {m: t.describe() for m, t in self.counter.trust_states().items()}
+        self.recorder.counting = self.counting_state
         if self.counter.piece_cache is not None:
             metrics.attach_piece_cache(self.counter.piece_cache.stats)
+        if self.counter.chat_cache is not None:
+            metrics.attach_chat_cache(self.counter.chat_cache.stats)
+        metrics.attach_engines(self.counter.engines)
         metrics.attach_gates(lambda: [(b.name, b.gate) for b in self.backends.items])
         self._policies: dict[str | None, Policy] = {}
-        # The model's config.json and its upstream's /metrics, for /stats and the sizing gauges.
-        self.sizing = LiveSizing(config, self.backends, self.counter.tokenizer_dir, self._policy)
+        # The model's config.json and its upstream's /metrics, for /stats and the sizing gauges;
+        # among several workers only the primary scrapes, and it answers /metrics and /stats for all.
+        self.sizing = LiveSizing(config, self.backends, self.counter.tokenizer_dir, self._policy,
+                                 scrape=worker is None or worker.primary)
         self.recorder.sizing = self.sizing.for_model
-        metrics.registry.register(self.sizing.collector(self.recorder.demand_kv_percentile, metrics.model_label))
+        self.workers: WorkerPages | None = None
+        if worker is not None:
+            self.workers = WorkerPages(
+                worker, self.recorder, self.counting_state,
+                lambda: health.readiness(health.upstream_states(self.backends), self.counter.counted_by),
+                lambda demand_kv: self.sizing.collector(demand_kv, metrics.model_label),
+                lambda: sum(b.gate.in_flight for b in self.backends.items))
+        else:
+            metrics.registry.register(self.sizing.collector(self.recorder.demand_kv_percentile, metrics.model_label))
         self.services = ExchangeServices(config, self.backends, self.counter, self.recorder, self._policy)
-        self._local = Router(routes=routes(self.recorder)
-                             + health.routes(self.backends, self.counter, self._pages_authorized))
+        self._local = Router(routes=routes(self.recorder, self.workers)
+                             + health.routes(self.backends, self.counter, self.workers, self._pages_authorized))
         self._passthrough = Passthrough(self.backends, config.server.shutdown_timeout, config.upstream.models_timeout)
         self._background: set[asyncio.Task[Any]] = set()
         self._api_keys = [k.encode() for k in config.server.api_keys]
@@ -101,6 +118,14 @@ class HeadroomApp:
             policy = self._policies[model] = self.config.policy_for(model)
         return policy
 
+    def counting_state(self) -> dict[str, dict[str, Any]]:
+        """For /stats, per model: how far its count is trusted (proxy.trust) and which engine counts it."""
+        trust = self.counter.trust_states()
+        engines = self.counter.engines()
+        return {model: {**(trust[model].describe() if model in trust else {}),
+                        **(engines[model].describe() if model in engines else {})}
+                for model in sorted(trust.keys() | engines.keys())}
+
     # -- lifecycle --------------------------------------------------------------
 
     async def startup(self) -> None:
@@ -111,10 +136,14 @@ class HeadroomApp:
                                                      flush_interval_s=ll.flush_interval, fsync=ll.fsync))
         self.backends.start()
         self.sizing.start()
+        if self.workers is not None:
+            await self.workers.siblings.start()
 
     async def shutdown(self) -> None:
         for task in list(self._background):
             task.cancel()
+        if self.workers is not None:
+            await self.workers.siblings.stop()
         await self.sizing.stop()
         await self.backends.stop()
         await asyncio.to_thread(self.recorder.close)   # flushes the length log

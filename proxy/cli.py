@@ -12,11 +12,13 @@ import importlib
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from . import __version__
 from .config import Config, ConfigError, load_config
 from .logs import configure_logging
+from .siblings import WorkerSlot
 
 SUBCOMMAND_MODULES = ("proxy.count_cli", "proxy.report_cli", "proxy.plan_cli")
 
@@ -41,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--upstream", metavar="URL", help="the vLLM server, e.g. http://127.0.0.1:8000")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8100)")
+    serve.add_argument("--workers", type=int, metavar="N",
+                       help="serving processes on the one port (default 1; README \"Workers\")")
     serve.add_argument("--length-log", metavar="FILE",
                        help="append one JSON line of length figures per request to FILE ('-': standard output)")
     serve.add_argument(
@@ -82,6 +86,7 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, object]:
         "upstream.url": args.upstream,
         "server.host": args.host,
         "server.port": args.port,
+        "server.workers": args.workers,
         "length_log.path": args.length_log,
         "upstream.timeout": args.upstream_timeout,
         "upstream.idle_timeout": args.upstream_timeout,
@@ -96,7 +101,8 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, object]:
 def summary(config: Config) -> str:
     lines = [
         f"headroom {__version__}",
-        f"  listen     http://{config.server.host}:{config.server.port}/v1",
+        f"  listen     http://{config.server.host}:{config.server.port}/v1"
+        + (f" ({config.server.workers} workers)" if config.server.workers > 1 else ""),
         f"  upstream   {config.upstream.url} (connect {config.upstream.connect_timeout:g} s, "
         f"first byte/idle {config.upstream.timeout:g} s)",
     ]
@@ -156,7 +162,16 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .app import HeadroomApp
-    from .server import uvicorn_settings
+
+    if config.server.workers > 1:
+        from . import workers
+
+        try:
+            return workers.serve(config.server.host, config.server.port, config.server.workers,
+                                 worker_runner(config))
+        except OSError as exc:
+            print(f"headroom: cannot listen on {config.server.host}:{config.server.port}: {exc}", file=sys.stderr)
+            return 1
 
     app = HeadroomApp(config)
     # uvicorn drains on SIGTERM, then re-raises the signal with the handler that
@@ -164,24 +179,8 @@ def run_serve(args: argparse.Namespace) -> int:
     # would die by the signal (status -15) after a clean drain, which systemd
     # and Kubernetes report as a failure; this handler makes it exit 0.
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    server_config = uvicorn.Config(
-        app,
-        host=config.server.host,
-        port=config.server.port,
-        log_level=config.logging.level,
-        log_config=None,           # keep configure_logging's handlers (JSON stays JSON)
-        access_log=False,          # access lines would carry paths only, but keep logs quiet by default
-        server_header=False,       # relay the upstream's own Server and Date headers
-        date_header=False,
-        # uvicorn annotates it int; it hands the value to asyncio, which takes a float as well
-        timeout_graceful_shutdown=config.server.shutdown_timeout,  # type: ignore[arg-type]
-        # headroom never reads the client address, so uvicorn's X-Forwarded-For
-        # rewriting middleware would be pure per-request cost (~2 % of CPU, profiled).
-        proxy_headers=False,
-        # The limits uvicorn lacks (head size, head/body/idle timeouts, connections): proxy.server.
-        **uvicorn_settings(config),
-    )
-    server = uvicorn.Server(server_config)
+    server = uvicorn.Server(uvicorn.Config(app, host=config.server.host, port=config.server.port,
+                                           **uvicorn_options(config)))
     if config.server.metrics_port:
         # headroom's pages on a listener of their own: the app tells them apart by the local port.
         sockets = [_listen(config.server.host, config.server.port),
@@ -190,6 +189,40 @@ def run_serve(args: argparse.Namespace) -> int:
     else:
         server.run()
     return 0 if server.started else 1
+
+
+def worker_runner(config: Config) -> Callable[[WorkerSlot, socket.socket], int]:
+    """What each of `--workers N` runs: a HeadroomApp that knows its slot, under uvicorn, on its socket."""
+    import uvicorn
+
+    from .app import HeadroomApp
+
+    def run_worker(slot: WorkerSlot, sock: socket.socket) -> int:
+        app = HeadroomApp(config, worker=slot)
+        server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options(config)))
+        server.run(sockets=[sock])
+        return 0 if server.started else 1
+
+    return run_worker
+
+
+def uvicorn_options(config: Config) -> dict[str, Any]:
+    """uvicorn's settings for one serving process (the only one, or each worker)."""
+    from .server import uvicorn_settings
+
+    return dict(
+        log_level=config.logging.level,
+        log_config=None,           # keep configure_logging's handlers (JSON stays JSON)
+        access_log=False,          # access lines would carry paths only, but keep logs quiet by default
+        server_header=False,       # relay the upstream's own Server and Date headers
+        date_header=False,
+        timeout_graceful_shutdown=config.server.shutdown_timeout,
+        # headroom never reads the client address, so uvicorn's X-Forwarded-For
+        # rewriting middleware would be pure per-request cost (~2 % of CPU, profiled).
+        proxy_headers=False,
+        # The limits uvicorn lacks (head size, head/body/idle timeouts, connections): proxy.server.
+        **uvicorn_settings(config),
+    )
 
 
 def _listen(host: str, port: int) -> socket.socket:

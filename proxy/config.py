@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from tokenizer_cache import holds_tokenizer
+from tokenizer_cache import DEFAULT_CHAT_CACHE_ENTRIES, holds_tokenizer
 
 from .admission import Policy
 
@@ -42,6 +42,8 @@ class ServerConfig:
     metrics_host: str | None = None        # unset: host
     metrics_port: int = 0                  # 0: the pages are served on the main port
     shutdown_timeout: float = 30.0         # after SIGTERM: seconds in-flight requests may still run
+    # Serving processes on the one port (proxy.workers); 1 = this process serves.
+    workers: int = 1
     # What one client connection may cost (proxy.server): a longer head is
     # answered 431, a head or body that stops arriving 408.
     max_header_bytes: int = 64 * 1024
@@ -130,6 +132,13 @@ class TokenizersConfig:
     # Compare each model's count with the upstream's /tokenize at start-up
     # (proxy.trust): a mismatch switches the model to the upstream's count.
     parity_check: bool = True
+    # Whole-chat counts remembered by their exact template inputs: a repeated
+    # request renders nothing (0 = off).
+    chat_cache_entries: int = DEFAULT_CHAT_CACHE_ENTRIES
+    # Which engine encodes text: "auto" takes fastokens wherever it passes its
+    # load-time self-check against `tokenizers` (the reference) and `tokenizers`
+    # elsewhere; "fastokens" is still self-checked; "tokenizers" never tries it.
+    engine: Literal["auto", "tokenizers", "fastokens"] = "auto"
 
 
 @dataclass
@@ -368,6 +377,12 @@ def _check_semantics(config: Config) -> None:
         raise ConfigError(f"'upstream_metrics.kv_usage_pinned' must be in (0, 1], got {um.kv_usage_pinned}")
     if um.pinned_scrapes < 1 or (um.max_num_seqs is not None and um.max_num_seqs < 1):
         raise ConfigError("'upstream_metrics.pinned_scrapes' and 'upstream_metrics.max_num_seqs' must be at least 1")
+    if config.server.workers < 1:
+        raise ConfigError(f"'server.workers' must be at least 1, got {config.server.workers}")
+    if config.server.workers > 1 and config.server.metrics_port:
+        # Each worker serves one port's socket; a second listener per worker is not built yet.
+        raise ConfigError("'server.metrics_port' cannot be used with 'server.workers' > 1 yet: "
+                          "serve the pages on the main port (metrics_api_keys guards them)")
     if not 0 < config.server.port < 65536:
         raise ConfigError(f"'server.port' must be 1–65535, got {config.server.port}")
     if config.server.metrics_port >= 65536 or config.server.metrics_port == config.server.port:

@@ -43,9 +43,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tokenizer_cache import (
+    ChatCountCache,
     CountError,
     CountingModel,
     MediaNotCountable,
+    ModelTokenizer,
     PieceCountCache,
     TokenizerCache,
     find_tokenizer_dir,
@@ -203,6 +205,24 @@ def _counting_busy(limit: int, waited: float) -> HeadroomError:
 
 
 @dataclass(frozen=True)
+class EngineState:
+    """Which engine turns a model's text into tokens (/stats, headroom_count_engine)."""
+
+    engine: str                  # "fastokens", "tokenizers" or "mistral-common"
+    fallback: str | None         # why not fastokens, when it was wanted but does not count this model
+    failures: int                # texts fastokens raised on since load, each counted by `tokenizers`
+
+    def describe(self) -> dict[str, object]:
+        return {"engine": self.engine, "engine_fallback": self.fallback, "engine_failures": self.failures}
+
+
+def engine_state(tok: CountingModel) -> EngineState:
+    if isinstance(tok, ModelTokenizer):          # HF tokenizers, gpt-oss's harmony included
+        return EngineState(tok.engine, tok.engine_fallback, tok.engine_failures)
+    return EngineState("mistral-common", "a Mistral-format model: mistral-common encodes it, as in vLLM", 0)
+
+
+@dataclass(frozen=True)
 class Count:
     """A request's prompt tokens, one figure per prompt, and how far they can be trusted."""
 
@@ -224,6 +244,8 @@ class PromptCounter:
         self._cache = TokenizerCache(
             max_entries=config.tokenizers.cache_size,
             piece_cache_entries=config.tokenizers.piece_cache_entries,
+            engine=config.tokenizers.engine,
+            chat_cache_entries=config.tokenizers.chat_cache_entries,
         )
         self._dirs: dict[str, Path | None] = {}
         # model -> its loaded tokenizer: the per-request lookup then needs no worker
@@ -280,6 +302,14 @@ class PromptCounter:
     @property
     def piece_cache(self) -> PieceCountCache | None:
         return self._cache.piece_cache
+
+    @property
+    def chat_cache(self) -> ChatCountCache | None:
+        return self._cache.chat_cache
+
+    def engines(self) -> dict[str, EngineState]:
+        """Per loaded model: which engine counts it, why not fastokens, and the texts it fell back on."""
+        return {model: engine_state(tok) for model, tok in list(self._ready.items())}
 
     def forget_dirs(self) -> None:
         """Called when the upstream's model list changes: roots may have moved, and
@@ -565,8 +595,9 @@ _PROBE_IMAGE = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAABsAAAAdCAIAAADU7
 # has (a system prompt, tools as the Agents SDK and LlamaIndex send them, with
 # `strict` true and false and `defer_loading`, text parts, a tool round trip,
 # non-ASCII text, a developer message with reasoning in the history, an image
-# for the models whose images headroom counts, a system message that is not first).  Where a template cannot render one, the
-# upstream must refuse it too, else it is a mismatch (parity_check).
+# for the models whose images headroom counts, a system message that is not
+# first).  Where a template cannot render one, the upstream must refuse it too,
+# else it is a mismatch (parity_check).
 PARITY_PROBES: dict[str, dict[str, Any]] = {
     "plain": {"messages": [{"role": "user", "content": "Hello! How are you today?"}]},
     "system": {"messages": [{"role": "system", "content": "You are a careful assistant. Answer briefly."},

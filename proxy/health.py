@@ -3,12 +3,13 @@
 `/health` is vLLM's and is relayed untouched, so it says nothing about
 headroom.  These two are headroom's:
 
-* **/live** answers 200 whenever the event loop runs: a liveness probe that
-  restarts headroom only when headroom itself is stuck, never because vLLM is
-  still loading or restarting.
+* **/live** answers 200 whenever the event loop runs (with several workers:
+  every worker's): a liveness probe that restarts headroom only when headroom
+  itself is stuck, never because vLLM is still loading or restarting.
 * **/ready** answers 200 once every upstream's `GET /v1/models` has answered
   and every model it lists has its tokenizer loaded (or is known to be
-  counted by the upstream's `/tokenize`), else 503 with what is missing.
+  counted by the upstream's `/tokenize`), in every worker, else 503 with what
+  is missing.
   A pod then receives traffic only when its first request can be counted
   without loading a tokenizer.  Once ready it stays ready through a later
   upstream outage (the outage is in the body): a replica that still answers
@@ -33,6 +34,7 @@ from .models import describe_error
 if TYPE_CHECKING:
     from .backends import Backends
     from .counting import PromptCounter
+    from .workerpages import WorkerPages
 
 READY_PATH = "/ready"
 LIVE_PATH = "/live"
@@ -95,9 +97,9 @@ def upstream_states(backends: Backends) -> list[UpstreamState]:
     return states
 
 
-def routes(backends: Backends, counter: PromptCounter,
+def routes(backends: Backends, counter: PromptCounter, workers: WorkerPages | None = None,
            full_view: Callable[[Any], bool] = lambda scope: True) -> list[Route]:
-    """GET /ready and GET /live for the app to mount.
+    """GET /ready and GET /live for the app to mount; with `workers`, for every worker.
 
     `full_view(scope)`: may this caller read the whole /ready document (it
     names every model)?  A probe that may not gets only `{"ready": ...}`
@@ -106,11 +108,16 @@ def routes(backends: Backends, counter: PromptCounter,
 
     async def ready_endpoint(request: Request) -> Response:
         ok, document = readiness(upstream_states(backends), counter.counted_by)
+        if workers is not None:
+            ok, document = await workers.ready(ok, document)
         if not full_view(request.scope):
             document = {"ready": ok}
         return JSONResponse(document, status_code=200 if ok else 503, headers=_NO_STORE)
 
     async def live_endpoint(request: Request) -> Response:
+        if workers is not None:
+            ok, document = await workers.live()
+            return JSONResponse(document, status_code=200 if ok else 503, headers=_NO_STORE)
         return JSONResponse({"live": True}, headers=_NO_STORE)
 
     return [

@@ -32,7 +32,9 @@ Why it is built this way:
 * **Or JSON lines on standard output** (`path = "-"`), for a cluster's log
   pipeline: the same lines, written to a duplicate of file descriptor 1, never
   rotated.  headroom's own log lines go to standard error, so standard output
-  carries nothing but records (`headroom report -` reads them back).
+  carries nothing but records (`headroom report -` reads them back).  Each
+  write is at most PIPE_BUF bytes of whole lines, which a pipe never mixes
+  with another worker's.
 * **A broken disk degrades to one warning.**  An unwritable path or a full disk
   logs ONE warning (then at most one per `warn_interval_s`) and counts the lost
   records in `write_errors`; nothing is raised towards the caller.
@@ -47,6 +49,7 @@ import fcntl
 import json
 import logging
 import os
+import select
 import stat
 import threading
 import time
@@ -88,6 +91,15 @@ def _whole_lines(lines: list[bytes], start: int, end: int, written: int) -> int:
         written -= len(line)
         count += 1
     return count
+
+
+def _run_end(lines: list[bytes], start: int, room: int) -> int:
+    """The end of the run from `start` (always taking lines[start]) whose further lines fit in `room` bytes."""
+    end = start + 1
+    while end < len(lines) and room >= len(lines[end]):
+        room -= len(lines[end])
+        end += 1
+    return end
 
 
 def backup_name(path: Path, index: int) -> Path:
@@ -265,18 +277,18 @@ class LengthLog:
         if self._should_rotate(fd, len(lines[start])):
             fd = self._rotate_or_keep(fd)
         end = len(lines)
-        if self.max_bytes > 0 and self._regular:
-            room = self.max_bytes - os.fstat(fd).st_size - len(lines[start])
-            end = start + 1
-            while end < len(lines) and room >= len(lines[end]):
-                room -= len(lines[end])
-                end += 1
+        if self.to_stdout:
+            # Other worker processes may share standard output: a pipe takes a
+            # write of at most PIPE_BUF bytes whole, never mixed with theirs.
+            end = _run_end(lines, start, select.PIPE_BUF - len(lines[start]))
+        elif self.max_bytes > 0 and self._regular:
+            end = _run_end(lines, start, self.max_bytes - os.fstat(fd).st_size - len(lines[start]))
         data = b"".join(lines[start:end]) if end - start > 1 else lines[start]
         return end, self._write(fd, data), len(data)
 
     def _write(self, fd: int, data: bytes) -> int:
-        """One write; on standard output the rest of a short write too (no other writer
-        shares it, so finishing the line cannot interleave with anyone's)."""
+        """One write; on standard output the rest of a short write too (a line longer
+        than PIPE_BUF, the only write a pipe may split)."""
         written = os.write(fd, data)
         if self.to_stdout:
             while 0 < written < len(data):

@@ -6,7 +6,8 @@
   recommendation (`proxy.model_context`) and gives the KV bytes per token.
 * With `[upstream_metrics] enabled`, one `proxy.vllm_metrics.UpstreamMetricsScraper`
   per upstream, fetching its `/metrics` through that upstream's own connection
-  pool every `interval_s`; started and stopped with the app.
+  pool every `interval_s`; started and stopped with the app.  With several
+  workers only the primary scrapes (proxy.workerpages).
 
 `for_model` is the `Recorder.sizing` hook behind `/stats`; `collector` adds
 headroom's own gauges to its `/metrics`.  The figures are `proxy.sizing`'s.
@@ -71,7 +72,8 @@ class LiveSizing:
     """Per model: its config.json and its upstream's scrape (see the module docstring)."""
 
     def __init__(self, config: Config, backends: Backends, tokenizer_dir: Callable[[str], Path | None],
-                 policy: Callable[[str | None], Policy]) -> None:
+                 policy: Callable[[str | None], Policy], *, scrape: bool = True) -> None:
+        """`scrape`: False for the workers other than the primary, so each upstream is scraped once."""
         self.settings = config.upstream_metrics
         self._backends = backends
         self._tokenizer_dir = tokenizer_dir
@@ -83,7 +85,7 @@ class LiveSizing:
                 metrics_fetcher(b.upstream, s.path, s.timeout_s), interval=s.interval_s,
                 pinned_at=s.kv_usage_pinned, min_scrapes=s.pinned_scrapes, max_num_seqs=s.max_num_seqs)
             for b in backends.items
-        } if s.enabled else {}
+        } if s.enabled and scrape else {}
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 

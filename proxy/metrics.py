@@ -22,7 +22,7 @@ has only 6 bounds between 1k and 128k: a p99 that falls between 20,000 and
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -313,6 +313,18 @@ class Metrics:
         """Export the per-piece count cache's hits, misses, evictions and size."""
         self.registry.register(_PieceCacheCollector(stats))
 
+    def attach_chat_cache(self, stats: Callable[[], Any]) -> None:
+        """Export the chat-count cache's hits, misses and size."""
+        self.registry.register(_ChatCacheCollector(stats))
+
+    def attach_engines(self, engines: Callable[[], Mapping[str, Any]]) -> None:
+        """Export which engine counts each model and the texts the fast one fell back on.
+
+        `engines()` maps a model to an object with `engine` and `failures`
+        (`proxy.counting.EngineState`), read at scrape time.
+        """
+        self.registry.register(_EngineCollector(engines, self.model_label))
+
     def attach_gates(self, gates: Callable[[], Iterable[tuple[str, Any]]]) -> None:
         """Export each upstream's in-flight and queued requests (`proxy.gate.UpstreamGate`)."""
         self.registry.register(_GateCollector(gates))
@@ -422,6 +434,63 @@ class _PieceCacheCollector(Collector):
         yield CounterMetricFamily("headroom_piece_cache_lookups", "", labels=["result"])
         yield CounterMetricFamily("headroom_piece_cache_evictions", "")
         yield GaugeMetricFamily("headroom_piece_cache_entries", "")
+
+
+class _ChatCacheCollector(Collector):
+    """The chat-count cache's lookups and size, read at scrape time."""
+
+    def __init__(self, stats: Callable[[], Any]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Any]:
+        stats = self._stats()
+        lookups = CounterMetricFamily(
+            "headroom_chat_cache_lookups",
+            "Chats looked up in the chat-count cache by their exact template inputs: a hit renders nothing.",
+            labels=["result"],
+        )
+        lookups.add_metric(["hit"], stats.hits)
+        lookups.add_metric(["miss"], stats.misses)
+        yield lookups
+        yield GaugeMetricFamily("headroom_chat_cache_entries", "Chats in the chat-count cache.", value=stats.entries)
+
+    def describe(self) -> Iterator[Any]:
+        yield CounterMetricFamily("headroom_chat_cache_lookups", "", labels=["result"])
+        yield GaugeMetricFamily("headroom_chat_cache_entries", "")
+
+
+class _EngineCollector(Collector):
+    """Per loaded model: 1 for the engine that counts it; the texts fastokens raised on."""
+
+    def __init__(self, engines: Callable[[], Mapping[str, Any]], label: Callable[[str], str]) -> None:
+        self._engines = engines
+        self._label = label
+
+    def collect(self) -> Iterator[Any]:
+        engine, failures = self._families()
+        for model, state in sorted(self._engines().items()):
+            label = self._label(model)
+            engine.add_metric([label, safe_label(state.engine)], 1)
+            failures.add_metric([label], state.failures)
+        yield engine
+        yield failures
+
+    def describe(self) -> Iterator[Any]:
+        yield from self._families()
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, CounterMetricFamily]:
+        return (
+            GaugeMetricFamily(
+                "headroom_count_engine",
+                "1 for the engine that turns the model's text into tokens: fastokens where it passed its "
+                "self-check against tokenizers at load, else tokenizers (mistral-common for Mistral-format models).",
+                labels=["model", "engine"]),
+            CounterMetricFamily(
+                "headroom_count_engine_failures",
+                "Texts fastokens raised on since the tokenizer loaded, each counted by tokenizers instead.",
+                labels=["model"]),
+        )
 
 
 class _GateCollector(Collector):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -10,6 +11,9 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from .recorder import Recorder
+
+if TYPE_CHECKING:
+    from .workerpages import WorkerPages
 
 _NO_STORE = {"Cache-Control": "no-store"}
 
@@ -25,14 +29,21 @@ def dashboard_html() -> str:
     return _dashboard_html
 
 
-def routes(recorder: Recorder) -> list[Route]:
-    """GET /metrics, /stats and /dashboard for the app to mount."""
+def routes(recorder: Recorder, workers: WorkerPages | None = None) -> list[Route]:
+    """GET /metrics, /stats and /dashboard for the app to mount; with `workers`, they speak for all."""
 
     async def metrics_endpoint(request: Request) -> Response:
-        body, content_type = recorder.metrics.render(request.headers.get("accept"))
+        accept = request.headers.get("accept")
+        if workers is not None:
+            status, body, content_type = await workers.metrics(accept)
+            return Response(body, status_code=status, headers={"Content-Type": content_type})
+        body, content_type = recorder.metrics.render(accept)
         return Response(body, headers={"Content-Type": content_type})
 
     async def stats_endpoint(request: Request) -> Response:
+        if workers is not None:
+            status, document = await workers.stats()
+            return JSONResponse(document, status_code=status, headers=_NO_STORE)
         # Sorting a few full windows takes milliseconds: keep it off the event loop.
         return JSONResponse(await run_in_threadpool(recorder.stats), headers=_NO_STORE)
 

@@ -17,7 +17,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .lengthlog import LengthLog
@@ -76,6 +76,12 @@ class RecentWindow:
             window.popleft()
 
 
+def demand_kv_percentile(samples: Iterable[Sample], p: float = 95.0) -> float | None:
+    """The p-th percentile of the demanded KV tokens per request among `samples` (None: no demand)."""
+    values = sorted(s.demanded_kv for s in samples if s.demanded_kv is not None)
+    return percentile(values, p) if values else None
+
+
 class Recorder:
     """The one object the app reports finished requests to."""
 
@@ -97,6 +103,7 @@ class Recorder:
         self.counting: Callable[[], dict[str, dict[str, Any]]] = dict
         # What bounds each model's recommendation beyond its traffic (proxy.sizing); set by the app.
         self.sizing: Callable[[str], ModelSizing] = lambda model: ModelSizing()
+        self.records = 0        # finished requests recorded since start (/stats per worker)
         if lengthlog is not None:
             self.attach_lengthlog(lengthlog)
 
@@ -114,27 +121,32 @@ class Recorder:
         if self.lengthlog is not None:
             self.lengthlog.enqueue(rec)
         self.metrics.observe(rec)
+        self.records += 1
         self.window.add(safe_label(rec.model), sample_of(rec), self.clock())
 
     def count_length_retry(self, model: str | None) -> None:
         self.metrics.count_length_retry(model)
 
-    def stats(self) -> dict[str, Any]:
-        """The /stats document: per model, the recent window's figures."""
+    def stats(self, snapshot: Mapping[str, Sequence[Sample]] | None = None,
+              counting: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The /stats document: per model, the recent window's figures.
+
+        `snapshot` and `counting` replace this process's window and counting
+        state (the merge of every worker's, proxy.workerpages).
+        """
         now = self.clock()
-        snapshot = self.window.snapshot(now)
+        if snapshot is None:
+            snapshot = self.window.snapshot(now)
         return {
             "generated_at": now,
             "window": {"max_records": self.window.max_records, "max_age_s": self.window.max_age_s},
             "models": [model_stats(m, snapshot[m], self.sizing(m)) for m in sorted(snapshot) if snapshot[m]],
-            "counting": self.counting(),
+            "counting": self.counting() if counting is None else counting,
         }
 
     def demand_kv_percentile(self, model: str, p: float = 95.0) -> float | None:
         """The p-th percentile of the demanded KV tokens per request in the recent window (None: no demand)."""
-        samples = self.window.samples(safe_label(model), self.clock())
-        values = sorted(s.demanded_kv for s in samples if s.demanded_kv is not None)
-        return percentile(values, p) if values else None
+        return demand_kv_percentile(self.window.samples(safe_label(model), self.clock()), p)
 
     def close(self) -> None:
         if self.lengthlog is not None:

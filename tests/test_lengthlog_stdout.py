@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -18,7 +19,6 @@ from proxy.lengthlog import LengthLog
 from proxy.logs import JsonFormatter
 from proxy.record import LengthRecord
 from tests.support.fakevllm import FakeVLLM
-from tests.support.process import HeadroomProcess, wait_until
 from tests.support.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,6 +43,22 @@ def test_records_go_to_stdout_whole_and_never_rotate(capfd: pytest.CaptureFixtur
     assert list(tmp_path.iterdir()) == []                 # no file named "-", no "-.1", no lock file
     print("still open")                                   # closing the log left stdout itself open
     assert capfd.readouterr().out == "still open\n"
+
+
+def test_stdout_writes_are_whole_lines_of_at_most_pipe_buf(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers share standard output: a pipe keeps a write of at most PIPE_BUF bytes whole."""
+    import proxy.lengthlog as lengthlog
+
+    writes: list[bytes] = []
+    monkeypatch.setattr(lengthlog.os, "write", lambda fd, data: writes.append(bytes(data)) or len(data))
+    with LengthLog("-") as log:
+        for i in range(200):                       # ~30 KiB queued for one round of the writer
+            log.enqueue(record(i))
+        assert log.flush(10)
+    assert len(writes) > 1
+    assert all(len(w) <= select.PIPE_BUF and w.endswith(b"\n") for w in writes)
+    assert [json.loads(line)["prompt_tokens"] for line in b"".join(writes).splitlines()] == [
+        100 + i for i in range(200)]
 
 
 def test_serve_writes_records_to_stdout_and_report_reads_them_from_stdin(qwen3_dir: Path, tmp_path: Path) -> None:

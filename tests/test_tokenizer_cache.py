@@ -216,7 +216,8 @@ def test_the_public_surface_is_what_the_package_exports() -> None:
     exported = {name for name in dir(tokenizer_cache) if not name.startswith("_")}
     modules = {name for name in exported if type(getattr(tokenizer_cache, name)).__name__ == "module"}
     assert exported - modules == set(tokenizer_cache.__all__) == {
-        "CharBoundExceeded", "CountError", "CountingModel", "DEFAULT_PIECE_CACHE_ENTRIES", "HarmonyOptions",
+        "CharBoundExceeded", "ChatCacheStats", "ChatCountCache", "CountError", "CountingModel",
+        "DEFAULT_CHAT_CACHE_ENTRIES", "DEFAULT_PIECE_CACHE_ENTRIES", "HarmonyOptions",
         "HarmonyTokenizer", "char_bound_message",
         "MistralTokenizer", "ModelTokenizer", "PieceCacheStats", "PieceCountCache", "PieceCounter", "PieceTally",
         "TOKENIZER_MODES", "TokenizerCache", "MediaNotCountable", "detect_family", "find_tokenizer_dir",

@@ -24,6 +24,8 @@ Everything else lives in private modules; import from here.
 
 from ._cache import TokenizerCache
 from ._char_bound import CharBoundExceeded, char_bound_message
+from ._chat_cache import DEFAULT_MAX_ENTRIES as DEFAULT_CHAT_CACHE_ENTRIES
+from ._chat_cache import ChatCacheStats, ChatCountCache
 from ._errors import CountError, MediaNotCountable
 from ._family import TOKENIZER_MODES, detect_family
 from ._gptoss import HarmonyTokenizer
@@ -40,10 +42,14 @@ from ._responses import count_responses
 from ._responses import to_chat_request as responses_to_chat
 
 __all__ = [
+    "DEFAULT_CHAT_CACHE_ENTRIES",
+    "DEFAULT_PIECE_CACHE_ENTRIES",
+    "TOKENIZER_MODES",
     "CharBoundExceeded",
+    "ChatCacheStats",
+    "ChatCountCache",
     "CountError",
     "CountingModel",
-    "DEFAULT_PIECE_CACHE_ENTRIES",
     "HarmonyOptions",
     "HarmonyTokenizer",
     "MediaNotCountable",
@@ -53,7 +59,6 @@ __all__ = [
     "PieceCountCache",
     "PieceCounter",
     "PieceTally",
-    "TOKENIZER_MODES",
     "TokenizerCache",
     "char_bound_message",
     "count_messages",
