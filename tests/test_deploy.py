@@ -27,8 +27,9 @@ import json
 import re
 import shlex
 import tomllib
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -477,7 +478,7 @@ def test_dashboard_panels_do_not_overlap(dashboards: dict[str, Any]) -> None:
         cells: dict[tuple[int, int], str] = {}
         for panel in all_panels(dash):
             g = panel["gridPos"]
-            assert 0 <= g["x"] and g["x"] + g["w"] <= 24, f"{file}: {panel['title']} is wider than the grid"
+            assert g["x"] >= 0 and g["x"] + g["w"] <= 24, f"{file}: {panel['title']} is wider than the grid"
             for x in range(g["x"], g["x"] + g["w"]):
                 for y in range(g["y"], g["y"] + g["h"]):
                     assert (x, y) not in cells, f"{file}: {panel['title']} overlaps {cells[(x, y)]}"

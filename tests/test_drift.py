@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from proxy.app import HeadroomApp
-from proxy.config import Config
 from proxy.backends import Backends
+from proxy.config import Config
 from proxy.counting import PromptCounter
 from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread

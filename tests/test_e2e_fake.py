@@ -10,8 +10,8 @@ on these prompts.  `mode="legacy"` reproduces the older versions that reject
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import openai
 import pytest

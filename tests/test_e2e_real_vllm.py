@@ -12,7 +12,7 @@ The random model never emits EOS, so every request keeps its completion small
 from __future__ import annotations
 
 import json
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import openai

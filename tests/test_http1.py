@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from typing import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -29,7 +29,7 @@ class Server:
         self.requests: list[tuple[bytes, dict[bytes, bytes], bytes]] = []
         self._server: asyncio.Server | None = None
 
-    async def __aenter__(self) -> "Server":
+    async def __aenter__(self) -> Server:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         return self
 

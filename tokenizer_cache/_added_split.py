@@ -33,8 +33,8 @@ tokenizer that has one is counted whole (see `_piece_support`).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 # Unicode White_Space (what Rust's regex `\s` matches), not Python's `\s`.
 WHITE_SPACE = (

@@ -15,8 +15,9 @@ Python exception: the proxy answers such a request with a 400 like vLLM does.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from ._errors import CountError, MediaNotCountable
 from ._media import MediaItem

@@ -7,8 +7,8 @@ as they are.  An empty prompt is refused, as vLLM refuses it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Mapping, Union
+from collections.abc import Callable, Mapping
+from typing import Any, Union
 
 from ._errors import CountError
 

@@ -21,7 +21,8 @@ question is only whether such a loop exists.
 
 from __future__ import annotations
 
-from typing import Iterator, Literal
+from collections.abc import Iterator
+from typing import Literal
 
 import jinja2.nodes as nodes
 

@@ -35,7 +35,8 @@ speed: the whole prompt is encoded as before.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from tokenizers import Tokenizer
 
