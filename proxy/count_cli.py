@@ -185,7 +185,8 @@ def _run_jsonl(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     root = pathlib.Path(args.models_root)
     cache = TokenizerCache(max_entries=64)
     try:
-        handle = sys.stdin if args.jsonl == "-" else open(args.jsonl, encoding="utf-8")
+        # stdin or the file: the one `with` below closes either
+        handle = sys.stdin if args.jsonl == "-" else open(args.jsonl, encoding="utf-8")  # noqa: SIM115
     except OSError as exc:
         err.write(f"headroom count: cannot read {args.jsonl}: {exc}\n")
         return EXIT_BAD_INPUT

@@ -119,7 +119,8 @@ CONVERSATIONS = {
     "korean_emoji": {"messages": [{"role": "user", "content": "세종대왕이 한글을 만든 이유는? 🐶🍕"}]},
     "parts": {
         "messages": [
-            {"role": "user", "content": [{"type": "text", "text": "First part."}, {"type": "text", "text": "둘째 부분."}]}
+            {"role": "user", "content": [{"type": "text", "text": "First part."},
+                                         {"type": "text", "text": "둘째 부분."}]}
         ]
     },
     "thinking_off": {

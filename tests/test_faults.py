@@ -473,7 +473,7 @@ def test_upstream_restart_with_open_streams(qwen3_dir: Path) -> None:
                 iterators.append(iterator)
             old.__exit__(None, None, None)               # the upstream goes away with streams open
             stopped = True
-            for head, iterator, response in zip(heads, iterators, responses):
+            for head, iterator, response in zip(heads, iterators, responses, strict=True):
                 events = sse_data((head + b"".join(iterator)).decode())
                 response.close()
                 assert events[-1] == "[DONE]"

@@ -661,9 +661,10 @@ def template_kwargs(body: Mapping[str, Any], options: ChatOptions) -> dict[str, 
             param="chat_template_kwargs",
         )
     documents = body.get("documents")
-    if documents is not None:
-        if not isinstance(documents, list) or not all(isinstance(d, dict) for d in documents):
-            raise _bad_type("documents", "an array of objects", documents)
+    if documents is not None and (
+        not isinstance(documents, list) or not all(isinstance(d, dict) for d in documents)
+    ):
+        raise _bad_type("documents", "an array of objects", documents)
     reasoning_effort = body.get("reasoning_effort")
     if reasoning_effort is not None and not isinstance(reasoning_effort, str):
         raise _bad_type("reasoning_effort", "a string", reasoning_effort)

@@ -353,7 +353,8 @@ def _coerce_bool(body: dict, key: str, errors: list[dict]) -> bool:
         return bool(value)
     if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
         return value.lower() in _TRUE
-    errors.append(_err("bool_parsing", f"body.{key}", "Input should be a valid boolean, unable to interpret input", value))
+    errors.append(_err("bool_parsing", f"body.{key}", "Input should be a valid boolean, unable to interpret input",
+                       value))
     return False
 
 
@@ -368,7 +369,8 @@ def _coerce_float(body: dict, key: str, errors: list[dict]) -> float | None:
             return float(value)
         except ValueError:
             pass
-    errors.append(_err("float_parsing", f"body.{key}", "Input should be a valid number, unable to parse string as a number", value))
+    errors.append(_err("float_parsing", f"body.{key}",
+                       "Input should be a valid number, unable to parse string as a number", value))
     return None
 
 
@@ -1772,8 +1774,7 @@ class FakeVLLM:
         cut = fault.after_chunks if fault is not None else -1
         paced = bool(self.tokens_per_second)
         pending: list[bytes] = []       # unpaced events go out in one write (one HTTP chunk each)
-        sent = 0
-        for kind, event in self._events(plan, surface, request, rid, created):
+        for sent, (kind, event) in enumerate(self._events(plan, surface, request, rid, created)):
             if sent == cut:
                 assert fault is not None
                 self._flush(conn, pending)
@@ -1798,7 +1799,6 @@ class FakeVLLM:
             pending.append(b"%x\r\n%s\r\n" % (len(event), event))
             if kind != "meta":
                 record.completion_tokens += 1
-            sent += 1
             if len(pending) >= 64:
                 self._flush(conn, pending)
                 await conn.drain()
