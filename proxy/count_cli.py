@@ -28,6 +28,8 @@ from tokenizer_cache import (
     CountingModel,
     MediaNotCountable,
     TokenizerCache,
+    count_messages,
+    count_responses,
     find_tokenizer_dir,
     load_model_tokenizer,
 )
@@ -92,9 +94,9 @@ def count_request(tokenizer: CountingModel, endpoint: str, body: Any) -> dict[st
     if endpoint == "chat":
         return {"prompt_tokens": tokenizer.count_chat(body)}
     if endpoint == "responses":
-        return {"prompt_tokens": tokenizer.count_responses(body)}
+        return {"prompt_tokens": count_responses(tokenizer, body)}
     if endpoint == "messages":
-        return {"prompt_tokens": tokenizer.count_messages(body)}
+        return {"prompt_tokens": count_messages(tokenizer, body)}
     per_prompt = tokenizer.count_completion(body)
     result: dict[str, Any] = {"prompt_tokens": sum(per_prompt)}
     if len(per_prompt) > 1:

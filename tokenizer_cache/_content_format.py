@@ -21,7 +21,7 @@ question is only whether such a loop exists.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 import jinja2.nodes as nodes
@@ -64,7 +64,7 @@ def _assign_targets(root: nodes.Template) -> Iterator[tuple[str, nodes.Node]]:
             yield assign.target.name, assign.node
 
 
-def _closure(root: nodes.Template, seed: set[str], derives) -> set[str]:
+def _closure(root: nodes.Template, seed: set[str], derives: Callable[[nodes.Node, set[str]], bool]) -> set[str]:
     """Grow `seed` with every name assigned from an expression `derives(expr, names)` accepts."""
     names = set(seed)
     changed = True
@@ -77,7 +77,7 @@ def _closure(root: nodes.Template, seed: set[str], derives) -> set[str]:
     return names
 
 
-def _macro_params_fed_by(root: nodes.Template, accepts) -> set[str]:
+def _macro_params_fed_by(root: nodes.Template, accepts: Callable[[nodes.Node], bool]) -> set[str]:
     """Macro parameter names that some call passes an argument `accepts` likes."""
     macros = {m.name: m for m in root.find_all(nodes.Macro)}
     params: set[str] = set()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import cast
 
 from tokenizers import Tokenizer
 
@@ -115,5 +116,6 @@ class PieceCounter:
             self._cache.put_many(fresh.items())
             encoded_tokens = sum(fresh.values())
             counts = [fresh[key] if count is None else count for key, count in zip(keys, counts, strict=True)]
-        tokens = sum(counts) + added + (self._specials if add_special_tokens else 0)  # type: ignore[arg-type]
+        # No None is left: every missing piece's count came from `fresh`.
+        tokens = sum(cast("list[int]", counts)) + added + (self._specials if add_special_tokens else 0)
         return PieceTally(tokens, len(pieces), added, len(missing), encoded_tokens)
