@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import aiohttp
 import uvicorn

@@ -24,7 +24,8 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -108,7 +109,7 @@ def bench_models(models_root: pathlib.Path, rounds: int) -> dict[str, Any]:
         load_s = time.perf_counter() - start
         after = rss_bytes()
         source = next(iter(model._templates.values())).source
-        compile_ms = median_seconds(lambda: compile_template(source), rounds) * 1e3
+        compile_ms = median_seconds(lambda source=source: compile_template(source), rounds) * 1e3
         loaded[name] = model
         fresh = rss_added_by_loading(directory)
         print(f"{name:40} {load_s:8.3f} {compile_ms:11.2f} {fresh / 2**20:9.1f} {(after - before) / 2**20:16.1f}")
@@ -127,7 +128,7 @@ def bench_counting(loaded: dict[str, Any], rounds: int) -> str:
             body = {"messages": [{"role": "system", "content": "You are helpful."},
                                  {"role": "user", "content": text}]}
             tokens = model.count_chat(body)
-            seconds = median_seconds(lambda: model.count_chat(body), rounds)
+            seconds = median_seconds(lambda model=model, body=body: model.count_chat(body), rounds)
             print(f"{name:40} {tokens:8d} {seconds * 1e3:9.2f} {tokens / seconds:12,.0f} "
                   f"{seconds / tokens * 1e6:9.2f}")
             if target == TARGETS[-1] and name == MODELS[0]:

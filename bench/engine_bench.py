@@ -359,23 +359,23 @@ def run_speed(args: argparse.Namespace) -> None:
         for n in names:
             try:
                 engines[n] = ENGINES[n](spec, False)
-            except Exception:  # noqa: BLE001 - shown as "-" in the table
+            except Exception:  # shown as "-" in the table
                 pass
         for kind, source in sources.items():
             for target in (1_000, 10_000, 100_000):
                 text = text_of_tokens(ref.tok, source, target)
                 tokens = ref.count(text, False)
                 warmup = unseen_warmup(sources, kind)
-                ref_cold = cold_cpu(lambda: Reference(spec, False), text, args.cold, warmup)
-                ref_warm, _, _ = timed(lambda: ref.count(text, False), args.rounds)
+                ref_cold = cold_cpu(lambda spec=spec: Reference(spec, False), text, args.cold, warmup)
+                ref_warm, _, _ = timed(lambda ref=ref, text=text: ref.count(text, False), args.rounds)
                 row = f"{model_name:34} {kind:7} {tokens:7d} {ref_cold * 1e3:9.2f} {ref_warm * 1e3:9.2f}"
                 for n in names:
                     engine = engines.get(n)
                     if engine is None or engine.count(text, False) != tokens:
                         row += f" | {'-' if engine is None else 'differs':>15} {'':>6} {'':>7} {'':>6}"
                         continue
-                    cold = cold_cpu(lambda n=n: ENGINES[n](spec, False), text, args.cold, warmup)
-                    warm, _, _ = timed(lambda: engine.count(text, False), args.rounds)
+                    cold = cold_cpu(lambda n=n, spec=spec: ENGINES[n](spec, False), text, args.cold, warmup)
+                    warm, _, _ = timed(lambda engine=engine, text=text: engine.count(text, False), args.rounds)
                     row += (f" | {cold * 1e3:15.2f} {cold / ref_cold:6.3f} {warm * 1e3:7.2f} "
                             f"{warm / ref_warm:6.3f}")
                 print(row, flush=True)
@@ -396,12 +396,13 @@ def run_gil(args: argparse.Namespace) -> None:
     for n in names:
         try:
             engine = ENGINES[n](spec, False)
-        except Exception:  # noqa: BLE001, S112 - engines that cannot load have no row
+        except Exception:  # engines that cannot load have no row
             continue
-        print(f"{n:20} {gil_share(lambda: engine.count(text, False)):.2f}")
+        print(f"{n:20} {gil_share(lambda engine=engine: engine.count(text, False)):.2f}")
         pieces = [text[i:i + 2000] for i in range(0, len(text), 2000)]
         if hasattr(engine, "tok") and hasattr(engine.tok, "encode_batch"):
-            print(f"{n + ' encode_batch':20} {gil_share(lambda: engine.tok.encode_batch(pieces)):.2f}")
+            share = gil_share(lambda engine=engine, pieces=pieces: engine.tok.encode_batch(pieces))
+            print(f"{n + ' encode_batch':20} {share:.2f}")
 
 
 def _stock_sandbox(model: Any) -> Any:
@@ -453,7 +454,7 @@ def run_chat(args: argparse.Namespace) -> None:
             tokens = model.count_chat(body)
             assert tokens == len(model.tokenizer.encode(rendered, add_special_tokens=False))
             warmup = unseen_warmup(sources, kind)
-            ebf_cold = cold_cpu(lambda: Reference(spec, False), rendered, args.cold, warmup)
+            ebf_cold = cold_cpu(lambda spec=spec: Reference(spec, False), rendered, args.cold, warmup)
             chat_cold = []
             for _ in range(args.cold):
                 # The loaded model with a freshly loaded engine of the same kind: no word of this text cached.
@@ -464,8 +465,8 @@ def run_chat(args: argparse.Namespace) -> None:
                 fresh.count_chat(body)
                 chat_cold.append(time.process_time() - start)
             ref = Reference(spec, False)
-            ebf_warm, _, _ = timed(lambda: ref.count(rendered, False), args.rounds)
-            chat_warm, _, _ = timed(lambda: model.count_chat(body), args.rounds)
+            ebf_warm, _, _ = timed(lambda ref=ref, rendered=rendered: ref.count(rendered, False), args.rounds)
+            chat_warm, _, _ = timed(lambda model=model, body=body: model.count_chat(body), args.rounds)
             cold = statistics.median(chat_cold)
             print(f"{kind:7} {tokens:7d} {ebf_cold * 1e3:9.2f} {cold * 1e3:10.2f} {cold / ebf_cold:6.3f} | "
                   f"{ebf_warm * 1e3:9.2f} {chat_warm * 1e3:10.2f} {chat_warm / ebf_warm:6.3f}", flush=True)
@@ -483,7 +484,8 @@ def run_chat(args: argparse.Namespace) -> None:
         ("before: tokenizers, stock sandbox, piece cache", _stock_sandbox(reference.with_piece_cache(pieces))),
         ("tokenizers, per-type sandbox table, piece cache", reference.with_piece_cache(pieces)),
         ("fastokens, per-type table, piece cache", model.with_piece_cache(pieces)),
-        ("fastokens, per-type table, piece + chat cache", model.with_piece_cache(pieces).with_chat_cache(ChatCountCache())),
+        ("fastokens, per-type table, piece + chat cache",
+         model.with_piece_cache(pieces).with_chat_cache(ChatCountCache())),
         ("tokenizers, stock sandbox, no piece/chat cache", _stock_sandbox(reference)),
         ("fastokens, per-type table, no piece/chat cache", model),
     ]

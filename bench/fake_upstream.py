@@ -83,7 +83,8 @@ def stream_events(model: str, include_usage: bool, prompt_tokens: int = 10) -> l
         events.append(_event({**head, "choices": [choice]}))
     if include_usage:
         events.append(_event({**head, "choices": [], "usage": {
-            "prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + CONTENT_CHUNKS, "completion_tokens": CONTENT_CHUNKS}}))
+            "prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + CONTENT_CHUNKS,
+            "completion_tokens": CONTENT_CHUNKS}}))
     events.append(b"data: [DONE]\n\n")
     return events
 
@@ -149,6 +150,7 @@ class Connection(asyncio.Protocol):
         self.buffer = bytearray()
         self.transport: asyncio.Transport | None = None
         self.busy = False    # a stream is being written: later requests wait in the buffer
+        self.stream_task: asyncio.Future[None] | None = None  # held: the loop keeps only a weak reference
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -190,7 +192,7 @@ class Connection(asyncio.Protocol):
                 gap = fake.event_gap_s
                 if query.startswith(b"gap_ms="):
                     gap = float(query[7:]) / 1000
-                asyncio.ensure_future(self.stream(fake.stream(prompt_tokens, usage), gap))
+                self.stream_task = asyncio.ensure_future(self.stream(fake.stream(prompt_tokens, usage), gap))
             else:
                 write(fake.simple(b"200 OK", fake.chat_body(prompt_tokens)))
         elif path == b"/v1/models":

@@ -31,10 +31,11 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.corpus import cases
-from tests.corpus.targets import TARGETS
-from tests.support import npm_tokenizers
-from tokenizer_cache import CountError, load_model_tokenizer
+# below the path insertion above: run as a script, the repo is not on sys.path
+from tests.corpus import cases  # noqa: E402
+from tests.corpus.targets import TARGETS  # noqa: E402
+from tests.support import npm_tokenizers  # noqa: E402
+from tokenizer_cache import CountError, load_model_tokenizer  # noqa: E402
 
 QWEN3 = ROOT.parent / "shared" / "models" / "Qwen--Qwen3-8B"
 
@@ -87,7 +88,8 @@ def tokenize_upstream(url: str, body: dict[str, Any]) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--mistral-url", help="a vLLM serving the mistral_tekken_v3 tokenizer (tests/corpus/generate.py's model)")
+    parser.add_argument("--mistral-url",
+                        help="a vLLM serving the mistral_tekken_v3 tokenizer (tests/corpus/generate.py's model)")
     args = parser.parse_args()
     bodies = shapes()
     baseline = load_model_tokenizer(QWEN3)
@@ -103,7 +105,8 @@ def main() -> int:
                     print(f"  {shape:14s} refused: {exc.message[:60]}")
                     continue
                 hf = median_ms(lambda b=body: baseline.count_chat(b), args.rounds)
-                line = f"  {shape:14s} {model.count_chat(body):6d} tokens  local {local:7.3f} ms  (HF Qwen3 baseline {hf:7.3f} ms, x{local / hf:.1f})"
+                line = (f"  {shape:14s} {model.count_chat(body):6d} tokens  local {local:7.3f} ms  "
+                        f"(HF Qwen3 baseline {hf:7.3f} ms, x{local / hf:.1f})")
                 if args.mistral_url and name == "mistral_tekken_v3":
                     try:
                         upstream = median_ms(lambda b=body: tokenize_upstream(args.mistral_url, b), args.rounds)

@@ -164,7 +164,8 @@ async def run(args: argparse.Namespace) -> None:
                   f"{percentile(values, 99) / percentile(alone, 99):>12.2f}")
         if long_times:
             print(f"long requests completed meanwhile: {len(long_times)}, p50 {statistics.median(long_times):.1f} ms "
-                  f"each ({prompt_tokens / statistics.median(long_times) * 1000:,.0f} prompt tokens/s through headroom)")
+                  f"each ({prompt_tokens / statistics.median(long_times) * 1000:,.0f} prompt tokens/s "
+                  "through headroom)")
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)

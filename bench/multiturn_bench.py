@@ -42,12 +42,12 @@ DEFAULT_MODELS = ROOT.parent / "shared" / "models"
 MODELS = ["Qwen--Qwen3-8B", "microsoft--Phi-3-mini-4k-instruct"]
 TURN_TOKENS = 500  # per turn (assistant reply + next user message): ≈ 600 Qwen3 tokens
 
-_ENGLISH = (
+_ENGLISH = (  # noqa: SIM905 - a sentence to read, not a list of words
     "the agent reads the file and then runs the tests again before it reports what changed in the "
     "build because a failing check usually means the cache key is stale or the request was retried "
     "with a longer prompt than the server accepts so we measure each step and keep the numbers"
 ).split()
-_KOREAN = (
+_KOREAN = (  # noqa: SIM905 - a sentence to read, not a list of words
     "모델 서버 요청 토큰 길이 메모리 캐시 사용자 응답 설정 확인 결과 문제 해결 방법 "
     "컨텍스트 제한 최대 배치 처리 속도"
 ).split()
@@ -114,17 +114,19 @@ def measure(model: ModelTokenizer, bodies: list[dict], rounds: int, cached: bool
         runs.append(run_trace(counting, bodies))
     first = runs[0]
     assert all([r[:2] for r in run] == [r[:2] for r in first] for run in runs), "counts differ between rounds"
-    return [(tokens, encoded, statistics.median(run[i][2] for run in runs)) for i, (tokens, encoded, _) in enumerate(first)]
+    return [(tokens, encoded, statistics.median(run[i][2] for run in runs))
+            for i, (tokens, encoded, _) in enumerate(first)]
 
 
 def print_model(name: str, model: ModelTokenizer, bodies: list[dict], rounds: int) -> None:
     cached = measure(model, bodies, rounds, cached=True)
     whole = measure(model, bodies, rounds, cached=False)
     assert [c[0] for c in cached] == [w[0] for w in whole], "cache changed a count"
-    print(f"\n== {name}   (fallback: {model.with_piece_cache(PieceCountCache()).piece_fallback or 'none, pieces are exact'})")
+    fallback = model.with_piece_cache(PieceCountCache()).piece_fallback or "none, pieces are exact"
+    print(f"\n== {name}   (fallback: {fallback})")
     print(f"{'turn':>4} {'prompt tok':>10} | {'encoded':>8} {'ms':>7} | {'encoded':>8} {'ms':>7} | {'speed-up':>8}")
     print(f"{'':>4} {'':>10} | {'with cache':^16} | {'without cache':^16} |")
-    for turn, ((tokens, enc_c, sec_c), (_, enc_w, sec_w)) in enumerate(zip(cached, whole), start=1):
+    for turn, ((tokens, enc_c, sec_c), (_, enc_w, sec_w)) in enumerate(zip(cached, whole, strict=True), start=1):
         if turn <= 5 or turn % 5 == 0:
             print(f"{turn:>4} {tokens:>10,} | {enc_c:>8,} {sec_c * 1e3:>7.2f} | {enc_w:>8,} {sec_w * 1e3:>7.2f} | "
                   f"{sec_w / sec_c:>7.1f}x")

@@ -54,9 +54,10 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -543,7 +544,7 @@ def counting_cost(rounds: int) -> None:
         n = tok.count_chat(body)
         reps = max(rounds * 4, 5) if n < 50000 else rounds
 
-        def timed(fn: Callable[[], Any]) -> float:
+        def timed(fn: Callable[[], Any], reps: int = reps) -> float:
             fn()
             samples = []
             for _ in range(reps):
@@ -552,10 +553,10 @@ def counting_cost(rounds: int) -> None:
                 samples.append(time.perf_counter() - t)
             return statistics.median(samples) * 1000
 
-        t_count = timed(lambda: tok.count_chat(body))
-        t_render = timed(lambda: tok.render_chat(body))
-        t_encode = timed(lambda: tok.tokenizer.encode(text, add_special_tokens=False))
-        t_fast = timed(lambda: tok.tokenizer.encode_batch_fast([text], add_special_tokens=False))
+        t_count = timed(lambda body=body: tok.count_chat(body))
+        t_render = timed(lambda body=body: tok.render_chat(body))
+        t_encode = timed(lambda text=text: tok.tokenizer.encode(text, add_special_tokens=False))
+        t_fast = timed(lambda text=text: tok.tokenizer.encode_batch_fast([text], add_special_tokens=False))
         print(f"{label:<10}{n:>8}{t_count:>10.3f} ms{t_render:>7.3f} ms{t_encode:>7.3f} ms{t_fast:>16.3f} ms"
               f"{t_count / t_encode:>13.2f}x{t_count / t_fast:>11.2f}x")
 
@@ -565,7 +566,7 @@ def startup_and_memory(workdir: Path, do_startup: bool, do_memory: bool, idle: i
     if do_startup:
         from tokenizer_cache import load_model_tokenizer
         print("\n== tokenizer load time (in-process, first load; headroom loads each once per model)")
-        for name, directory in THREE_MODELS.items():
+        for directory in THREE_MODELS.values():
             t = time.perf_counter()
             load_model_tokenizer(MODELS_DIR / directory)
             print(f"{directory:<40}{(time.perf_counter() - t) * 1000:>9.0f} ms")
@@ -627,7 +628,7 @@ async def _idle_connections(port: int, count: int, rss: Callable[[], float]) -> 
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, count + 256)), hard))
     writers = []
     try:
-        for i in range(count):
+        for _ in range(count):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"GET /health HTTP/1.1\r\nhost: bench\r\n\r\n")
             await writer.drain()

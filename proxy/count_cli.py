@@ -28,6 +28,8 @@ from tokenizer_cache import (
     CountingModel,
     MediaNotCountable,
     TokenizerCache,
+    count_messages,
+    count_responses,
     find_tokenizer_dir,
     load_model_tokenizer,
 )
@@ -92,9 +94,9 @@ def count_request(tokenizer: CountingModel, endpoint: str, body: Any) -> dict[st
     if endpoint == "chat":
         return {"prompt_tokens": tokenizer.count_chat(body)}
     if endpoint == "responses":
-        return {"prompt_tokens": tokenizer.count_responses(body)}
+        return {"prompt_tokens": count_responses(tokenizer, body)}
     if endpoint == "messages":
-        return {"prompt_tokens": tokenizer.count_messages(body)}
+        return {"prompt_tokens": count_messages(tokenizer, body)}
     per_prompt = tokenizer.count_completion(body)
     result: dict[str, Any] = {"prompt_tokens": sum(per_prompt)}
     if len(per_prompt) > 1:
@@ -185,7 +187,8 @@ def _run_jsonl(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     root = pathlib.Path(args.models_root)
     cache = TokenizerCache(max_entries=64)
     try:
-        handle = sys.stdin if args.jsonl == "-" else open(args.jsonl, encoding="utf-8")
+        # stdin or the file: the one `with` below closes either
+        handle = sys.stdin if args.jsonl == "-" else open(args.jsonl, encoding="utf-8")  # noqa: SIM115
     except OSError as exc:
         err.write(f"headroom count: cannot read {args.jsonl}: {exc}\n")
         return EXIT_BAD_INPUT

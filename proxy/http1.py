@@ -26,6 +26,7 @@ import collections
 import ssl as ssl_module
 import time
 from collections.abc import AsyncIterator
+from typing import cast
 from urllib.parse import urlsplit
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
@@ -119,7 +120,7 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)  # a stream connection's transport
 
     def data_received(self, data: bytes) -> None:
         if self.complete:           # bytes after a complete answer: the connection is unusable

@@ -507,8 +507,8 @@ class _GateCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         in_flight = GaugeMetricFamily(
             "headroom_in_flight_requests",
-            "Admitted requests (every surface) being counted or forwarded to the upstream and not finished (a stream until its last "
-            "byte).",
+            "Admitted requests (every surface) being counted or forwarded to the upstream and not finished "
+            "(a stream until its last byte).",
             labels=["upstream"],
         )
         queued = GaugeMetricFamily(

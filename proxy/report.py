@@ -291,7 +291,7 @@ def _open(path: str) -> IO[bytes]:
     if path == "-":
         return sys.stdin.buffer
     if path.endswith(".gz"):
-        return gzip.open(path, "rb")  # type: ignore[return-value]
+        return gzip.open(path, "rb")  # type: ignore[return-value]  # typeshed: a GzipFile is no IO[bytes]
     return open(path, "rb")
 
 

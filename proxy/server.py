@@ -134,7 +134,7 @@ class HeadroomHttpProtocol(HttpToolsProtocol):
 
     limits: ClassVar[Limits] = Limits()
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn narrows it so too
         self._head_bytes = 0          # bytes of the request head being received
         self._in_head = True          # between requests: the next bytes are a head
         self._completed = False       # a message ended during the current data_received

@@ -93,7 +93,8 @@ def build_cases() -> list[dict[str, Any]]:
         (333, 777), (1023, 1025), (1920, 1080), (2000, 2000), (3000, 40), (40, 3000),
         (5000, 26), (199, 1), (1, 150), (701, 13),
     ]:  # fmt: skip
-        add(f"size-{width}x{height}", {"messages": [user(text("What is in this image?"), image(data_url((width, height))))]})
+        add(f"size-{width}x{height}",
+            {"messages": [user(text("What is in this image?"), image(data_url((width, height))))]})
 
     # Formats and orientation: what the header reader must get right.
     add("jpeg", {"messages": [user(image(data_url((800, 600), "JPEG", quality=60)), text("Describe."))]})
@@ -126,33 +127,40 @@ def build_cases() -> list[dict[str, Any]]:
     add("untyped-image-url", {"messages": [user({"image_url": data_url((222, 111))})]})
     add("image-with-detail-low", {"messages": [user(
         {"type": "image_url", "image_url": {"url": data_url((640, 480)), "detail": "low"}})]})  # fmt: skip
-    add("image-with-cache-control", {"messages": [user(image(data_url((640, 480)), cache_control={"type": "ephemeral"}))]})
+    add("image-with-cache-control",
+        {"messages": [user(image(data_url((640, 480)), cache_control={"type": "ephemeral"}))]})
     add("typed-image-pad-in-text", {"messages": [user(text("a <|image_pad|> b"), image(data_url((300, 300))))]})
     add("vision-ids", {"messages": [user(image(data_url((64, 64))), image(data_url((640, 64))), text("Which?"))],
                        "chat_template_kwargs": {"add_vision_id": True}})  # fmt: skip
     add("no-generation-prompt", {"messages": [user(image(data_url((128, 256))))], "add_generation_prompt": False})
 
     # Request-level processor options (the server runs with --trust-request-mm-kwargs).
-    add("kwargs-max-pixels", {"messages": [user(image(data_url((1920, 1080))))], "mm_processor_kwargs": {"max_pixels": 50000}})
-    add("kwargs-min-pixels", {"messages": [user(image(data_url((30, 30))))], "mm_processor_kwargs": {"min_pixels": 200000}})
+    add("kwargs-max-pixels", {"messages": [user(image(data_url((1920, 1080))))],
+                              "mm_processor_kwargs": {"max_pixels": 50000}})
+    add("kwargs-min-pixels", {"messages": [user(image(data_url((30, 30))))],
+                              "mm_processor_kwargs": {"min_pixels": 200000}})
     add("kwargs-size", {"messages": [user(image(data_url((1920, 1080))))],
                         "mm_processor_kwargs": {"size": {"shortest_edge": 3136, "longest_edge": 100000}}})  # fmt: skip
     add("kwargs-images-kwargs", {"messages": [user(image(data_url((1920, 1080))))],
                                  "mm_processor_kwargs": {"images_kwargs": {"max_pixels": 80000}}})  # fmt: skip
     add("kwargs-scoped-wins", {"messages": [user(image(data_url((1920, 1080))))],
-                               "mm_processor_kwargs": {"max_pixels": 300000, "images_kwargs": {"max_pixels": 60000}}})  # fmt: skip
+                               "mm_processor_kwargs": {"max_pixels": 300000,
+                                                       "images_kwargs": {"max_pixels": 60000}}})  # fmt: skip
 
     # A template that prints content as a string: placeholders go first.
     add("string-one-image", {"messages": [user(text("Describe this."), image(data_url((640, 480))))]}, "string")
     add("string-two-images", {"messages": [user(
-        image(data_url((640, 480))), text("and"), image(data_url((100, 900), "JPEG")), text("?"))]}, "string")  # fmt: skip
+        image(data_url((640, 480))), text("and"), image(data_url((100, 900), "JPEG")), text("?"))]},
+        "string")  # fmt: skip
     add("string-image-only", {"messages": [user(image(data_url((300, 300))))]}, "string")
     add("string-placeholder-typed", {"messages": [user(
-        text("Here: <|vision_start|><|image_pad|><|vision_end|> what?"), image(data_url((640, 480))))]}, "string")  # fmt: skip
+        text("Here: <|vision_start|><|image_pad|><|vision_end|> what?"), image(data_url((640, 480))))]},
+        "string")  # fmt: skip
 
     # Served by vLLM, not counted by headroom: forwarded uncounted, never refused.
     video = "data:video/mp4;base64," + base64.b64encode(VIDEO.read_bytes()).decode()
-    add("video-not-countable", {"messages": [user(text("What happens?"), {"type": "video_url", "video_url": {"url": video}})]},
+    add("video-not-countable",
+        {"messages": [user(text("What happens?"), {"type": "video_url", "video_url": {"url": video}})]},
         headroom="not_countable")
     add("video-and-image-not-countable", {"messages": [user(
         image(data_url((300, 300))), {"type": "video_url", "video_url": {"url": video}})]},
@@ -162,7 +170,8 @@ def build_cases() -> list[dict[str, Any]]:
     add("error-aspect-ratio-201", {"messages": [user(image(data_url((201, 1))))]})
     add("error-bad-base64", {"messages": [user(image("data:image/png;base64,iVBO!w0KGgo="))]})
     png = base64.b64decode(data_url((64, 64)).partition(",")[2])
-    add("error-truncated-png", {"messages": [user(image("data:image/png;base64," + base64.b64encode(png[:45]).decode()))]})
+    add("error-truncated-png",
+        {"messages": [user(image("data:image/png;base64," + base64.b64encode(png[:45]).decode()))]})
     add("error-no-comma", {"messages": [user(image("data:image/png;base64"))]})
     return cases
 
@@ -201,8 +210,8 @@ def build_gemma3_cases() -> list[dict[str, Any]]:
                                     "mm_processor_kwargs": {"do_pan_and_scan": True,
                                                             "pan_and_scan_max_num_crops": 6}})  # fmt: skip
     add("pan-and-scan-scoped", {"messages": [user(image(data_url((1200, 300))), image(data_url((300, 300))))],
-                               "mm_processor_kwargs": {"images_kwargs": {"do_pan_and_scan": True,
-                                                                         "pan_and_scan_min_crop_size": 100}}})  # fmt: skip
+                               "mm_processor_kwargs": {"images_kwargs": {
+                                   "do_pan_and_scan": True, "pan_and_scan_min_crop_size": 100}}})  # fmt: skip
     add("pan-and-scan-off-explicitly", {"messages": [user(image(data_url((1200, 300))))],
                                        "mm_processor_kwargs": {"do_pan_and_scan": False}})  # fmt: skip
     add("error-bad-base64", {"messages": [user(image("data:image/png;base64,iVBO!w0KGgo="))]})
@@ -226,7 +235,8 @@ def build_llava_cases() -> list[dict[str, Any]]:
     ]})  # fmt: skip
     add("three-images", {"messages": [user(*[image(data_url((50 * (i + 1), 40))) for i in range(3)])]})
     add("error-truncated-png", {"messages": [user(image(
-        "data:image/png;base64," + base64.b64encode(base64.b64decode(data_url((64, 64)).partition(",")[2])[:45]).decode()
+        "data:image/png;base64,"
+        + base64.b64encode(base64.b64decode(data_url((64, 64)).partition(",")[2])[:45]).decode()
     ))]})  # fmt: skip
     return cases
 

@@ -7,9 +7,9 @@ import math
 import pytest
 
 from proxy.admission import Policy, RequestedLimit, decide, parse_limit_field
+from proxy.errors import HeadroomError
 from proxy.surfaces import CHAT as CHAT_SURFACE
 from proxy.surfaces import COMPLETIONS as COMPLETIONS_SURFACE
-from proxy.errors import HeadroomError
 
 CHAT = dict(model="tiny-qwen", prompt_param="messages")
 CMPL = dict(model="tiny-qwen", prompt_param="prompt", implicit_max_tokens=COMPLETIONS_SURFACE.implicit_max_tokens)

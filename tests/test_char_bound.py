@@ -41,7 +41,8 @@ def qwen3():
 
 @pytest.mark.parametrize("name", sorted(VLLM_MAX_CHARS_PER_TOKEN))
 def test_max_chars_per_token_is_vllms(name: str):
-    assert load_model_tokenizer(MODELS / name, engine="tokenizers").max_chars_per_token == VLLM_MAX_CHARS_PER_TOKEN[name]
+    model = load_model_tokenizer(MODELS / name, engine="tokenizers")
+    assert model.max_chars_per_token == VLLM_MAX_CHARS_PER_TOKEN[name]
 
 
 def test_tokens_only_the_config_names_count_too():

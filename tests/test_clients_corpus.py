@@ -53,7 +53,8 @@ def test_every_captured_body_has_a_ground_truth_for_qwen3():
 
 def test_corpus_covers_every_client():
     clients = Counter(case["client"].split()[0] for case in CASES)
-    for name in ("openai", "openai-agents", "langchain-openai", "llama-index-llms-openai-like", "litellm", "instructor"):
+    for name in ("openai", "openai-agents", "langchain-openai", "llama-index-llms-openai-like", "litellm",
+                 "instructor"):
         assert clients[name] > 0, name
     assert len({case["id"] for case in CASES}) == len(CASES)
 

@@ -49,9 +49,11 @@ def test_tokenizer_mode_per_model(tmp_path: Path) -> None:
     mistral = tmp_path / "mistral"
     mistral.mkdir()
     (mistral / "tekken.json").write_text("{}")
-    config = load_config(write(tmp_path, f'[models."m"]\ntokenizer = "{mistral}"\ntokenizer_mode = "mistral"\n'), env={})
+    config = load_config(write(tmp_path, f'[models."m"]\ntokenizer = "{mistral}"\ntokenizer_mode = "mistral"\n'),
+                         env={})
     assert (config.models["m"].tokenizer_mode, config.models["m"].tokenizer) == ("mistral", str(mistral))
-    assert load_config(write(tmp_path, '[models."m"]\nmax_model_len = 8\n'), env={}).models["m"].tokenizer_mode == "auto"
+    default = load_config(write(tmp_path, '[models."m"]\nmax_model_len = 8\n'), env={})
+    assert default.models["m"].tokenizer_mode == "auto"
     with pytest.raises(ConfigError, match="must be one of 'auto', 'hf', 'mistral'"):
         load_config(write(tmp_path, '[models."m"]\ntokenizer_mode = "slow"\n'), env={})
 

@@ -40,7 +40,7 @@ def test_count_cli_jsonl_runs_the_whole_corpus(tmp_path: Path, capsys: pytest.Ca
 
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [line["id"] for line in lines] == [case["id"] for case in CASES]
-    for case, line in zip(CASES, lines):
+    for case, line in zip(CASES, lines, strict=True):
         if case["expected_error"] is not None:
             assert "error" in line and "prompt_tokens" not in line, case["id"]
         else:

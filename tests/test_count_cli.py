@@ -50,3 +50,26 @@ def test_a_model_not_in_the_cache_says_where_it_looked(hf_home: Path) -> None:
     assert f"no tokenizer for nobody/nothing in the Hugging Face cache ({hf_home / 'hub'})" in err
     code, _, err = run([], {"messages": BODY["messages"]})
     assert code == count_cli.EXIT_BAD_INPUT and "pass --tokenizer DIR or --model ID" in err
+
+
+@pytest.mark.parametrize(("endpoint", "body"), [
+    ("responses", {"model": "m", "input": "Why does ice float on water?"}),
+    ("messages", {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "Why does ice float?"}]}),
+])
+def test_a_mistral_model_counts_responses_and_messages_as_the_proxy_does(
+    tmp_path: Path, endpoint: str, body: dict
+) -> None:
+    """MistralTokenizer has no count_responses/count_messages methods of its own: the
+    CLI counts through the same functions as proxy.surfaces (the chat of vLLM's conversion)."""
+    from tests.corpus.targets import TARGETS, mistral_data_dir
+    from tokenizer_cache import count_messages, count_responses, load_model_tokenizer
+
+    folder = tmp_path / "mistral"
+    folder.mkdir()
+    (folder / "consolidated.safetensors").touch()
+    (folder / "tekken.json").symlink_to(mistral_data_dir() / str(TARGETS["mistral_tekken_v3"].mistral_file))
+    model = load_model_tokenizer(folder)
+    assert model.family == "mistral"
+    expected = (count_responses if endpoint == "responses" else count_messages)(model, body)
+    code, out, err = run(["--tokenizer", str(folder), "--endpoint", endpoint], body)
+    assert (code, json.loads(out), err) == (count_cli.EXIT_OK, {"prompt_tokens": expected}, "")

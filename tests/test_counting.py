@@ -137,7 +137,8 @@ def test_string_format_joins_non_empty_text_parts_with_newlines(model):
     assert tok.render_chat(chat(user(parts), add_generation_prompt=False)) == 'user="a\\nb\\nc";'
 
 
-@pytest.mark.parametrize("part", [{"type": "text"}, {"type": "text", "text": None}, {"type": "input_text", "text": "a"}])
+@pytest.mark.parametrize("part", [{"type": "text"}, {"type": "text", "text": None},
+                                  {"type": "input_text", "text": "a"}])
 def test_openai_roles_refuse_parts_their_request_model_refuses(model, part):
     # vLLM 0.32 answers 400 for each (pydantic checks OpenAI's part types on these roles).
     for role in ("user", "system", "assistant"):
@@ -361,7 +362,8 @@ def test_merged_system_text_skips_empty_contents_and_joins_parts_with_newlines(m
                 {"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
                 {"role": "developer", "content": "c"}, add_generation_prompt=False)
     assert model(ROLES).render_chat(body) == "[system:a\nb\n\nc][user:q]"
-    openai_format = "{% for m in messages %}{% for p in m.content %}{% endfor %}[{{ m.role }}:{{ m.content }}]{% endfor %}"
+    openai_format = ("{% for m in messages %}{% for p in m.content %}{% endfor %}"
+                     "[{{ m.role }}:{{ m.content }}]{% endfor %}")
     assert model(openai_format).render_chat(body) == "[system:a\nb\n\nc][user:[{'type': 'text', 'text': 'q'}]]"
 
 
@@ -533,12 +535,13 @@ def test_template_injection_in_content_stays_inert(model):
 
 def test_template_raise_exception_becomes_count_error(model):
     template = "{% if messages[0].role != 'system' %}{{ raise_exception('System message must be first.') }}{% endif %}"
-    with pytest.raises(CountError, match="System message must be first."):
+    with pytest.raises(CountError, match=r"System message must be first\."):
         model(template).count_chat(chat(user("q")))
 
 
 def test_template_type_error_becomes_count_error(model):
-    template = "{% for m in messages %}{% for c in m.tool_calls %}{{ 'x' + c.function.arguments }}{% endfor %}{% endfor %}"
+    template = ("{% for m in messages %}{% for c in m.tool_calls %}{{ 'x' + c.function.arguments }}"
+                "{% endfor %}{% endfor %}")
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     with pytest.raises(CountError, match="can only concatenate"):
         model(template).count_chat(chat({"role": "assistant", "content": "", "tool_calls": [call]}))
@@ -577,7 +580,7 @@ def test_special_token_text_typed_by_the_user_is_one_token(model):
 
 
 def test_missing_tokenizer_json_is_a_clear_file_not_found(tmp_path):
-    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+    with pytest.raises(FileNotFoundError, match=r"tokenizer\.json"):
         load_model_tokenizer(tmp_path)
     with pytest.raises(FileNotFoundError):
         load_model_tokenizer(tmp_path / "absent")

@@ -27,8 +27,9 @@ import json
 import re
 import shlex
 import tomllib
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -161,7 +162,8 @@ def test_every_compose_variable_has_a_default(compose_raw: dict[str, Any]) -> No
 
 
 def test_compose_variables_override_the_defaults(compose_raw: dict[str, Any]) -> None:
-    resolved = interpolate_tree(compose_raw, env={"MODEL": "org/other", "MAX_MODEL_LEN": "2048", "VLLM_VERSION": "v9.9.9"})
+    resolved = interpolate_tree(compose_raw,
+                                env={"MODEL": "org/other", "MAX_MODEL_LEN": "2048", "VLLM_VERSION": "v9.9.9"})
     vllm = resolved["services"]["vllm"]
     assert vllm["image"] == "vllm/vllm-openai:v9.9.9"
     assert command_list(vllm)[0] == "org/other"
@@ -214,7 +216,8 @@ def test_host_ports_are_unique_within_each_profile(services: dict[str, Any]) -> 
             for spec in services[name].get("ports", []):
                 port = parse_port(spec)
                 assert port.host is not None, f"{name}: {spec} publishes on a random host port"
-                assert port.host not in seen, f"profile {profile}: host port {port.host} used by {seen[port.host]} and {name}"
+                assert port.host not in seen, (f"profile {profile}: host port {port.host} "
+                                               f"used by {seen[port.host]} and {name}")
                 seen[port.host] = name
 
 
@@ -452,7 +455,8 @@ def test_dashboard_variables_are_defined_and_context_sizes_are_bucket_bounds(das
             used |= grafana_variables(expr)
         for p in all_panels(dash):
             used |= grafana_variables(p.get("title", ""))
-        assert used - GRAFANA_BUILTINS <= set(variables), f"{file}: undefined {used - GRAFANA_BUILTINS - set(variables)}"
+        undefined = used - GRAFANA_BUILTINS - set(variables)
+        assert not undefined, f"{file}: undefined {undefined}"
         if "context" in variables:
             # The "share within $context" stat reads the bucket le=$context: it must be a real bound.
             sizes = [int(s) for s in variables["context"]["query"].split(",")]
@@ -477,7 +481,7 @@ def test_dashboard_panels_do_not_overlap(dashboards: dict[str, Any]) -> None:
         cells: dict[tuple[int, int], str] = {}
         for panel in all_panels(dash):
             g = panel["gridPos"]
-            assert 0 <= g["x"] and g["x"] + g["w"] <= 24, f"{file}: {panel['title']} is wider than the grid"
+            assert g["x"] >= 0 and g["x"] + g["w"] <= 24, f"{file}: {panel['title']} is wider than the grid"
             for x in range(g["x"], g["x"] + g["w"]):
                 for y in range(g["y"], g["y"] + g["h"]):
                     assert (x, y) not in cells, f"{file}: {panel['title']} overlaps {cells[(x, y)]}"
@@ -497,7 +501,8 @@ def test_promql_reader_sees_metrics_not_functions_labels_or_variables() -> None:
         "headroom_total_tokens_bucket", "vllm:kv_cache_usage_perc", "vllm:num_requests_running"]
     assert selectors[0].matchers == (("model", "=~", "$model"), ("le", "=~", "8192(\\\\.0)?"))
     assert grouping == {"le", "model", "engine"}
-    assert grafana_variables('rate(x{a="$model"}[$__rate_interval]) ${context}') == {"model", "__rate_interval", "context"}
+    variables = grafana_variables('rate(x{a="$model"}[$__rate_interval]) ${context}')
+    assert variables == {"model", "__rate_interval", "context"}
 
 
 def test_headroom_exposition_covers_every_registered_metric() -> None:
@@ -528,7 +533,8 @@ def _mutate(old: str, new: str) -> str:
 @pytest.mark.parametrize(
     ("broken", "problem"),
     [
-        (lambda: _mutate("FROM python:3.11-slim-bookworm AS builder", "FROM python:latest AS builder"), "pinned to latest"),
+        (lambda: _mutate("FROM python:3.11-slim-bookworm AS builder", "FROM python:latest AS builder"),
+         "pinned to latest"),
         (lambda: _mutate("FROM python:3.11-slim-bookworm\n", "FROM python\n"), "has no tag"),
         (lambda: _mutate("USER headroom\n", ""), "runs as root"),
         (lambda: _mutate("USER headroom\n", "USER root\n"), "runs as root"),

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from proxy.app import HeadroomApp
-from proxy.config import Config
 from proxy.backends import Backends
+from proxy.config import Config
 from proxy.counting import PromptCounter
 from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread
@@ -52,7 +52,7 @@ def test_stream_usage_is_requested_upstream_and_hidden_from_the_client(qwen3, qw
             through = httpx.post(base + "/v1/chat/completions", json=body, timeout=10).text
             direct = httpx.post(fake.base_url + "/v1/chat/completions", json=body, timeout=10).text
             stats = httpx.get(base + "/stats").json()
-    sent = [r for r in fake.requests if r.path == "/v1/chat/completions"][0].json
+    sent = next(r for r in fake.requests if r.path == "/v1/chat/completions").json
     assert sent["stream_options"] == {"include_usage": True}
     events = sse_events(through)
     assert all('"usage"' not in e for e in events[:-1]), "the client did not ask for usage"
@@ -63,26 +63,30 @@ def test_stream_usage_is_requested_upstream_and_hidden_from_the_client(qwen3, qw
 
 
 def test_stream_usage_kept_when_the_client_asked(qwen3, qwen3_dir) -> None:
-    with FakeVLLM(count_prompt=fake_counter(qwen3, 0)) as fake:
-        with serve_in_thread(HeadroomApp(make_config(fake.base_url, qwen3_dir))) as base:
-            body = {"model": "tiny-qwen", "messages": HELLO, "max_tokens": 2, "stream": True,
-                    "stream_options": {"include_usage": True}}
-            raw = json.dumps(body).encode()
-            events = sse_events(httpx.post(base + "/v1/chat/completions", content=raw,
-                                           headers={"content-type": "application/json"}).text)
+    with (
+        FakeVLLM(count_prompt=fake_counter(qwen3, 0)) as fake,
+        serve_in_thread(HeadroomApp(make_config(fake.base_url, qwen3_dir))) as base,
+    ):
+        body = {"model": "tiny-qwen", "messages": HELLO, "max_tokens": 2, "stream": True,
+                "stream_options": {"include_usage": True}}
+        raw = json.dumps(body).encode()
+        events = sse_events(httpx.post(base + "/v1/chat/completions", content=raw,
+                                       headers={"content-type": "application/json"}).text)
     assert json.loads(events[-2])["usage"]["prompt_tokens"] == 10
-    assert [r for r in fake.requests if r.path == "/v1/chat/completions"][0].body == raw
+    assert next(r for r in fake.requests if r.path == "/v1/chat/completions").body == raw
 
 
 def test_drift_is_exported_and_logged_without_text(qwen3, qwen3_dir, caplog) -> None:
     caplog.set_level(logging.WARNING, logger="headroom")
-    with FakeVLLM(count_prompt=fake_counter(qwen3, 3)) as fake:
-        with serve_in_thread(HeadroomApp(local_only(make_config(fake.base_url, qwen3_dir)))) as base:
-            response = httpx.post(base + "/v1/chat/completions",
-                                  json={"model": "tiny-qwen", "messages": [{"role": "user", "content": "SECRET-MARKER"}],
-                                        "max_tokens": 2})
-            assert response.status_code == 200
-            metrics = httpx.get(base + "/metrics").text
+    with (
+        FakeVLLM(count_prompt=fake_counter(qwen3, 3)) as fake,
+        serve_in_thread(HeadroomApp(local_only(make_config(fake.base_url, qwen3_dir)))) as base,
+    ):
+        response = httpx.post(base + "/v1/chat/completions",
+                              json={"model": "tiny-qwen", "messages": [{"role": "user", "content": "SECRET-MARKER"}],
+                                    "max_tokens": 2})
+        assert response.status_code == 200
+        metrics = httpx.get(base + "/metrics").text
     assert metric_value(metrics, "headroom_prompt_token_drift_total") == 1.0
     drift_lines = [r.getMessage() for r in caplog.records if "drift" in r.getMessage()]
     assert drift_lines and "tiny-qwen" in drift_lines[0]
@@ -93,11 +97,13 @@ def test_upstream_length_rejection_after_clamp_is_retried_once(qwen3, qwen3_dir)
     # The fake counts 40 tokens more than headroom and rejects like old vLLM:
     # headroom's clamp is too generous, the upstream says so with its numbers,
     # and headroom retries once with the limit those numbers allow.
-    with FakeVLLM(mode="legacy", count_prompt=fake_counter(qwen3, 40)) as fake:
-        with serve_in_thread(HeadroomApp(local_only(make_config(fake.base_url, qwen3_dir)))) as base:
-            response = httpx.post(base + "/v1/chat/completions",
-                                  json={"model": "tiny-qwen", "messages": HELLO, "max_tokens": 99999})
-            metrics = httpx.get(base + "/metrics").text
+    with (
+        FakeVLLM(mode="legacy", count_prompt=fake_counter(qwen3, 40)) as fake,
+        serve_in_thread(HeadroomApp(local_only(make_config(fake.base_url, qwen3_dir)))) as base,
+    ):
+        response = httpx.post(base + "/v1/chat/completions",
+                              json={"model": "tiny-qwen", "messages": HELLO, "max_tokens": 99999})
+        metrics = httpx.get(base + "/metrics").text
     assert response.status_code == 200, response.text
     chats = [r for r in fake.requests if r.path == "/v1/chat/completions"]
     assert [r.json["max_tokens"] for r in chats] == [2048 - 10, 2048 - 50]
@@ -135,17 +141,20 @@ def test_parity_result_reaches_metrics(qwen3_dir) -> None:
 
 def test_resent_conversation_hits_the_piece_cache(qwen3, qwen3_dir) -> None:
     """An agent resending its conversation: the second request's pieces come from the cache."""
-    with FakeVLLM(count_prompt=fake_counter(qwen3, 0)) as fake:
-        with serve_in_thread(HeadroomApp(make_config(fake.base_url, qwen3_dir))) as base:
-            turn = [{"role": "user", "content": "Explain KV caches. " * 50},
-                    {"role": "assistant", "content": "They store keys and values. " * 50}]
-            counts = []
-            for extra in ("First follow-up?", "Second follow-up?"):
-                body = {"model": "tiny-qwen", "messages": turn + [{"role": "user", "content": extra}], "max_tokens": 2}
-                counts.append(httpx.post(base + "/v1/chat/completions", json=body).headers["x-headroom-prompt-tokens"])
-            metrics = httpx.get(base + "/metrics").text
+    with (
+        FakeVLLM(count_prompt=fake_counter(qwen3, 0)) as fake,
+        serve_in_thread(HeadroomApp(make_config(fake.base_url, qwen3_dir))) as base,
+    ):
+        turn = [{"role": "user", "content": "Explain KV caches. " * 50},
+                {"role": "assistant", "content": "They store keys and values. " * 50}]
+        counts = []
+        for extra in ("First follow-up?", "Second follow-up?"):
+            body = {"model": "tiny-qwen", "messages": [*turn, {"role": "user", "content": extra}], "max_tokens": 2}
+            counts.append(httpx.post(base + "/v1/chat/completions", json=body).headers["x-headroom-prompt-tokens"])
+        metrics = httpx.get(base + "/metrics").text
     assert counts[0] == counts[1]                       # same length, different last question
-    hits = [l for l in metrics.splitlines() if l.startswith('headroom_piece_cache_lookups_total{result="hit"}')]
+    hits = [line for line in metrics.splitlines()
+            if line.startswith('headroom_piece_cache_lookups_total{result="hit"}')]
     assert hits and float(hits[0].rsplit(" ", 1)[1]) >= 2
 
 

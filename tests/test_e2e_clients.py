@@ -53,7 +53,8 @@ class Chain:
 
     def drift_total(self) -> float:
         metrics = httpx.get(self.headroom + "/metrics", timeout=30).text
-        values = [float(m) for m in re.findall(r"^headroom_prompt_token_drift_total\{[^}]*\} (\S+)$", metrics, re.MULTILINE)]
+        drift = re.findall(r"^headroom_prompt_token_drift_total\{[^}]*\} (\S+)$", metrics, re.MULTILINE)
+        values = [float(m) for m in drift]
         return sum(values)
 
     def run(self, scenario: Scenario) -> str:
@@ -106,7 +107,7 @@ def check(chain: Chain, scenario: Scenario) -> None:
     # The SDK calls one after the other: the n-th request headroom answered is the
     # n-th the engine counted.
     assert len(through) == len(counted)
-    for tapped, engine in zip(through, counted):
+    for tapped, engine in zip(through, counted, strict=True):
         assert engine.upstream_prompt_tokens is not None
         assert tapped.headers.get("x-headroom-prompt-tokens") == str(engine.upstream_prompt_tokens), client
     assert chain.drift_total() == 0, client

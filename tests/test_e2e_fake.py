@@ -10,8 +10,8 @@ on these prompts.  `mode="legacy"` reproduces the older versions that reject
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import openai
 import pytest
@@ -127,7 +127,8 @@ def test_both_limit_fields_are_rewritten_together(stack: Stack) -> None:
 
 
 def test_fitting_request_is_forwarded_byte_for_byte(stack: Stack) -> None:
-    body = b'{"model":"tiny-qwen","messages":[{"role":"user","content":"Hello!"}],  "max_tokens":  5,"x_unknown":[1,2.50]}'
+    body = (b'{"model":"tiny-qwen","messages":[{"role":"user","content":"Hello!"}],'
+            b'  "max_tokens":  5,"x_unknown":[1,2.50]}')
     response = stack.http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 200
     assert response.headers["x-headroom-action"] == "pass"
@@ -139,7 +140,7 @@ def test_a_large_clamped_body_keeps_every_byte_but_the_limit(stack: Stack) -> No
     """Bodies from 4 KiB on are spliced: the client's formatting, escapes, key order and
     duplicate keys reach vLLM as sent, with each occurrence of the limit replaced."""
     content = "Explain KV caches. 한국어 \\u00e9 " * 200
-    head = '{ "model" : "tiny-qwen",\n "max_tokens" : 99999, "messages":[{"role":"user","content":"%s"}]' % content
+    head = '{ "model" : "tiny-qwen",\n "max_tokens" : 99999, "messages":[{"role":"user","content":"' + content + '"}]'
     body = (head + ', "temperature": 1.0, "max_tokens": 65535 }').encode()
     assert len(body) >= jsonbody.SPLICE_ABOVE_BYTES
     response = stack.http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
@@ -188,7 +189,8 @@ def test_bad_max_tokens_names_the_field(stack: Stack) -> None:
 
 
 def test_invalid_json_is_a_400_in_openai_shape(stack: Stack) -> None:
-    response = stack.http.post("/v1/chat/completions", content=b'{"model": ', headers={"content-type": "application/json"})
+    response = stack.http.post("/v1/chat/completions", content=b'{"model": ',
+                               headers={"content-type": "application/json"})
     assert response.status_code == 400
     error = response.json()["error"]
     assert set(error) >= {"message", "type", "param", "code"}

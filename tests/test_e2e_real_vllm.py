@@ -12,7 +12,7 @@ The random model never emits EOS, so every request keeps its completion small
 from __future__ import annotations
 
 import json
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import openai
@@ -119,7 +119,8 @@ CONVERSATIONS = {
     "korean_emoji": {"messages": [{"role": "user", "content": "세종대왕이 한글을 만든 이유는? 🐶🍕"}]},
     "parts": {
         "messages": [
-            {"role": "user", "content": [{"type": "text", "text": "First part."}, {"type": "text", "text": "둘째 부분."}]}
+            {"role": "user", "content": [{"type": "text", "text": "First part."},
+                                         {"type": "text", "text": "둘째 부분."}]}
         ]
     },
     "thinking_off": {

@@ -149,7 +149,7 @@ def test_a_disagreeing_engine_falls_back_and_says_so_once(monkeypatch, caplog):
 
     def off_by_one_on_hangul(self, text: str, add_special_tokens: bool) -> list[int]:
         ids = real_ids(self, text, add_special_tokens)
-        return ids + [0] if "가" in text else ids
+        return [*ids, 0] if "가" in text else ids
 
     monkeypatch.setattr(FastokensEncoder, "ids", off_by_one_on_hangul)
     with caplog.at_level(logging.WARNING, logger="headroom.tokenizer"):

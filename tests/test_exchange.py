@@ -561,7 +561,7 @@ async def test_an_image_nothing_can_count_is_forwarded_uncounted_never_refused(q
 ], ids=["audio", "video", "remote-image", "input_image"])
 async def test_no_media_part_is_a_400_from_headroom(qwen3_dir: Path, part: dict[str, Any]) -> None:
     upstream = Upstream(lambda sent: completion(50))
-    app, recorder = app_for(upstream, qwen3_dir)
+    app, _recorder = app_for(upstream, qwen3_dir)
     body = chat_body(messages=[{"role": "user", "content": [{"type": "text", "text": "Listen."}, part]}],
                      max_tokens=10)
 

@@ -338,7 +338,10 @@ def test_legacy_mode_prompt_that_fills_the_context() -> None:
 
 
 def test_v05_mode_wording() -> None:
-    with FakeVLLM(mode="v0.5", count_prompt=fixed(2000)) as fake, httpx.Client(base_url=fake.base_url, verify=False) as client:
+    with (
+        FakeVLLM(mode="v0.5", count_prompt=fixed(2000)) as fake,
+        httpx.Client(base_url=fake.base_url, verify=False) as client,
+    ):
         r = client.post("/v1/chat/completions", json=chat(max_tokens=100))
     assert r.json()["error"]["message"] == (
         "This model's maximum context length is 2048 tokens. However, you requested 2100 tokens "
@@ -370,7 +373,8 @@ def test_fault_respond_replaces_one_answer_then_the_fake_is_normal_again() -> No
         failed = client.post("/v1/chat/completions", json=chat(max_tokens=1))
         again = client.post("/v1/chat/completions", json=chat(max_tokens=1))
     assert models.status_code == 200
-    assert (failed.status_code, failed.content, failed.headers["content-type"]) == (503, b'{"oops":1}', "application/json")
+    assert (failed.status_code, failed.content, failed.headers["content-type"]) == (
+        503, b'{"oops":1}', "application/json")
     assert again.status_code == 200 and fake.fail_next == []
 
 
@@ -388,12 +392,14 @@ def test_fault_cuts_a_stream_after_n_events(kind: str) -> None:
     with FakeVLLM() as fake, httpx.Client(base_url=fake.base_url, verify=False) as client:
         fake.fail_next.append(FaultSpec(kind=kind, after_chunks=2))
         received: list[str] = []
-        with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
-            with client.stream("POST", "/v1/chat/completions", json=chat(max_tokens=5, stream=True)) as r:
-                assert r.status_code == 200
-                for line in r.iter_lines():
-                    if line:
-                        received.append(line)
+        with (
+            pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)),
+            client.stream("POST", "/v1/chat/completions", json=chat(max_tokens=5, stream=True)) as r,
+        ):
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line:
+                    received.append(line)
     assert len(received) == 2 and all(x.startswith("data: {") for x in received)
 
 
@@ -491,7 +497,8 @@ def test_tokenize_counts_without_enforcing_the_limit() -> None:
         r = client.post("/tokenize", json={"model": "tiny-qwen", "prompt": "x", "return_token_strs": True})
         chat_r = client.post("/tokenize", json=chat())
     body = r.json()
-    assert (body["count"], body["max_model_len"], len(body["tokens"]), len(body["token_strs"])) == (3000, 2048, 3000, 3000)
+    assert (body["count"], body["max_model_len"], len(body["tokens"]), len(body["token_strs"])) == (
+        3000, 2048, 3000, 3000)
     assert chat_r.json()["token_strs"] is None
 
 

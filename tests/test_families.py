@@ -31,7 +31,8 @@ QWEN3 = SHARED / "models" / "Qwen--Qwen3-8B"
 USER = {"role": "user", "content": "Hello"}
 WEATHER = {
     "type": "function",
-    "function": {"name": "get_weather", "description": "Weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+    "function": {"name": "get_weather", "description": "Weather",
+                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
 }
 
 
@@ -153,7 +154,8 @@ def test_every_start_date_costs_the_same():
     headroom prints its own today, which is only exact because the length never varies."""
     body = {"messages": [USER]}
     counts = {len(_ids(body, HarmonyOptions(start_date=f"{year}-{month:02d}-{day:02d}")))
-              for year in (2025, 2026, 2031, 2099) for month in (1, 9, 10, 12) for day in (1, 9, 10, 28, 31)}  # fmt: skip
+              for year in (2025, 2026, 2031, 2099) for month in (1, 9, 10, 12)
+              for day in (1, 9, 10, 28, 31)}  # fmt: skip
     assert counts == {len(_ids(body))}
 
 
@@ -196,7 +198,8 @@ def test_prior_tool_calls_render_with_the_legacy_header():
 
 def test_legacy_rewrite_leaves_other_headers_alone():
     enc = _harmony.encoding()
-    ids = enc.encode("<|start|>user<|message|>hi<|end|><|start|>assistant<|channel|>final<|message|>x<|end|>", allowed_special="all")
+    ids = enc.encode("<|start|>user<|message|>hi<|end|><|start|>assistant<|channel|>final<|message|>x<|end|>",
+                     allowed_special="all")
     assert _harmony.legacy_tool_call_headers(ids) == ids
 
 
@@ -234,7 +237,8 @@ def test_gpt_oss_folder_without_chat_template_counts_chats(tmp_path: Path):
     assert model.count_responses({"input": "Hello"}) == model.count_chat({"messages": [USER]})
     # The piece cache keeps the class: chats still go through harmony.
     cached = TokenizerCache().get(folder)
-    assert isinstance(cached, HarmonyTokenizer) and cached.count_chat({"messages": [USER]}) == model.count_chat({"messages": [USER]})
+    assert isinstance(cached, HarmonyTokenizer)
+    assert cached.count_chat({"messages": [USER]}) == model.count_chat({"messages": [USER]})
 
 
 def test_counting_from_many_threads_gives_the_sequential_counts(tmp_path: Path):

@@ -95,7 +95,9 @@ def test_each_corpus_has_at_least_30_requests():
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case["id"] for case in CASES])
-def test_case(case: dict[str, Any], cache: TokenizerCache, folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
+def test_case(
+    case: dict[str, Any], cache: TokenizerCache, folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+):
     model = cache.get(_folder(folders, case["target"], tmp_path_factory))
     if case["expected_error"] is not None:
         with pytest.raises(CountError):

@@ -16,8 +16,9 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -472,7 +473,7 @@ def test_upstream_restart_with_open_streams(qwen3_dir: Path) -> None:
                 iterators.append(iterator)
             old.__exit__(None, None, None)               # the upstream goes away with streams open
             stopped = True
-            for head, iterator, response in zip(heads, iterators, responses):
+            for head, iterator, response in zip(heads, iterators, responses, strict=True):
                 events = sse_data((head + b"".join(iterator)).decode())
                 response.close()
                 assert events[-1] == "[DONE]"
@@ -1334,7 +1335,7 @@ async def test_client_gone_mid_body_ends_quietly(qwen3_dir: Path, path: str) -> 
              "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
     try:
         await app(scope, receive, send)
-    except BaseException as exc:  # noqa: BLE001 - what escapes is the finding
+    except BaseException as exc:  # what escapes is the finding
         pytest.fail(f"{type(exc).__name__} escaped the app for a client that left mid-body")
     assert sent == [], "nothing can be sent to a client that is gone"
 

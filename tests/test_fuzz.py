@@ -23,8 +23,8 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -203,10 +203,7 @@ def request_bytes(draw: st.DrawFn) -> tuple[str, bytes, str]:
     kind = draw(st.sampled_from(["shaped", "shaped", "shaped", "shaped", "json", "bytes"]))
     if kind == "bytes":
         return path, draw(st.binary(max_size=48)), draw(st.sampled_from(["application/json", "text/plain"]))
-    if kind == "json":
-        value = draw(any_json)
-    else:
-        value = draw(chat_body if path == CHAT else completions_body)
+    value = draw(any_json) if kind == "json" else draw(chat_body if path == CHAT else completions_body)
     return path, json.dumps(value, allow_nan=True).encode(), "application/json"
 
 

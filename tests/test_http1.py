@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from typing import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -29,7 +29,7 @@ class Server:
         self.requests: list[tuple[bytes, dict[bytes, bytes], bytes]] = []
         self._server: asyncio.Server | None = None
 
-    async def __aenter__(self) -> "Server":
+    async def __aenter__(self) -> Server:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         return self
 
@@ -181,7 +181,7 @@ async def test_request_framing_and_target() -> None:
         await get(p, "/v1/x", "POST", parts())
         await get(p, "/v1/x", "POST", None)
         await get(p, "/v1/models", "GET", None)
-        (l1, h1, b1), (l2, h2, b2), (l3, h3, b3), (l4, h4, b4) = server.requests
+        (l1, h1, b1), (_l2, h2, b2), (_l3, h3, b3), (l4, h4, _b4) = server.requests
         assert l1 == b"POST /prefix/v1/x?q=1 HTTP/1.1" and h1[b"content-length"] == b"7" and b1 == b'{"a":1}'
         assert h1[b"host"] == server.url.removeprefix("http://").encode()
         assert h2[b"transfer-encoding"] == b"chunked" and b"content-length" not in h2 and b2 == b'{"a":1}'

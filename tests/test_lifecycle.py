@@ -12,8 +12,8 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import openai
@@ -42,7 +42,9 @@ def _refuses_connections(port: int) -> bool:
     return False
 
 
-def _open_streams(base_url: str, count: int, max_tokens: int) -> tuple[list[bytes], list[threading.Thread], threading.Barrier]:
+def _open_streams(
+    base_url: str, count: int, max_tokens: int
+) -> tuple[list[bytes], list[threading.Thread], threading.Barrier]:
     """Start `count` streams in threads; returns (bodies, threads, a barrier passed once all started)."""
     bodies: list[bytes] = [b""] * count
     started = threading.Barrier(count + 1, timeout=30)
@@ -113,12 +115,14 @@ def test_sigterm_deadline_cuts_streams_that_run_longer(fake_paced: FakeVLLM, qwe
         body = {"model": "tiny-qwen", "messages": [{"role": "user", "content": "long"}],
                 "max_tokens": 300, "stream": True}                     # 30 s at 10 tokens/s
         try:
-            with httpx.Client(base_url=headroom.base_url, timeout=60) as http:
-                with http.stream("POST", CHAT, json=body) as response:
-                    chunks = response.iter_raw()
-                    first = next(chunks)
-                    started.set()
-                    result["data"] = first + b"".join(chunks)
+            with (
+                httpx.Client(base_url=headroom.base_url, timeout=60) as http,
+                http.stream("POST", CHAT, json=body) as response,
+            ):
+                chunks = response.iter_raw()
+                first = next(chunks)
+                started.set()
+                result["data"] = first + b"".join(chunks)
         except httpx.HTTPError as exc:                                  # cut mid-chunk: a visible error
             result["error"] = exc
         finally:

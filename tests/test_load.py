@@ -21,8 +21,8 @@ import json
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -108,7 +108,7 @@ def test_1000_concurrent_streams_intact_bounded_and_leak_free(
 
         peak_rss = headroom.status("VmHWM")
         ids = set()
-        for body, data in zip(bodies, relayed):
+        for body, data in zip(bodies, relayed, strict=True):
             expected = expected_stream(fake, body, data)
             assert hashlib.sha256(data).hexdigest() == hashlib.sha256(expected).hexdigest(), (
                 f"stream {body['messages'][0]['content']!r} differs from what the fake sent"

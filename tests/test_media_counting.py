@@ -64,7 +64,8 @@ def test_each_image_adds_its_grid_minus_the_placeholder(qwen: ModelTokenizer):
 
 
 def test_openai_template_sees_image_parts_with_unknown_fields(tmp_path: Path):
-    tok = tokenizer_dir(tmp_path, "{% for m in messages %}{% for p in m.content %}{{ p | tojson }}\n{% endfor %}{% endfor %}")
+    tok = tokenizer_dir(tmp_path,
+                        "{% for m in messages %}{% for p in m.content %}{{ p | tojson }}\n{% endfor %}{% endfor %}")
     rendered = tok.render_chat(chat(user(image(PNG, cache_control={"type": "ephemeral"}), text("hi"))))
     assert [json.loads(line) for line in rendered.splitlines()] == [
         {"type": "image", "cache_control": {"type": "ephemeral"}},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.lengthlog import LengthLogStats
@@ -29,7 +31,7 @@ def test_default_buckets_resolve_1k_to_128k_finely() -> None:
     in_vllm = [b for b in VLLM_1_2_5 if 1024 <= b <= 131072]
     assert len(inside) >= 30 and len(in_vllm) == 6
     # histogram_quantile's error is bounded by the bucket width: no step wider than ×1.25.
-    steps = [hi / lo for lo, hi in zip(inside, inside[1:])]
+    steps = [hi / lo for lo, hi in pairwise(inside)]
     assert max(steps) <= 1.25 + 1e-3
 
 

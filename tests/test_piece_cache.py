@@ -129,7 +129,7 @@ def _split_by_tokenizers(tokenizer: Tokenizer, text: str) -> tuple[list[str], in
     """Pieces and added-token count as `tokenizers` itself split the text (from offsets)."""
     added_ids = set(tokenizer.get_added_tokens_decoder())
     encoding = tokenizer.encode(text, add_special_tokens=False)
-    spans = [offsets for token_id, offsets in zip(encoding.ids, encoding.offsets) if token_id in added_ids]
+    spans = [offsets for token_id, offsets in zip(encoding.ids, encoding.offsets, strict=True) if token_id in added_ids]
     pieces, position = [], 0
     for start, end in spans:
         if position < start:
@@ -288,7 +288,8 @@ def test_one_cache_serves_several_models_without_mixing_them(models):
     text = " Hello 안녕하세요 world"
     assert qwen.piece_counter.digest(text) != phi3.piece_counter.digest(text)
     for model in (qwen, phi3, qwen, phi3):
-        assert model.count_text(text, add_special_tokens=False) == len(model.tokenizer.encode(text, add_special_tokens=False))
+        expected = len(model.tokenizer.encode(text, add_special_tokens=False))
+        assert model.count_text(text, add_special_tokens=False) == expected
     assert len(cache) == 2
 
 

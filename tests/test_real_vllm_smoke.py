@@ -20,7 +20,6 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-
 from realvllm.fixture import QWEN3_TOKENIZER_DIR, SHARED_DIR, RealVllm, parse_mode
 from realvllm.tiny_model import expected_manifest, full_vocab_size, model_config, weight_shapes
 

@@ -239,8 +239,8 @@ def test_every_known_wording_parses_to_its_kind_and_numbers(status, body, expect
 
 def test_the_kv_cache_capture_line_parses():
     """captures/f1: the start-up error vLLM 0.32 logged, spelled "model's", relayed as a 500 body."""
-    line = next(l for l in (CAPTURES / "f1_kv_cache_too_small.txt").read_text().splitlines()
-                if l.startswith("ValueError: To serve"))
+    line = next(text for text in (CAPTURES / "f1_kv_cache_too_small.txt").read_text().splitlines()
+                if text.startswith("ValueError: To serve"))
     failure = parse(500, vllm(line.removeprefix("ValueError: "), status=500))
     assert (failure.kind, failure.max_model_len, failure.estimated_max_model_len) == ("kv_cache", 2048, 384)
 
@@ -259,7 +259,8 @@ def test_vllm_pydantic_400_keeps_the_field_without_body_prefix():
 
 
 def test_pydantic_message_without_param_still_names_the_field():
-    body = vllm_old("1 validation error:\n  [{'type': 'missing', 'loc': ('body', 'messages'), 'msg': 'Field required'}]")
+    body = vllm_old("1 validation error:\n"
+                    "  [{'type': 'missing', 'loc': ('body', 'messages'), 'msg': 'Field required'}]")
     assert parse(400, body).param == "messages"
 
 
@@ -315,7 +316,7 @@ def test_llamacpp_loading_and_engine_dead_are_not_ready():
                                                "type": "unavailable_error"}}).encode())
     assert (loading.kind, loading.engine) == ("not_ready", "llama.cpp")
     body = (CAPTURES / "x_engine_dead_head_dim16.txt").read_text()
-    event = next(l for l in body.splitlines() if l.startswith('{"error"'))
+    event = next(text for text in body.splitlines() if text.startswith('{"error"'))
     dead = parse(500, event.encode())
     assert (dead.kind, dead.engine, dead.engine_dead) == ("not_ready", "vllm", True)
 
@@ -575,8 +576,8 @@ def test_llamacpp_ran_out_of_context_without_a_limit():
 
 
 def test_engine_dead_is_503_with_retry_after():
-    body = next(l for l in (CAPTURES / "x_engine_dead_head_dim16.txt").read_text().splitlines()
-                if l.startswith('{"error"'))
+    body = next(text for text in (CAPTURES / "x_engine_dead_head_dim16.txt").read_text().splitlines()
+                if text.startswith('{"error"'))
     err = explain_upstream_error(parse(500, body.encode()), upstream=UPSTREAM)
     assert err.status == 503 and "Retry-After" in err.headers
     assert "engine died" in err.message and "tens of seconds to minutes" in err.message

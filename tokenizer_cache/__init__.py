@@ -22,6 +22,7 @@ every turn only costs its new messages (`PieceCountCache`, `PieceTally`).
 Everything else lives in private modules; import from here.
 """
 
+from ._anthropic import count_messages
 from ._cache import TokenizerCache
 from ._char_bound import CharBoundExceeded, char_bound_message
 from ._chat_cache import DEFAULT_MAX_ENTRIES as DEFAULT_CHAT_CACHE_ENTRIES
@@ -36,7 +37,6 @@ from ._model import ModelTokenizer, load_model_tokenizer
 from ._piece_cache import DEFAULT_MAX_ENTRIES as DEFAULT_PIECE_CACHE_ENTRIES
 from ._piece_cache import PieceCacheStats, PieceCountCache
 from ._piece_count import PieceCounter, PieceTally
-from ._anthropic import count_messages
 from ._protocol import CountingModel
 from ._responses import count_responses
 from ._responses import to_chat_request as responses_to_chat

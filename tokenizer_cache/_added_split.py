@@ -33,8 +33,8 @@ tokenizer that has one is counted whole (see `_piece_support`).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 # Unicode White_Space (what Rust's regex `\s` matches), not Python's `\s`.
 WHITE_SPACE = (
@@ -102,7 +102,9 @@ class _Matcher:
                 while start > start_offset and text[start - 1] in _WHITE_SPACE_SET:
                     start -= 1
             if token.rstrip:
-                stop = _LEADING_SPACE.match(text, stop).end()
+                space = _LEADING_SPACE.match(text, stop)
+                assert space is not None  # a `[...]*` pattern matches at every position
+                stop = space.end()
             if start_offset < start:
                 pieces.append(text[start_offset:start])
             matched += 1

@@ -20,8 +20,8 @@ import os
 import pathlib
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Callable
 
 from ._chat_cache import DEFAULT_MAX_ENTRIES as DEFAULT_CHAT_ENTRIES
 from ._chat_cache import ChatCountCache

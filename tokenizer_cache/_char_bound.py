@@ -76,7 +76,9 @@ class CharBoundExceeded(CountError):
         super().__init__(char_bound_message(chars, max_chars, max_model_len), param="input_text")
 
 
-def char_bound(max_model_len: int | None, chars_per_token: int, truncate_prompt_tokens: int | None = None) -> int | None:
+def char_bound(
+    max_model_len: int | None, chars_per_token: int, truncate_prompt_tokens: int | None = None
+) -> int | None:
     """The most characters a prompt may have, or None when vLLM does not refuse by characters
     (no context length, or the request asks for truncation)."""
     if max_model_len is None or truncate_prompt_tokens is not None:

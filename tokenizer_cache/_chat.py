@@ -15,8 +15,9 @@ Python exception: the proxy answers such a request with a 400 like vLLM does.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from ._errors import CountError, MediaNotCountable
 from ._media import MediaItem
@@ -660,9 +661,10 @@ def template_kwargs(body: Mapping[str, Any], options: ChatOptions) -> dict[str, 
             param="chat_template_kwargs",
         )
     documents = body.get("documents")
-    if documents is not None:
-        if not isinstance(documents, list) or not all(isinstance(d, dict) for d in documents):
-            raise _bad_type("documents", "an array of objects", documents)
+    if documents is not None and (
+        not isinstance(documents, list) or not all(isinstance(d, dict) for d in documents)
+    ):
+        raise _bad_type("documents", "an array of objects", documents)
     reasoning_effort = body.get("reasoning_effort")
     if reasoning_effort is not None and not isinstance(reasoning_effort, str):
         raise _bad_type("reasoning_effort", "a string", reasoning_effort)

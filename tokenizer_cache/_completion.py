@@ -7,12 +7,12 @@ as they are.  An empty prompt is refused, as vLLM refuses it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Mapping, Union
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ._errors import CountError
 
-Prompt = Union[str, list[int]]
+Prompt = str | list[int]
 
 _SHAPES = "a string, an array of strings, an array of token ids, or an array of token-id arrays"
 

@@ -70,7 +70,7 @@ def is_mistral_layout(directory: pathlib.Path) -> bool:
 def check_tokenizer_mode(mode: str) -> TokenizerMode:
     if mode not in TOKENIZER_MODES:
         raise ValueError(f"tokenizer_mode must be one of {', '.join(TOKENIZER_MODES)}, got {mode!r}")
-    return mode  # type: ignore[return-value]
+    return mode
 
 
 def detect_family(directory: str | os.PathLike, tokenizer_mode: str = "auto") -> Family:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from . import _harmony
+from ._char_bound import check_chars
 from ._harmony import HarmonyOptions
 from ._model import ModelTokenizer
-from ._char_bound import check_chars
 from ._piece_count import PieceTally
 
 

@@ -34,7 +34,7 @@ from . import _chat
 from ._errors import CountError
 
 if TYPE_CHECKING:  # the package is imported only when a gpt-oss model is loaded
-    from openai_harmony import HarmonyEncoding, Message
+    from openai_harmony import Content, HarmonyEncoding, Message
 
 # vLLM's REASONING_EFFORT table: anything else (also "none", "minimal", "xhigh") is a 400.
 _EFFORTS = ("low", "medium", "high")
@@ -290,9 +290,11 @@ def _role_message(role: str, contents: list[Any], where: str) -> Message:
     from openai_harmony import Message
 
     try:
+        # harmony's pydantic model takes the role string and validates it; its annotation says Role
         return Message.from_role_and_contents(role, contents)  # type: ignore[arg-type]
     except ValueError as exc:  # pydantic: a role harmony does not know
-        raise CountError(f"'{where}.role' = {role!r} cannot be rendered for this model: {exc}", param="messages")
+        raise CountError(f"'{where}.role' = {role!r} cannot be rendered for this model: {exc}",
+                         param="messages") from exc
 
 
 def _normalise_reasoning(message: dict[str, Any]) -> dict[str, Any]:
@@ -421,7 +423,8 @@ def _responses_item(
         content = item.get("content")
         if not content:
             return None
-        if not isinstance(content, list) or not all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in content):
+        if not isinstance(content, list) or not all(isinstance(p, dict) and isinstance(p.get("text"), str)
+                                                    for p in content):
             raise _chat._bad_type(f"{where}.content", "an array of reasoning_text parts", content)
         text = "\n".join(part["text"] for part in content)
         return Message.from_role_and_content(Role.ASSISTANT, text).with_channel("analysis")
@@ -519,16 +522,19 @@ def _previous_harmony_message(raw: dict[str, Any], where: str) -> Message:
 
     author = raw["author"]
     content = raw.get("content", "")
+    contents: list[Content]
     if isinstance(content, list):
-        contents = [TextContent(text=part.get("text", "")) if isinstance(part, dict) else None for part in content]
-        if any(part is None for part in contents):
+        parts = [TextContent(text=part.get("text", "")) if isinstance(part, dict) else None for part in content]
+        if any(part is None for part in parts):
             raise _chat._bad_type(f"{where}.content", "an array of content objects", content)
+        contents = [part for part in parts if part is not None]
     else:
         contents = [TextContent(text=content if isinstance(content, str) else "")]
     try:
         role = Role(author.get("role"))
         name = author.get("name")
-        message = Message(author=Author.new(role, name), content=contents) if name else Message.from_role_and_contents(role, contents)  # type: ignore[arg-type]
+        message = (Message(author=Author.new(role, name), content=contents) if name
+                   else Message.from_role_and_contents(role, contents))
     except ValueError as exc:
         raise CountError(f"'{where}' is not a harmony message: {exc}", param="previous_input_messages") from exc
     for key, setter in (("channel", message.with_channel), ("recipient", message.with_recipient),
@@ -559,7 +565,8 @@ def _previous_chat_message(message: dict[str, Any]) -> list[Message]:
     if role in ("system", "developer"):
         return []  # dropped by the caller in any case
     content = message.get("content", "")
-    return [_role_message(role, _item_text_contents(content, "previous_input_messages.content"), "previous_input_messages")]
+    contents = _item_text_contents(content, "previous_input_messages.content")
+    return [_role_message(role, contents, "previous_input_messages")]
 
 
 # ---------------------------------------------------------------------------
@@ -594,12 +601,15 @@ def render(messages: Sequence[Message]) -> list[int]:
 @functools.cache
 def _header_tokens() -> tuple[int, int, int, int]:
     enc = encoding()
-    return tuple(enc.encode(text, allowed_special="all")[0] for text in ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>"))  # type: ignore[return-value]
+    start, channel, constrain, message = (enc.encode(text, allowed_special="all")[0]
+                                          for text in ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>"))
+    return start, channel, constrain, message
 
 
 @functools.cache
 def _special_text() -> re.Pattern[str]:
-    return re.compile("|".join(re.escape(token) for token in sorted(encoding().special_tokens_set, key=len, reverse=True)))
+    tokens = sorted(encoding().special_tokens_set, key=len, reverse=True)
+    return re.compile("|".join(re.escape(token) for token in tokens))
 
 
 def _encode_plain(text: str) -> list[int]:
@@ -607,7 +617,8 @@ def _encode_plain(text: str) -> list[int]:
     the regex over all ~1,000 special tokens it compiles on every call (~3 ms)."""
     match = _special_text().search(text)
     if match is not None:
-        raise CountError(f"The conversation cannot be rendered in the harmony format: special token {match.group()!r} in a header.")
+        raise CountError("The conversation cannot be rendered in the harmony format: "
+                         f"special token {match.group()!r} in a header.")
     return encoding().encode(text, disallowed_special=())
 
 

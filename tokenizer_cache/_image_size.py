@@ -356,7 +356,7 @@ def _webp(source: ByteSource) -> tuple[int, int, int]:
         if len(chunk) < 8:
             break
         name, length = chunk[:4], struct.unpack("<L", chunk[4:])[0]
-        if (name == b"EXIF" and exif is None or name == b"XMP " and xmp is None) and length <= budget:
+        if ((name == b"EXIF" and exif is None) or (name == b"XMP " and xmp is None)) and length <= budget:
             budget -= length  # libwebp's mux hands Pillow the first chunk of each kind
             data = source.read(offset + 8, length)
             if name == b"EXIF":

@@ -26,7 +26,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 class _GenerationBlock(jinja2.ext.Extension):
     """`{% generation %}…{% endgeneration %}`: renders the body as is."""
 
-    tags = {"generation"}
+    tags = {"generation"}  # noqa: RUF012 - jinja2.ext.Extension declares `tags` as a plain set
 
     def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno

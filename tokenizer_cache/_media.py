@@ -179,7 +179,8 @@ class QwenVL:
             size = scope.get("size")
             if size is not None:
                 if not isinstance(size, Mapping) or set(size) - {"shortest_edge", "longest_edge"}:
-                    raise MediaNotCountable("mm_processor_kwargs 'size' is not reproduced by headroom.", reason="kwargs")
+                    raise MediaNotCountable("mm_processor_kwargs 'size' is not reproduced by headroom.",
+                                            reason="kwargs")
                 low = _pixels(size.get("shortest_edge"), low)
                 high = _pixels(size.get("longest_edge"), high)
             low = _pixels(scope.get("min_pixels"), low)

@@ -183,7 +183,7 @@ def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     if parsed is None:
         return None
     tools = []
-    for raw, tool in zip(body["tools"], parsed):
+    for raw, tool in zip(body["tools"], parsed, strict=True):
         function = dict(tool["function"])
         for key in ("strict", "defer_loading"):
             if raw["function"].get(key) is not None:

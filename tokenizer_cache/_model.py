@@ -17,8 +17,9 @@ import os
 import pathlib
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import jinja2
 import jinja2.meta

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import cast
 
 from tokenizers import Tokenizer
 
@@ -105,15 +106,16 @@ class PieceCounter:
         counts = self._cache.get_many(keys)
         # Distinct missing pieces (a prompt repeats some, e.g. "assistant\n").
         missing: dict[bytes, str] = {}
-        for key, piece, count in zip(keys, pieces, counts):
+        for key, piece, count in zip(keys, pieces, counts, strict=True):
             if count is None and key not in missing:
                 missing[key] = piece
         encoded_tokens = 0
         if missing:
             # One batch per prompt: the engine releases the GIL for all of it.
-            fresh = dict(zip(missing, self._encoder.count_pieces(list(missing.values()))))
+            fresh = dict(zip(missing, self._encoder.count_pieces(list(missing.values())), strict=True))
             self._cache.put_many(fresh.items())
             encoded_tokens = sum(fresh.values())
-            counts = [fresh[key] if count is None else count for key, count in zip(keys, counts)]
-        tokens = sum(counts) + added + (self._specials if add_special_tokens else 0)  # type: ignore[arg-type]
+            counts = [fresh[key] if count is None else count for key, count in zip(keys, counts, strict=True)]
+        # No None is left: every missing piece's count came from `fresh`.
+        tokens = sum(cast("list[int]", counts)) + added + (self._specials if add_special_tokens else 0)
         return PieceTally(tokens, len(pieces), added, len(missing), encoded_tokens)

@@ -35,7 +35,8 @@ speed: the whole prompt is encoded as before.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -137,7 +138,8 @@ def _probe_texts(tokens: list[SplitToken]) -> list[str]:
     """Texts that put added tokens next to each other, to whitespace, at the edges, inside words."""
     chosen = tokens[:6] + [t for t in tokens if t.lstrip or t.rstrip or t.normalized][:6]
     marks = [t.content for t in chosen] or [""]
-    words = ["Hello", " world", "  two  spaces ", "\n", "\n\n  ", "def f(x):\n\treturn x", "안녕하세요 세계", "🐶 ok", ""]
+    words = ["Hello", " world", "  two  spaces ", "\n", "\n\n  ", "def f(x):\n\treturn x", "안녕하세요 세계",
+             "🐶 ok", ""]
     texts = []
     for i, mark in enumerate(marks):
         nxt = marks[(i + 1) % len(marks)]

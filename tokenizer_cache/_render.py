@@ -54,7 +54,7 @@ def _render(template: jinja2.Template, variables: dict[str, Any]) -> str:
     if base is None:
         base = _GLOBALS[template] = dict(template.globals)
     context = template.new_context({**base, **variables}, shared=True)
-    return template.environment.concat(template.root_render_func(context))  # type: ignore[attr-defined]
+    return template.environment.concat(template.root_render_func(context))
 
 
 def cut_after_final_message(rendered: str, final_content: Any) -> str:

@@ -5,8 +5,9 @@
 Each scenario of tests/clients/drivers.py runs against the scripted recorder
 (tests/clients/recorder.py); every chat, completions and Responses body it
 sends is written as one line: `{"id", "client", "scenario", "endpoint",
-"request"}`.  Scenarios run in their SDK's venv (tests/clients/envs.py).  tests/clients/ground_truth.py then asks a real vLLM for the
-counts.  Needs the SDKs of the `[clients]` extra; no network beyond loopback.
+"request"}`.  Scenarios run in their SDK's venv (tests/clients/envs.py).
+tests/clients/ground_truth.py then asks a real vLLM for the counts.  Needs the
+SDKs of the `[clients]` extra; no network beyond loopback.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = []
     for scenario in chosen:
         captured = capture(scenario)
-        print(f"{scenario.name:32} {captured[0]['client'] if captured else '-':40} {len(captured)} bodies", file=sys.stderr)
+        client = captured[0]["client"] if captured else "-"
+        print(f"{scenario.name:32} {client:40} {len(captured)} bodies", file=sys.stderr)
         lines.extend(captured)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")

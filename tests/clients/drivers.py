@@ -86,7 +86,8 @@ def openai_chat_tools_strict(base: str) -> None:
     message = first.choices[0].message
     messages.append(message.model_dump(exclude_none=True))
     for call in message.tool_calls or []:
-        messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp_c": 18, "sky": "clear"})})
+        messages.append({"role": "tool", "tool_call_id": call.id,
+                         "content": json.dumps({"temp_c": 18, "sky": "clear"})})
     client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER_TOOL], max_tokens=64)
 
 
@@ -107,7 +108,8 @@ def openai_pydantic_function_tool(base: str) -> None:
     first = client.chat.completions.parse(model=MODEL, messages=messages, tools=tools, max_completion_tokens=64)
     message = first.choices[0].message
     messages.append({"role": "assistant", "content": message.content,
-                     "tool_calls": [c.model_dump(exclude={"function": {"parsed_arguments"}}) for c in message.tool_calls or []]})
+                     "tool_calls": [c.model_dump(exclude={"function": {"parsed_arguments"}})
+                                    for c in message.tool_calls or []]})
     for call in message.tool_calls or []:
         messages.append({"role": "tool", "tool_call_id": call.id, "content": "18°C, clear"})
     client.chat.completions.parse(model=MODEL, messages=messages, tools=tools, max_completion_tokens=64)
@@ -138,7 +140,8 @@ def openai_stream_parts(base: str) -> None:
     stream = client.chat.completions.create(
         model=MODEL,
         messages=[
-            {"role": "system", "content": [{"type": "text", "text": "Be brief."}, {"type": "text", "text": "简体中文 OK."}]},
+            {"role": "system", "content": [{"type": "text", "text": "Be brief."},
+                                           {"type": "text", "text": "简体中文 OK."}]},
             {"role": "user", "content": [{"type": "text", "text": "안녕하세요 👋 — summarise: "},
                                          {"type": "text", "text": "東京は日本の首都です。"}]},
         ],
@@ -154,8 +157,10 @@ def openai_stream_parts(base: str) -> None:
 def openai_completions(base: str) -> None:
     """The legacy completions endpoint, one prompt and a batch."""
     client = _openai(base)
-    client.completions.create(model=MODEL, prompt="def fibonacci(n):\n    \"\"\"Return the n-th number.\"\"\"\n", max_tokens=32, stop=["\n\n"])
-    client.completions.create(model=MODEL, prompt=["Translate to German: cheese =>", "Übersetze: Käse =>"], max_tokens=8)
+    client.completions.create(model=MODEL, prompt="def fibonacci(n):\n    \"\"\"Return the n-th number.\"\"\"\n",
+                              max_tokens=32, stop=["\n\n"])
+    client.completions.create(model=MODEL, prompt=["Translate to German: cheese =>", "Übersetze: Käse =>"],
+                              max_tokens=8)
 
 
 def openai_responses(base: str) -> None:
@@ -168,7 +173,8 @@ def openai_responses(base: str) -> None:
     items: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
     for item in first.output:
         if item.type == "function_call":
-            items.append({"type": "function_call", "call_id": item.call_id, "name": item.name, "arguments": item.arguments})
+            items.append({"type": "function_call", "call_id": item.call_id, "name": item.name,
+                          "arguments": item.arguments})
             items.append({"type": "function_call_output", "call_id": item.call_id, "output": "18°C"})
     client.responses.create(model=MODEL, instructions="You are a weather assistant.", input=items, tools=[tool],
                             max_output_tokens=64)
@@ -250,7 +256,8 @@ def _chat_openai(base: str, **kwargs: Any):
     from langchain_openai import ChatOpenAI
     from pydantic import SecretStr
 
-    return ChatOpenAI(model=MODEL, base_url=base + "/v1", api_key=SecretStr(API_KEY), max_retries=0, timeout=300, **kwargs)
+    return ChatOpenAI(model=MODEL, base_url=base + "/v1", api_key=SecretStr(API_KEY), max_retries=0, timeout=300,
+                      **kwargs)
 
 
 def langchain_bind_tools(base: str) -> None:
@@ -293,7 +300,8 @@ def langchain_completions(base: str) -> None:
     from langchain_openai import OpenAI
     from pydantic import SecretStr
 
-    llm = OpenAI(model=MODEL, base_url=base + "/v1", api_key=SecretStr(API_KEY), max_retries=0, max_tokens=16, timeout=300)
+    llm = OpenAI(model=MODEL, base_url=base + "/v1", api_key=SecretStr(API_KEY), max_retries=0, max_tokens=16,
+                 timeout=300)
     llm.invoke("Q: What is the capital of France?\nA:")
 
 
@@ -421,8 +429,10 @@ AIDER_SYSTEM = (
     "3. Describe each change with a *SEARCH/REPLACE block* per the examples below.\n\n"
     "Every *SEARCH/REPLACE block* must use this format:\n"
     "1. The *FULL* file path alone on a line, verbatim.\n2. The opening fence and code language, eg: ```python\n"
-    "3. The start of search block: <<<<<<< SEARCH\n4. A contiguous chunk of lines to search for in the existing source code\n"
-    "5. The dividing line: =======\n6. The lines to replace into the source code\n7. The end of the replace block: >>>>>>> REPLACE\n"
+    "3. The start of search block: <<<<<<< SEARCH\n"
+    "4. A contiguous chunk of lines to search for in the existing source code\n"
+    "5. The dividing line: =======\n6. The lines to replace into the source code\n"
+    "7. The end of the replace block: >>>>>>> REPLACE\n"
     "8. The closing fence: ```\n"
 )
 
@@ -433,31 +443,40 @@ def aider_style_conversation(base: str) -> None:
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": AIDER_SYSTEM},
         {"role": "user", "content": "Here are summaries of some files present in my git repository.\n\n"
-                                    "shop/cart.py:\n│class Cart:\n│    def add(self, sku, qty)\n│    def total(self, prices)\n"
+                                    "shop/cart.py:\n│class Cart:\n│    def add(self, sku, qty)\n"
+                                    "│    def total(self, prices)\n"
                                     "shop/prices.py:\n│PRICES = {...}\n│def load_prices(path)\n"},
         {"role": "assistant", "content": "Ok, I won't try and edit those files without asking first."},
-        {"role": "user", "content": f"I have *added these files to the chat* so you can go ahead and edit them.\n\nshop/cart.py\n```python\n{CODE}```\n"},
+        {"role": "user", "content": "I have *added these files to the chat* so you can go ahead and edit them.\n\n"
+                                    f"shop/cart.py\n```python\n{CODE}```\n"},
         {"role": "assistant", "content": "Ok, any changes I propose will be to those files."},
         {"role": "user", "content": "Add a remove(sku, qty) method that never lets a quantity go below zero,\r\n"
                                     "and make total() round to 2 decimals.\tKeep the style."},
-        {"role": "assistant", "content": "I'll add `remove` and round the total.\n\nshop/cart.py\n```python\n<<<<<<< SEARCH\n"
+        {"role": "assistant", "content": "I'll add `remove` and round the total.\n\n"
+                                         "shop/cart.py\n```python\n<<<<<<< SEARCH\n"
                                          "    def total(self, prices: dict[str, float]) -> float:\n"
-                                         "        return sum(prices[sku] * qty for sku, qty in self.items.items())\n=======\n"
+                                         "        return sum(prices[sku] * qty for sku, qty in self.items.items())\n"
+                                         "=======\n"
                                          "    def remove(self, sku: str, qty: int = 1) -> None:\n"
                                          "        left = self.items.get(sku, 0) - qty\n        if left > 0:\n"
-                                         "            self.items[sku] = left\n        else:\n            self.items.pop(sku, None)\n\n"
+                                         "            self.items[sku] = left\n        else:\n"
+                                         "            self.items.pop(sku, None)\n\n"
                                          "    def total(self, prices: dict[str, float]) -> float:\n"
-                                         "        return round(sum(prices[sku] * qty for sku, qty in self.items.items()), 2)\n"
+                                         "        return round(sum(prices[sku] * qty for sku, qty in "
+                                         "self.items.items()), 2)\n"
                                          ">>>>>>> REPLACE\n```\n"},
-        {"role": "user", "content": "I committed the changes with git hash 3f2a9c1 & commit msg: feat: add Cart.remove and round totals\n\n"
-                                    "Now write pytest tests for remove(), including the edge case qty > current quantity. "
+        {"role": "user", "content": "I committed the changes with git hash 3f2a9c1 & commit msg: "
+                                    "feat: add Cart.remove and round totals\n\n"
+                                    "Now write pytest tests for remove(), including the edge case "
+                                    "qty > current quantity. "
                                     "Les noms de tests en anglais, s'il vous plaît. 🙏"},
     ]
     client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=256, stream=True)
 
 
 SCENARIOS: list[Scenario] = [
-    Scenario("openai_chat_tools_strict", "openai", openai_chat_tools_strict, Script(tool_calls={"get_weather": WEATHER_ARGS})),
+    Scenario("openai_chat_tools_strict", "openai", openai_chat_tools_strict,
+             Script(tool_calls={"get_weather": WEATHER_ARGS})),
     Scenario("openai_pydantic_function_tool", "openai", openai_pydantic_function_tool,
              Script(tool_calls={"GetWeather": {"city": "Paris", "unit": "celsius"}})),
     Scenario("openai_structured_output", "openai", openai_structured_output, Script(json_content=PERSON_JSON)),
@@ -467,8 +486,10 @@ SCENARIOS: list[Scenario] = [
     Scenario("agents_chat_tools", "openai-agents", agents_chat_tools, Script(tool_calls={"get_weather": WEATHER_ARGS})),
     Scenario("agents_chat_handoff", "openai-agents", agents_chat_handoff,
              Script(tool_calls={"transfer_to_spanish_agent": {}}, text="¡Claro que sí!")),
-    Scenario("agents_responses_tools", "openai-agents", agents_responses_tools, Script(tool_calls={"get_weather": WEATHER_ARGS})),
-    Scenario("langchain_bind_tools", "langchain-openai", langchain_bind_tools, Script(tool_calls={"get_weather": WEATHER_ARGS})),
+    Scenario("agents_responses_tools", "openai-agents", agents_responses_tools,
+             Script(tool_calls={"get_weather": WEATHER_ARGS})),
+    Scenario("langchain_bind_tools", "langchain-openai", langchain_bind_tools,
+             Script(tool_calls={"get_weather": WEATHER_ARGS})),
     Scenario("langchain_structured_output", "langchain-openai", langchain_structured_output,
              Script(tool_calls={"Person": json.loads(PERSON_JSON)}, json_content=PERSON_JSON)),
     Scenario("langchain_completions", "langchain-openai", langchain_completions, Script(text=" Paris")),

@@ -95,9 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model = served_model(args.url)
     captured = [json.loads(x) for x in args.captured.read_text(encoding="utf-8").splitlines() if x.strip()]
-    results = [ground_truth(args.url, args.model_dir, line, model) for line in captured if line["endpoint"] in args.endpoints]
+    results = [ground_truth(args.url, args.model_dir, line, model)
+               for line in captured if line["endpoint"] in args.endpoints]
     for result in results:
-        outcome = result["expected_prompt_tokens"] if result["expected_error"] is None else f"400 {result['expected_error'][:80]!r}"
+        error = result["expected_error"]
+        outcome = result["expected_prompt_tokens"] if error is None else f"400 {error[:80]!r}"
         print(f"{result['id']:60} {outcome}", file=sys.stderr)
     merge(args.out, args.model_dir, [r for r in results if r["endpoint"] != "responses"])
     if any(r["endpoint"] == "responses" for r in results):

@@ -88,7 +88,8 @@ def _wants_json(body: dict[str, Any]) -> bool:
     if isinstance(fmt, dict) and fmt.get("type") in ("json_schema", "json_object"):
         return True
     text = body.get("text")  # Responses: text.format
-    return isinstance(text, dict) and isinstance(text.get("format"), dict) and text["format"].get("type") == "json_schema"
+    return (isinstance(text, dict) and isinstance(text.get("format"), dict)
+            and text["format"].get("type") == "json_schema")
 
 
 def plan_answer(script: Script, body: dict[str, Any]) -> tuple[str | None, list[tuple[str, str]]]:
@@ -131,7 +132,8 @@ def chat_answer(body: dict[str, Any], text: str | None, calls: list[tuple[str, s
 
 def chat_stream(body: dict[str, Any], answer: dict) -> str:
     """The same answer as SSE chunks (role, content or tool calls, finish, usage if asked)."""
-    base = {"id": answer["id"], "object": "chat.completion.chunk", "created": answer["created"], "model": answer["model"]}
+    base = {"id": answer["id"], "object": "chat.completion.chunk", "created": answer["created"],
+            "model": answer["model"]}
     message = answer["choices"][0]["message"]
     deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
     if message.get("content"):
@@ -170,7 +172,9 @@ def completion_stream(answer: dict) -> str:
     return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
 
 
-def responses_answer(body: dict[str, Any], text: str | None, calls: list[tuple[str, str]], usage: dict[str, int]) -> dict:
+def responses_answer(
+    body: dict[str, Any], text: str | None, calls: list[tuple[str, str]], usage: dict[str, int]
+) -> dict:
     output: list[dict[str, Any]] = []
     for name, arguments in calls:
         output.append({"type": "function_call", "id": f"fc_{_ids()}", "call_id": f"call_{_ids()}",

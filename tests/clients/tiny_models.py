@@ -82,7 +82,8 @@ def build(name: str) -> tuple[Path, str]:
         if out.exists():
             shutil.rmtree(out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([str(vllm_python()), "-c", _BUILD, str(ROOT), str(out), str(SHARED / "models" / name), model_type],
+        subprocess.run([str(vllm_python()), "-c", _BUILD, str(ROOT), str(out), str(SHARED / "models" / name),
+                        model_type],
                        check=True, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     return CACHE, relative
 

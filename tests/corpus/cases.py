@@ -39,14 +39,16 @@ NO_DESCRIPTION = {"type": "function", "function": {"name": "ping", "parameters":
 NO_PARAMETERS = {"type": "function", "function": {"name": "now", "description": "The current time"}}
 STRICT = {
     "type": "function",
-    "function": {**WEATHER["function"], "strict": True, "parameters": {**WEATHER["function"]["parameters"], "additionalProperties": False}},
+    "function": {**WEATHER["function"], "strict": True,
+                 "parameters": {**WEATHER["function"]["parameters"], "additionalProperties": False}},
 }
 
 LONG_TEXT = " ".join(
     f"Paragraph {i}: the quick brown fox jumps over the lazy dog while 세종대왕 reads 漢字 and counts {i * 7} apples."
     for i in range(300)
 )
-CODE = 'def fib(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n\nprint({"n": fib(10)})\n'
+CODE = ('def fib(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n'
+        '    return n if n < 2 else fib(n - 1) + fib(n - 2)\n\nprint({"n": fib(10)})\n')
 
 
 def _call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
@@ -90,13 +92,16 @@ def _common_chat() -> list[Case]:
             system, user, {"role": "assistant", "content": "Fine, thanks. And you?"},
             {"role": "user", "content": "Great. Tell me a joke."},
         ]}),
-        ("cjk", "chat", {"messages": [{"role": "user", "content": "세종대왕이 한글을 만든 이유는? 日本語で答えて。用中文也可以。"}]}),
+        ("cjk", "chat", {"messages": [{"role": "user",
+                                       "content": "세종대왕이 한글을 만든 이유는? 日本語で答えて。用中文也可以。"}]}),
         ("emoji", "chat", {"messages": [{"role": "user", "content": "🐶🐱🐭 👩‍👩‍👧‍👦 ✨ — which is cutest?"}]}),
         ("code", "chat", {"messages": [{"role": "user", "content": f"Explain this:\n```python\n{CODE}```"}]}),
         ("long", "chat", {"messages": [system, {"role": "user", "content": LONG_TEXT}]}),
-        ("tools_def", "chat", {"messages": [{"role": "user", "content": "Weather in Seoul?"}], "tools": [WEATHER, TIME]}),
+        ("tools_def", "chat", {"messages": [{"role": "user", "content": "Weather in Seoul?"}],
+                               "tools": [WEATHER, TIME]}),
         ("tools_no_description", "chat", {"messages": [user], "tools": [NO_DESCRIPTION, NO_PARAMETERS]}),
-        ("tools_strict", "chat", {"messages": [{"role": "user", "content": "Weather in Oslo?"}], "tools": [STRICT], "tool_choice": "auto"}),
+        ("tools_strict", "chat", {"messages": [{"role": "user", "content": "Weather in Oslo?"}], "tools": [STRICT],
+                                  "tool_choice": "auto"}),
         ("tools_choice_none", "chat", {"messages": [user], "tools": [WEATHER], "tool_choice": "none"}),
         ("tool_loop", "chat", {"messages": _tool_loop(), "tools": [WEATHER]}),
         ("tool_loop_text", "chat", {"messages": _tool_loop("Let me check the weather."), "tools": [WEATHER]}),
@@ -113,17 +118,20 @@ def _common_chat() -> list[Case]:
         ], "tools": [WEATHER]}),
         ("tool_parts", "chat", {"messages": [
             *_tool_loop()[:2],
-            {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "18C"}, {"type": "text", "text": "cloudy"}]},
+            {"role": "tool", "tool_call_id": "call_1",
+             "content": [{"type": "text", "text": "18C"}, {"type": "text", "text": "cloudy"}]},
         ], "tools": [WEATHER]}),
         ("parts", "chat", {"messages": [{"role": "user", "content": [
-            {"type": "text", "text": "First part."}, {"type": "text", "text": ""}, {"type": "text", "text": "Second part."},
+            {"type": "text", "text": "First part."}, {"type": "text", "text": ""},
+            {"type": "text", "text": "Second part."},
         ]}]}),
         ("system_not_first", "chat", {"messages": [
             user, {"role": "assistant", "content": "Fine."}, system, {"role": "user", "content": "Now be brief."},
         ]}),
         ("two_systems", "chat", {"messages": [system, {"role": "system", "content": "Answer in French."}, user]}),
         ("developer", "chat", {"messages": [{"role": "developer", "content": "Always answer in haiku."}, user]}),
-        ("special_text", "chat", {"messages": [{"role": "user", "content": "<|im_end|><|eot_id|><end_of_turn><|end|><|start|>[INST]</s><s> typed by a user"}]}),
+        ("special_text", "chat", {"messages": [{"role": "user", "content": (
+            "<|im_end|><|eot_id|><end_of_turn><|end|><|start|>[INST]</s><s> typed by a user")}]}),
         ("empty", "chat", {"messages": [{"role": "user", "content": ""}]}),
         ("ws", "chat", {"messages": [{"role": "user", "content": "  leading and trailing  \n\n\t "}]}),
         ("name", "chat", {"messages": [{"role": "user", "name": "alice", "content": "Hi, I'm Alice."}]}),
@@ -135,7 +143,8 @@ def _common_chat() -> list[Case]:
         ("no_genprompt", "chat", {"messages": [user], "add_generation_prompt": False}),
         ("continue", "chat", {"messages": [user, {"role": "assistant", "content": "I am doing"}],
                               "add_generation_prompt": False, "continue_final_message": True}),
-        ("continue_bad", "chat", {"messages": [user, {"role": "assistant", "content": "I am"}], "continue_final_message": True}),
+        ("continue_bad", "chat", {"messages": [user, {"role": "assistant", "content": "I am"}],
+                                  "continue_final_message": True}),
         ("alternation", "chat", {"messages": [user, {"role": "user", "content": "Are you there?"}]}),
         ("assistant_last", "chat", {"messages": [user, {"role": "assistant", "content": "Fine."}]}),
         ("kwargs", "chat", {"messages": [user], "chat_template_kwargs": {"enable_thinking": False}}),
@@ -167,15 +176,18 @@ def mistral_cases() -> list[Case]:
         for call in message.get("tool_calls") or []:
             call["id"] = {"call_a": "callAAAA1", "call_b": "callBBBB2", "call_c": "callCCCC3"}[call["id"]]
         if message["role"] == "tool":
-            message["tool_call_id"] = {"call_a": "callAAAA1", "call_b": "callBBBB2", "call_c": "callCCCC3"}[message["tool_call_id"]]
+            message["tool_call_id"] = {"call_a": "callAAAA1", "call_b": "callBBBB2",
+                                       "call_c": "callCCCC3"}[message["tool_call_id"]]
     extra: list[Case] = [
         ("tool_loop_ids", "chat", {"messages": loop, "tools": [WEATHER]}),
         ("tool_loop_no_description", "chat", {"messages": loop, "tools": [
-            {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER["function"]["parameters"]}}]}),
+            {"type": "function",
+             "function": {"name": "get_weather", "parameters": WEATHER["function"]["parameters"]}}]}),
         ("tool_loop_strict", "chat", {"messages": loop, "tools": [STRICT]}),
         ("parallel_ids", "chat", {"messages": parallel, "tools": [WEATHER, TIME]}),
         ("tool_loop_continued", "chat", {"messages": [*loop, {"role": "assistant", "content": "It is 18C and cloudy."},
-                                                       {"role": "user", "content": "Thanks! And tomorrow?"}], "tools": [WEATHER]}),
+                                                       {"role": "user", "content": "Thanks! And tomorrow?"}],
+                                         "tools": [WEATHER]}),
         ("tool_parts_ids", "chat", {"messages": [*loop[:2], {"role": "tool", "tool_call_id": "a1B2c3D4e", "content": [
             {"type": "text", "text": "18C"}, {"type": "text", "text": "cloudy"}]}], "tools": [WEATHER]}),
         ("inst_typed", "chat", {"messages": [{"role": "user", "content": "[INST] pretend [/INST] and </s> end"}]}),
@@ -196,7 +208,8 @@ def gptoss_cases() -> list[Case]:
         ("system_parts", "chat", {"messages": [{"role": "system", "content": [
             {"type": "text", "text": "Be brief."}, {"type": "text", "text": " Be kind."}]}, user]}),
         ("system_null", "chat", {"messages": [{"role": "system", "content": None}, user]}),
-        ("system_empty_later", "chat", {"messages": [user, {"role": "system", "content": ""}, {"role": "user", "content": "ok"}]}),
+        ("system_empty_later", "chat", {"messages": [user, {"role": "system", "content": ""},
+                                                     {"role": "user", "content": "ok"}]}),
         ("reasoning_effort_high", "chat", {"messages": [system, user], "reasoning_effort": "high"}),
         ("reasoning_effort_none", "chat", {"messages": [user], "reasoning_effort": "none"}),
         ("reasoning_effort_minimal", "chat", {"messages": [user], "reasoning_effort": "minimal"}),
@@ -206,11 +219,14 @@ def gptoss_cases() -> list[Case]:
              "tool_calls": [_call("call_r", "get_weather", '{"city":"Paris"}')]},
             {"role": "tool", "tool_call_id": "call_r", "content": "18C"},
         ], "tools": [WEATHER]}),
-        ("tool_unknown_id", "chat", {"messages": [user, {"role": "tool", "tool_call_id": "nope", "content": "orphan"}], "tools": [WEATHER]}),
-        ("tools_instructions", "chat", {"messages": [system, {"role": "user", "content": "Weather in Rome?"}], "tools": [WEATHER, NO_DESCRIPTION]}),
+        ("tool_unknown_id", "chat", {"messages": [user, {"role": "tool", "tool_call_id": "nope", "content": "orphan"}],
+                                     "tools": [WEATHER]}),
+        ("tools_instructions", "chat", {"messages": [system, {"role": "user", "content": "Weather in Rome?"}],
+                                        "tools": [WEATHER, NO_DESCRIPTION]}),
         ("image_part", "chat", {"messages": [{"role": "user", "content": [
             {"type": "text", "text": "What is in this picture?"},
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGD4DwABBAEAwS2OUAAAAABJRU5ErkJggg=="}},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAf"
+                                                       "FcSJAAAADUlEQVR4nGNgYGD4DwABBAEAwS2OUAAAAABJRU5ErkJggg=="}},
         ]}]}),
         ("assistant_parts_first_empty", "chat", {"messages": [user, {"role": "assistant", "content": [
             {"type": "text", "text": ""}, {"type": "text", "text": "dropped"}]}, {"role": "user", "content": "next"}]}),
@@ -221,10 +237,13 @@ def gptoss_cases() -> list[Case]:
              "tool_calls": [_call("call_n", "get_weather", '{"city":"Rome"}')]},
             {"role": "tool", "tool_call_id": "call_n", "content": "20C"},
         ], "tools": [WEATHER]}),
-        ("reasoning_content_legacy", "chat", {"messages": [user, {"role": "assistant", "reasoning_content": "legacy field", "content": "Hi"}, {"role": "user", "content": "?"}]}),
+        ("reasoning_content_legacy", "chat", {"messages": [
+            user, {"role": "assistant", "reasoning_content": "legacy field", "content": "Hi"},
+            {"role": "user", "content": "?"}]}),
         ("empty_messages", "chat", {"messages": []}),
         ("unknown_role", "chat", {"messages": [{"role": "function", "name": "f", "content": "x"}, user]}),
-        ("special_channel_text", "chat", {"messages": [{"role": "user", "content": "<|start|>assistant<|channel|>final<|message|>typed<|end|>"}]}),
+        ("special_channel_text", "chat", {"messages": [
+            {"role": "user", "content": "<|start|>assistant<|channel|>final<|message|>typed<|end|>"}]}),
         ("c_harmony_special", "completions", {"prompt": "<|start|>user<|message|>hi<|end|><|start|>assistant"}),
         # Responses API
         ("r_text", "responses", {"input": "Hello! How are you today?"}),
@@ -232,13 +251,15 @@ def gptoss_cases() -> list[Case]:
         ("r_messages", "responses", {"input": [
             {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
             {"role": "user", "content": "Tell me a joke."}]}),
-        ("r_system_item", "responses", {"input": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}),
+        ("r_system_item", "responses", {"input": [{"role": "system", "content": "Be brief."},
+                                                  {"role": "user", "content": "Hi"}]}),
         ("r_developer_item_and_instructions", "responses", {"instructions": "Top-level rules.", "input": [
             {"role": "developer", "content": "Item rules."}, {"role": "user", "content": "Hi"}]}),
         ("r_parts", "responses", {"input": [{"type": "message", "role": "user", "content": [
             {"type": "input_text", "text": "Describe"}, {"type": "input_text", "text": " this."}]}]}),
         ("r_tools", "responses", {"input": "Weather in Paris?", "tools": [
-            {"type": "function", "name": "get_weather", "description": "Current weather", "parameters": WEATHER["function"]["parameters"], "strict": True},
+            {"type": "function", "name": "get_weather", "description": "Current weather",
+             "parameters": WEATHER["function"]["parameters"], "strict": True},
             {"type": "function", "name": "ping", "parameters": {"type": "object", "properties": {}}},
         ]}),
         ("r_tool_round_trip", "responses", {"input": [
@@ -248,8 +269,10 @@ def gptoss_cases() -> list[Case]:
         ], "tools": [{"type": "function", "name": "get_weather", "parameters": WEATHER["function"]["parameters"]}]}),
         ("r_reasoning_item", "responses", {"input": [
             {"role": "user", "content": "Hi"},
-            {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "They greet."}]},
-            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello!", "annotations": []}]},
+            {"type": "reasoning", "id": "rs_1", "summary": [],
+             "content": [{"type": "reasoning_text", "text": "They greet."}]},
+            {"type": "message", "role": "assistant",
+             "content": [{"type": "output_text", "text": "Hello!", "annotations": []}]},
             {"role": "user", "content": "Again"},
         ]}),
         ("r_previous_input_messages", "responses", {"input": "And in Rome?", "previous_input_messages": [

@@ -45,25 +45,27 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.corpus import cases as corpus_cases
-from tests.corpus.targets import TARGETS, Target, mistral_data_dir
-from tests.corpus.tiny_models import BUILDER_VERSION
-from tests.realvllm.locking import exclusive_lock
-from tests.realvllm.server import (
+# below the path insertion above: run as a script, the repo is not on sys.path
+from tests.corpus import cases as corpus_cases  # noqa: E402
+from tests.corpus.targets import TARGETS, Target, mistral_data_dir  # noqa: E402
+from tests.corpus.tiny_models import BUILDER_VERSION  # noqa: E402
+from tests.realvllm.locking import exclusive_lock  # noqa: E402
+from tests.realvllm.server import (  # noqa: E402
     LAUNCHER,
     free_port,
     server_env,
     stop_server,
     wait_until_healthy,
 )
-from tests.realvllm.venv import cache_root, ensure_vllm_venv, quiet_env
-from tests.support import npm_tokenizers
+from tests.realvllm.venv import cache_root, ensure_vllm_venv, quiet_env  # noqa: E402
+from tests.support import npm_tokenizers  # noqa: E402
 
 CORPUS_DIR = Path(__file__).resolve().parent
 MAX_MODEL_LEN = 32768
 KV_CACHE_BYTES = 64 * 1024 * 1024
 SERVED = "tiny"
-REFERENCE = "vLLM 0.32.0 CPU server (vllm serve, default flags + {flags}) on a tiny random-weight {family} model with the real tokenizer; usage of one request with max_tokens 1"
+REFERENCE = ("vLLM 0.32.0 CPU server (vllm serve, default flags + {flags}) on a tiny random-weight {family} model "
+             "with the real tokenizer; usage of one request with max_tokens 1")
 
 CASES: dict[str, Callable[[], list[corpus_cases.Case]]] = {
     "hf": corpus_cases.hf_chat_cases,
@@ -164,7 +166,8 @@ def tokenize_count(base: str, endpoint: str, body: dict[str, Any]) -> int | str 
     if endpoint == "responses":
         return None
     if endpoint == "completions":
-        prompts = body["prompt"] if isinstance(body["prompt"], list) and isinstance(body["prompt"][0], str) else [body["prompt"]]
+        batch = isinstance(body["prompt"], list) and isinstance(body["prompt"][0], str)
+        prompts = body["prompt"] if batch else [body["prompt"]]
         total = 0
         for prompt in prompts:
             if isinstance(prompt, list):

@@ -37,9 +37,12 @@ _AUTO_TOOLS = ("--enable-auto-tool-choice",)
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
-        Target("gptoss", "gpt_oss", "gptoss", (*_AUTO_TOOLS, "--tool-call-parser", "openai"), npm="gptoss", model_type="gpt_oss"),
-        Target("llama3_1", "llama", "hf", (*_AUTO_TOOLS, "--tool-call-parser", "hermes"), npm="llama3_1", model_type="llama"),
-        Target("gemma3", "gemma3_text", "hf", (*_AUTO_TOOLS, "--tool-call-parser", "hermes"), npm="gemma3", model_type="gemma3_text"),
+        Target("gptoss", "gpt_oss", "gptoss", (*_AUTO_TOOLS, "--tool-call-parser", "openai"),
+               npm="gptoss", model_type="gpt_oss"),
+        Target("llama3_1", "llama", "hf", (*_AUTO_TOOLS, "--tool-call-parser", "hermes"),
+               npm="llama3_1", model_type="llama"),
+        Target("gemma3", "gemma3_text", "hf", (*_AUTO_TOOLS, "--tool-call-parser", "hermes"),
+               npm="gemma3", model_type="gemma3_text"),
         # Mistral-Nemo-Instruct-2407's tokenizer (tekken, v3).
         Target("mistral_tekken_v3", "mistral", "mistral", (*_AUTO_TOOLS, "--tool-call-parser", "mistral"),
                mistral_file="tekken_240718.json",

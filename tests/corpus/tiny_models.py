@@ -120,7 +120,8 @@ def build_mistral(tokenizer_file: Path, out: Path) -> None:
     def ones(n: int) -> torch.Tensor:
         return torch.ones(n, dtype=torch.bfloat16)
 
-    tensors = {"tok_embeddings.weight": weight(vocab, HIDDEN), "norm.weight": ones(HIDDEN), "output.weight": weight(vocab, HIDDEN)}
+    tensors = {"tok_embeddings.weight": weight(vocab, HIDDEN), "norm.weight": ones(HIDDEN),
+               "output.weight": weight(vocab, HIDDEN)}
     for i in range(LAYERS):
         p = f"layers.{i}"
         tensors.update({
@@ -135,21 +136,24 @@ def build_mistral(tokenizer_file: Path, out: Path) -> None:
             f"{p}.feed_forward.w3.weight": weight(INTERMEDIATE, HIDDEN),
         })  # fmt: skip
     save_file(tensors, str(out / "consolidated.safetensors"), metadata={"format": "pt"})
-    name = "tekken.json" if tokenizer_file.suffix == ".json" else "tokenizer.model." + tokenizer_file.name.rsplit(".", 1)[-1]
+    version = tokenizer_file.name.rsplit(".", 1)[-1]
+    name = "tekken.json" if tokenizer_file.suffix == ".json" else "tokenizer.model." + version
     shutil.copyfile(tokenizer_file, out / name)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", required=True, choices=["gpt_oss", "llama", "gemma3_text", "mistral"])
-    parser.add_argument("--tokenizer", type=Path, required=True, help="HF tokenizer folder, or the Mistral tokenizer file")
+    parser.add_argument("--tokenizer", type=Path, required=True,
+                        help="HF tokenizer folder, or the Mistral tokenizer file")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.family == "mistral":
         build_mistral(args.tokenizer, args.out)
     else:
         build_hf(args.family, args.tokenizer, args.out)
-    (args.out / "headroom-tiny-model.json").write_text(json.dumps({"builder_version": BUILDER_VERSION, "family": args.family}))
+    marker = {"builder_version": BUILDER_VERSION, "family": args.family}
+    (args.out / "headroom-tiny-model.json").write_text(json.dumps(marker))
     print(f"tiny {args.family} model written to {args.out}")
     return 0
 

@@ -154,7 +154,8 @@ def wait_until_healthy(process: subprocess.Popen, base_url: str, log_path: Path,
     while time.monotonic() < deadline:
         code = process.poll()
         if code is not None:
-            raise SetupError(f"vLLM exited with code {code} before it was healthy; log {log_path}:\n{log_tail(log_path)}")
+            raise SetupError(f"vLLM exited with code {code} before it was healthy; "
+                             f"log {log_path}:\n{log_tail(log_path)}")
         if is_healthy(base_url):
             return
         time.sleep(0.5)  # polling interval while waiting for start-up, not test synchronisation

@@ -211,7 +211,8 @@ def ensure_tiny_model(model_dir: Path, tokenizer_source: Path, python: Path, log
     try:
         with open(log_path, "w") as log:
             result = subprocess.run(
-                [str(python), str(Path(__file__).resolve()), "--out", str(staging), "--tokenizer", str(tokenizer_source)],
+                [str(python), str(Path(__file__).resolve()), "--out", str(staging),
+                 "--tokenizer", str(tokenizer_source)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=quiet_env(),
@@ -246,10 +247,9 @@ def write_model(out: Path, tokenizer_source: Path) -> None:
     generator = torch.Generator().manual_seed(SEED)
     tensors = {}
     for name, shape in weight_shapes(vocab_size).items():
-        if name.endswith("norm.weight"):
-            tensor = torch.ones(shape)  # RMSNorm scales: identity, as at initialisation
-        else:
-            tensor = torch.randn(shape, generator=generator) * 0.02
+        # RMSNorm scales: identity, as at initialisation
+        tensor = (torch.ones(shape) if name.endswith("norm.weight")
+                  else torch.randn(shape, generator=generator) * 0.02)
         tensors[name] = tensor.to(torch.bfloat16).contiguous()
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
@@ -257,7 +257,8 @@ def write_model(out: Path, tokenizer_source: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build the tiny random-weight Qwen3 test model.")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--tokenizer", type=Path, required=True, help="directory holding the real Qwen3 tokenizer files")
+    parser.add_argument("--tokenizer", type=Path, required=True,
+                        help="directory holding the real Qwen3 tokenizer files")
     args = parser.parse_args(argv)
     write_model(args.out, args.tokenizer)
     print(f"tiny model written to {args.out}")

@@ -12,9 +12,10 @@ import json
 import re
 import shlex
 import tomllib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from proxy.app import LOCAL_PATHS
@@ -276,9 +277,7 @@ def rule_pinned_base_images(instructions: list[Instruction], **_: Any) -> list[s
         if ins.keyword != "FROM":
             continue
         image = from_image(ins)
-        if image.lower() in local or image == "scratch":
-            pass
-        elif "@sha256:" in image:
+        if image.lower() in local or image == "scratch" or "@sha256:" in image:
             pass
         else:
             tag = image.rsplit("/", 1)[-1].partition(":")[2]

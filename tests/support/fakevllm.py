@@ -41,10 +41,11 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import Any, Callable, Iterable
+from typing import Any
 from urllib.parse import urlsplit
 
 __all__ = [
@@ -52,8 +53,8 @@ __all__ = [
     "FaultSpec",
     "RecordedRequest",
     "VLLMError",
-    "crude_count_prompt",
     "chatml_char_count",
+    "crude_count_prompt",
 ]
 
 VLLM_VERSION = "0.32.0"
@@ -93,7 +94,7 @@ class RecordedRequest:
     prompt_tokens: int | None = None        # the fake's count (sum over a batch)
     max_tokens: int | None = None           # the effective per-choice limit it generated to
     completion_tokens: int | None = None    # tokens actually sent (all choices)
-    fault: "FaultSpec | None" = None
+    fault: FaultSpec | None = None
     finished_at: float | None = None
     disconnected_at: float | None = None
     closed_at: float | None = None
@@ -352,7 +353,8 @@ def _coerce_bool(body: dict, key: str, errors: list[dict]) -> bool:
         return bool(value)
     if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
         return value.lower() in _TRUE
-    errors.append(_err("bool_parsing", f"body.{key}", "Input should be a valid boolean, unable to interpret input", value))
+    errors.append(_err("bool_parsing", f"body.{key}", "Input should be a valid boolean, unable to interpret input",
+                       value))
     return False
 
 
@@ -367,7 +369,8 @@ def _coerce_float(body: dict, key: str, errors: list[dict]) -> float | None:
             return float(value)
         except ValueError:
             pass
-    errors.append(_err("float_parsing", f"body.{key}", "Input should be a valid number, unable to parse string as a number", value))
+    errors.append(_err("float_parsing", f"body.{key}",
+                       "Input should be a valid number, unable to parse string as a number", value))
     return None
 
 
@@ -1028,7 +1031,7 @@ def model_card(card: dict, created: int) -> dict:
 # --------------------------------------------------------------------------- #
 
 class _Request:
-    __slots__ = ("method", "target", "headers", "body")
+    __slots__ = ("body", "headers", "method", "target")
 
     def __init__(self, method: str, target: str, headers: dict[str, str], body: bytes) -> None:
         self.method, self.target, self.headers, self.body = method, target, headers, body
@@ -1041,7 +1044,7 @@ class _Disconnected(Exception):
 class _Connection(asyncio.Protocol):
     """One client connection: parses HTTP/1.1 requests one at a time and hands them to the app."""
 
-    def __init__(self, fake: "FakeVLLM") -> None:
+    def __init__(self, fake: FakeVLLM) -> None:
         self.fake = fake
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
@@ -1364,7 +1367,7 @@ class FakeVLLM:
             raise RuntimeError("FakeVLLM is not started")
         return f"http://127.0.0.1:{self.port}"
 
-    async def start(self) -> "FakeVLLM":
+    async def start(self) -> FakeVLLM:
         """Listen on a free loopback port in the running event loop."""
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
@@ -1382,13 +1385,13 @@ class FakeVLLM:
         with self._cond:
             self._cond.notify_all()
 
-    async def __aenter__(self) -> "FakeVLLM":
+    async def __aenter__(self) -> FakeVLLM:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    def __enter__(self) -> "FakeVLLM":
+    def __enter__(self) -> FakeVLLM:
         started = threading.Event()
         failure: list[BaseException] = []
 
@@ -1478,7 +1481,7 @@ class FakeVLLM:
 
     # -- waiting without sleeping ------------------------------------------ #
 
-    def wait_until(self, predicate: Callable[["FakeVLLM"], bool], timeout: float = 10.0) -> bool:
+    def wait_until(self, predicate: Callable[[FakeVLLM], bool], timeout: float = 10.0) -> bool:
         """Block until `predicate(fake)` holds (re-checked on every request event)."""
         deadline = time.monotonic() + timeout
         with self._cond:
@@ -1489,7 +1492,7 @@ class FakeVLLM:
                 self._cond.wait(remaining)
             return True
 
-    async def wait_until_async(self, predicate: Callable[["FakeVLLM"], bool], timeout: float = 10.0) -> bool:
+    async def wait_until_async(self, predicate: Callable[[FakeVLLM], bool], timeout: float = 10.0) -> bool:
         return await asyncio.to_thread(self.wait_until, predicate, timeout)
 
     # -- request handling --------------------------------------------------- #
@@ -1725,7 +1728,7 @@ class FakeVLLM:
             return
         try:
             await asyncio.wait_for(conn.closed_event.wait(), tokens / rate)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return
         raise _Disconnected()
 
@@ -1771,8 +1774,7 @@ class FakeVLLM:
         cut = fault.after_chunks if fault is not None else -1
         paced = bool(self.tokens_per_second)
         pending: list[bytes] = []       # unpaced events go out in one write (one HTTP chunk each)
-        sent = 0
-        for kind, event in self._events(plan, surface, request, rid, created):
+        for sent, (kind, event) in enumerate(self._events(plan, surface, request, rid, created)):
             if sent == cut:
                 assert fault is not None
                 self._flush(conn, pending)
@@ -1797,7 +1799,6 @@ class FakeVLLM:
             pending.append(b"%x\r\n%s\r\n" % (len(event), event))
             if kind != "meta":
                 record.completion_tokens += 1
-            sent += 1
             if len(pending) >= 64:
                 self._flush(conn, pending)
                 await conn.drain()

@@ -11,7 +11,8 @@ import asyncio
 import contextlib
 import socket
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 

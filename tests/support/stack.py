@@ -119,7 +119,7 @@ def running_stack(
     tokenizer_dir: Path | None,
     *,
     fake_kwargs: dict[str, Any] | None = None,
-    recorder: Recorder | None | str = "list",
+    recorder: Recorder | str | None = "list",
     configure: Callable[[Config], None] | None = None,
     **config_kw: Any,
 ) -> Iterator[Stack]:
