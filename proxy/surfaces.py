@@ -36,7 +36,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tokenizer_cache import CountingModel, count_messages, count_responses, responses_to_chat
+from tokenizer_cache import (
+    CountingModel,
+    HarmonyTokenizer,
+    ModelTokenizer,
+    count_messages,
+    count_responses,
+    responses_to_chat,
+)
 
 from .admission import Decision, Policy, RequestedLimit, decide, decide_inputs, read_requested_limit
 from .errors import HeadroomError
@@ -260,6 +267,14 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _template_model(tokenizer: CountingModel) -> ModelTokenizer | None:
+    """The model, when vLLM turns its converted chat into one text held to its character bound
+    (a chat template; not harmony, not mistral-common)."""
+    if isinstance(tokenizer, ModelTokenizer) and not isinstance(tokenizer, HarmonyTokenizer):
+        return tokenizer
+    return None
+
+
 class ResponsesSurface(Surface):
     """`/v1/responses`: `instructions` + `input` items, `tools`, `max_output_tokens`.
 
@@ -284,6 +299,14 @@ class ResponsesSurface(Surface):
 
     def count(self, tokenizer: CountingModel, body: dict[str, Any]) -> int | list[int]:
         return count_responses(tokenizer, body)
+
+    def prompt_texts(self, tokenizer: CountingModel, body: dict[str, Any]) -> list[str]:
+        """The converted chat's text, as vLLM renders and checks it; none when vLLM truncates
+        (`truncation` "auto") or renders without a chat template (harmony)."""
+        model = _template_model(tokenizer)
+        if model is None or body.get("truncation", "disabled") != "disabled":
+            return []
+        return [model.render_chat(model.responses_chat(body))]
 
     def decide(self, request: Mapping[str, Any], prompt_tokens: list[int], max_model_len: int,
                limit: RequestedLimit, policy: Policy, *, model: str, count_exact: bool,
@@ -361,6 +384,11 @@ class MessagesSurface(Surface):
 
     def count(self, tokenizer: CountingModel, body: dict[str, Any]) -> int | list[int]:
         return count_messages(tokenizer, body)
+
+    def prompt_texts(self, tokenizer: CountingModel, body: dict[str, Any]) -> list[str]:
+        """The converted chat's text, as vLLM renders and checks it (none without a chat template)."""
+        model = _template_model(tokenizer)
+        return [] if model is None else [model.render_chat(model.messages_chat(body))]
 
     def tokenize_calls(self, model: str, body: Mapping[str, Any]) -> list[TokenizeCall]:
         request = {"model": model, **{k: body[k] for k in _MESSAGES_COUNT_KEYS if k in body}}

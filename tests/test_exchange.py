@@ -253,6 +253,36 @@ async def test_a_prompt_over_vllms_character_bound_is_refused_before_encoding(
     assert (rec.action, rec.status) == ("rejected", 400)
 
 
+@pytest.mark.parametrize("path,body", [
+    ("/v1/responses", {"model": MODEL, "input": "x" * 300_000, "max_output_tokens": 4}),
+    ("/v1/messages", {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "x" * 300_000}]}),
+], ids=["responses", "messages"])
+async def test_the_converted_chat_is_held_to_the_character_bound_too(
+        qwen3_dir: Path, nothing_encoded: None, path: str, body: dict[str, Any]) -> None:
+    """vLLM renders Responses and Messages requests as chats, through the same character check."""
+    upstream = Upstream()
+    app, recorder = app_for(upstream, qwen3_dir)
+    answer = await call_app(app, "POST", path, json.dumps(body).encode())
+    document = json.loads(answer.body)
+    error = document["error"]
+    assert answer.status == 400 and "characters (more than 262144 characters" in error["message"]
+    if path == "/v1/messages":        # in Anthropic's envelope, as the anthropic client parses it
+        assert (document["type"], error["type"]) == ("error", "invalid_request_error")
+    assert all(s.path != path for s in upstream.transport.sent)
+    [rec] = recorder.records
+    assert (rec.endpoint, rec.action, rec.status) == (path.rsplit("/", 1)[1], "rejected", 400)
+
+
+async def test_responses_truncation_auto_is_not_held_to_the_character_bound(qwen3_dir: Path) -> None:
+    """With truncation "auto" vLLM cuts the text instead of refusing it: headroom counts it."""
+    upstream = Upstream()
+    app, _ = app_for(upstream, qwen3_dir)
+    body = {"model": MODEL, "input": "hello " * 50_000, "truncation": "auto"}
+    answer = await call_app(app, "POST", "/v1/responses", json.dumps(body).encode())
+    assert "characters" not in answer.body.decode()
+    assert dict(answer.headers)["x-headroom-prompt-tokens"] == str(MML)   # the prompt vLLM keeps
+
+
 async def test_a_prompt_at_the_bound_or_asking_for_truncation_is_counted(qwen3_dir: Path, qwen3: Any) -> None:
     overhead = len(qwen3.render_chat({"messages": [{"role": "user", "content": ""}]}))
     at_bound = {"model": MODEL, "messages": [{"role": "user", "content": "a" * (MML * 128 - overhead)}]}
