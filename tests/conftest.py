@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tokenizer_cache import _model
 
 pytest_plugins = ["tests.realvllm.fixture", "tests.realvllm.vl_fixture"]
 
@@ -19,6 +22,38 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("realvllm") or "real_vllm" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _tmp_folders_leave_the_loaded_cache(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Folders a test loads from its own tmp_path are dropped after it: no later test can load them,
+    and kept they would push the shared models out of the bounded cache."""
+    if "tmp_path" not in request.fixturenames:
+        yield
+        return
+    tmp = Path(request.getfixturevalue("tmp_path")).resolve()
+    yield
+    with _model._loaded_lock:
+        for key in [key for key in _model._loaded if Path(key[0]).is_relative_to(tmp)]:
+            del _model._loaded[key]
+
+
+@pytest.fixture
+def fresh_loads() -> Iterator[None]:
+    """No folder loaded before this test is reused by it, and none it loads outlives it.
+
+    For a test that must load afresh (the self-check runs at load): the shared models loaded
+    before it are put back afterwards, not dropped, so later modules need not load them again.
+    """
+    with _model._loaded_lock:
+        kept = list(_model._loaded.items())
+        _model._loaded.clear()
+    try:
+        yield
+    finally:
+        with _model._loaded_lock:
+            _model._loaded.clear()
+            _model._loaded.update(kept)
 
 
 @pytest.fixture(scope="session")

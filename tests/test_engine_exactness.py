@@ -30,7 +30,6 @@ from tokenizer_cache import (
     CountError,
     ModelTokenizer,
     PieceCountCache,
-    _model,
     load_model_tokenizer,
 )
 from tokenizer_cache._encoder import (
@@ -160,11 +159,10 @@ def test_a_disagreeing_engine_falls_back_and_says_so_once(monkeypatch, caplog):
     assert len(warnings) == 1
 
 
-def test_a_model_whose_engine_disagrees_counts_with_tokenizers(monkeypatch):
+def test_a_model_whose_engine_disagrees_counts_with_tokenizers(monkeypatch, fresh_loads):
     monkeypatch.setattr(FastokensEncoder, "ids", lambda self, text, add: [])
-    _model.forget_loaded()      # load afresh: the self-check runs at load
+    # loaded afresh (the self-check runs at load); the disagreeing engine is dropped after the test
     model = load_model_tokenizer(MODELS / "Qwen--Qwen3-8B", piece_cache=PieceCountCache())
-    _model.forget_loaded()      # and keep the disagreeing engine from anyone else
     assert model.engine == REFERENCE and "self-check" in (model.engine_fallback or "")
     assert model.count_text("Hello world", add_special_tokens=False) == 2
 

@@ -52,6 +52,12 @@ def qwen(tmp_path_factory: pytest.TempPathFactory) -> ModelTokenizer:
     return tokenizer_dir(tmp_path_factory.mktemp("tiny-qwen2-vl"))
 
 
+@pytest.fixture(scope="module")
+def qwen_string(tmp_path_factory: pytest.TempPathFactory) -> ModelTokenizer:
+    """The same vocabulary under a template that takes string content (placeholders put in front)."""
+    return tokenizer_dir(tmp_path_factory.mktemp("tiny-qwen2-vl-string"), STRING_TEMPLATE)
+
+
 def chat(*messages: dict, **extra) -> dict:
     return {"messages": list(messages), **extra}
 
@@ -73,22 +79,22 @@ def test_openai_template_sees_image_parts_with_unknown_fields(tmp_path: Path):
     ]
 
 
-def test_string_template_gets_placeholders_in_front_of_the_text(tmp_path: Path):
-    tok = tokenizer_dir(tmp_path, STRING_TEMPLATE)
+def test_string_template_gets_placeholders_in_front_of_the_text(qwen_string: ModelTokenizer):
+    tok = qwen_string
     rendered = tok.render_chat(chat(user(text("one"), image(PNG), text("two"), image(PNG))))
     placeholder = "<|vision_start|><|image_pad|><|vision_end|>"
     assert f"user\n{placeholder}\n{placeholder}\none\ntwo<|im_end|>" in rendered
 
 
-def test_string_template_keeps_a_placeholder_the_user_typed(tmp_path: Path):
-    tok = tokenizer_dir(tmp_path, STRING_TEMPLATE)
+def test_string_template_keeps_a_placeholder_the_user_typed(qwen_string: ModelTokenizer):
+    tok = qwen_string
     placeholder = "<|vision_start|><|image_pad|><|vision_end|>"
     rendered = tok.render_chat(chat(user(text(f"see {placeholder} here"), image(PNG))))
     assert rendered.count(placeholder) == 1
 
 
-def test_more_typed_placeholders_than_images_is_vllms_400(tmp_path: Path):
-    tok = tokenizer_dir(tmp_path, STRING_TEMPLATE)
+def test_more_typed_placeholders_than_images_is_vllms_400(qwen_string: ModelTokenizer):
+    tok = qwen_string
     placeholder = "<|vision_start|><|image_pad|><|vision_end|>"
     with pytest.raises(CountError, match="Found more"):
         tok.count_chat(chat(user(text(placeholder * 2), image(PNG))))

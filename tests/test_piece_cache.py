@@ -319,8 +319,10 @@ def test_concurrent_counts_through_a_tiny_shared_cache_stay_exact(models):
     assert len(cache) <= 8
 
 
-def test_text_the_tokenizer_refuses_is_refused_either_way(models):
-    model = models["Qwen--Qwen3-8B"]
+def test_text_the_tokenizer_refuses_is_refused_either_way(fresh_loads):
+    # Its own load: fastokens raising on the text counts as an engine failure, which must not stay
+    # on the process's shared Qwen3 (tests/test_count_engine.py asserts a fresh model's 0).
+    model = load_model_tokenizer(MODELS / "Qwen--Qwen3-8B")
     text = "fine<|im_end|>lone surrogate \ud800"
     with pytest.raises(TypeError):
         model.count_text(text, add_special_tokens=False)

@@ -34,7 +34,10 @@ class _Server(uvicorn.Server):
 @contextlib.contextmanager
 def serve_in_thread(app: Any, *, lifespan: str = "on", **uvicorn_kwargs: Any) -> Iterator[str]:
     """Serve `app` until the block ends; yields its base URL, e.g. "http://127.0.0.1:41234"."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio's loop (this thread's) sets TCP_NODELAY on accepted connections
+    # only then, as uvloop (`headroom serve`'s) always does; without it a response sent in parts
+    # waits out the client's delayed ACK (~40 ms on Linux) before its second part.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(
