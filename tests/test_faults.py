@@ -305,13 +305,15 @@ def test_upstream_5xx_html_on_a_stream_request_is_plain_json(stack: Stack) -> No
                          ids=["truncated", "empty", "trailing"])
 def test_success_whose_json_is_not_whole_is_an_explained_502(stack: Stack, body: bytes) -> None:
     stack.fake.fail_next.append(FaultSpec(kind="respond", status=200, body=body, path=CHAT))
-    before = len(stack.recorder.records)
+    request_id = f"not-whole-{len(body)}"
     with pytest.raises(openai.InternalServerError) as info:
-        stack.client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=5)
+        stack.client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=5,
+                                             extra_headers={"x-request-id": request_id})
     assert info.value.status_code == 502
     assert info.value.body["code"] == "upstream_invalid_response"
     assert "HTTP 200" in info.value.body["message"] and "complete JSON" in info.value.body["message"]
-    record = stack.next_record(before)
+    assert stack.recorder is not None
+    record = stack.recorder.record_of(request_id)
     assert (record.status, record.action, record.error_code) == (502, "upstream_error", "upstream_invalid_response")
 
 

@@ -90,6 +90,16 @@ class ListRecorder(Recorder):
             )
             return list(self.records)
 
+    def record_of(self, request_id: str, timeout: float = 10.0) -> LengthRecord:
+        """The record of the request sent with this X-Request-Id (records of earlier tests'
+        requests may still be landing: a record is written after the answer's last byte)."""
+        def found() -> list[LengthRecord]:
+            return [r for r in self.records if r.request_id == request_id]
+
+        with self._cond:
+            assert self._cond.wait_for(found, timeout), f"no length record for {request_id}"
+            return found()[0]
+
     def last(self) -> LengthRecord:
         return self.wait_for(len(self.records) or 1)[-1]
 
