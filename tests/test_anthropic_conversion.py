@@ -8,15 +8,13 @@ real vLLM are tests/test_surface_corpus.py's.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import MODELS
 from tokenizer_cache import CountError, load_model_tokenizer
 from tokenizer_cache._anthropic import detect_merge_inline_system, to_chat_request
-
-MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models"
 
 
 def convert(body: dict[str, Any], *, merge: bool = False, effort: str = "none") -> dict[str, Any]:

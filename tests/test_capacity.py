@@ -5,14 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from pathlib import Path
 
 import pytest
 
 from proxy import capacity as cap
 from proxy.gpus import GPUS, lookup_gpu
+from tests.conftest import SHARED
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 GIB, MIB, KIB = cap.GIB, cap.MIB, cap.KIB
 H100 = lookup_gpu("H100-80GB").memory_bytes
 A10 = lookup_gpu("A10-24GB").memory_bytes

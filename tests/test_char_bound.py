@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+from tests.conftest import SHARED
 from tokenizer_cache import CharBoundExceeded, CountError, load_model_tokenizer
 from tokenizer_cache._char_bound import (
     char_bound,
@@ -15,7 +15,6 @@ from tokenizer_cache._char_bound import (
     max_chars_per_token,
 )
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 MODELS = SHARED / "models"
 CAPTURES = SHARED / "vllm" / "captures"
 QWEN3 = MODELS / "Qwen--Qwen3-8B"

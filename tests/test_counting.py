@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
+from tests.conftest import MODELS
 from tokenizer_cache import CountError, MediaNotCountable, load_model_tokenizer
 from tokenizer_cache._content_format import detect_content_format
 from tokenizer_cache._jinja import parse_template
@@ -627,8 +628,6 @@ def test_post_processor_decides_special_tokens_for_completions_not_chat(model):
 
 
 # -- proxy.counting: vLLM's character bound -------------------------------------------------
-
-MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models"
 
 
 @pytest.mark.parametrize("name,vllm_factor", [("Qwen--Qwen3-8B", 128), ("Qwen--Qwen3.5-9B", 128),

@@ -19,6 +19,7 @@ import pytest
 
 from proxy.app import HeadroomApp
 from proxy.record import LengthRecord
+from tests.conftest import CAPTURES, MODELS
 from tests.support.stack import CHAT, MODEL, ListRecorder, call_app, make_config
 from tests.support.transport import MockResponse, MockTransport, SentRequest
 from tokenizer_cache import load_model_tokenizer
@@ -213,9 +214,6 @@ async def test_headroom_refuses_an_unsaveable_prompt_without_the_upstream(qwen3_
     assert json.loads(answer.body)["error"]["code"] == "context_length_exceeded"
     [rec] = recorder.records
     assert (rec.action, rec.status, rec.error_code) == ("rejected", 400, "context_length_exceeded")
-
-
-CAPTURES = Path(__file__).resolve().parents[1].parent / "shared" / "vllm" / "captures"
 
 
 def _capture_error(name: str) -> dict[str, Any]:
@@ -528,7 +526,7 @@ def image_chat(**fields: Any) -> bytes:
 async def test_an_image_on_a_vision_model_is_counted_and_clamped(tmp_path: Path) -> None:
     from tests.realvllm.tiny_vl_model import OPENAI_TEMPLATE, write_tokenizer_dir
 
-    qwen25 = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "Qwen--Qwen2.5-7B-Instruct"
+    qwen25 = MODELS / "Qwen--Qwen2.5-7B-Instruct"
     write_tokenizer_dir(tmp_path, qwen25, OPENAI_TEMPLATE)
     upstream = Upstream(lambda sent: completion(31))
     app, recorder = app_for(upstream, tmp_path)

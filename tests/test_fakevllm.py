@@ -14,13 +14,13 @@ import asyncio
 import json
 import re
 import threading
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
+from tests.conftest import SHARED
 from tests.support.fakevllm import (
     FakeVLLM,
     FaultSpec,
@@ -28,7 +28,6 @@ from tests.support.fakevllm import (
     crude_count_prompt,
 )
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 CAPTURES = SHARED / "vllm" / "captures"
 MML = 2048
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import SHARED
 from tests.support import npm_tokenizers
 from tokenizer_cache import (
     CountError,
@@ -26,7 +27,6 @@ from tokenizer_cache import (
     load_model_tokenizer,
 )
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 QWEN3 = SHARED / "models" / "Qwen--Qwen3-8B"
 USER = {"role": "user", "content": "Hello"}
 WEATHER = {

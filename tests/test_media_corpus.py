@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import MODELS
 from tests.media_cases import CORPUS, GEMMA3_CORPUS, LLAVA_CORPUS
 from tests.realvllm import tiny_gemma3_vl_model, tiny_llava_model
 from tests.realvllm.fixture import MODE_ENV, parse_mode
@@ -39,7 +40,7 @@ from tokenizer_cache import (
     load_model_tokenizer,
 )
 
-QWEN25 = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "Qwen--Qwen2.5-7B-Instruct"
+QWEN25 = MODELS / "Qwen--Qwen2.5-7B-Instruct"
 
 
 def load(path: Path) -> list[dict]:

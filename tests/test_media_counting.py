@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from tests.conftest import MODELS
 from tests.media_cases import data_url, image, text, user
 from tests.realvllm.tiny_vl_model import (
     OPENAI_TEMPLATE,
@@ -30,7 +31,7 @@ from tokenizer_cache import (
 )
 from tokenizer_cache._media import QwenVL, load_media_model
 
-QWEN25 = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "Qwen--Qwen2.5-7B-Instruct"
+QWEN25 = MODELS / "Qwen--Qwen2.5-7B-Instruct"
 PNG = data_url((640, 480))  # 391 image tokens at the tiny model's pixel bounds
 
 
