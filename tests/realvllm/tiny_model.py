@@ -182,28 +182,29 @@ def expected_manifest(tokenizer_source: Path) -> dict:
     }
 
 
-def is_current(model_dir: Path, tokenizer_source: Path) -> bool:
-    """True when `model_dir` holds a finished build from this builder with the same tokenizer files."""
-    manifest = model_dir / MANIFEST
-    if not manifest.exists() or not (model_dir / "model.safetensors").exists():
+def is_built(model_dir: Path, manifest: dict) -> bool:
+    """True when `model_dir` holds a finished build whose manifest is `manifest`."""
+    path = model_dir / MANIFEST
+    if not path.exists() or not (model_dir / "model.safetensors").exists():
         return False
     try:
-        recorded = json.loads(manifest.read_text())
+        return json.loads(path.read_text()) == manifest
     except ValueError:
         return False
-    return recorded == expected_manifest(tokenizer_source)
 
 
-def ensure_tiny_model(model_dir: Path, tokenizer_source: Path, python: Path, log_path: Path) -> bool:
-    """Build the tiny model into `model_dir` unless a current build is already there.
+def build_into(model_dir: Path, manifest: dict, command: list[str], log_path: Path,
+               env: dict[str, str] | None = None) -> bool:
+    """Run a builder `command` (given ``--out DIR`` last) into `model_dir` unless a build with
+    this manifest is there; True when it built.  The caller holds a lock against concurrent
+    builders.
 
-    Returns True when it built. The build happens in a sibling temporary
-    directory renamed into place at the end, so a reader never sees half a
-    model; the caller holds a lock against concurrent builders.
+    The build happens in a sibling temporary directory renamed into place at
+    the end, so a reader never sees half a model.
     """
     from .venv import SetupError, log_tail, quiet_env
 
-    if is_current(model_dir, tokenizer_source):
+    if is_built(model_dir, manifest):
         return False
     model_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}-", dir=model_dir.parent))
@@ -211,16 +212,16 @@ def ensure_tiny_model(model_dir: Path, tokenizer_source: Path, python: Path, log
     try:
         with open(log_path, "w") as log:
             result = subprocess.run(
-                [str(python), str(Path(__file__).resolve()), "--out", str(staging),
-                 "--tokenizer", str(tokenizer_source)],
+                [*command, "--out", str(staging)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=quiet_env(),
+                env={**quiet_env(), **(env or {})},
                 timeout=600,
+                check=False,
             )
         if result.returncode != 0:
-            raise SetupError(f"building the tiny model failed (exit {result.returncode}):\n{log_tail(log_path)}")
-        (staging / MANIFEST).write_text(json.dumps(expected_manifest(tokenizer_source), indent=2, sort_keys=True))
+            raise SetupError(f"building {model_dir.name} failed (exit {result.returncode}):\n{log_tail(log_path)}")
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
         if model_dir.exists():
             shutil.rmtree(model_dir)
         os.replace(staging, model_dir)
@@ -228,6 +229,13 @@ def ensure_tiny_model(model_dir: Path, tokenizer_source: Path, python: Path, log
         if staging.exists():
             shutil.rmtree(staging)
     return True
+
+
+def ensure_tiny_model(model_dir: Path, tokenizer_source: Path, python: Path, log_path: Path) -> bool:
+    """Build the tiny model into `model_dir` unless a current build (this builder, the same
+    tokenizer files) is already there; True when it built (see `build_into`)."""
+    command = [str(python), str(Path(__file__).resolve()), "--tokenizer", str(tokenizer_source)]
+    return build_into(model_dir, expected_manifest(tokenizer_source), command, log_path)
 
 
 def write_model(out: Path, tokenizer_source: Path) -> None:

@@ -32,15 +32,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .tiny_model import file_sha256, full_vocab_size
+from .tiny_model import build_into, file_sha256, full_vocab_size
 
 BUILDER_VERSION = 1
 MANIFEST = "headroom-tiny-vl-model.json"
@@ -203,16 +200,6 @@ def expected_manifest(tokenizer_source: Path, module: str = __name__, version: i
     }
 
 
-def is_current(model_dir: Path, manifest: dict) -> bool:
-    path = model_dir / MANIFEST
-    if not path.exists() or not (model_dir / "model.safetensors").exists():
-        return False
-    try:
-        return json.loads(path.read_text()) == manifest
-    except ValueError:
-        return False
-
-
 def ensure_built(
     model_dir: Path,
     tokenizer_source: Path,
@@ -221,40 +208,11 @@ def ensure_built(
     module: str = __name__,
     version: int = BUILDER_VERSION,
 ) -> bool:
-    """Run builder `module` (``python -m module --out --tokenizer``) into `model_dir` unless a
-    current build is there; True when it built.  The caller holds a lock.
-
-    The build happens in a sibling temporary directory renamed into place at
-    the end, so a reader never sees half a model.
-    """
-    from .venv import SetupError, log_tail, quiet_env
-
-    manifest = expected_manifest(tokenizer_source, module, version)
-    if is_current(model_dir, manifest):
-        return False
-    model_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}-", dir=model_dir.parent))
-    staging.chmod(0o755)
-    try:
-        with open(log_path, "w") as log:
-            result = subprocess.run(
-                [str(python), "-m", module, "--out", str(staging), "--tokenizer", str(tokenizer_source)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**quiet_env(), "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-                timeout=600,
-                check=False,
-            )
-        if result.returncode != 0:
-            raise SetupError(f"building {model_dir.name} failed (exit {result.returncode}):\n{log_tail(log_path)}")
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
-        if model_dir.exists():
-            shutil.rmtree(model_dir)
-        os.replace(staging, model_dir)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
-    return True
+    """Run builder `module` (``python -m module --tokenizer --out``) into `model_dir` unless a
+    current build is there; True when it built (tiny_model.build_into).  The caller holds a lock."""
+    command = [str(python), "-m", module, "--tokenizer", str(tokenizer_source)]
+    return build_into(model_dir, expected_manifest(tokenizer_source, module, version), command, log_path,
+                      env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])})
 
 
 def checkpoint_names(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
