@@ -40,20 +40,23 @@ def _tmp_folders_leave_the_loaded_cache(request: pytest.FixtureRequest) -> Itera
 
 @pytest.fixture
 def fresh_loads() -> Iterator[None]:
-    """No folder loaded before this test is reused by it, and none it loads outlives it.
+    """No folder or tokenizer loaded before this test is reused by it, and none it loads outlives it.
 
     For a test that must load afresh (the self-check runs at load): the shared models loaded
     before it are put back afterwards, not dropped, so later modules need not load them again.
     """
     with _model._loaded_lock:
-        kept = list(_model._loaded.items())
+        kept = list(_model._loaded.items()), list(_model._engines.items())
         _model._loaded.clear()
+        _model._engines.clear()
     try:
         yield
     finally:
         with _model._loaded_lock:
             _model._loaded.clear()
-            _model._loaded.update(kept)
+            _model._loaded.update(kept[0])
+            _model._engines.clear()
+            _model._engines.update(kept[1])
 
 
 @pytest.fixture(scope="session")

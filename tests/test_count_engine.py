@@ -66,7 +66,9 @@ def test_engine_tokenizers_and_no_chat_cache(qwen3_dir: Path) -> None:
     assert not any(name.startswith("headroom_chat_cache") for name, _ in metrics)
 
 
-def test_a_failed_self_check_shows_why_not_fastokens(qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_self_check_shows_why_not_fastokens(
+    qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch, fresh_loads: None
+) -> None:
     monkeypatch.setattr(FastokensEncoder, "ids", lambda self, text, add: [])
     with running_stack(qwen3_dir, configure=configured(engine="fastokens")) as stack:
         assert stack.http.post(CHAT, json=BODY).status_code == 200

@@ -247,7 +247,7 @@ QWEN3 = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "Qwen
 
 def qwen3_copy(tmp_path: Path, config: dict | None) -> Path:
     directory = tmp_path / "qwen3"
-    directory.mkdir()
+    directory.mkdir(parents=True)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(QWEN3 / name, directory / name)
     if config is not None:
@@ -281,3 +281,26 @@ def test_without_config_json_no_id_is_refused_for_being_large(tmp_path):
     assert tok.count_completion({"prompt": [999_999]}) == [1]
     with pytest.raises(CountError):
         tok.count_completion({"prompt": [-1]})
+
+
+# ---------------------------------------------------------------------------
+# Folders that ship the same tokenizer
+# ---------------------------------------------------------------------------
+
+def test_folders_with_the_same_tokenizer_share_one_parsed_engine(tmp_path):
+    base = load_model_tokenizer(qwen3_copy(tmp_path / "a", {"vocab_size": 151669}))
+    variant = load_model_tokenizer(qwen3_copy(tmp_path / "b", {"vocab_size": 151936}))
+    # parsed and self-checked once; what each folder's own files say stays its own
+    assert variant._tokenizer is base._tokenizer and variant._choice is base._choice
+    assert (base.token_id_limit, variant.token_id_limit) == (151668, 151935)
+
+    splitting_dir = qwen3_copy(tmp_path / "c", None)
+    config = json.loads((splitting_dir / "tokenizer_config.json").read_text())
+    (splitting_dir / "tokenizer_config.json").write_text(json.dumps({**config, "split_special_tokens": True}))
+    splitting = load_model_tokenizer(splitting_dir)
+    assert splitting._tokenizer is not base._tokenizer
+    assert base.count_text("<|im_start|>", add_special_tokens=False) == 1
+    assert splitting.count_text("<|im_start|>", add_special_tokens=False) > 1
+
+    reference = load_model_tokenizer(qwen3_copy(tmp_path / "d", None), engine="tokenizers")
+    assert reference._choice is not base._choice and reference.engine == "tokenizers"

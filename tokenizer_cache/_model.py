@@ -586,13 +586,20 @@ def load_model_tokenizer(
 
 # Loaded folders, shared by every TokenizerCache of the process: parsing a
 # tokenizer.json and building the fast engine takes seconds per model
-# (Qwen3-8B: ~0.5 s for `tokenizers`, ~3 s more for fastokens and its
+# (Qwen3-8B: ~0.3 s for `tokenizers`, ~1.2 s more for fastokens and its
 # self-check), and a model's loaded state is read-only once built (each cache
 # adds its own piece and chat caches to a copy).  Keyed by the files' sizes
 # and modification times, so a folder changed on disk is loaded afresh.
 _LOADED_MAX = 16
 _loaded: OrderedDict[tuple[Any, ...], ModelTokenizer] = OrderedDict()
 _loaded_lock = threading.Lock()
+
+# Parsed tokenizers and their chosen encoders, keyed by what they encode (the
+# tokenizer.json bytes and split_special_tokens, as `identity` is) and the
+# engine asked for: folders that ship the same tokenizer (fine-tunes, a base
+# model and its variants, one model behind two upstreams) parse it and build
+# and self-check the fast engine once.  Both are read-only once built.
+_engines: OrderedDict[tuple[bytes, str], tuple[Tokenizer, EncoderChoice]] = OrderedDict()
 
 
 def _folder_signature(source_dir: pathlib.Path) -> tuple[tuple[str, int, int], ...]:
@@ -609,9 +616,10 @@ def _folder_signature(source_dir: pathlib.Path) -> tuple[tuple[str, int, int], .
 
 
 def forget_loaded() -> None:
-    """Drop the shared loaded folders (tests that change how loading behaves)."""
+    """Drop the shared loaded folders and tokenizers (tests that change how loading behaves)."""
     with _loaded_lock:
         _loaded.clear()
+        _engines.clear()
 
 
 def _load_hf_shared(source_dir: pathlib.Path, engine: str) -> ModelTokenizer:
@@ -639,24 +647,18 @@ def _load_hf(source_dir: pathlib.Path, engine: str = "auto") -> ModelTokenizer:
         )
     try:
         raw = tokenizer_file.read_bytes()
-        tokenizer = Tokenizer.from_buffer(raw)
-    except Exception as exc:  # tokenizers raises its own Exception type
+    except OSError as exc:
         raise ValueError(f"{tokenizer_file} could not be loaded by `tokenizers`: {exc}") from exc
-    # transformers counts without truncation/padding whatever tokenizer.json
-    # stores, and splits special-token text only when the config asks to.
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
     config = _read_config(source_dir / "tokenizer_config.json")
-    tokenizer.encode_special_tokens = bool(config.get("split_special_tokens", False))
+    split_special_tokens = bool(config.get("split_special_tokens", False))
+    # The file's bytes name the tokenizer in piece-cache keys (cheaper than
+    # re-serialising it); split_special_tokens changes what the same file encodes.
+    identity = hashlib.blake2b(raw + (b"\x01" if split_special_tokens else b"\x00"), digest_size=32).digest()
+    tokenizer, encoder = _engine_for(identity, engine, raw, split_special_tokens, tokenizer_file)
     templates = {
         name: _compile(name, source, source_dir)
         for name, source in _template_sources(source_dir, config).items()
     }
-    # The file's bytes name the tokenizer in piece-cache keys (cheaper than
-    # re-serialising it); split_special_tokens changes what the same file encodes.
-    identity = hashlib.blake2b(
-        raw + (b"\x01" if tokenizer.encode_special_tokens else b"\x00"), digest_size=32
-    ).digest()
     media_model, media_unsupported = load_media_model(source_dir, tokenizer, config)
     return ModelTokenizer(
         source_dir,
@@ -667,6 +669,34 @@ def _load_hf(source_dir: pathlib.Path, engine: str = "auto") -> ModelTokenizer:
         model_vocab_size=_model_vocab_size(source_dir / "config.json"),
         media_model=media_model,
         media_unsupported=media_unsupported,
-        encoder=select_encoder(tokenizer, raw.decode("utf-8"), engine=engine, source=str(source_dir)),
+        encoder=encoder,
         max_chars_per_token=_max_chars_per_token(tokenizer, config),
     )
+
+
+def _engine_for(
+    identity: bytes, engine: str, raw: bytes, split_special_tokens: bool, tokenizer_file: pathlib.Path
+) -> tuple[Tokenizer, EncoderChoice]:
+    """The parsed tokenizer and its encoder for these bytes: built once while kept in `_engines`."""
+    key = (identity, engine)
+    with _loaded_lock:
+        found = _engines.get(key)
+        if found is not None:
+            _engines.move_to_end(key)
+            return found
+    try:
+        tokenizer = Tokenizer.from_buffer(raw)
+    except Exception as exc:  # tokenizers raises its own Exception type
+        raise ValueError(f"{tokenizer_file} could not be loaded by `tokenizers`: {exc}") from exc
+    # transformers counts without truncation/padding whatever tokenizer.json
+    # stores, and splits special-token text only when the config asks to.
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    tokenizer.encode_special_tokens = split_special_tokens
+    encoder = select_encoder(tokenizer, raw.decode("utf-8"), engine=engine, source=str(tokenizer_file.parent))
+    built = (tokenizer, encoder)
+    with _loaded_lock:
+        _engines[key] = built
+        while len(_engines) > _LOADED_MAX:
+            _engines.popitem(last=False)
+    return built
