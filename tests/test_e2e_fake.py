@@ -299,7 +299,8 @@ def test_tokenize_and_query_pass_through_untouched(stack: Stack) -> None:
     response = stack.http.post("/tokenize?x=1", json=body, headers={"authorization": "Bearer abc", "x-custom": "1"})
     assert response.status_code == 200
     assert response.json()["count"] == stack.fake.validator.count_prompt("completions", body)
-    seen = stack.fake.requests[-1]
+    # the one request the client sent (headroom's own parity probes POST /tokenize too)
+    [seen] = [r for r in stack.fake.requests if "x-custom" in r.headers]
     assert (seen.path, seen.query) == ("/tokenize", "x=1")
     assert seen.headers["authorization"] == "Bearer abc"
     assert seen.headers["x-custom"] == "1"

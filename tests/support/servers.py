@@ -11,29 +11,37 @@ import asyncio
 import contextlib
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import uvicorn
 
 
 class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config) -> None:
+    def __init__(self, config: uvicorn.Config, settle: Callable[[], Awaitable[None]] | None = None) -> None:
         super().__init__(config)
         self.ready = threading.Event()
         self.port: int | None = None
+        self._settle = settle
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
         for server in self.servers:
             for sock in server.sockets:
                 self.port = sock.getsockname()[1]
+        if self._settle is not None and not self.should_exit:
+            await self._settle()
         self.ready.set()
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Any, *, lifespan: str = "on", **uvicorn_kwargs: Any) -> Iterator[str]:
-    """Serve `app` until the block ends; yields its base URL, e.g. "http://127.0.0.1:41234"."""
+def serve_in_thread(app: Any, *, lifespan: str = "on", settle: Callable[[], Awaitable[None]] | None = None,
+                    **uvicorn_kwargs: Any) -> Iterator[str]:
+    """Serve `app` until the block ends; yields its base URL, e.g. "http://127.0.0.1:41234".
+
+    `settle`, awaited on the server's loop once it listens, delays the yield until it returns
+    (the app's own start-up work, so that a test sees only its own traffic).
+    """
     # IPPROTO_TCP named: asyncio's loop (this thread's) sets TCP_NODELAY on accepted connections
     # only then, as uvloop (`headroom serve`'s) always does; without it a response sent in parts
     # waits out the client's delayed ACK (~40 ms on Linux) before its second part.
@@ -49,7 +57,7 @@ def serve_in_thread(app: Any, *, lifespan: str = "on", **uvicorn_kwargs: Any) ->
         date_header=False,
         **uvicorn_kwargs,
     )
-    server = _Server(config)
+    server = _Server(config, settle)
     errors: list[BaseException] = []
 
     def run() -> None:

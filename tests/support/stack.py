@@ -148,8 +148,18 @@ def running_stack(
         if configure is not None:
             configure(config)
         app = HeadroomApp(config, recorder=rec)
-        with serve_in_thread(app, **uvicorn_settings(config)) as base:
+        with serve_in_thread(app, settle=functools.partial(started_up, app), **uvicorn_settings(config)) as base:
             yield Stack(fake, base, app, rec if isinstance(rec, ListRecorder) else None)
+
+
+async def started_up(app: HeadroomApp) -> None:
+    """Until headroom's start-up requests are over: the first model lists, then the tokenizer
+    loads and parity probes (POST /tokenize) they start, which could otherwise reach the fake
+    in the middle of a test and among its own requests."""
+    for backend in app.backends.items:
+        await backend.registry.refresh()   # joins the first fetch while it runs
+    while app._background:
+        await asyncio.gather(*list(app._background), return_exceptions=True)
 
 
 @functools.lru_cache(maxsize=8)
