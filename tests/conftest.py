@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,18 +47,18 @@ def fresh_loads() -> Iterator[None]:
     For a test that must load afresh (the self-check runs at load): the shared models loaded
     before it are put back afterwards, not dropped, so later modules need not load them again.
     """
+    tables: list[OrderedDict[Any, Any]] = [_model._loaded, _model._engines]
     with _model._loaded_lock:
-        kept = list(_model._loaded.items()), list(_model._engines.items())
-        _model._loaded.clear()
-        _model._engines.clear()
+        kept = [list(table.items()) for table in tables]
+        for table in tables:
+            table.clear()
     try:
         yield
     finally:
         with _model._loaded_lock:
-            _model._loaded.clear()
-            _model._loaded.update(kept[0])
-            _model._engines.clear()
-            _model._engines.update(kept[1])
+            for table, items in zip(tables, kept, strict=True):
+                table.clear()
+                table.update(items)
 
 
 @pytest.fixture(scope="session")

@@ -17,9 +17,9 @@ import os
 import pathlib
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import jinja2
 import jinja2.meta
@@ -600,6 +600,8 @@ _loaded_lock = threading.Lock()
 # model and its variants, one model behind two upstreams) parse it and build
 # and self-check the fast engine once.  Both are read-only once built.
 _engines: OrderedDict[tuple[bytes, str], tuple[Tokenizer, EncoderChoice]] = OrderedDict()
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
 
 def _folder_signature(source_dir: pathlib.Path) -> tuple[tuple[str, int, int], ...]:
@@ -622,19 +624,24 @@ def forget_loaded() -> None:
         _engines.clear()
 
 
+def _kept(table: OrderedDict[_K, _V], key: _K, build: Callable[[], _V]) -> _V:
+    """`table[key]`, built (outside the lock) when missing; past `_LOADED_MAX` entries the least recently used go."""
+    with _loaded_lock:
+        found = table.get(key)
+        if found is not None:
+            table.move_to_end(key)
+            return found
+    value = build()
+    with _loaded_lock:
+        table[key] = value
+        while len(table) > _LOADED_MAX:
+            table.popitem(last=False)
+    return value
+
+
 def _load_hf_shared(source_dir: pathlib.Path, engine: str) -> ModelTokenizer:
     key = (source_dir, engine, _folder_signature(source_dir))
-    with _loaded_lock:
-        found = _loaded.get(key)
-        if found is not None:
-            _loaded.move_to_end(key)
-            return found
-    model = _load_hf(source_dir, engine)
-    with _loaded_lock:
-        _loaded[key] = model
-        while len(_loaded) > _LOADED_MAX:
-            _loaded.popitem(last=False)
-    return model
+    return _kept(_loaded, key, lambda: _load_hf(source_dir, engine))
 
 
 def _load_hf(source_dir: pathlib.Path, engine: str = "auto") -> ModelTokenizer:
@@ -654,7 +661,8 @@ def _load_hf(source_dir: pathlib.Path, engine: str = "auto") -> ModelTokenizer:
     # The file's bytes name the tokenizer in piece-cache keys (cheaper than
     # re-serialising it); split_special_tokens changes what the same file encodes.
     identity = hashlib.blake2b(raw + (b"\x01" if split_special_tokens else b"\x00"), digest_size=32).digest()
-    tokenizer, encoder = _engine_for(identity, engine, raw, split_special_tokens, tokenizer_file)
+    tokenizer, encoder = _kept(_engines, (identity, engine),
+                               lambda: _build_engine(engine, raw, split_special_tokens, tokenizer_file))
     templates = {
         name: _compile(name, source, source_dir)
         for name, source in _template_sources(source_dir, config).items()
@@ -674,16 +682,10 @@ def _load_hf(source_dir: pathlib.Path, engine: str = "auto") -> ModelTokenizer:
     )
 
 
-def _engine_for(
-    identity: bytes, engine: str, raw: bytes, split_special_tokens: bool, tokenizer_file: pathlib.Path
+def _build_engine(
+    engine: str, raw: bytes, split_special_tokens: bool, tokenizer_file: pathlib.Path
 ) -> tuple[Tokenizer, EncoderChoice]:
-    """The parsed tokenizer and its encoder for these bytes: built once while kept in `_engines`."""
-    key = (identity, engine)
-    with _loaded_lock:
-        found = _engines.get(key)
-        if found is not None:
-            _engines.move_to_end(key)
-            return found
+    """The parsed tokenizer and its self-checked encoder (kept in `_engines` by what they encode)."""
     try:
         tokenizer = Tokenizer.from_buffer(raw)
     except Exception as exc:  # tokenizers raises its own Exception type
@@ -694,9 +696,4 @@ def _engine_for(
     tokenizer.no_padding()
     tokenizer.encode_special_tokens = split_special_tokens
     encoder = select_encoder(tokenizer, raw.decode("utf-8"), engine=engine, source=str(tokenizer_file.parent))
-    built = (tokenizer, encoder)
-    with _loaded_lock:
-        _engines[key] = built
-        while len(_engines) > _LOADED_MAX:
-            _engines.popitem(last=False)
-    return built
+    return tokenizer, encoder
