@@ -311,11 +311,18 @@ class Metrics:
 
     def attach_piece_cache(self, stats: Callable[[], Any]) -> None:
         """Export the per-piece count cache's hits, misses, evictions and size."""
-        self.registry.register(_PieceCacheCollector(stats))
+        self.registry.register(_CountCacheCollector(
+            stats, "piece_cache",
+            lookups="Prompt pieces looked up in the count cache: a hit skips encoding that piece.",
+            evictions="Pieces dropped from the full count cache.",
+            entries="Pieces in the count cache."))
 
     def attach_chat_cache(self, stats: Callable[[], Any]) -> None:
         """Export the chat-count cache's hits, misses and size."""
-        self.registry.register(_ChatCacheCollector(stats))
+        self.registry.register(_CountCacheCollector(
+            stats, "chat_cache",
+            lookups="Chats looked up in the chat-count cache by their exact template inputs: a hit renders nothing.",
+            entries="Chats in the chat-count cache."))
 
     def attach_engines(self, engines: Callable[[], Mapping[str, Any]]) -> None:
         """Export which engine counts each model and the texts the fast one fell back on.
@@ -409,54 +416,30 @@ class _LengthLogCollector(Collector):
         yield CounterMetricFamily("headroom_length_records", "", labels=["outcome"])
 
 
-class _PieceCacheCollector(Collector):
-    """The per-piece token-count cache's lookups and size, read at scrape time."""
+class _CountCacheCollector(Collector):
+    """A count cache's lookups (and evictions, where it counts them) and size, read at scrape time."""
 
-    def __init__(self, stats: Callable[[], Any]) -> None:
+    def __init__(self, stats: Callable[[], Any], name: str, *, lookups: str, entries: str,
+                 evictions: str | None = None) -> None:
         self._stats = stats
+        self._name = name            # headroom_<name>_lookups, _evictions, _entries
+        self._lookups_help, self._evictions_help, self._entries_help = lookups, evictions, entries
 
     def collect(self) -> Iterator[Any]:
         stats = self._stats()
-        lookups = CounterMetricFamily(
-            "headroom_piece_cache_lookups",
-            "Prompt pieces looked up in the count cache: a hit skips encoding that piece.",
-            labels=["result"],
-        )
+        lookups = CounterMetricFamily(f"headroom_{self._name}_lookups", self._lookups_help, labels=["result"])
         lookups.add_metric(["hit"], stats.hits)
         lookups.add_metric(["miss"], stats.misses)
         yield lookups
-        yield CounterMetricFamily(
-            "headroom_piece_cache_evictions", "Pieces dropped from the full count cache.", value=stats.evictions
-        )
-        yield GaugeMetricFamily("headroom_piece_cache_entries", "Pieces in the count cache.", value=stats.entries)
+        if self._evictions_help is not None:
+            yield CounterMetricFamily(f"headroom_{self._name}_evictions", self._evictions_help, value=stats.evictions)
+        yield GaugeMetricFamily(f"headroom_{self._name}_entries", self._entries_help, value=stats.entries)
 
     def describe(self) -> Iterator[Any]:
-        yield CounterMetricFamily("headroom_piece_cache_lookups", "", labels=["result"])
-        yield CounterMetricFamily("headroom_piece_cache_evictions", "")
-        yield GaugeMetricFamily("headroom_piece_cache_entries", "")
-
-
-class _ChatCacheCollector(Collector):
-    """The chat-count cache's lookups and size, read at scrape time."""
-
-    def __init__(self, stats: Callable[[], Any]) -> None:
-        self._stats = stats
-
-    def collect(self) -> Iterator[Any]:
-        stats = self._stats()
-        lookups = CounterMetricFamily(
-            "headroom_chat_cache_lookups",
-            "Chats looked up in the chat-count cache by their exact template inputs: a hit renders nothing.",
-            labels=["result"],
-        )
-        lookups.add_metric(["hit"], stats.hits)
-        lookups.add_metric(["miss"], stats.misses)
-        yield lookups
-        yield GaugeMetricFamily("headroom_chat_cache_entries", "Chats in the chat-count cache.", value=stats.entries)
-
-    def describe(self) -> Iterator[Any]:
-        yield CounterMetricFamily("headroom_chat_cache_lookups", "", labels=["result"])
-        yield GaugeMetricFamily("headroom_chat_cache_entries", "")
+        yield CounterMetricFamily(f"headroom_{self._name}_lookups", "", labels=["result"])
+        if self._evictions_help is not None:
+            yield CounterMetricFamily(f"headroom_{self._name}_evictions", "")
+        yield GaugeMetricFamily(f"headroom_{self._name}_entries", "")
 
 
 class _EngineCollector(Collector):
