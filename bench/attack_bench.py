@@ -1,6 +1,6 @@
 """Probe latency while clients attack the connection layer (proxy.server's limits).
 
-headroom (`headroom serve`, one worker) in front of FakeVLLM on loopback.  For
+brimful (`brimful serve`, one worker) in front of FakeVLLM on loopback.  For
 each phase, attackers run in this process while a prober opens a new
 connection every 50 ms, as a Kubernetes probe does, alternating `GET /live`
 and a small chat completion, and records how long each took (or that it
@@ -15,10 +15,10 @@ failed).  Phases:
   idle        M connections that send nothing at all, more than the server's
               descriptor limit (--fd-limit) allows
 
-Printed per phase: probe p50 / p99 / max latency, failed probes, headroom's
+Printed per phase: probe p50 / p99 / max latency, failed probes, brimful's
 RSS at the end of the phase and its peak (VmHWM, reset per phase), open
 descriptors.  `--server plain` runs the same app under uvicorn's own
-protocol, without headroom's limits, for the comparison.
+protocol, without brimful's limits, for the comparison.
 
     python bench/attack_bench.py                     # 200 attackers, 6000 idle, 10 s per phase
     python bench/attack_bench.py --server plain --seconds 5
@@ -44,23 +44,23 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.support.fakevllm import FakeVLLM  # noqa: E402
-from tests.support.process import HeadroomProcess, reset_peak_rss  # noqa: E402
+from tests.support.process import BrimfulProcess, reset_peak_rss  # noqa: E402
 
 QWEN3 = ROOT.parent / "shared" / "models" / "Qwen--Qwen3-8B"
 CHAT = b'{"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}'
 
 PLAIN_RUNNER = """
 import sys, uvicorn
-from proxy.app import HeadroomApp
+from proxy.app import BrimfulApp
 from proxy.config import load_config
 config = load_config(sys.argv[1], overrides={"server.port": int(sys.argv[2])})
-uvicorn.run(HeadroomApp(config), host="127.0.0.1", port=int(sys.argv[2]), log_level="info",
+uvicorn.run(BrimfulApp(config), host="127.0.0.1", port=int(sys.argv[2]), log_level="info",
             access_log=False, server_header=False, date_header=False, proxy_headers=False)
 """
 
 
-class PlainProcess(HeadroomProcess):
-    """headroom's app under uvicorn's own protocol (no proxy.server limits), for the comparison."""
+class PlainProcess(BrimfulProcess):
+    """brimful's app under uvicorn's own protocol (no proxy.server limits), for the comparison."""
 
     def _command(self, config: Path, extra_args: list[str]) -> list[str]:
         return [sys.executable, "-c", PLAIN_RUNNER, str(config), str(self.port)]
@@ -146,41 +146,41 @@ async def _closed(reader: asyncio.StreamReader, seconds: float, stop: asyncio.Ev
     return False
 
 
-def phase(headroom: HeadroomProcess, kind: str, count: int, seconds: float) -> dict[str, object]:
-    exact = reset_peak_rss(headroom.pid)
+def phase(brimful: BrimfulProcess, kind: str, count: int, seconds: float) -> dict[str, object]:
+    exact = reset_peak_rss(brimful.pid)
     latencies: list[float | None] = []
     stop_probe = threading.Event()
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
 
     async def attack() -> None:
-        tasks = [asyncio.ensure_future(attacker(headroom.port, kind, stop)) for _ in range(count)]
+        tasks = [asyncio.ensure_future(attacker(brimful.port, kind, stop)) for _ in range(count)]
         await asyncio.sleep(min(2.0, seconds / 3))              # let the attack build up first
-        prober = threading.Thread(target=run_prober, args=(headroom.port, stop_probe, latencies))
+        prober = threading.Thread(target=run_prober, args=(brimful.port, stop_probe, latencies))
         prober.start()
         await asyncio.sleep(seconds)
         stop_probe.set()
         await asyncio.to_thread(prober.join)
-        rss = headroom.status("VmRSS")
-        fds = headroom.fds()
+        rss = brimful.status("VmRSS")
+        fds = brimful.fds()
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         result.update(rss=rss, fds=fds)
 
     result: dict[str, object] = {}
     if kind == "baseline":
-        prober = threading.Thread(target=run_prober, args=(headroom.port, stop_probe, latencies))
+        prober = threading.Thread(target=run_prober, args=(brimful.port, stop_probe, latencies))
         prober.start()
         time.sleep(seconds)
         stop_probe.set()
         prober.join()
-        result.update(rss=headroom.status("VmRSS"), fds=headroom.fds())
+        result.update(rss=brimful.status("VmRSS"), fds=brimful.fds())
     else:
         loop.run_until_complete(attack())
     loop.close()
     ok = sorted(x for x in latencies if x is not None)
     result.update(
-        probes=len(latencies), failed=len(latencies) - len(ok), peak=headroom.status("VmHWM"), exact_peak=exact,
+        probes=len(latencies), failed=len(latencies) - len(ok), peak=brimful.status("VmHWM"), exact_peak=exact,
         p50=statistics.median(ok) * 1000 if ok else None,
         p99=ok[min(len(ok) - 1, int(len(ok) * 0.99))] * 1000 if ok else None,
         max=ok[-1] * 1000 if ok else None,
@@ -190,7 +190,7 @@ def phase(headroom: HeadroomProcess, kind: str, count: int, seconds: float) -> d
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--server", choices=["headroom", "plain"], default="headroom")
+    parser.add_argument("--server", choices=["brimful", "plain"], default="brimful")
     parser.add_argument("--connections", type=int, default=200, help="attackers per phase")
     parser.add_argument("--idle", type=int, default=6000, help="idle connections in the idle phase")
     parser.add_argument("--seconds", type=float, default=10.0, help="probing time per phase")
@@ -203,11 +203,11 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()}")
     tmp = Path(subprocess.check_output(["mktemp", "-d"], text=True).strip())
     with FakeVLLM(record=False) as fake:
-        proc_class = PlainProcess if args.server == "plain" else HeadroomProcess
-        headroom = proc_class(fake.base_url, tmp, QWEN3, fd_limit=args.fd_limit)
+        proc_class = PlainProcess if args.server == "plain" else BrimfulProcess
+        brimful = proc_class(fake.base_url, tmp, QWEN3, fd_limit=args.fd_limit)
         try:
             for _ in range(50):                                 # models known, tokenizer loaded
-                if probe_once(headroom.port, chat=True) is not None:
+                if probe_once(brimful.port, chat=True) is not None:
                     break
                 time.sleep(0.2)
             print(f"server: {args.server} (fd limit {args.fd_limit}); {args.connections} attackers, "
@@ -216,7 +216,7 @@ def main() -> None:
                   f"{'RSS MiB':>8} {'peak MiB':>9} {'fds':>6}")
             for kind in args.phases.split(","):
                 count = args.idle if kind == "idle" else args.connections
-                r = phase(headroom, kind, count, args.seconds)
+                r = phase(brimful, kind, count, args.seconds)
 
                 def ms(value: object) -> str:
                     return f"{value:8.1f}" if isinstance(value, float) else f"{'-':>8}"
@@ -225,7 +225,7 @@ def main() -> None:
                       f"{int(r['rss']) / 1024:8.0f} {int(r['peak']) / 1024:9.0f}"   # type: ignore[call-overload]
                       f"{'' if r['exact_peak'] else '*'} {r['fds']:>6}", flush=True)
         finally:
-            headroom.stop()
+            brimful.stop()
     print(f"load average after: {os.getloadavg()}")
 
 

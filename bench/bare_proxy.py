@@ -1,10 +1,10 @@
 """The comparison point: a bare Starlette + aiohttp pass-through, no counting.
 
 It does what any proxy must (read the body, send it upstream through one
-shared `aiohttp.ClientSession`, stream the answer back) and nothing headroom
+shared `aiohttp.ClientSession`, stream the answer back) and nothing brimful
 adds (no JSON parse, no count, no admission, no record, no disconnect watch),
-served by the same uvicorn settings as `headroom serve` (httptools, uvloop,
-one worker, no access log).  headroom's cost over this row is the price of
+served by the same uvicorn settings as `brimful serve` (httptools, uvloop,
+one worker, no access log).  brimful's cost over this row is the price of
 its features; this row's cost over "direct" is the price of any Python hop.
 
     python bench/bare_proxy.py --upstream http://127.0.0.1:8000 --port 8200

@@ -1,4 +1,4 @@
-"""How fast headroom counts prompt tokens, and what a loaded tokenizer costs.
+"""How fast brimful counts prompt tokens, and what a loaded tokenizer costs.
 
     python bench/count_bench.py [--models-root ../shared/models] [--rounds 5]
 

@@ -5,7 +5,7 @@
     python bench/engine_bench.py chat [--rounds 5]
 
 `exactness`: for every tokenizer in ../shared/models, every corpus request
-rendered with headroom's renderer plus `--random` texts from tests/textgen.py
+rendered with brimful's renderer plus `--random` texts from tests/textgen.py
 (and for tokenizers edited to use the flags the shipped ones lack: lstrip,
 single_word, Metaspace, a BOS/EOS post-processor, encode_special_tokens ...),
 each encoded with add_special_tokens off and on: the token ids of each engine
@@ -18,7 +18,7 @@ after one warm-up, and the ratio to encode_batch_fast.  Also whether each
 engine releases the GIL: two threads counting at once vs one after the other.
 
 `chat`: count_chat of a 100k / 10k / 800-token chat on Qwen3-8B through
-headroom with each encoder (rendering included), CPU ms and ratio.
+brimful with each encoder (rendering included), CPU ms and ratio.
 
 Candidates: fastokens, tokie, kitoken (PyPI; `pip install` them), bpe-openai
 (only OpenAI's own encodings, it cannot load a tokenizer.json).  Not a test.
@@ -152,7 +152,7 @@ def version(name: str) -> str:
 # ---------------------------------------------------------------------------
 
 def corpus_texts(model_dir: pathlib.Path) -> list[tuple[str, bool]]:
-    """(text, add_special_tokens) of each corpus request of this model, as headroom renders it."""
+    """(text, add_special_tokens) of each corpus request of this model, as brimful renders it."""
     model = load_model_tokenizer(model_dir)
     out = []
     for path in CORPUS:
@@ -431,7 +431,7 @@ def _chat_body(text: str) -> dict:
 
 
 def run_chat(args: argparse.Namespace) -> None:
-    """count_chat on Qwen3-8B through headroom: the engine in use against tokenizers' encode_batch_fast."""
+    """count_chat on Qwen3-8B through brimful: the engine in use against tokenizers' encode_batch_fast."""
     from tokenizer_cache import PieceCountCache
     from tokenizer_cache._chat_cache import ChatCountCache
     from tokenizer_cache._encoder import ReferenceEncoder, select_encoder

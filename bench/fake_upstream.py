@@ -14,12 +14,12 @@ real vLLM 0.32.0 (`shared/vllm/captures/`):
                              usage chunk only when `"include_usage":true` was
                              sent, then `data: [DONE]` -- 34 events with usage
   GET  /health               200, empty body
-  anything else              404 (so headroom's start-up /tokenize parity
+  anything else              404 (so brimful's start-up /tokenize parity
                              check is skipped rather than faked)
 
 Usage figures: a benchmark request may carry `"user":"prompt-tokens-N"` (the
-OpenAI `user` field, which headroom forwards untouched); the fake then reports
-N as `usage.prompt_tokens`, so headroom sees no count drift (a drift would add a
+OpenAI `user` field, which brimful forwards untouched); the fake then reports
+N as `usage.prompt_tokens`, so brimful sees no count drift (a drift would add a
 warning log line per request and distort the figures).  Without it: 10.
 
 `--event-gap-ms` (or `?gap_ms=N` on one request) pauses between stream events
@@ -243,7 +243,7 @@ def main() -> None:
     fake = FakeUpstream(models, args.event_gap_ms / 1000)
     try:
         import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a headroom dependency
+    except ImportError:  # pragma: no cover - uvloop is a brimful dependency
         asyncio.run(serve(args.host, args.port, fake))
     else:
         uvloop.run(serve(args.host, args.port, fake))

@@ -1,9 +1,9 @@
 """The length log's flush policy: records lost on kill -9 and its CPU cost per request.
 
-For each `length_log.flush_interval` given, `headroom serve` (length log on)
+For each `length_log.flush_interval` given, `brimful serve` (length log on)
 in front of FakeVLLM on loopback:
 
-  cost   N sequential small chats on one keep-alive connection: headroom's CPU
+  cost   N sequential small chats on one keep-alive connection: brimful's CPU
          (utime + stime from /proc) per request, and the same with the length
          log off, beside it in the same run
   loss   bursts of concurrent chats, then kill -9 the moment the last answer
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.support.fakevllm import FakeVLLM  # noqa: E402
-from tests.support.process import HeadroomProcess  # noqa: E402
+from tests.support.process import BrimfulProcess  # noqa: E402
 
 QWEN3 = ROOT.parent / "shared" / "models" / "Qwen--Qwen3-8B"
 CHAT = "/v1/chat/completions"
@@ -44,49 +44,49 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def start(fake: FakeVLLM, interval: float | None, log: Path) -> HeadroomProcess:
+def start(fake: FakeVLLM, interval: float | None, log: Path) -> BrimfulProcess:
     tmp = Path(tempfile.mkdtemp())
     if interval is None:
-        return HeadroomProcess(fake.base_url, tmp, QWEN3)
-    return HeadroomProcess(fake.base_url, tmp, QWEN3, extra_toml=f"\n[length_log]\nflush_interval = {interval}",
+        return BrimfulProcess(fake.base_url, tmp, QWEN3)
+    return BrimfulProcess(fake.base_url, tmp, QWEN3, extra_toml=f"\n[length_log]\nflush_interval = {interval}",
                            extra_args=["--length-log", str(log)])
 
 
 def cost(fake: FakeVLLM, interval: float | None, requests: int) -> float:
     """CPU milliseconds per request."""
     log = Path(tempfile.mkdtemp()) / "lengths.jsonl"
-    headroom = start(fake, interval, log)
+    brimful = start(fake, interval, log)
     try:
-        with httpx.Client(base_url=headroom.base_url, timeout=30) as http:
+        with httpx.Client(base_url=brimful.base_url, timeout=30) as http:
             for _ in range(50):
                 http.post(CHAT, json=BODY)
-            before = cpu_seconds(headroom.pid)
+            before = cpu_seconds(brimful.pid)
             for _ in range(requests):
                 assert http.post(CHAT, json=BODY).status_code == 200
-            return (cpu_seconds(headroom.pid) - before) * 1000 / requests
+            return (cpu_seconds(brimful.pid) - before) * 1000 / requests
     finally:
-        headroom.stop()
+        brimful.stop()
 
 
 def loss(fake: FakeVLLM, interval: float, bursts: int, concurrency: int) -> tuple[int, int]:
-    """(answered, recorded) when headroom is killed right after the last answer."""
+    """(answered, recorded) when brimful is killed right after the last answer."""
     log = Path(tempfile.mkdtemp()) / "lengths.jsonl"
-    headroom = start(fake, interval, log)
+    brimful = start(fake, interval, log)
     answered = 0
 
     async def run() -> None:
         nonlocal answered
-        async with httpx.AsyncClient(base_url=headroom.base_url, timeout=30) as http:
+        async with httpx.AsyncClient(base_url=brimful.base_url, timeout=30) as http:
             for _ in range(bursts):
                 results = await asyncio.gather(*(http.post(CHAT, json=BODY) for _ in range(concurrency)))
                 answered += sum(r.status_code == 200 for r in results)
-            os.kill(headroom.pid, signal.SIGKILL)
+            os.kill(brimful.pid, signal.SIGKILL)
 
     try:
         asyncio.run(run())
-        headroom.proc.wait(10)
+        brimful.proc.wait(10)
     finally:
-        headroom.stop(signal.SIGKILL)
+        brimful.stop(signal.SIGKILL)
     recorded = len(log.read_text().splitlines()) if log.exists() else 0
     return answered, recorded
 

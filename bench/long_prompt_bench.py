@@ -2,18 +2,18 @@
 
 Runs, in one go and on this machine:
   * a fake vLLM (tests/fakevllm.py) in its own process, max_model_len 131072;
-  * headroom (`headroom serve`) in its own process, counting with the real
+  * brimful (`brimful serve`) in its own process, counting with the real
     Qwen3 tokenizer from ../shared/models;
   * this process as the load generator (aiohttp).
 
 Phases (each measured the same way, 1 connection of small requests):
   direct        small chat requests straight to the fake (the baseline)
-  alone         the same through headroom
-  with-long     the same through headroom while other connections keep sending
+  alone         the same through brimful
+  with-long     the same through brimful while other connections keep sending
                 ~100k-token chat requests (their count runs in a worker thread)
   direct+long   small requests straight to the fake while the long ones still
-                flow through headroom: the cost of sharing 2 cores, without
-                headroom's event loop in the small requests' path
+                flow through brimful: the cost of sharing 2 cores, without
+                brimful's event loop in the small requests' path
 
 Prints p50/p99 of the small requests per phase, the ratio to "alone", and the
 long requests' own latency.  A benchmark, not a test: figures go to the README.
@@ -117,14 +117,14 @@ async def run(args: argparse.Namespace) -> None:
         fake_port = int(fake.stdout.readline())
         fake_url = f"http://127.0.0.1:{fake_port}"
         port = free_port()
-        config = Path(tempfile.mkdtemp()) / "headroom.toml"
+        config = Path(tempfile.mkdtemp()) / "brimful.toml"
         config.write_text(f'[models."tiny-qwen"]\ntokenizer = "{QWEN3}"\n')
-        headroom = subprocess.Popen(
+        brimful = subprocess.Popen(
             [sys.executable, "-m", "proxy.cli", "serve", "--config", str(config), "--upstream", fake_url,
              "--port", str(port), "--log-level", "warning"],
             cwd=ROOT, stderr=subprocess.DEVNULL,
         )
-        procs.append(headroom)
+        procs.append(brimful)
         base = f"http://127.0.0.1:{port}"
         await wait_http(base + "/v1/models")
 
@@ -137,7 +137,7 @@ async def run(args: argparse.Namespace) -> None:
             await small_requests(session, base + "/v1/chat/completions", 50)
             async with session.post(base + "/v1/chat/completions", data=long_body,
                                     headers={"content-type": "application/json"}) as r:
-                prompt_tokens = int(r.headers["x-headroom-prompt-tokens"])
+                prompt_tokens = int(r.headers["x-brimful-prompt-tokens"])
                 await r.read()
 
             results = {}
@@ -149,7 +149,7 @@ async def run(args: argparse.Namespace) -> None:
                                                    long_times)) for _ in range(args.long_concurrency)]
             results["with-long"] = await small_requests(session, base + "/v1/chat/completions", args.small)
             # The same load, small requests straight to the fake: what CPU contention
-            # alone costs on this machine, with no headroom event loop in their path.
+            # alone costs on this machine, with no brimful event loop in their path.
             results["direct+long"] = await small_requests(session, fake_url + "/v1/chat/completions", args.small)
             stop.set()
             await asyncio.gather(*loops)
@@ -165,7 +165,7 @@ async def run(args: argparse.Namespace) -> None:
         if long_times:
             print(f"long requests completed meanwhile: {len(long_times)}, p50 {statistics.median(long_times):.1f} ms "
                   f"each ({prompt_tokens / statistics.median(long_times) * 1000:,.0f} prompt tokens/s "
-                  "through headroom)")
+                  "through brimful)")
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)

@@ -1,4 +1,4 @@
-"""What headroom costs per request, side by side with direct and a bare pass-through.
+"""What brimful costs per request, side by side with direct and a bare pass-through.
 
 One command, on this machine, pinned like the issue's reference figures: the
 load generators (`wrk` for plain requests, `hey` for streams, this process for
@@ -7,7 +7,7 @@ the proxy under test gets core 1 alone.  Targets:
 
   direct    client -> fake vLLM (bench/fake_upstream.py), the baseline
   bare      client -> bench/bare_proxy.py (Starlette + aiohttp, no counting) -> fake
-  headroom  client -> `headroom serve` (one worker, Qwen3-8B tokenizer, length log on) -> fake
+  brimful  client -> `brimful serve` (one worker, Qwen3-8B tokenizer, length log on) -> fake
 
 Scenarios (each target, medians over --rounds, spread shown as min-max):
   chat-197B   non-streamed 197-byte chat, 64 connections: req/s, CPU ms per request
@@ -15,7 +15,7 @@ Scenarios (each target, medians over --rounds, spread shown as min-max):
   chat-4KB    the same with a 4 KB (~800-token) chat
   p50@1conn   both bodies at 1 connection: p50/p99 latency, "added" = target - direct
   stream      34-event SSE streams (client asks for usage), 64 connections: streams/s, CPU ms per stream
-  stream-strip  the client does not ask for usage: headroom asks the upstream and removes
+  stream-strip  the client does not ask for usage: brimful asks the upstream and removes
               that event (the default `request_stream_usage`)
   paced       streams with 20 ms between events (a real token rate), 8 at a time:
               added time to first byte and added inter-chunk delay
@@ -25,12 +25,12 @@ Each round runs the light-load scenarios (p50@1conn, paced, long-mix) of a targe
 before its 64-connection ones: latency right after a saturating burst is not the
 steady state (see WRK_ENV).
 Once per run (not proxied): counting cost vs the tokenizer's own encode of the
-rendered text; tokenizer load time per model; headroom's RSS with 3 tokenizers
+rendered text; tokenizer load time per model; brimful's RSS with 3 tokenizers
 loaded and 1,000 idle keep-alive connections.
 
     python bench/proxy_bench.py                      # 5 rounds of 5 s per measurement (~10 min)
     python bench/proxy_bench.py --rounds 1 --duration 5
-    python bench/proxy_bench.py --only chat-197B,stream --headroom-root /tmp/perf-main
+    python bench/proxy_bench.py --only chat-197B,stream --brimful-root /tmp/perf-main
 
 Needs `wrk` and `hey` (Debian packages; bench/run.sh installs them).  A benchmark,
 not a test: figures depend on the machine and on whatever else runs on it, so
@@ -68,7 +68,7 @@ THREE_MODELS = {"qwen3": "Qwen--Qwen3-8B", "deepseek-v3": "deepseek-ai--DeepSeek
 LOAD_CORE, PROXY_CORE = "0", "1"
 MODEL = "tiny-qwen"
 MAX_MODEL_LEN = 32768
-TARGETS = ("direct", "bare", "headroom")
+TARGETS = ("direct", "bare", "brimful")
 SCENARIOS = ("chat-197B", "chat-4KB", "p50@1conn", "stream", "stream-strip", "paced", "long-mix", "workers",
              "counting", "startup", "memory")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -174,17 +174,17 @@ def post(url: str, body: bytes, timeout: float = 30) -> tuple[int, dict[str, str
         return exc.code, dict(exc.headers), exc.read()
 
 
-def headroom_command() -> list[str]:
-    script = Path(sys.executable).with_name("headroom")
-    return [str(script) if script.exists() else (shutil.which("headroom") or "headroom"), "serve"]
+def brimful_command() -> list[str]:
+    script = Path(sys.executable).with_name("brimful")
+    return [str(script) if script.exists() else (shutil.which("brimful") or "brimful"), "serve"]
 
 
-def write_headroom_config(path: Path, upstream: str, models: dict[str, Path], length_log: Path | None,
+def write_brimful_config(path: Path, upstream: str, models: dict[str, Path], length_log: Path | None,
                           piece_cache: bool = False, chat_cache: bool = False, root: Path = ROOT) -> None:
-    """headroom's config for the bench.  The per-piece and chat-count caches are off unless
+    """brimful's config for the bench.  The per-piece and chat-count caches are off unless
     asked for: the bench repeats one body, which a cache would count once and never again,
     so with them on the figures would show the cost of a cache hit, not of counting.
-    (`root`: the headroom source tree run; one without the chat cache gets no key for it.)"""
+    (`root`: the brimful source tree run; one without the chat cache gets no key for it.)"""
     lines = ["[upstream]", f'url = "{upstream}"', "", "[logging]", 'level = "warning"', ""]
     tokenizers = [] if piece_cache else ["piece_cache_entries = 0"]
     if not chat_cache and "chat_cache_entries" in (root / "proxy" / "config.py").read_text():
@@ -206,9 +206,9 @@ def chat_body(count: Callable[[dict], int], size: int | None = None, tokens: int
               stream: bool = False, usage: bool = False, max_tokens: int = 65535) -> bytes:
     """A chat request of exactly `size` bytes (or about `tokens` prompt tokens).
 
-    It carries `"user":"prompt-tokens-N"` with headroom's own count, so the fake
-    reports the same usage and headroom logs no drift (see fake_upstream.py).
-    max_tokens 65535 is more than max_model_len: headroom clamps and rewrites
+    It carries `"user":"prompt-tokens-N"` with brimful's own count, so the fake
+    reports the same usage and brimful logs no drift (see fake_upstream.py).
+    max_tokens 65535 is more than max_model_len: brimful clamps and rewrites
     the body, its most expensive non-failing path.
     """
     def build(content: str, n: int) -> dict:
@@ -260,10 +260,10 @@ def _ms(text: str) -> float:
 
 
 # glibc malloc settings for wrk itself.  Without them, a 1-connection wrk run
-# started right after a 64-connection burst against headroom reported a p99 of
+# started right after a 64-connection burst against brimful reported a p99 of
 # 1.3-53 ms for its first seconds (31 of 31 runs; ~0.8 ms once settled); with
 # them in wrk, 0.66-1.16 ms (12 of 12, three with them in wrk alone), while the
-# same settings in headroom, the fake upstream or both changed nothing (9 runs):
+# same settings in brimful, the fake upstream or both changed nothing (9 runs):
 # the stalls were the load generator's, not the proxy's.
 WRK_ENV = {"MALLOC_TRIM_THRESHOLD_": "4000000000", "MALLOC_TOP_PAD_": "268435456"}
 
@@ -503,7 +503,7 @@ def print_workers(results: Results, labels: tuple[str, str], connections: int) -
     one, many = labels
     if not any(k[1] == many for k in results):
         return
-    print(f"\n== headroom, {one} (core {PROXY_CORE}; load + fake on core {LOAD_CORE}) vs {many} "
+    print(f"\n== brimful, {one} (core {PROXY_CORE}; load + fake on core {LOAD_CORE}) vs {many} "
           f"(one per core; load + fake still on core {LOAD_CORE}), {connections} connections")
     print(f"{'body':<11}{'':<13}{'req/s':>26}{'CPU ms/req':>26}{'proxy cores':>13}{'load cores':>12}"
           f"{'balance':>9}")
@@ -529,7 +529,7 @@ def print_workers(results: Results, labels: tuple[str, str], connections: int) -
 
 
 def counting_cost(rounds: int) -> None:
-    """headroom's count vs the tokenizer's own encode of the rendered text (same process)."""
+    """brimful's count vs the tokenizer's own encode of the rendered text (same process)."""
     sys.path.insert(0, str(ROOT))
     from tokenizer_cache import load_model_tokenizer
 
@@ -565,7 +565,7 @@ def startup_and_memory(workdir: Path, do_startup: bool, do_memory: bool, idle: i
     sys.path.insert(0, str(ROOT))
     if do_startup:
         from tokenizer_cache import load_model_tokenizer
-        print("\n== tokenizer load time (in-process, first load; headroom loads each once per model)")
+        print("\n== tokenizer load time (in-process, first load; brimful loads each once per model)")
         for directory in THREE_MODELS.values():
             t = time.perf_counter()
             load_model_tokenizer(MODELS_DIR / directory)
@@ -573,12 +573,12 @@ def startup_and_memory(workdir: Path, do_startup: bool, do_memory: bool, idle: i
     fake_port, hr_port = free_port(), free_port()
     fake = spawn("fake3", [sys.executable, "bench/fake_upstream.py", "--port", str(fake_port)]
                  + [a for name in THREE_MODELS for a in ("--model", f"{name}=32768")], LOAD_CORE, fake_port, workdir)
-    config = workdir / "headroom3.toml"
-    write_headroom_config(config, fake.url, {n: MODELS_DIR / d for n, d in THREE_MODELS.items()}, None)
+    config = workdir / "brimful3.toml"
+    write_brimful_config(config, fake.url, {n: MODELS_DIR / d for n, d in THREE_MODELS.items()}, None)
     t0 = time.perf_counter()
     hr = None
     try:
-        hr = spawn("headroom3", [*headroom_command(), "--config", str(config), "--port", str(hr_port),
+        hr = spawn("brimful3", [*brimful_command(), "--config", str(config), "--port", str(hr_port),
                                  "--log-level", "info"], PROXY_CORE, hr_port, workdir)
         listening = time.perf_counter() - t0
         rss_start = rss_mib(hr.proc.pid)   # the background preload may already be under way
@@ -593,10 +593,10 @@ def startup_and_memory(workdir: Path, do_startup: bool, do_memory: bool, idle: i
         ready = time.perf_counter() - t0
         rss_loaded = rss_mib(hr.proc.pid)
         log_text = hr.log.read_text()
-        loads = re.findall(r"^\S+ (\S+) INFO headroom.counting: model (\S+): tokenizer ", log_text, re.M)
-        known = re.search(r"^\S+ (\S+) INFO headroom.limits: model", log_text, re.M)
+        loads = re.findall(r"^\S+ (\S+) INFO brimful.counting: model (\S+): tokenizer ", log_text, re.M)
+        known = re.search(r"^\S+ (\S+) INFO brimful.limits: model", log_text, re.M)
         if do_startup:
-            print(f"\n== headroom start-up: listening after {listening:.2f} s; first answer per model "
+            print(f"\n== brimful start-up: listening after {listening:.2f} s; first answer per model "
                   + ", ".join(f"{n} {ms:.0f} ms" for n, ms in firsts.items())
                   + f"; all three answered after {ready:.2f} s")
             if known:
@@ -607,7 +607,7 @@ def startup_and_memory(workdir: Path, do_startup: bool, do_memory: bool, idle: i
             print(f"   tokenizer loads logged: {len(loads)} for {len(THREE_MODELS)} models")
         if do_memory:
             rss_conns = asyncio.run(_idle_connections(hr.port, idle, lambda: rss_mib(hr.proc.pid)))
-            print(f"\n== headroom RSS: {rss_start:.0f} MiB at start, {rss_loaded:.0f} MiB with 3 tokenizers loaded "
+            print(f"\n== brimful RSS: {rss_start:.0f} MiB at start, {rss_loaded:.0f} MiB with 3 tokenizers loaded "
                   f"(+{rss_loaded - rss_start:.0f}), {rss_conns:.0f} MiB with {idle} idle keep-alive connections "
                   f"(+{rss_conns - rss_loaded:.1f}, {(rss_conns - rss_loaded) * 1024 / idle:.1f} KiB each)")
     finally:
@@ -649,13 +649,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--only", help="comma-separated scenarios: " + ",".join(SCENARIOS))
     parser.add_argument("--targets", default=",".join(TARGETS))
-    parser.add_argument("--headroom-root", type=Path, default=None,
-                        help="run headroom from this source tree (e.g. a private copy with a patch)")
-    parser.add_argument("--no-length-log", action="store_true", help="run headroom without its length log")
+    parser.add_argument("--brimful-root", type=Path, default=None,
+                        help="run brimful from this source tree (e.g. a private copy with a patch)")
+    parser.add_argument("--no-length-log", action="store_true", help="run brimful without its length log")
     parser.add_argument("--piece-cache", action="store_true",
-                        help="keep headroom's per-piece count cache on (the bench repeats one body: all hits)")
+                        help="keep brimful's per-piece count cache on (the bench repeats one body: all hits)")
     parser.add_argument("--chat-cache", action="store_true",
-                        help="keep headroom's chat-count cache on (the bench repeats one body: all hits)")
+                        help="keep brimful's chat-count cache on (the bench repeats one body: all hits)")
     parser.add_argument("--workers", type=int, default=2, help="the 'workers' scenario: 1 worker against this many")
     parser.add_argument("--event-gap-ms", type=float, default=20.0, help="pause between events in 'paced'")
     parser.add_argument("--idle-connections", type=int, default=1000)
@@ -677,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
     from tokenizer_cache import load_model_tokenizer
     tok = load_model_tokenizer(QWEN3)
 
-    workdir = Path(tempfile.mkdtemp(prefix="headroom-bench-"))
+    workdir = Path(tempfile.mkdtemp(prefix="brimful-bench-"))
     bodies = {
         "chat-197B": chat_body(tok.count_chat, size=197),
         "chat-4KB": chat_body(tok.count_chat, size=4096),
@@ -690,12 +690,12 @@ def main(argv: list[str] | None = None) -> int:
         files[name] = workdir / f"{name}.json"
         files[name].write_bytes(body)
 
-    print(f"headroom proxy bench: {args.rounds} round(s) x {args.duration:g} s, {args.connections} connections; "
+    print(f"brimful proxy bench: {args.rounds} round(s) x {args.duration:g} s, {args.connections} connections; "
           f"load+fake on core {LOAD_CORE}, proxy on core {PROXY_CORE}")
     print(f"bodies: chat-197B {len(bodies['chat-197B'])} B, chat-4KB {len(bodies['chat-4KB'])} B "
           f"({tok.count_chat(json.loads(bodies['chat-4KB']))} tokens), long "
           f"{len(bodies['long']) // 1024} KiB ({tok.count_chat(json.loads(bodies['long']))} tokens); "
-          f"headroom from {args.headroom_root or ROOT}, piece cache {'on' if args.piece_cache else 'off'}, "
+          f"brimful from {args.brimful_root or ROOT}, piece cache {'on' if args.piece_cache else 'off'}, "
           f"chat cache {'on' if args.chat_cache else 'off'}")
     print(f"load average before: {loadavg()}")
     started = time.perf_counter()
@@ -704,7 +704,7 @@ def main(argv: list[str] | None = None) -> int:
     results: Results = {}
     proxied = only & {"chat-197B", "chat-4KB", "p50@1conn", "stream", "stream-strip", "paced", "long-mix",
                       "workers"}
-    root = (args.headroom_root or ROOT).resolve()
+    root = (args.brimful_root or ROOT).resolve()
     many = f"{args.workers} workers"
     labels = ("1 worker", many)
     try:
@@ -717,24 +717,24 @@ def main(argv: list[str] | None = None) -> int:
                 port = free_port()
                 servers["bare"] = spawn("bare", [sys.executable, "bench/bare_proxy.py", "--upstream", fake.url,
                                                  "--port", str(port)], PROXY_CORE, port, workdir)
-            if "headroom" in targets:
+            if "brimful" in targets:
                 port = free_port()
-                config = workdir / "headroom.toml"
-                write_headroom_config(config, fake.url, {MODEL: QWEN3},
+                config = workdir / "brimful.toml"
+                write_brimful_config(config, fake.url, {MODEL: QWEN3},
                                       None if args.no_length_log else workdir / "lengths.jsonl", args.piece_cache,
                                       args.chat_cache, root)
                 env = {}
-                if args.headroom_root:
+                if args.brimful_root:
                     env["PYTHONPATH"] = str(root)
-                servers["headroom"] = spawn("headroom", [*headroom_command(), "--config", str(config),
+                servers["brimful"] = spawn("brimful", [*brimful_command(), "--config", str(config),
                                                          "--port", str(port)], PROXY_CORE, port, workdir, env)
-                status, headers, _ = post(servers["headroom"].url + "/v1/chat/completions", bodies["chat-197B"])
-                assert status == 200 and headers.get("x-headroom-action") == "clamped", (status, headers)
+                status, headers, _ = post(servers["brimful"].url + "/v1/chat/completions", bodies["chat-197B"])
+                assert status == 200 and headers.get("x-brimful-action") == "clamped", (status, headers)
                 if "workers" in only:
                     # Every core for the workers: one each, pinned, the load generator and the
                     # fake staying on core 0 (nowhere else to go on 2 cores; their CPU is shown).
                     port = free_port()
-                    multi = spawn("headroom-multi", [*headroom_command(), "--config", str(config), "--port",
+                    multi = spawn("brimful-multi", [*brimful_command(), "--config", str(config), "--port",
                                                      str(port), "--workers", str(args.workers)],
                                   ",".join(str(c) for c in range(os.cpu_count() or 2)), port, workdir, env,
                                   ready_path="/ready")
@@ -756,7 +756,7 @@ def main(argv: list[str] | None = None) -> int:
                         measure_wrk(results, f"1conn-{scen}", t, s, url, files[scen], 1, args.duration, workdir)
                 if "paced" in only:
                     # The client asks for usage: with the strip path the removed usage event would
-                    # show as one doubled gap per stream, not a delay headroom adds.
+                    # show as one doubled gap per stream, not a delay brimful adds.
                     r = asyncio.run(timed_streams(f"{url}?gap_ms={args.event_gap_ms:g}", bodies["stream"],
                                                   8, args.duration, args.event_gap_ms))
                     for k, v in r.items():
@@ -779,7 +779,7 @@ def main(argv: list[str] | None = None) -> int:
                         measure_hey(results, scen, t, s, url, files[scen], args.connections, args.duration)
             if many in servers:
                 for scen in ("chat-197B", "chat-4KB"):
-                    for label, server in zip(labels, (servers["headroom"], servers[many]), strict=True):
+                    for label, server in zip(labels, (servers["brimful"], servers[many]), strict=True):
                         measure_workers(results, f"workers-{scen}", label, server, servers["direct"], files[scen],
                                         args.connections, args.duration, workdir)
             print(f"  round {rnd + 1}/{args.rounds} done ({time.perf_counter() - started:.0f} s, load {loadavg()})",
@@ -798,7 +798,7 @@ def main(argv: list[str] | None = None) -> int:
                 results, "1conn-chat-4KB", added=("p50",))
     print_table(f"34-event streams, client asks for usage, {args.connections} connections",
                 [("streams/s", "rps", 0), ("CPU ms/stream", "cpu_ms", 3)], results, "stream", ratio_metric="rps")
-    print_table(f"streams, client does not ask for usage (headroom asks and strips), {args.connections} connections",
+    print_table(f"streams, client does not ask for usage (brimful asks and strips), {args.connections} connections",
                 [("streams/s", "rps", 0), ("CPU ms/stream", "cpu_ms", 3)], results, "stream-strip",
                 ratio_metric="rps")
     print_table(f"paced streams ({args.event_gap_ms:g} ms between events, 8 at a time), ms",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One command for headroom's proxy benchmark: direct vs bare pass-through vs headroom.
+# One command for brimful's proxy benchmark: direct vs bare pass-through vs brimful.
 #   bench/run.sh                         # 5 rounds x 5 s per measurement (~10 min)
 #   bench/run.sh --rounds 1 --duration 5 # a quick look
 # Installs the load tools (Debian packages wrk and hey) when missing, then runs

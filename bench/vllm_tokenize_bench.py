@@ -1,4 +1,4 @@
-"""headroom's count_chat against vLLM 0.32's own POST /tokenize, same chat, same run.
+"""brimful's count_chat against vLLM 0.32's own POST /tokenize, same chat, same run.
 
     python bench/vllm_tokenize_bench.py [--rounds 5]
 
@@ -6,7 +6,7 @@ Starts the real vLLM CPU server of the tests (tests/realvllm: tiny random
 Qwen3 model with the real Qwen3-8B tokenizer and template; /tokenize does
 not enforce max_model_len) and sends it chats of about 10k and 100k tokens
 of code, prose and Korean.  For vLLM: wall time of the HTTP request and the
-CPU its process tree spent on it (/proc).  For headroom: CPU of count_chat
+CPU its process tree spent on it (/proc).  For brimful: CPU of count_chat
 in this process, first on a text the engine has not seen (a fresh engine)
 and then again.  Counts must agree.  Not a test: the machine is shared, so
 each figure is a median of --rounds with its min-max spread.
@@ -87,9 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as logs:
         python, model_dir, _ = prepare(pathlib.Path(logs))
         with running_server(python, model_dir, pathlib.Path(logs) / "vllm.log") as server:
-            print(f"vLLM 0.32 /tokenize vs headroom count_chat ({model.engine}), Qwen3-8B tokenizer and template; "
+            print(f"vLLM 0.32 /tokenize vs brimful count_chat ({model.engine}), Qwen3-8B tokenizer and template; "
                   f"ms, median (min-max) of {args.rounds}; load average {os.getloadavg()[0]:.1f}")
-            print(f"{'text':7} {'tokens':>7} {'vLLM wall':>22} {'vLLM CPU':>22} {'headroom cold CPU':>22} "
+            print(f"{'text':7} {'tokens':>7} {'vLLM wall':>22} {'vLLM CPU':>22} {'brimful cold CPU':>22} "
                   f"{'warm CPU':>20} {'wall/cold':>9} {'CPU/cold':>9}")
             for kind in ("code", "prose", "korean"):
                 for target in (10_000, 100_000):

@@ -2,9 +2,9 @@
 
 Three ways, the same app, config and load:
 
-  reuseport    `headroom serve --workers N`: one SO_REUSEPORT socket per worker, the
+  reuseport    `brimful serve --workers N`: one SO_REUSEPORT socket per worker, the
                kernel hashes each new connection to one of them
-  fork-shared  headroom's supervisor with ONE socket every worker accepts from
+  fork-shared  brimful's supervisor with ONE socket every worker accepts from
   uvicorn      uvicorn's `workers=N` (spawned processes, one shared socket)
 
 Per mode:
@@ -47,31 +47,31 @@ from proxy_bench import (
     chat_body,
     children,
     free_port,
-    headroom_command,
+    brimful_command,
     loadavg,
     run_wrk,
     spawn,
     tree_cpu_seconds,
-    write_headroom_config,
+    write_brimful_config,
 )
 
 ALL_CORES = ",".join(str(c) for c in range(os.cpu_count() or 2))
-CONFIG_ENV = "HEADROOM_BENCH_CONFIG"
+CONFIG_ENV = "BRIMFUL_BENCH_CONFIG"
 
 
 def app():  # type: ignore[no-untyped-def]
-    """uvicorn's factory for its `workers=` mode: the same HeadroomApp `headroom serve` builds."""
-    from proxy.app import HeadroomApp
+    """uvicorn's factory for its `workers=` mode: the same BrimfulApp `brimful serve` builds."""
+    from proxy.app import BrimfulApp
     from proxy.config import load_config
 
-    return HeadroomApp(load_config(os.environ[CONFIG_ENV]))
+    return BrimfulApp(load_config(os.environ[CONFIG_ENV]))
 
 
 MODES = ("reuseport", "fork-shared", "uvicorn")
 
 
 def serve_shared(config_path: str, port: int, workers: int) -> int:
-    """headroom's supervisor and workers, all accepting from one shared socket."""
+    """brimful's supervisor and workers, all accepting from one shared socket."""
     import socket
 
     from proxy.cli import worker_runner
@@ -94,7 +94,7 @@ def start(mode: str, config: Path, workers: int, workdir: Path) -> Server:
         argv = [sys.executable, __file__, "--serve-shared", str(config), str(port), str(workers)]
         return spawn(mode, argv, ALL_CORES, port, workdir, ready_path="/ready")
     if mode == "reuseport":
-        argv = [*headroom_command(), "--config", str(config), "--port", str(port), "--workers", str(workers)]
+        argv = [*brimful_command(), "--config", str(config), "--port", str(port), "--workers", str(workers)]
         return spawn(mode, argv, ALL_CORES, port, workdir, ready_path="/ready")
     code = (f"import uvicorn; uvicorn.run('workers_bench:app', factory=True, host='127.0.0.1', port={port}, "
             f"workers={workers}, app_dir={str(Path(__file__).parent)!r}, log_level='warning', access_log=False, "
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     from tokenizer_cache import load_model_tokenizer
 
-    workdir = Path(tempfile.mkdtemp(prefix="headroom-workers-bench-"))
+    workdir = Path(tempfile.mkdtemp(prefix="brimful-workers-bench-"))
     body = workdir / "chat-197B.json"
     body.write_bytes(chat_body(load_model_tokenizer(QWEN3).count_chat, size=197))
     print(f"workers bench: {args.workers} workers, {args.connections} connections, {args.rounds} rounds x "
@@ -180,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     fake_port = free_port()
     fake = spawn("fake", [sys.executable, "bench/fake_upstream.py", "--port", str(fake_port),
                           "--model", f"{MODEL}={MAX_MODEL_LEN}"], ALL_CORES, fake_port, workdir)
-    config = workdir / "headroom.toml"
-    write_headroom_config(config, fake.url, {MODEL: QWEN3}, workdir / "lengths.jsonl")
+    config = workdir / "brimful.toml"
+    write_brimful_config(config, fake.url, {MODEL: QWEN3}, workdir / "lengths.jsonl")
     results: dict[str, dict[str, list[float]]] = {}
     try:
         for mode in args.modes.split(","):

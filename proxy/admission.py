@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from . import errors
-from .errors import HeadroomError
+from .errors import BrimfulError
 from .record import Action
 
 
@@ -100,7 +100,7 @@ class Decision:
     requested: int | None                       # the client's effective limit (None: not sent)
     granted: int | None = None                  # the limit forwarded (None: nothing set)
     rewrite: Mapping[str, int] | None = None    # body fields to set; None → forward bytes as they came
-    error: HeadroomError | None = None
+    error: BrimfulError | None = None
     margin: int = 0
     counted: int | None = None                  # prompt tokens the upstream will see, when the decision cuts them
 
@@ -168,7 +168,7 @@ def decide(
     `implicit_max_tokens` is the limit the engine applies when the client sends
     none (vLLM's 16 on /v1/completions), checked like an explicit one.
     `count_exact` says the count is known to be the upstream's (verified, or
-    never contradicted); when it is not, headroom refuses nothing on its own
+    never contradicted); when it is not, brimful refuses nothing on its own
     count and holds back `drift_margin` tokens, the drift it has seen.
     """
     longest = max(prompt_tokens)

@@ -2,13 +2,13 @@
 
 `POST` to an admitted surface (proxy.surfaces) runs one
 `proxy.exchange.AdmittedExchange`; `POST /v1/messages/count_tokens` is
-answered from headroom's own count (proxy.count_tokens); headroom's own pages
+answered from brimful's own count (proxy.count_tokens); brimful's own pages
 (proxy.pages) answer `/metrics`, `/stats` and `/dashboard`; everything else is
 relayed untouched (proxy.passthrough).
 
 This is a plain ASGI callable rather than a Starlette router because the hot
 path only needs the raw scope, and every layer skipped is CPU saved per
-request; Starlette still serves headroom's own pages.
+request; Starlette still serves brimful's own pages.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from .backends import Backend, Backends
 from .config import Config
 from .count_tokens import answer_count_tokens
 from .counting import PromptCounter
-from .errors import HeadroomError
+from .errors import BrimfulError
 from .exchange import AdmittedExchange, ExchangeServices
 from .lengthlog import LengthLog
 from .live_sizing import LiveSizing
@@ -43,10 +43,10 @@ from .surfaces import ADMITTED, ANSWERED, Surface
 from .upstream import Transport
 from .workerpages import WorkerPages
 
-log = logging.getLogger("headroom")
+log = logging.getLogger("brimful")
 
-PAGES = frozenset({"/metrics", "/stats", "/dashboard"})   # headroom's own pages (server.metrics_api_keys)
-LOCAL_PATHS = PAGES | health.PATHS                         # answered by headroom itself
+PAGES = frozenset({"/metrics", "/stats", "/dashboard"})   # brimful's own pages (server.metrics_api_keys)
+LOCAL_PATHS = PAGES | health.PATHS                         # answered by brimful itself
 # vLLM's unauthenticated routes, relayed without an API key: exactly these
 # methods and paths (vLLM 0.32 serves /ping for GET and POST), and only
 # without a query, a percent-encoded path or a body (see `is_open_route`).
@@ -62,7 +62,7 @@ def is_open_route(method: str, path: str, raw_path: bytes | None, query: bytes, 
     return (method, path) in OPEN_ROUTES and raw_path in (None, path.encode()) and not query and not has_body
 
 
-class HeadroomApp:
+class BrimfulApp:
     def __init__(
         self,
         config: Config,
@@ -221,7 +221,7 @@ class HeadroomApp:
             await self._lifespan(receive, send)
 
     async def _metrics_listener(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """server.metrics_port: headroom's pages and probes, and nothing the upstream serves."""
+        """server.metrics_port: brimful's pages and probes, and nothing the upstream serves."""
         if scope["path"] not in LOCAL_PATHS:
             await _refuse(send, scope, errors.not_here(scope["path"]))
         elif scope["path"] in PAGES and self._metrics_keys and not _bearer_in(scope, self._metrics_keys):
@@ -230,7 +230,7 @@ class HeadroomApp:
             await self._local(scope, receive, send)
 
     async def _unauthorized(self, send: Send, scope: Scope, route: str, surface: Surface | None = None) -> None:
-        """401: counted on its own (headroom_unauthorized_requests_total), never a length record."""
+        """401: counted on its own (brimful_unauthorized_requests_total), never a length record."""
         self.recorder.metrics.count_unauthorized(route)
         await _refuse(send, scope, errors.unauthorized(), surface)
 
@@ -274,7 +274,7 @@ def make_recorder(config: Config) -> Recorder:
     return Recorder(Metrics(config.metrics.buckets), window_records=config.metrics.window)
 
 
-async def _refuse(send: Send, scope: Scope, err: HeadroomError, surface: Surface | None = None) -> None:
+async def _refuse(send: Send, scope: Scope, err: BrimfulError, surface: Surface | None = None) -> None:
     """An error answered before any work, in the surface's shape (OpenAI's for pass-through)."""
     body = surface.error_body(err) if surface is not None else err.body_bytes()
     await send_whole(send, err.status, body, err.response_headers([(b"x-request-id", request_id(scope).encode())]))

@@ -121,9 +121,9 @@ def request_id(scope: Scope) -> str:
     """The client's X-Request-Id when it is a sane token, else a new one.
 
     Sent to the upstream and echoed back, so one id follows a request through
-    client logs, headroom's length record and vLLM's logs.  Only printable
+    client logs, brimful's length record and vLLM's logs.  Only printable
     ASCII without spaces, at most 128 characters, is reused: a header value
-    headroom sends is never built from arbitrary client bytes.
+    brimful sends is never built from arbitrary client bytes.
     """
     value = header(scope, b"x-request-id")
     if value is not None and 0 < len(value) <= 128 and all(33 <= c < 127 for c in value):
@@ -155,7 +155,7 @@ def is_shutdown_deadline(exc: asyncio.CancelledError) -> bool:
 
 # -- the client leaving ---------------------------------------------------------------
 
-# How long a request runs before headroom starts watching for its client to
+# How long a request runs before brimful starts watching for its client to
 # leave.  Watching costs a task per request (~30 us of CPU measured in-process,
 # 15 % of the app's own work on a small chat); most small answers are done
 # before this, and a generation that outlives it gets the watcher, which sees

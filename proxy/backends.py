@@ -19,7 +19,7 @@ from typing import Any
 
 from . import errors
 from .config import Config
-from .errors import HeadroomError
+from .errors import BrimfulError
 from .gate import UpstreamGate
 from .models import ModelInfo, ModelRegistry
 from .upstream import Transport, Upstream
@@ -103,7 +103,7 @@ class Backends:
             await self.refresh_all()
             if not self.loaded:
                 cause = self.default.registry.last_exception
-                if isinstance(cause, HeadroomError):
+                if isinstance(cause, BrimfulError):
                     raise cause
                 raise errors.no_model_known(self.default.upstream.public_url)
         if model is None or model == "":

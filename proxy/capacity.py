@@ -1,8 +1,8 @@
 """KV-cache capacity maths: how many tokens and concurrent requests a GPU holds.
 
 Everything here is a pure function of numbers (or of a parsed `config.json`
-dict) returning a frozen dataclass, so the planner (`headroom plan`) and the
-length report (`headroom report`) share one tested implementation.  The only
+dict) returning a frozen dataclass, so the planner (`brimful plan`) and the
+length report (`brimful report`) share one tested implementation.  The only
 I/O is `load_model_config(path)`.
 
 The formulas and the worked examples come from the source article (seed 000,
@@ -213,7 +213,7 @@ def _layer_kinds(cfg: Mapping[str, Any], num_layers: int) -> list[str]:
     for name in _UNSUPPORTED_LAYOUT_FIELDS:
         if cfg.get(name) is not None:
             raise UnsupportedConfigError(
-                f"config.json field {name!r} describes a hybrid layer layout headroom does not "
+                f"config.json field {name!r} describes a hybrid layer layout brimful does not "
                 "model; compute the KV size per token from the full-attention layers by hand "
                 "and pass it via a hand-written config"
             )
@@ -373,7 +373,7 @@ def kv_layout(config: Mapping[str, Any], kv_cache_dtype: str = "auto", tensor_pa
         raise UnsupportedConfigError(
             f"config.json field {field_name!r} makes {kinds.count('sliding')} of {num_layers} layers "
             f"sliding-window (window {cfg.get('sliding_window')!r}); their KV cost is per request "
-            "(min(length, window)), not per token, so headroom does not give a per-token figure"
+            "(min(length, window)), not per token, so brimful does not give a per-token figure"
         )
     kv_layers = kinds.count("full")
     notes: list[str] = []
@@ -650,7 +650,7 @@ class Plan:
 
 
 def make_plan(inputs: PlanInputs) -> Plan:
-    """Combine the steps above into one answer (what `headroom plan` prints)."""
+    """Combine the steps above into one answer (what `brimful plan` prints)."""
     memory = kv_memory(inputs.gpu_memory_bytes, inputs.utilization,
                        inputs.weights_bytes, inputs.activation_bytes)
     tokens = kv_tokens(memory.kv_memory_bytes, inputs.bytes_per_token)

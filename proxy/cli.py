@@ -1,4 +1,4 @@
-"""`headroom` command line: serve, count, report, plan, check-config.
+"""`brimful` command line: serve, count, report, plan, check-config.
 
 Sub-commands other than `serve` live beside the code they drive
 (`proxy.count_cli`, `proxy.report_cli`, `proxy.plan_cli`), each exposing
@@ -25,13 +25,13 @@ SUBCOMMAND_MODULES = ("proxy.count_cli", "proxy.report_cli", "proxy.plan_cli")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="headroom",
+        prog="brimful",
         description=(
             "An OpenAI-compatible proxy in front of vLLM that counts prompt tokens exactly and "
             "rewrites the completion limit instead of letting a context-length rejection reach the app."
         ),
     )
-    parser.add_argument("--version", action="version", version=f"headroom {__version__}")
+    parser.add_argument("--version", action="version", version=f"brimful {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     serve = sub.add_parser(
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the proxy",
         description="Run the proxy. Point the openai client's base_url at http://HOST:PORT/v1.",
     )
-    serve.add_argument("--config", metavar="FILE", help="TOML configuration (see config/headroom.toml)")
+    serve.add_argument("--config", metavar="FILE", help="TOML configuration (see config/brimful.toml)")
     serve.add_argument("--upstream", metavar="URL", help="the vLLM server, e.g. http://127.0.0.1:8000")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8100)")
@@ -100,7 +100,7 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, object]:
 
 def summary(config: Config) -> str:
     lines = [
-        f"headroom {__version__}",
+        f"brimful {__version__}",
         f"  listen     http://{config.server.host}:{config.server.port}/v1"
         + (f" ({config.server.workers} workers)" if config.server.workers > 1 else ""),
         f"  upstream   {config.upstream.url} (connect {config.upstream.connect_timeout:g} s, "
@@ -146,7 +146,7 @@ def _upstream_metrics(config: Config) -> str:
 
 def _length_log_target(path: str | None) -> str:
     if path == "-":
-        return "standard output (JSON lines; headroom's own log goes to standard error)"
+        return "standard output (JSON lines; brimful's own log goes to standard error)"
     return path or "off"
 
 
@@ -154,14 +154,14 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, overrides=serve_overrides(args))
     except ConfigError as exc:
-        print(f"headroom: configuration error: {exc}", file=sys.stderr)
+        print(f"brimful: configuration error: {exc}", file=sys.stderr)
         return 2
     configure_logging(config.logging.level, config.logging.json)
     print(summary(config), file=sys.stderr, flush=True)
 
     import uvicorn
 
-    from .app import HeadroomApp
+    from .app import BrimfulApp
 
     if config.server.workers > 1:
         from . import workers
@@ -170,10 +170,10 @@ def run_serve(args: argparse.Namespace) -> int:
             return workers.serve(config.server.host, config.server.port, config.server.workers,
                                  worker_runner(config))
         except OSError as exc:
-            print(f"headroom: cannot listen on {config.server.host}:{config.server.port}: {exc}", file=sys.stderr)
+            print(f"brimful: cannot listen on {config.server.host}:{config.server.port}: {exc}", file=sys.stderr)
             return 1
 
-    app = HeadroomApp(config)
+    app = BrimfulApp(config)
     # uvicorn drains on SIGTERM, then re-raises the signal with the handler that
     # was installed before it started.  With the default handler the process
     # would die by the signal (status -15) after a clean drain, which systemd
@@ -182,7 +182,7 @@ def run_serve(args: argparse.Namespace) -> int:
     server = uvicorn.Server(uvicorn.Config(app, host=config.server.host, port=config.server.port,
                                            **uvicorn_options(config)))
     if config.server.metrics_port:
-        # headroom's pages on a listener of their own: the app tells them apart by the local port.
+        # brimful's pages on a listener of their own: the app tells them apart by the local port.
         sockets = [_listen(config.server.host, config.server.port),
                    _listen(config.server.metrics_host or config.server.host, config.server.metrics_port)]
         server.run(sockets=sockets)
@@ -192,13 +192,13 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def worker_runner(config: Config) -> Callable[[WorkerSlot, socket.socket], int]:
-    """What each of `--workers N` runs: a HeadroomApp that knows its slot, under uvicorn, on its socket."""
+    """What each of `--workers N` runs: a BrimfulApp that knows its slot, under uvicorn, on its socket."""
     import uvicorn
 
-    from .app import HeadroomApp
+    from .app import BrimfulApp
 
     def run_worker(slot: WorkerSlot, sock: socket.socket) -> int:
-        app = HeadroomApp(config, worker=slot)
+        app = BrimfulApp(config, worker=slot)
         server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options(config)))
         server.run(sockets=[sock])
         return 0 if server.started else 1
@@ -217,7 +217,7 @@ def uvicorn_options(config: Config) -> dict[str, Any]:
         server_header=False,       # relay the upstream's own Server and Date headers
         date_header=False,
         timeout_graceful_shutdown=config.server.shutdown_timeout,
-        # headroom never reads the client address, so uvicorn's X-Forwarded-For
+        # brimful never reads the client address, so uvicorn's X-Forwarded-For
         # rewriting middleware would be pure per-request cost (~2 % of CPU, profiled).
         proxy_headers=False,
         # The limits uvicorn lacks (head size, head/body/idle timeouts, connections): proxy.server.

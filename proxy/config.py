@@ -1,6 +1,6 @@
-"""Configuration: defaults < TOML file < HEADROOM_* environment < command-line flags.
+"""Configuration: defaults < TOML file < BRIMFUL_* environment < command-line flags.
 
-The schema is the dataclasses below; `config/headroom.toml` documents every
+The schema is the dataclasses below; `config/brimful.toml` documents every
 key.  Loading validates every value against its field's type and rejects an
 unknown key with the closest valid name, so a typo in a deployed file fails at
 start-up instead of silently doing nothing.
@@ -36,7 +36,7 @@ class ServerConfig:
     port: int = 8100
     max_body_bytes: int = 32 * MiB          # larger bodies get 413
     api_keys: list[str] = field(default_factory=list)  # inbound keys; empty = no auth
-    # headroom's pages (/metrics, /stats, /dashboard, the full /ready): their own keys,
+    # brimful's pages (/metrics, /stats, /dashboard, the full /ready): their own keys,
     # else the API's; or a listener of their own (metrics_port), as Prometheus setups do.
     metrics_api_keys: list[str] = field(default_factory=list)
     metrics_host: str | None = None        # unset: host
@@ -229,7 +229,7 @@ def load_config(
             raise ConfigError(f"configuration file {path} is not valid TOML: {exc}") from None
     config = _build(Config, data, "")
     for dotted, raw in _env_overrides(os.environ if env is None else env).items():
-        _set_dotted(config, dotted, raw, from_text=True, source="environment variable HEADROOM_"
+        _set_dotted(config, dotted, raw, from_text=True, source="environment variable BRIMFUL_"
                     + dotted.replace(".", "_").upper())
     for dotted, value in (overrides or {}).items():
         if value is not None:
@@ -326,14 +326,14 @@ def _parse_text(hint: Any, text: str, key: str) -> Any:
 
 
 def _env_overrides(env: Mapping[str, str]) -> dict[str, str]:
-    """HEADROOM_<SECTION>_<KEY> → "section.key" for every scalar key of every section."""
+    """BRIMFUL_<SECTION>_<KEY> → "section.key" for every scalar key of every section."""
     found: dict[str, str] = {}
     sections = typing.get_type_hints(Config)
     for section in dataclasses.fields(Config):
         if section.name in ("models", "upstreams"):
             continue
         for fld in dataclasses.fields(sections[section.name]):
-            name = f"HEADROOM_{section.name}_{fld.name}".upper()
+            name = f"BRIMFUL_{section.name}_{fld.name}".upper()
             if name in env:
                 found[f"{section.name}.{fld.name}"] = env[name]
     return found

@@ -1,7 +1,7 @@
-"""`headroom count`: count a request's prompt tokens offline, as vLLM would.
+"""`brimful count`: count a request's prompt tokens offline, as vLLM would.
 
-    headroom count [--tokenizer DIR | --model ID] [--endpoint chat|completions] [FILE|-]
-    headroom count --jsonl CASES.jsonl --models-root DIR
+    brimful count [--tokenizer DIR | --model ID] [--endpoint chat|completions] [FILE|-]
+    brimful count --jsonl CASES.jsonl --models-root DIR
 
 Without --tokenizer, the tokenizer is looked up in the Hugging Face cache
 ($HF_HOME/hub/models--ORG--NAME/snapshots/*/, where vLLM downloads models) by
@@ -37,7 +37,7 @@ from tokenizer_cache import (
 EXIT_OK = 0
 EXIT_REJECTED = 1
 EXIT_BAD_INPUT = 2
-EXIT_UNCOUNTED = 3      # media headroom cannot count (vLLM would serve the request)
+EXIT_UNCOUNTED = 3      # media brimful cannot count (vLLM would serve the request)
 
 
 def register(subparsers: Any) -> None:
@@ -109,17 +109,17 @@ def _run_single(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         text = sys.stdin.read() if args.input == "-" else pathlib.Path(args.input).read_text(encoding="utf-8")
         body = json.loads(text)
     except (OSError, UnicodeDecodeError) as exc:
-        err.write(f"headroom count: cannot read {args.input}: {exc}\n")
+        err.write(f"brimful count: cannot read {args.input}: {exc}\n")
         return EXIT_BAD_INPUT
     except ValueError as exc:
-        err.write(f"headroom count: {args.input} is not valid JSON: {exc}\n")
+        err.write(f"brimful count: {args.input} is not valid JSON: {exc}\n")
         return EXIT_BAD_INPUT
     if not isinstance(body, dict):
-        err.write("headroom count: the request body must be a JSON object\n")
+        err.write("brimful count: the request body must be a JSON object\n")
         return EXIT_BAD_INPUT
     endpoint = _endpoint_of(body, args.endpoint)
     if endpoint is None:
-        err.write("headroom count: cannot tell the endpoint (no 'messages', 'prompt' or 'input'); pass --endpoint\n")
+        err.write("brimful count: cannot tell the endpoint (no 'messages', 'prompt' or 'input'); pass --endpoint\n")
         return EXIT_BAD_INPUT
     directory = args.tokenizer or _cached_tokenizer_dir(args.model or body.get("model"), err)
     if directory is None:
@@ -127,7 +127,7 @@ def _run_single(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         tokenizer = load_model_tokenizer(directory)
     except (OSError, ValueError) as exc:
-        err.write(f"headroom count: {exc}\n")
+        err.write(f"brimful count: {exc}\n")
         return EXIT_BAD_INPUT
     try:
         _emit(out, count_request(tokenizer, endpoint, body))
@@ -144,12 +144,12 @@ def _run_single(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def _cached_tokenizer_dir(model: Any, err: TextIO) -> pathlib.Path | None:
     """The model's tokenizer in the Hugging Face cache, or None (and why, on err)."""
     if not isinstance(model, str) or not model:
-        err.write("headroom count: pass --tokenizer DIR or --model ID (the request names no model)\n")
+        err.write("brimful count: pass --tokenizer DIR or --model ID (the request names no model)\n")
         return None
     found = find_tokenizer_dir(model, None)
     if found is None:
         hub = pathlib.Path(os.environ.get("HF_HOME") or "~/.cache/huggingface").expanduser() / "hub"
-        err.write(f"headroom count: no tokenizer for {model} in the Hugging Face cache ({hub}); "
+        err.write(f"brimful count: no tokenizer for {model} in the Hugging Face cache ({hub}); "
                   "pass --tokenizer DIR (a folder holding tokenizer.json)\n")
     return found
 
@@ -182,7 +182,7 @@ def _case_result(cache: TokenizerCache, root: pathlib.Path, line: str, number: i
 
 def _run_jsonl(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if not args.models_root:
-        err.write("headroom count: --jsonl needs --models-root DIR\n")
+        err.write("brimful count: --jsonl needs --models-root DIR\n")
         return EXIT_BAD_INPUT
     root = pathlib.Path(args.models_root)
     cache = TokenizerCache(max_entries=64)
@@ -190,7 +190,7 @@ def _run_jsonl(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         # stdin or the file: the one `with` below closes either
         handle = sys.stdin if args.jsonl == "-" else open(args.jsonl, encoding="utf-8")  # noqa: SIM115
     except OSError as exc:
-        err.write(f"headroom count: cannot read {args.jsonl}: {exc}\n")
+        err.write(f"brimful count: cannot read {args.jsonl}: {exc}\n")
         return EXIT_BAD_INPUT
     with handle:
         for number, line in enumerate(handle, start=1):
@@ -207,8 +207,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m proxy.count_cli …`, the same as `headroom count …`."""
-    parser = argparse.ArgumentParser(prog="headroom count", description=__doc__,
+    """`python -m proxy.count_cli …`, the same as `brimful count …`."""
+    parser = argparse.ArgumentParser(prog="brimful count", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_arguments(parser)
     return run(parser.parse_args(argv))

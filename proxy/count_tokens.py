@@ -1,8 +1,8 @@
-"""`POST /v1/messages/count_tokens`, answered by headroom itself from its exact count.
+"""`POST /v1/messages/count_tokens`, answered by brimful itself from its exact count.
 
 vLLM serves Anthropic's token-counting route by rendering the converted chat
 request, and refuses a conversation longer than max_model_len there too ("at
-least N input tokens"), so a client cannot learn how far over it is.  headroom
+least N input tokens"), so a client cannot learn how far over it is.  brimful
 has already counted the prompt the way vLLM's /v1/messages will
 (`proxy.surfaces.MessagesCountSurface`); it answers in Anthropic's shape,
 `{"input_tokens": N}` (plus vLLM's `context_management`), without an upstream
@@ -17,11 +17,11 @@ import logging
 
 from . import jsonbody
 from .asgi import ClientGone, Receive, Scope, Send, read_body, request_id, send_whole
-from .errors import HeadroomError
+from .errors import BrimfulError
 from .exchange import ExchangeServices
 from .surfaces import Surface
 
-log = logging.getLogger("headroom")
+log = logging.getLogger("brimful")
 
 
 async def answer_count_tokens(services: ExchangeServices, surface: Surface, scope: Scope, receive: Receive,
@@ -35,7 +35,7 @@ async def answer_count_tokens(services: ExchangeServices, surface: Surface, scop
     except ClientGone:
         log.debug("client left before sending the whole body of %s", scope["path"])
         return
-    except HeadroomError as err:
+    except BrimfulError as err:
         await send_whole(send, err.status, surface.error_body(err), err.response_headers([(b"x-request-id", rid)]))
         return
     tokens = count.total
@@ -43,7 +43,7 @@ async def answer_count_tokens(services: ExchangeServices, surface: Surface, scop
     headers = [
         (b"content-type", b"application/json"),
         (b"x-request-id", rid),
-        (b"x-headroom-prompt-tokens", str(tokens).encode()),
-        (b"x-headroom-count", (count.source if count.exact else "margin").encode()),
+        (b"x-brimful-prompt-tokens", str(tokens).encode()),
+        (b"x-brimful-count", (count.source if count.exact else "margin").encode()),
     ]
     await send_whole(send, 200, json.dumps(answer).encode(), headers)

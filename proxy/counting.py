@@ -2,7 +2,7 @@
 
 Per model, the tokenizer directory is, in order: the config's
 `models."name".tokenizer`; the `root` that `/v1/models` reports when it is a
-readable local directory (vLLM and headroom sharing a volume); a Hugging Face
+readable local directory (vLLM and brimful sharing a volume); a Hugging Face
 cache snapshot found by the model id or `root`; a LoRA adapter's base model's
 tokenizer.  Nothing is downloaded.  A model with no local tokenizer is counted
 by the upstream itself (`POST /tokenize`, which answers with vLLM's exact count
@@ -56,14 +56,14 @@ from tokenizer_cache import (
 from . import errors
 from .backends import Backends
 from .config import Config
-from .errors import HeadroomError
+from .errors import BrimfulError
 from .gate import MemoryBudget
 from .models import ModelInfo
 from .surfaces import Surface
 from .trust import CountTrust
 from .upstream import Upstream
 
-log = logging.getLogger("headroom.counting")
+log = logging.getLogger("brimful.counting")
 
 
 # Long prompts are counted on threads the OS runs only when the event loop does
@@ -97,7 +97,7 @@ def _long_prompt_pool() -> concurrent.futures.ThreadPoolExecutor:
     global _pool
     if _pool is None:
         _pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="headroom-count",
+            max_workers=min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="brimful-count",
             initializer=_lower_thread_priority,
         )
     return _pool
@@ -200,13 +200,13 @@ def check_char_bound(surface: Surface, tok: CountingModel, body: dict[str, Any],
             raise errors.prompt_over_char_bound(len(text), bound, max_model_len, surface.prompt_param)
 
 
-def _counting_busy(limit: int, waited: float) -> HeadroomError:
+def _counting_busy(limit: int, waited: float) -> BrimfulError:
     return errors.counting_busy(limit, waited)
 
 
 @dataclass(frozen=True)
 class EngineState:
-    """Which engine turns a model's text into tokens (/stats, headroom_count_engine)."""
+    """Which engine turns a model's text into tokens (/stats, brimful_count_engine)."""
 
     engine: str                  # "fastokens", "tokenizers" or "mistral-common"
     fallback: str | None         # why not fastokens, when it was wanted but does not count this model
@@ -250,7 +250,7 @@ class PromptCounter:
         self._dirs: dict[str, Path | None] = {}
         # model -> its loaded tokenizer: the per-request lookup then needs no worker
         # thread (asyncio.to_thread + TokenizerCache.get's Path.resolve() were ~20 %
-        # of headroom's CPU per small request, profiled at 64 connections).
+        # of brimful's CPU per small request, profiled at 64 connections).
         # Bounded like the cache itself; cleared when the model list changes.
         self._ready: OrderedDict[str, CountingModel] = OrderedDict()
         self._ready_max = config.tokenizers.cache_size
@@ -403,12 +403,12 @@ class PromptCounter:
             except CountError:
                 local = None      # the template cannot render this probe (e.g. no tool support)
             except MediaNotCountable:
-                continue          # a model headroom counts no images for: the upstream counts those
+                continue          # a model brimful counts no images for: the upstream counts those
             try:
                 status, answer = await upstream.post_json(
                     "/tokenize", {"model": model, "add_generation_prompt": True, **probe}
                 )
-            except errors.HeadroomError:
+            except errors.BrimfulError:
                 return None
             if status == 404:
                 return None
@@ -420,10 +420,10 @@ class PromptCounter:
             compared += 1
             if local != theirs:
                 shown = [("refused" if c is None else str(c)) for c in (local, theirs)]
-                mismatches.append(f"{name}: headroom {shown[0]}, upstream {shown[1]}")
+                mismatches.append(f"{name}: brimful {shown[0]}, upstream {shown[1]}")
         if mismatches:
             log.warning(
-                "model %s: headroom's token counts differ from the upstream's /tokenize (%s); check the "
+                "model %s: brimful's token counts differ from the upstream's /tokenize (%s); check the "
                 "tokenizer directory %s and the chat template vLLM serves with",
                 model, "; ".join(mismatches), tok.source_dir,
             )
@@ -435,7 +435,7 @@ class PromptCounter:
         return True
 
     async def parity_by_usage(self, model: str, tok: CountingModel) -> bool | None:
-        """The probes as one-token chat completions, their usage against headroom's count.
+        """The probes as one-token chat completions, their usage against brimful's count.
 
         For models whose /tokenize does not render what the chat renders; costs
         one prefill and one generated token per probe, once per model.
@@ -453,7 +453,7 @@ class PromptCounter:
             try:
                 status, answer = await upstream.post_json(
                     "/v1/chat/completions", {"model": model, "max_tokens": 1, **probe})
-            except errors.HeadroomError:
+            except errors.BrimfulError:
                 return None
             usage = answer.get("usage") if status == 200 and isinstance(answer, dict) else None
             theirs = usage.get("prompt_tokens") if isinstance(usage, dict) else None
@@ -463,9 +463,9 @@ class PromptCounter:
                 continue
             compared += 1
             if local != theirs:
-                mismatches.append(f"{name}: headroom {local}, upstream usage {theirs}")
+                mismatches.append(f"{name}: brimful {local}, upstream usage {theirs}")
         if mismatches:
-            log.warning("model %s: headroom's token counts differ from the upstream's usage (%s)",
+            log.warning("model %s: brimful's token counts differ from the upstream's usage (%s)",
                         model, "; ".join(mismatches))
             return False
         if compared == 0:
@@ -494,7 +494,7 @@ class PromptCounter:
         if trust.mode == "upstream":
             try:
                 counted = await self._count_upstream(model, surface, body)
-            except errors.HeadroomError as exc:
+            except errors.BrimfulError as exc:
                 if exc.status < 500:
                     raise      # /tokenize refused the request: vLLM's chat would refuse it too
                 # /tokenize unavailable: the local count, held for what it is, not exact.
@@ -505,11 +505,11 @@ class PromptCounter:
 
     async def _count_media_upstream(self, model: str, surface: Surface, body: dict[str, Any],
                                     exc: MediaNotCountable) -> Count:
-        """Media headroom cannot count: vLLM's /tokenize runs the model's multimodal
+        """Media brimful cannot count: vLLM's /tokenize runs the model's multimodal
         processor and is exact; if it cannot answer, the request goes uncounted (never a 400)."""
         try:
             return Count(await self._count_upstream(model, surface, body), True, 0, "upstream")
-        except errors.HeadroomError:
+        except errors.BrimfulError:
             return Count([], False, 0, "local", uncounted=exc.reason)
 
     async def _count_local(self, tok: CountingModel, surface: Surface, body: dict[str, Any],
@@ -595,7 +595,7 @@ _PROBE_IMAGE = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAABsAAAAdCAIAAADU7
 # has (a system prompt, tools as the Agents SDK and LlamaIndex send them, with
 # `strict` true and false and `defer_loading`, text parts, a tool round trip,
 # non-ASCII text, a developer message with reasoning in the history, an image
-# for the models whose images headroom counts, a system message that is not
+# for the models whose images brimful counts, a system message that is not
 # first).  Where a template cannot render one, the upstream must refuse it too,
 # else it is a mismatch (parity_check).
 PARITY_PROBES: dict[str, dict[str, Any]] = {
@@ -661,7 +661,7 @@ def _check_and_trim(surface: Surface, tok: CountingModel, body: dict[str, Any], 
                     trim: bool) -> None:
     try:
         check_char_bound(surface, tok, body, bound, max_model_len)
-    except HeadroomError:
+    except BrimfulError:
         if trim:
             _trim_heap()            # the rendered text of a huge prompt, gone
         raise

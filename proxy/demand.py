@@ -5,14 +5,14 @@ refused for its prompt or clamped to the room left never shows its real
 length, so a percentile of served lengths cannot rise above the current
 `max_model_len` (issue 16).  This module reads the same length records
 (`proxy.record.LengthRecord`, as the dicts of the JSONL log, or a record's
-`vars()`) and states the demand of each one.  Pure functions: `headroom report`
+`vars()`) and states the demand of each one.  Pure functions: `brimful report`
 (`proxy.report`) and `/stats` (`proxy.stats`) both reduce demands to a
 `DemandTally` and ask `recommend_from_demand`.
 
 Definitions:
 
 * prompt = `proxy.lengths.effective_prompt_tokens` (the upstream's count, else
-  headroom's; refused requests have only the latter).  For a batched
+  brimful's; refused requests have only the latter).  For a batched
   completions request the record holds the sum over its prompts, so its
   demand is an upper bound.
 * **demanded sequence length** (what `max_model_len` must hold; vLLM checks
@@ -29,7 +29,7 @@ Definitions:
 * **demanded KV tokens** (what the cache holds for it; seed 000: "프롬프트 1벌 +
   출력 n벌"): prompt + n × the per-choice completion asked for, or prompt + the
   completion tokens generated (usage already sums the choices).
-* **outcome at L** for a demand, with headroom in front of vLLM 0.32
+* **outcome at L** for a demand, with brimful in front of vLLM 0.32
   (`proxy.admission`, policy `clamp`): refused when prompt ≥ L, or when the
   sequence does not fit and the room L − prompt is below the minimum
   completion; served in full when the sequence ≤ L; clamped otherwise.  A
@@ -346,7 +346,7 @@ def recommend_from_demand(
 # ---------------------------------------------------------------------------
 # why requests were not served
 
-# Every errors.ErrorCode headroom emits or records.  Media parts are refused today as INVALID_PROMPT
+# Every errors.ErrorCode brimful emits or records.  Media parts are refused today as INVALID_PROMPT
 # (tokenizer_cache.UnsupportedContent → errors.invalid_prompt), the same code as a template error;
 # INVALID_MEDIA is the code a distinct media refusal carries.
 ERROR_CODE_REASONS: dict[str, Reason] = {
@@ -372,7 +372,7 @@ ERROR_CODE_REASONS: dict[str, Reason] = {
     ErrorCode.UPSTREAM_ERROR: "upstream_failure",
     ErrorCode.UPSTREAM_STREAM_ERROR: "upstream_failure",
     ErrorCode.UPSTREAM_INVALID_RESPONSE: "upstream_failure",
-    ErrorCode.COUNTING_BUSY: "upstream_failure",      # headroom's own back-pressure, like upstream_busy
+    ErrorCode.COUNTING_BUSY: "upstream_failure",      # brimful's own back-pressure, like upstream_busy
     # Answered by proxy.server before any app code: never in a record, listed for completeness.
     ErrorCode.INVALID_HTTP_REQUEST: "bad_request",
     ErrorCode.REQUEST_TIMEOUT: "client_gone",
@@ -398,7 +398,7 @@ def rejection_reason(rec: Mapping[str, Any]) -> Reason | None:
 
 def reason_of(code: object, action: object, status: int | None, prompt: int | None,
               max_model_len: int | None) -> Reason | None:
-    """`rejection_reason` over the fields themselves (headroom's own prompt count, not the upstream's)."""
+    """`rejection_reason` over the fields themselves (brimful's own prompt count, not the upstream's)."""
     failed = action in ("rejected", "upstream_error") or (status is not None and status >= 400)
     if code is None and not failed:
         return None

@@ -1,4 +1,4 @@
-"""One vLLM deployment as `headroom plan` sees it: resolved per GPU, judged, and fixed when it does not fit.
+"""One vLLM deployment as `brimful plan` sees it: resolved per GPU, judged, and fixed when it does not fit.
 
 `DeploymentSpec` holds what the operator chose (model, GPU, every vLLM option
 that moves memory); `resolve` turns it into per-GPU figures (`Hardware`);
@@ -125,7 +125,7 @@ def resolve(spec: DeploymentSpec) -> Hardware:
 @dataclass(frozen=True)
 class Problem:
     kind: ProblemKind
-    message: str                  # headroom's sentence, with the figures
+    message: str                  # brimful's sentence, with the figures
     vllm_error: str | None = None  # what vLLM itself prints, when known
     fix: str | None = None
 

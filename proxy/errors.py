@@ -1,9 +1,9 @@
-"""Every error headroom sends or records, in one place.
+"""Every error brimful sends or records, in one place.
 
-`ErrorCode` is the whole vocabulary: every code headroom answers with, maps an
+`ErrorCode` is the whole vocabulary: every code brimful answers with, maps an
 upstream failure to, or writes into a length record and a metric label is one
 of its members, so the list of failures reads on one screen (as TGI's
-`ValidationError` does).  Each failure is a `HeadroomError` built by one of the
+`ValidationError` does).  Each failure is a `BrimfulError` built by one of the
 constructors below (admission's own decisions, transport faults) or by
 `proxy.upstream_explain` (an upstream's answer, explained).
 
@@ -12,7 +12,7 @@ behind the message.  Each API surface renders it in the envelope its clients
 expect (`proxy.surfaces`); `openai_body` is OpenAI's envelope,
 `{"error": {"message", "type", "param", "code"}}`, which the official `openai`
 client turns into its usual exception class (it picks the class from the HTTP
-status and reads `error.message`).  headroom adds a `headroom` object beside
+status and reads `error.message`).  brimful adds a `brimful` object beside
 those four keys with the numbers behind the message (and, for an upstream
 error, the upstream's original message), for programs that want more than
 prose.
@@ -27,19 +27,19 @@ from typing import Any
 
 
 class ErrorCode(StrEnum):
-    """Every error code headroom emits or records."""
+    """Every error code brimful emits or records."""
 
     # the request itself (4xx)
     INVALID_JSON = "invalid_json"                          # body is not JSON / not UTF-8 / nested too deeply
     INVALID_REQUEST_BODY = "invalid_request_body"          # JSON, but not an object
     REQUEST_TOO_LARGE = "request_too_large"                # over server.max_body_bytes (413)
-    INVALID_VALUE = "invalid_value"                        # a field headroom reads has a bad type or value
+    INVALID_VALUE = "invalid_value"                        # a field brimful reads has a bad type or value
     INVALID_PROMPT = "invalid_prompt"                      # cannot be rendered or tokenized (vLLM refuses it too)
     INVALID_MEDIA = "invalid_media"                        # a media part (image, audio, video) that cannot be counted
     INVALID_API_KEY = "invalid_api_key"                    # 401
     MODEL_NOT_FOUND = "model_not_found"                    # 404, worded as vLLM words it
     NOT_FOUND = "not_found"                                # 404: a path this listener does not serve
-    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"    # headroom's or the upstream's length refusal
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"    # brimful's or the upstream's length refusal
     # the connection (answered by proxy.server, before any app code runs)
     INVALID_HTTP_REQUEST = "invalid_http_request"          # 400: not parseable HTTP/1.1
     REQUEST_TIMEOUT = "request_timeout"                    # 408: head or body too slow
@@ -59,9 +59,9 @@ class ErrorCode(StrEnum):
     UPSTREAM_ERROR = "upstream_error"                      # any other upstream fault or unreadable answer
     UPSTREAM_STREAM_ERROR = "upstream_stream_error"        # an error event inside a started stream
     UPSTREAM_INVALID_RESPONSE = "upstream_invalid_response"  # 502: a success whose body is not whole JSON
-    # headroom itself
+    # brimful itself
     SERVER_SHUTTING_DOWN = "server_shutting_down"          # SIGTERM drain deadline passed
-    INTERNAL_ERROR = "internal_error"                      # a bug in headroom
+    INTERNAL_ERROR = "internal_error"                      # a bug in brimful
     # recorded only (never sent: nobody is left to receive it)
     CLIENT_DISCONNECTED = "client_disconnected"
 
@@ -103,7 +103,7 @@ _ANTHROPIC_TYPE_BY_STATUS = {
 
 
 @dataclass
-class HeadroomError(Exception):
+class BrimfulError(Exception):
     """An error answer: status, code, message, the field at fault and the numbers behind it.
 
     `wire_code` and `type` override what the envelope shows, for the answers
@@ -130,7 +130,7 @@ class HeadroomError(Exception):
         return self.wire_code if self.wire_code is not None else self.code.value
 
     def body(self) -> dict[str, Any]:
-        """OpenAI's error envelope (plus headroom's numbers)."""
+        """OpenAI's error envelope (plus brimful's numbers)."""
         error: dict[str, Any] = {
             "message": self.message,
             "type": self.type,
@@ -138,7 +138,7 @@ class HeadroomError(Exception):
             "code": self.envelope_code,
         }
         if self.details:
-            error["headroom"] = self.details
+            error["brimful"] = self.details
         return {"error": error}
 
     def body_bytes(self) -> bytes:
@@ -159,13 +159,13 @@ class HeadroomError(Exception):
     def anthropic_body(self) -> dict[str, Any]:
         """Anthropic's error envelope, `{"type": "error", "error": {"type", "message"}}`, which the
         `anthropic` client turns into its usual exception class (chosen by the HTTP status);
-        headroom's code, param and numbers ride in `error.headroom`."""
+        brimful's code, param and numbers ride in `error.brimful`."""
         error: dict[str, Any] = {"type": _ANTHROPIC_TYPE_BY_STATUS.get(self.status, "api_error"),
                                  "message": self.message}
         extra: dict[str, Any] = {"code": self.code.value}
         if self.param is not None:
             extra["param"] = self.param
-        error["headroom"] = {**extra, **self.details}
+        error["brimful"] = {**extra, **self.details}
         return {"type": "error", "error": error}
 
     def anthropic_body_bytes(self) -> bytes:
@@ -180,7 +180,7 @@ class HeadroomError(Exception):
     def responses_event(self, sequence_number: int) -> bytes:
         """The Responses API's `error` event (`type`, `code`, `message`, `param`, `sequence_number`),
         with OpenAI's error object beside it: the `openai` client raises `APIError` with
-        headroom's message on a stream event that carries `error`, and the Agents SDK ends the
+        brimful's message on a stream event that carries `error`, and the Agents SDK ends the
         run on an `error` event."""
         event: dict[str, Any] = {"type": "error", "code": self.envelope_code, "message": self.message,
                                  "param": self.param, "sequence_number": sequence_number}
@@ -193,8 +193,8 @@ class HeadroomError(Exception):
 # Bad input (400 / 404 / 413 / 415)
 # ---------------------------------------------------------------------------
 
-def invalid_json(detail: str) -> HeadroomError:
-    return HeadroomError(
+def invalid_json(detail: str) -> BrimfulError:
+    return BrimfulError(
         400,
         f"The request body is not valid JSON ({detail}). Send a JSON object such as "
         '{"model": "...", "messages": [{"role": "user", "content": "Hello"}]}.',
@@ -202,28 +202,28 @@ def invalid_json(detail: str) -> HeadroomError:
     )
 
 
-def body_not_object(kind: str) -> HeadroomError:
-    return HeadroomError(
+def body_not_object(kind: str) -> BrimfulError:
+    return BrimfulError(
         400,
         f"The request body must be a JSON object, got a JSON {kind}.",
         code=ErrorCode.INVALID_REQUEST_BODY,
     )
 
 
-def body_too_large(size: int, limit: int) -> HeadroomError:
-    return HeadroomError(
+def body_too_large(size: int, limit: int) -> BrimfulError:
+    return BrimfulError(
         413,
-        f"The request body is {size} bytes, more than the {limit} bytes this headroom accepts "
+        f"The request body is {size} bytes, more than the {limit} bytes this brimful accepts "
         "(limits.max_body_bytes in the configuration).",
         code=ErrorCode.REQUEST_TOO_LARGE,
         details={"body_bytes": size, "max_body_bytes": limit},
     )
 
 
-def invalid_field(param: str, problem: str, value: Any = None) -> HeadroomError:
-    """A field headroom reads has the wrong type or an impossible value."""
+def invalid_field(param: str, problem: str, value: Any = None) -> BrimfulError:
+    """A field brimful reads has the wrong type or an impossible value."""
     shown = _short_repr(value)
-    return HeadroomError(
+    return BrimfulError(
         400,
         f"Invalid value for '{param}': {problem}" + (f" (got {shown})." if value is not None else "."),
         code=ErrorCode.INVALID_VALUE,
@@ -231,14 +231,14 @@ def invalid_field(param: str, problem: str, value: Any = None) -> HeadroomError:
     )
 
 
-def invalid_prompt(message: str, param: str = "messages") -> HeadroomError:
+def invalid_prompt(message: str, param: str = "messages") -> BrimfulError:
     """The prompt cannot be rendered or tokenized the way vLLM would (vLLM answers 400 too)."""
-    return HeadroomError(400, message, code=ErrorCode.INVALID_PROMPT, param=param)
+    return BrimfulError(400, message, code=ErrorCode.INVALID_PROMPT, param=param)
 
 
-def model_not_found(model: str, available: list[str]) -> HeadroomError:
+def model_not_found(model: str, available: list[str]) -> BrimfulError:
     """Same wording, status and fields as vLLM 0.32 (captures/a_model_unknown_chat.json)."""
-    return HeadroomError(
+    return BrimfulError(
         404,
         f"The model `{model}` does not exist. Valid aliases: {', '.join(available)}.",
         code=ErrorCode.MODEL_NOT_FOUND,
@@ -248,10 +248,10 @@ def model_not_found(model: str, available: list[str]) -> HeadroomError:
     )
 
 
-def no_model_known(upstream: str | None) -> HeadroomError:
-    return HeadroomError(
+def no_model_known(upstream: str | None) -> BrimfulError:
+    return BrimfulError(
         503,
-        f"headroom does not know which models {_the(upstream)} serves yet: its /v1/models "
+        f"brimful does not know which models {_the(upstream)} serves yet: its /v1/models "
         "has not answered. vLLM takes tens of seconds to minutes to load weights before it serves; "
         "retry shortly.",
         code=ErrorCode.UPSTREAM_NOT_READY,
@@ -259,18 +259,18 @@ def no_model_known(upstream: str | None) -> HeadroomError:
     )
 
 
-def malformed_request(detail: str) -> HeadroomError:
-    return HeadroomError(
+def malformed_request(detail: str) -> BrimfulError:
+    return BrimfulError(
         400,
         f"The request is not valid HTTP/1.1 ({detail.rstrip('.')}); nothing was forwarded.",
         code=ErrorCode.INVALID_HTTP_REQUEST,
     )
 
 
-def request_timeout(part: str, seconds: float) -> HeadroomError:
+def request_timeout(part: str, seconds: float) -> BrimfulError:
     """The client started a request and stopped sending it (server.header_timeout / body_timeout)."""
     key = "server.header_timeout" if part == "request head" else "server.body_timeout"
-    return HeadroomError(
+    return BrimfulError(
         408,
         f"The {part} did not arrive within {seconds:g} s ({key}); the connection is closed and nothing "
         "was forwarded.",
@@ -279,20 +279,20 @@ def request_timeout(part: str, seconds: float) -> HeadroomError:
     )
 
 
-def header_too_large(limit: int) -> HeadroomError:
-    return HeadroomError(
+def header_too_large(limit: int) -> BrimfulError:
+    return BrimfulError(
         431,
-        f"The request line and headers are larger than the {limit} bytes this headroom accepts "
+        f"The request line and headers are larger than the {limit} bytes this brimful accepts "
         "(server.max_header_bytes); nothing was forwarded.",
         code=ErrorCode.REQUEST_HEADER_TOO_LARGE,
         details={"max_header_bytes": limit},
     )
 
 
-def too_many_connections(limit: int) -> HeadroomError:
-    return HeadroomError(
+def too_many_connections(limit: int) -> BrimfulError:
+    return BrimfulError(
         503,
-        f"headroom already holds {limit} client connections (server.max_connections), each with a request "
+        f"brimful already holds {limit} client connections (server.max_connections), each with a request "
         "under way. Retry shortly.",
         code=ErrorCode.TOO_MANY_CONNECTIONS,
         details={"max_connections": limit},
@@ -300,22 +300,22 @@ def too_many_connections(limit: int) -> HeadroomError:
     )
 
 
-def not_here(path: str) -> HeadroomError:
-    """A path this listener does not serve (server.metrics_port splits headroom's pages from the API)."""
-    return HeadroomError(404, f"Nothing is served at {path} on this port.", code=ErrorCode.NOT_FOUND)
+def not_here(path: str) -> BrimfulError:
+    """A path this listener does not serve (server.metrics_port splits brimful's pages from the API)."""
+    return BrimfulError(404, f"Nothing is served at {path} on this port.", code=ErrorCode.NOT_FOUND)
 
 
-def unauthorized() -> HeadroomError:
-    return HeadroomError(
+def unauthorized() -> BrimfulError:
+    return BrimfulError(
         401,
         "Missing or invalid API key. Send 'Authorization: Bearer <key>' with one of the keys "
-        "configured in headroom (auth.api_keys).",
+        "configured in brimful (auth.api_keys).",
         code=ErrorCode.INVALID_API_KEY,
     )
 
 
 # ---------------------------------------------------------------------------
-# Admission (headroom's own length decisions)
+# Admission (brimful's own length decisions)
 # ---------------------------------------------------------------------------
 
 def tokens_to_remove(prompt_tokens: int, max_model_len: int, min_completion: int) -> int:
@@ -325,9 +325,9 @@ def tokens_to_remove(prompt_tokens: int, max_model_len: int, min_completion: int
 
 def prompt_too_long(
     prompt_tokens: int, max_model_len: int, model: str, param: str, min_completion: int = 1
-) -> HeadroomError:
+) -> BrimfulError:
     cut = tokens_to_remove(prompt_tokens, max_model_len, min_completion)
-    return HeadroomError(
+    return BrimfulError(
         400,
         f"This model's maximum context length is {max_model_len} tokens. However, your prompt is "
         f"{prompt_tokens} tokens (counted with {model}'s own tokenizer and chat template), which "
@@ -345,11 +345,11 @@ def prompt_too_long(
 
 def not_enough_room(
     prompt_tokens: int, max_model_len: int, min_completion: int, model: str, param: str
-) -> HeadroomError:
+) -> BrimfulError:
     """The room left is below the operator's `policy.min_completion_tokens`."""
     room = max_model_len - prompt_tokens
     cut = tokens_to_remove(prompt_tokens, max_model_len, min_completion)
-    return HeadroomError(
+    return BrimfulError(
         400,
         f"This model's maximum context length is {max_model_len} tokens. Your prompt is "
         f"{prompt_tokens} tokens (counted with {model}'s own tokenizer and chat template), so only "
@@ -369,17 +369,17 @@ def not_enough_room(
 
 def inputs_too_long(
     too_long: list[tuple[int, int]], max_model_len: int, model: str, param: str
-) -> HeadroomError:
+) -> BrimfulError:
     """A pooling request (embeddings, score, rerank, …) with inputs longer than max_model_len.
 
     `too_long` is (index, tokens) per offending input.  vLLM refuses the whole
-    request ("at least N input tokens", without saying which input); headroom
+    request ("at least N input tokens", without saying which input); brimful
     names each one.
     """
     index, tokens = too_long[0]
     others = len(too_long) - 1
     more = f" ({others} more input{'s are' if others != 1 else ' is'} too long as well)" if others else ""
-    return HeadroomError(
+    return BrimfulError(
         400,
         f"This model's maximum context length is {max_model_len} tokens. However, input {index} of "
         f"'{param}' is {tokens} tokens (counted with {model}'s own tokenizer){more}. Shorten it by at least "
@@ -395,10 +395,10 @@ def inputs_too_long(
     )
 
 
-def prompt_over_char_bound(chars: int, max_chars: int, max_model_len: int, param: str) -> HeadroomError:
+def prompt_over_char_bound(chars: int, max_chars: int, max_model_len: int, param: str) -> BrimfulError:
     """vLLM 0.32's character pre-check, word for word (captures/c09d_chat_over_char_bound.json): refused
     before tokenizing, since more characters than that cannot fit whatever they encode to."""
-    return HeadroomError(
+    return BrimfulError(
         400,
         f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains {chars} "
         f"characters (more than {max_chars} characters, which is the upper bound for {max_model_len} input "
@@ -412,10 +412,10 @@ def prompt_over_char_bound(chars: int, max_chars: int, max_model_len: int, param
 
 def completion_too_long(
     requested: int, field_name: str, prompt_tokens: int, max_model_len: int
-) -> HeadroomError:
+) -> BrimfulError:
     """Policy `reject`: the client asked for more than fits and the operator chose not to clamp."""
     room = max_model_len - prompt_tokens
-    return HeadroomError(
+    return BrimfulError(
         400,
         f"This model's maximum context length is {max_model_len} tokens. Your prompt is "
         f"{prompt_tokens} tokens and you requested {requested} completion tokens ({field_name}), "
@@ -436,18 +436,18 @@ def completion_too_long(
 # Upstream unavailable (502 / 503 / 504)
 # ---------------------------------------------------------------------------
 
-def upstream_unreachable(upstream: str | None, detail: str) -> HeadroomError:
-    return HeadroomError(
+def upstream_unreachable(upstream: str | None, detail: str) -> BrimfulError:
+    return BrimfulError(
         502,
-        f"headroom could not connect to {_the(upstream)} ({detail}). Is vLLM running and "
+        f"brimful could not connect to {_the(upstream)} ({detail}). Is vLLM running and "
         "listening there? A vLLM that is still starting refuses connections until its API server is up.",
         code=ErrorCode.UPSTREAM_UNREACHABLE,
         details={**_where(upstream), "cause": detail},
     )
 
 
-def upstream_broken(upstream: str | None, detail: str) -> HeadroomError:
-    return HeadroomError(
+def upstream_broken(upstream: str | None, detail: str) -> BrimfulError:
+    return BrimfulError(
         502,
         f"{_the_cap(upstream)} broke the connection ({detail}). It may have crashed or been "
         "restarted; check its logs.",
@@ -456,9 +456,9 @@ def upstream_broken(upstream: str | None, detail: str) -> HeadroomError:
     )
 
 
-def upstream_invalid_answer(upstream: str | None, status: int, size: int, what: str) -> HeadroomError:
+def upstream_invalid_answer(upstream: str | None, status: int, size: int, what: str) -> BrimfulError:
     """The upstream said success, but its body is not the complete JSON answer (cut short, or garbage)."""
-    return HeadroomError(
+    return BrimfulError(
         502,
         f"{_the_cap(upstream)} answered HTTP {status} with {what} ({size} bytes) instead of a complete "
         "JSON answer. The request may have run upstream, but its answer is lost; retry it. The upstream may "
@@ -468,8 +468,8 @@ def upstream_invalid_answer(upstream: str | None, status: int, size: int, what: 
     )
 
 
-def upstream_not_ready(upstream: str | None, status: int, detail: str) -> HeadroomError:
-    return HeadroomError(
+def upstream_not_ready(upstream: str | None, status: int, detail: str) -> BrimfulError:
+    return BrimfulError(
         503,
         f"{_the_cap(upstream)} is not ready (HTTP {status}: {detail}). vLLM answers 503 while it "
         "loads weights or after its engine died; loading takes tens of seconds to minutes. Retry shortly.",
@@ -479,11 +479,11 @@ def upstream_not_ready(upstream: str | None, status: int, detail: str) -> Headro
     )
 
 
-def upstream_busy(upstream: str | None, limit: int, waited: float) -> HeadroomError:
+def upstream_busy(upstream: str | None, limit: int, waited: float) -> BrimfulError:
     """Back-pressure (proxy.gate): every request slot to this upstream stayed taken."""
-    return HeadroomError(
+    return BrimfulError(
         503,
-        f"{_the_cap(upstream)} already has {limit} requests in flight, the most headroom sends it "
+        f"{_the_cap(upstream)} already has {limit} requests in flight, the most brimful sends it "
         f"(upstream.max_concurrent_requests), and no slot freed within {waited:g} s "
         "(upstream.queue_timeout). Retry shortly; if vLLM has spare capacity, raise the limit.",
         code=ErrorCode.UPSTREAM_BUSY,
@@ -492,11 +492,11 @@ def upstream_busy(upstream: str | None, limit: int, waited: float) -> HeadroomEr
     )
 
 
-def counting_busy(limit: int, waited: float) -> HeadroomError:
+def counting_busy(limit: int, waited: float) -> BrimfulError:
     """Long prompts already fill the memory set aside for counting them (proxy.gate.MemoryBudget)."""
-    return HeadroomError(
+    return BrimfulError(
         503,
-        f"headroom is already counting as many long prompts as {limit >> 20} MiB of memory allows "
+        f"brimful is already counting as many long prompts as {limit >> 20} MiB of memory allows "
         f"(tokenizers.count_memory_bytes), and none finished within {waited:g} s (upstream.queue_timeout). "
         "Retry shortly.",
         code=ErrorCode.COUNTING_BUSY,
@@ -505,20 +505,20 @@ def counting_busy(limit: int, waited: float) -> HeadroomError:
     )
 
 
-def internal_error(request_id: str) -> HeadroomError:
-    """A bug in headroom: still answered in the OpenAI shape, never a bare 500 page."""
-    return HeadroomError(
+def internal_error(request_id: str) -> BrimfulError:
+    """A bug in brimful: still answered in the OpenAI shape, never a bare 500 page."""
+    return BrimfulError(
         500,
-        f"headroom hit an unexpected internal error and did not complete the request. This is a bug in "
-        f"headroom, not in your request: please report it with the request id {request_id}.",
+        f"brimful hit an unexpected internal error and did not complete the request. This is a bug in "
+        f"brimful, not in your request: please report it with the request id {request_id}.",
         code=ErrorCode.INTERNAL_ERROR,
     )
 
 
-def shutting_down(deadline: float) -> HeadroomError:
-    return HeadroomError(
+def shutting_down(deadline: float) -> BrimfulError:
+    return BrimfulError(
         503,
-        f"headroom is shutting down (SIGTERM) and this request was still running when the {deadline:g} s "
+        f"brimful is shutting down (SIGTERM) and this request was still running when the {deadline:g} s "
         "drain deadline passed (server.shutdown_timeout); its answer is missing or incomplete. Retry the "
         "request.",
         code=ErrorCode.SERVER_SHUTTING_DOWN,
@@ -527,11 +527,11 @@ def shutting_down(deadline: float) -> HeadroomError:
     )
 
 
-def discovery_timeout(upstream: str | None, path: str, seconds: float) -> HeadroomError:
+def discovery_timeout(upstream: str | None, path: str, seconds: float) -> BrimfulError:
     """Model discovery (GET /v1/models) got no answer in upstream.models_timeout: not a slow generation."""
-    return HeadroomError(
+    return BrimfulError(
         503,
-        f"{_the_cap(upstream)} did not answer GET {path} within {seconds:g} s (upstream.models_timeout). headroom "
+        f"{_the_cap(upstream)} did not answer GET {path} within {seconds:g} s (upstream.models_timeout). brimful "
         "needs that list to know the served models and their max_model_len; the upstream may still be starting, "
         "or be overloaded or stuck. Retry shortly.",
         code=ErrorCode.UPSTREAM_NOT_READY,
@@ -540,23 +540,23 @@ def discovery_timeout(upstream: str | None, path: str, seconds: float) -> Headro
     )
 
 
-def request_deadline(upstream: str | None, seconds: float) -> HeadroomError:
+def request_deadline(upstream: str | None, seconds: float) -> BrimfulError:
     """upstream.total_timeout: one request's whole time, however steadily the upstream was answering."""
-    return HeadroomError(
+    return BrimfulError(
         504,
-        f"The request ran longer than the {seconds:g} s headroom allows one request (upstream.total_timeout), so "
-        f"headroom closed it, which stops {_the(upstream)}'s work on it; the answer is incomplete. Request fewer "
+        f"The request ran longer than the {seconds:g} s brimful allows one request (upstream.total_timeout), so "
+        f"brimful closed it, which stops {_the(upstream)}'s work on it; the answer is incomplete. Request fewer "
         "tokens, or ask the operator to raise the limit.",
         code=ErrorCode.UPSTREAM_TIMEOUT,
         details={**_where(upstream), "phase": "the whole request", "timeout_s": seconds},
     )
 
 
-def upstream_timeout(upstream: str | None, phase: str, seconds: float) -> HeadroomError:
-    return HeadroomError(
+def upstream_timeout(upstream: str | None, phase: str, seconds: float) -> BrimfulError:
+    return BrimfulError(
         504,
         f"{_the_cap(upstream)} did not answer within {seconds:g} s ({phase}). A long generation can "
-        "be legitimately slow: raise the timeout (headroom serve --upstream-timeout) or request fewer "
+        "be legitimately slow: raise the timeout (brimful serve --upstream-timeout) or request fewer "
         "tokens; if every request times out, the server is overloaded or stuck.",
         code=ErrorCode.UPSTREAM_TIMEOUT,
         details={**_where(upstream), "phase": phase, "timeout_s": seconds},

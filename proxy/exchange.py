@@ -49,7 +49,7 @@ from .asgi import (
 from .backends import Backend, Backends
 from .config import Config
 from .counting import PromptCounter
-from .errors import ErrorCode, HeadroomError
+from .errors import ErrorCode, BrimfulError
 from .lengths import plausible_usage
 from .record import Action, LengthRecord
 from .recorder import Recorder
@@ -59,14 +59,14 @@ from .upstream import DROP_REQUEST_ID, Response, forwardable
 from .upstream_explain import explain_upstream_error, retry_limit
 from .upstream_failure import parse_upstream_error
 
-log = logging.getLogger("headroom")
+log = logging.getLogger("brimful")
 
 MAX_ERROR_BODY = 1024 * 1024      # how much of an upstream error body is read
 # A non-streamed answer up to this size is read whole, checked and parsed; a
 # larger one is relayed as it arrives (`relay_large`), so its size never
-# becomes headroom's memory (a 500 MB answer peaked at 1,130 MiB when held).
+# becomes brimful's memory (a 500 MB answer peaked at 1,130 MiB when held).
 MAX_WHOLE_ANSWER = 1024 * 1024
-# headroom reads an admitted answer (usage, finish reasons), so it asks for it uncompressed.
+# brimful reads an admitted answer (usage, finish reasons), so it asks for it uncompressed.
 _DROP_ADMITTED = DROP_REQUEST_ID | {b"accept-encoding"}
 
 
@@ -92,14 +92,14 @@ class AdmittedExchange:
         self.started = time.perf_counter()
         self.request_id = request_id(scope)
         self.record = LengthRecord(ts=time.time(), model=None, endpoint=surface.name, request_id=self.request_id)
-        self.info: Headers = []            # the x-headroom-* headers every answer carries
+        self.info: Headers = []            # the x-brimful-* headers every answer carries
         # Set by prepare():
         self.body = b""                    # the client's bytes
         self.request: dict[str, Any] = {}  # ... parsed once
         self.outgoing = b""                # what is sent upstream (the client's bytes unless rewritten)
         self.changes: dict[str, Any] = {}  # the fields rewritten
         self.limit_fields: list[str] = []  # the completion-limit fields a retry rewrites
-        self.strip_usage = False           # headroom asked for the stream's usage: remove it again
+        self.strip_usage = False           # brimful asked for the stream's usage: remove it again
         self.backend: Backend | None = None
         self.holds_slot = False            # one of the backend's gate slots is taken
         self.count_source: str | None = None   # how the prompt was counted: local | upstream | margin
@@ -113,9 +113,9 @@ class AdmittedExchange:
             except ClientGone:
                 log.debug("client left before sending the whole body of %s", self.scope["path"])
                 return
-            except HeadroomError as err:
+            except BrimfulError as err:
                 if not self.info:
-                    self.info = [(b"x-headroom-action", Action.REJECTED.encode()),
+                    self.info = [(b"x-brimful-action", Action.REJECTED.encode()),
                                  (b"x-request-id", self.request_id.encode())]
                 await self.answer_error(err, Action.REJECTED if err.status < 500 else Action.UPSTREAM_ERROR)
                 self.finish()
@@ -151,10 +151,10 @@ class AdmittedExchange:
         info = self.backend.registry.get(model)
         max_model_len = record.max_model_len = info.max_model_len if info else None
         decision = await self.decide(model, limit, max_model_len)
-        self.info = headroom_headers(record.prompt_tokens, max_model_len, decision, self.request_id,
+        self.info = brimful_headers(record.prompt_tokens, max_model_len, decision, self.request_id,
                                      self.count_source)
         if self.uncounted is not None:
-            self.info.append((b"x-headroom-uncounted", self.uncounted.encode()))
+            self.info.append((b"x-brimful-uncounted", self.uncounted.encode()))
         record.action = decision.action
         record.granted_max_tokens = decision.granted
         if decision.error is not None:
@@ -217,7 +217,7 @@ class AdmittedExchange:
                 if response.status < 400:
                     return response
                 raw = await upstream.read_body(response, MAX_ERROR_BODY)
-            except HeadroomError as broken:
+            except BrimfulError as broken:
                 await self.answer_error(broken, Action.UPSTREAM_ERROR)
                 return None
             failure = parse_upstream_error(response.status, raw, response.headers.get("content-type"))
@@ -247,7 +247,7 @@ class AdmittedExchange:
             return None
 
     def retry_with(self, limit: int) -> None:
-        """The upstream counted more than headroom did: resend with the limit its numbers allow."""
+        """The upstream counted more than brimful did: resend with the limit its numbers allow."""
         record = self.record
         record.length_retries += 1
         record.granted_max_tokens = limit
@@ -255,8 +255,8 @@ class AdmittedExchange:
         self.services.recorder.count_length_retry(record.model)
         self.changes = {**self.changes, **{name: limit for name in self.limit_fields}}
         self.outgoing = jsonbody.with_fields(self.body, self.request, self.changes)
-        self.info = _replace_header(self.info, b"x-headroom-granted-max-tokens", limit)
-        self.info = _replace_header(self.info, b"x-headroom-action", Action.CLAMPED)
+        self.info = _replace_header(self.info, b"x-brimful-granted-max-tokens", limit)
+        self.info = _replace_header(self.info, b"x-brimful-action", Action.CLAMPED)
 
     # -- relay ----------------------------------------------------------------------------
 
@@ -269,7 +269,7 @@ class AdmittedExchange:
             return
         try:
             parts, whole = await self.read_answer(response)
-        except HeadroomError as err:
+        except BrimfulError as err:
             await self.answer_error(err, Action.UPSTREAM_ERROR)
             return
         if not whole:
@@ -329,7 +329,7 @@ class AdmittedExchange:
         held = b"".join(parts)
         scanner.feed(held)
         size = len(held)
-        failure: HeadroomError | None = None
+        failure: BrimfulError | None = None
         try:
             while chunk := await response.next_chunk():
                 scanner.feed(chunk)
@@ -341,7 +341,7 @@ class AdmittedExchange:
             raise
         except Exception as exc:
             mapped = upstream.map_exception(exc, phase="reading the response body")
-            failure = mapped if isinstance(mapped, HeadroomError) else errors.upstream_broken(
+            failure = mapped if isinstance(mapped, BrimfulError) else errors.upstream_broken(
                 upstream.public_url, f"{type(exc).__name__}: {exc}")
             response.close()
         finally:
@@ -365,7 +365,7 @@ class AdmittedExchange:
     async def relay_stream(self, response: Response, headers: Headers) -> None:
         """Relay SSE bytes as they arrive; a failure after the start becomes an error event.
 
-        With `strip_usage` (headroom asked for the usage chunk the client did
+        With `strip_usage` (brimful asked for the usage chunk the client did
         not), bytes are relayed per complete event so that one event can be
         dropped; nothing waits longer than the end of the event it is in.
         """
@@ -374,7 +374,7 @@ class AdmittedExchange:
         record.status = response.status
         await send_start(send, response.status, headers)
         scanner = EventStreamScanner(self.surface)
-        failure: HeadroomError | None = None
+        failure: BrimfulError | None = None
         try:
             try:
                 while chunk := await response.next_chunk():
@@ -396,7 +396,7 @@ class AdmittedExchange:
                 failure = errors.shutting_down(self.services.config.server.shutdown_timeout)
             except Exception as exc:
                 mapped = upstream.map_exception(exc, phase="streaming the response")
-                failure = mapped if isinstance(mapped, HeadroomError) else errors.upstream_broken(
+                failure = mapped if isinstance(mapped, BrimfulError) else errors.upstream_broken(
                     upstream.public_url, f"{type(exc).__name__}: {exc}"
                 )
             finally:
@@ -425,8 +425,8 @@ class AdmittedExchange:
 
     # -- answers and the record ---------------------------------------------------------------
 
-    async def answer_error(self, err: HeadroomError, action: Action) -> None:
-        """The error in the surface's shape; the record and x-headroom-action say what happened."""
+    async def answer_error(self, err: BrimfulError, action: Action) -> None:
+        """The error in the surface's shape; the record and x-brimful-action say what happened."""
         record = self.record
         if action == Action.UPSTREAM_ERROR and err.status >= 500 and self.backend is not None:
             # The operator's view: which upstream, and the transport's own cause (never the
@@ -437,7 +437,7 @@ class AdmittedExchange:
         record.status = err.status
         if record.error_code is None:
             record.error_code = err.code
-        self.info = _replace_header(self.info, b"x-headroom-action", action)
+        self.info = _replace_header(self.info, b"x-brimful-action", action)
         await send_whole(self.send, err.status, self.surface.error_body(err), err.response_headers(self.info))
 
     async def answer_shutdown(self) -> None:
@@ -469,7 +469,7 @@ class AdmittedExchange:
                 and record.upstream_prompt_tokens is not None):
             if record.prompt_tokens != record.upstream_prompt_tokens:
                 log.warning(
-                    "prompt-token drift on model %s: headroom counted %d, the upstream reported %d",
+                    "prompt-token drift on model %s: brimful counted %d, the upstream reported %d",
                     record.model, record.prompt_tokens, record.upstream_prompt_tokens,
                 )
             self.services.counter.answered(record.model, record.prompt_tokens, record.upstream_prompt_tokens)
@@ -492,22 +492,22 @@ def _warn_implausible(model: str | None, usage: Usage, max_model_len: int | None
                 str(usage.prompt_tokens)[:24], str(usage.completion_tokens)[:24], max_model_len)
 
 
-def headroom_headers(prompt: int | None, max_model_len: int | None, d: Decision, request_id: str,
+def brimful_headers(prompt: int | None, max_model_len: int | None, d: Decision, request_id: str,
                      count_source: str | None = None) -> Headers:
-    """The x-headroom-* headers that tell the client what headroom did, and on which numbers."""
-    headers = [(b"x-headroom-action", d.action.encode()), (b"x-request-id", request_id.encode())]
+    """The x-brimful-* headers that tell the client what brimful did, and on which numbers."""
+    headers = [(b"x-brimful-action", d.action.encode()), (b"x-request-id", request_id.encode())]
     if prompt is not None:
-        headers.append((b"x-headroom-prompt-tokens", str(prompt).encode()))
+        headers.append((b"x-brimful-prompt-tokens", str(prompt).encode()))
     if count_source is not None:
-        headers.append((b"x-headroom-count", count_source.encode()))
+        headers.append((b"x-brimful-count", count_source.encode()))
     if d.margin:
-        headers.append((b"x-headroom-margin-tokens", str(d.margin).encode()))
+        headers.append((b"x-brimful-margin-tokens", str(d.margin).encode()))
     if max_model_len is not None:
-        headers.append((b"x-headroom-max-model-len", str(max_model_len).encode()))
+        headers.append((b"x-brimful-max-model-len", str(max_model_len).encode()))
     if d.requested is not None:
-        headers.append((b"x-headroom-requested-max-tokens", str(d.requested).encode()))
+        headers.append((b"x-brimful-requested-max-tokens", str(d.requested).encode()))
     if d.granted is not None:
-        headers.append((b"x-headroom-granted-max-tokens", str(d.granted).encode()))
+        headers.append((b"x-brimful-granted-max-tokens", str(d.granted).encode()))
     return headers
 
 

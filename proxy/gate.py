@@ -22,7 +22,7 @@ import collections
 from collections.abc import Callable
 
 from . import errors
-from .errors import HeadroomError
+from .errors import BrimfulError
 
 
 class UpstreamGate:
@@ -70,7 +70,7 @@ class MemoryBudget:
     """
 
     def __init__(self, limit: int, queue_timeout: float,
-                 refusal: Callable[[int, float], HeadroomError]) -> None:
+                 refusal: Callable[[int, float], BrimfulError]) -> None:
         self.limit = limit
         self.queue_timeout = queue_timeout
         self.used = 0

@@ -1,10 +1,10 @@
-"""GET /ready and GET /live: headroom's own probes, for Kubernetes and load balancers.
+"""GET /ready and GET /live: brimful's own probes, for Kubernetes and load balancers.
 
 `/health` is vLLM's and is relayed untouched, so it says nothing about
-headroom.  These two are headroom's:
+brimful.  These two are brimful's:
 
 * **/live** answers 200 whenever the event loop runs (with several workers:
-  every worker's): a liveness probe that restarts headroom only when headroom
+  every worker's): a liveness probe that restarts brimful only when brimful
   itself is stuck, never because vLLM is still loading or restarting.
 * **/ready** answers 200 once every upstream's `GET /v1/models` has answered
   and every model it lists has its tokenizer loaded (or is known to be

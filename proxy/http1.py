@@ -1,8 +1,8 @@
 """A lean HTTP/1.1 client for one upstream: asyncio protocol + httptools' parser.
 
-Why not aiohttp (or httpx)?  headroom's whole job per request is cheap
+Why not aiohttp (or httpx)?  brimful's whole job per request is cheap
 (parse, count, admit, rewrite), so the client's own bookkeeping was the
-largest single cost left: py-spy put ~17-21 % of headroom's CPU in
+largest single cost left: py-spy put ~17-21 % of brimful's CPU in
 `aiohttp.ClientSession._request` (URL objects, header multidicts, timers,
 traces, cookie jar), and DESIGN.md measured httpx's pool at 4.8 ms per
 request at 64 connections.  This client does only what a reverse proxy to
@@ -16,7 +16,7 @@ proxies, HTTP/2, pipelining, or retries (a POST to vLLM starts a
 generation; re-sending it could run it twice).
 
 Failures leave as the small exception classes below; `proxy.upstream`
-turns them into headroom's explained errors.
+turns them into brimful's explained errors.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
 # Stop reading from the socket when this much body is waiting for the client
-# (a slow client must slow the upstream down, not grow headroom's memory).
+# (a slow client must slow the upstream down, not grow brimful's memory).
 HIGH_WATER = 256 * 1024
 # Idle keep-alive connections older than this are not reused.  uvicorn (which
 # serves vLLM's API) closes an idle connection after 5 s by default; reusing

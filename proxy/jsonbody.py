@@ -1,6 +1,6 @@
 """A JSON request body: parsed once (`parse_object`), and rewritten in place of its top-level values.
 
-headroom changes at most a few top-level fields of a request (the completion
+brimful changes at most a few top-level fields of a request (the completion
 limit, `stream_options`).  Re-serialising the whole parsed body for that
 re-escaped every string in it: ~0.4 ms of event-loop time for a 111 KiB
 (23k-token) chat, while every small request queued behind it, and the
@@ -159,7 +159,7 @@ def with_fields(body: bytes, parsed: dict[str, Any], fields: Mapping[str, Any]) 
 
 
 def parse_object(body: bytes) -> dict[str, Any]:
-    """The request body as a JSON object, or the explained 400 headroom answers instead."""
+    """The request body as a JSON object, or the explained 400 brimful answers instead."""
     if not body.strip():
         raise errors.invalid_json("the body is empty")
     try:

@@ -31,8 +31,8 @@ Why it is built this way:
   rotated) reopens instead of rotating again.
 * **Or JSON lines on standard output** (`path = "-"`), for a cluster's log
   pipeline: the same lines, written to a duplicate of file descriptor 1, never
-  rotated.  headroom's own log lines go to standard error, so standard output
-  carries nothing but records (`headroom report -` reads them back).  Each
+  rotated.  brimful's own log lines go to standard error, so standard output
+  carries nothing but records (`brimful report -` reads them back).  Each
   write is at most PIPE_BUF bytes of whole lines, which a pipe never mixes
   with another worker's.
 * **A broken disk degrades to one warning.**  An unwritable path or a full disk
@@ -60,7 +60,7 @@ from typing import Any
 
 from .record import LengthRecord
 
-logger = logging.getLogger("headroom.lengthlog")
+logger = logging.getLogger("brimful.lengthlog")
 
 _OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 STDOUT = "-"        # the `path` that means standard output
@@ -151,7 +151,7 @@ class LengthLog:
         self._last_warning = float("-inf")
         self._errors_since_warning = 0
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="headroom-lengthlog", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="brimful-lengthlog", daemon=True)
         self._thread.start()
 
     # ----------------------------------------------------------------- callers

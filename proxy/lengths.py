@@ -1,7 +1,7 @@
 """One definition of each length concept, shared by the metrics, the live view and the report.
 
 * prompt = `upstream_prompt_tokens` when the upstream reported usage (what the
-  engine actually processed), else headroom's own `prompt_tokens` (a request
+  engine actually processed), else brimful's own `prompt_tokens` (a request
   that never reached it, or a stream without usage).
 * completion = `completion_tokens` (usage, summed over all choices).
 * total = prompt + completion.  For n > 1 this is the article's rule for
@@ -60,7 +60,7 @@ def plausible_usage(prompt: int | None, completion: int | None, max_model_len: i
 
 
 def effective_prompt_tokens(prompt_tokens: int | None, upstream_prompt_tokens: int | None) -> int | None:
-    """The upstream's count when it reported one, else headroom's."""
+    """The upstream's count when it reported one, else brimful's."""
     return upstream_prompt_tokens if upstream_prompt_tokens is not None else prompt_tokens
 
 

@@ -10,7 +10,7 @@
   workers only the primary scrapes (proxy.workerpages).
 
 `for_model` is the `Recorder.sizing` hook behind `/stats`; `collector` adds
-headroom's own gauges to its `/metrics`.  The figures are `proxy.sizing`'s.
+brimful's own gauges to its `/metrics`.  The figures are `proxy.sizing`'s.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class LiveSizing:
                            min_completion=self._policy(model).min_completion_tokens)
 
     def collector(self, demand_kv: Callable[[str], float | None], label: Callable[[str], str]) -> Collector:
-        """headroom's gauges from the scrapes; `demand_kv(model)`: the p95 of demanded KV tokens per request."""
+        """brimful's gauges from the scrapes; `demand_kv(model)`: the p95 of demanded KV tokens per request."""
         return _SizingCollector(self, demand_kv, label)
 
     def sections(self, demand_kv: Callable[[str], float | None]) -> Iterator[tuple[str, UpstreamSection]]:
@@ -184,18 +184,18 @@ class _SizingCollector(Collector):
     @staticmethod
     def _families() -> tuple[GaugeMetricFamily, ...]:
         return (
-            GaugeMetricFamily("headroom_upstream_kv_cache_tokens",
+            GaugeMetricFamily("brimful_upstream_kv_cache_tokens",
                               "KV cache tokens the running vLLM allocated (num_gpu_blocks x block_size, engine 0).",
                               labels=["model"]),
-            GaugeMetricFamily("headroom_planned_kv_cache_tokens",
+            GaugeMetricFamily("brimful_planned_kv_cache_tokens",
                               "KV cache tokens the plan computes for the same configuration (when it can be made).",
                               labels=["model"]),
-            GaugeMetricFamily("headroom_upstream_concurrency_at_p95_demand",
+            GaugeMetricFamily("brimful_upstream_concurrency_at_p95_demand",
                               "Requests of the p95 demanded KV tokens the running vLLM's pool holds at once.",
                               labels=["model"]),
-            GaugeMetricFamily("headroom_capacity_signal",
+            GaugeMetricFamily("brimful_capacity_signal",
                               "1 while a time-to-add-capacity signal holds (seed 000): kv_usage_pinned, "
                               "preemptions_rising, requests_waiting.", labels=["model", "signal"]),
-            GaugeMetricFamily("headroom_upstream_metrics_up",
+            GaugeMetricFamily("brimful_upstream_metrics_up",
                               "1 when the last scrape of the upstream's /metrics succeeded.", labels=["upstream"]),
         )

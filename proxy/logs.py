@@ -1,6 +1,6 @@
 """Logging set-up: plain lines or one JSON object per line (`[logging] json = true`).
 
-headroom's own log lines carry numbers, model names and request ids only;
+brimful's own log lines carry numbers, model names and request ids only;
 prompt and completion text never reach a logger.
 """
 

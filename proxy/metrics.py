@@ -1,4 +1,4 @@
-"""Prometheus metrics for headroom's length decisions, one registry per app.
+"""Prometheus metrics for brimful's length decisions, one registry per app.
 
 Every app instance owns a `Metrics` with its own `CollectorRegistry` (tests
 build many apps in one process; the global default registry would refuse the
@@ -43,7 +43,7 @@ CONTEXT_SIZES: tuple[int, ...] = (
     1024, 2048, 4096, 8192, 16384, 32768, 40960, 65536, 128000, 131072, 262144,
 )
 
-# headroom count − upstream usage count: 0 when the counts agree (the goal);
+# brimful count − upstream usage count: 0 when the counts agree (the goal);
 # small offsets show a template/special-token mismatch, large ones a wrong tokenizer.
 DRIFT_BUCKETS: tuple[float, ...] = (
     -1024, -256, -64, -16, -8, -4, -2, -1, 0, 1, 2, 4, 8, 16, 64, 256, 1024,
@@ -113,11 +113,11 @@ def record_prompt_tokens(rec: LengthRecord) -> int | None:
     return effective_prompt_tokens(rec.prompt_tokens, rec.upstream_prompt_tokens)
 
 
-def headroom_tokens(rec: LengthRecord) -> int | None:
+def brimful_tokens(rec: LengthRecord) -> int | None:
     """Context room the request reserved but could never use: max_model_len − prompt − granted.
 
     None when no completion limit was forwarded: vLLM then allows the whole
-    remaining room, so nothing is left unused by headroom's choice.
+    remaining room, so nothing is left unused by brimful's choice.
     """
     prompt = record_prompt_tokens(rec)
     if rec.max_model_len is None or prompt is None or rec.granted_max_tokens is None:
@@ -126,21 +126,21 @@ def headroom_tokens(rec: LengthRecord) -> int | None:
 
 
 def clamped_tokens(rec: LengthRecord) -> int:
-    """Completion tokens headroom took away from what the client asked for."""
+    """Completion tokens brimful took away from what the client asked for."""
     if rec.action != "clamped" or rec.requested_max_tokens is None or rec.granted_max_tokens is None:
         return 0
     return max(0, rec.requested_max_tokens - rec.granted_max_tokens)
 
 
 def prompt_token_drift(rec: LengthRecord) -> int | None:
-    """headroom's prompt count minus the upstream's usage.prompt_tokens (None: not both known)."""
+    """brimful's prompt count minus the upstream's usage.prompt_tokens (None: not both known)."""
     if rec.prompt_tokens is None or rec.upstream_prompt_tokens is None:
         return None
     return rec.prompt_tokens - rec.upstream_prompt_tokens
 
 
 class Metrics:
-    """headroom's Prometheus metrics over one private registry.
+    """brimful's Prometheus metrics over one private registry.
 
     `max_models` bounds the `model` label's cardinality: model names normally
     come from the upstream's model list, but a record for a request that named
@@ -168,72 +168,72 @@ class Metrics:
             return h
 
         self.prompt_tokens = hist(
-            "headroom_prompt_tokens",
+            "brimful_prompt_tokens",
             "Prompt tokens per request, counted with the model's tokenizer and chat template.")
         self.completion_tokens = hist(
-            "headroom_completion_tokens", "Completion tokens per request (usage.completion_tokens, all choices).")
+            "brimful_completion_tokens", "Completion tokens per request (usage.completion_tokens, all choices).")
         self.total_tokens = hist(
-            "headroom_total_tokens", "Prompt + completion tokens per request: the context a request really used.")
+            "brimful_total_tokens", "Prompt + completion tokens per request: the context a request really used.")
         self.requested_max_tokens = hist(
-            "headroom_requested_max_tokens",
+            "brimful_requested_max_tokens",
             "Completion limit the client asked for (max_tokens / max_completion_tokens).")
-        self.headroom_tokens = hist(
-            "headroom_headroom_tokens",
+        self.brimful_tokens = hist(
+            "brimful_brimful_tokens",
             "max_model_len - prompt - granted completion limit: context reserved but unusable.")
-        # Not "headroom_prompt_token_drift": a counter owns its base name, and
-        # headroom_prompt_token_drift_total below needs it.  The buckets go
+        # Not "brimful_prompt_token_drift": a counter owns its base name, and
+        # brimful_prompt_token_drift_total below needs it.  The buckets go
         # negative, so (per OpenMetrics) only _bucket series are exposed.
         self.prompt_token_drift = hist(
-            "headroom_prompt_token_drift_tokens",
-            "headroom's prompt token count minus the upstream's usage.prompt_tokens.", DRIFT_BUCKETS)
+            "brimful_prompt_token_drift_tokens",
+            "brimful's prompt token count minus the upstream's usage.prompt_tokens.", DRIFT_BUCKETS)
         self.requests = Counter(
-            "headroom_requests_total", "Requests to the admitted routes by outcome.",
+            "brimful_requests_total", "Requests to the admitted routes by outcome.",
             ["model", "endpoint", "action", "status"], registry=self.registry,
         )
         self.clamped_tokens = Counter(
-            "headroom_clamped_tokens_total", "Completion tokens removed by clamping (requested - granted).",
+            "brimful_clamped_tokens_total", "Completion tokens removed by clamping (requested - granted).",
             ["model"], registry=self.registry,
         )
         self.rejections = Counter(
-            "headroom_rejections_total", "Requests headroom rejected itself, by error code.",
+            "brimful_rejections_total", "Requests brimful rejected itself, by error code.",
             ["model", "reason"], registry=self.registry,
         )
         self.upstream_length_errors = Counter(
-            "headroom_upstream_length_errors_total",
-            "Context-length errors that still came back from the upstream (headroom's count was off or bypassed).",
+            "brimful_upstream_length_errors_total",
+            "Context-length errors that still came back from the upstream (brimful's count was off or bypassed).",
             ["model"], registry=self.registry,
         )
         self.prompt_token_drift_requests = Counter(
-            "headroom_prompt_token_drift_total",
+            "brimful_prompt_token_drift_total",
             "Requests whose prompt token count differed from the upstream's usage.prompt_tokens.",
             ["model"], registry=self.registry,
         )
         self.tokenizer_parity = Gauge(
-            "headroom_tokenizer_parity",
-            "1 when headroom's count matched the upstream's /tokenize on the start-up probes, 0 when not.",
+            "brimful_tokenizer_parity",
+            "1 when brimful's count matched the upstream's /tokenize on the start-up probes, 0 when not.",
             ["model"], registry=self.registry,
         )
         self.count_mode = Gauge(
-            "headroom_count_mode",
-            "How each model's prompts are counted: 1 for the current mode (local: headroom's exact count; "
+            "brimful_count_mode",
+            "How each model's prompts are counted: 1 for the current mode (local: brimful's exact count; "
             "upstream: the upstream's /tokenize, after drift; margin: neither is exact, a margin is held back).",
             ["model", "mode"], registry=self.registry,
         )
         self.limit_unknown = Gauge(
-            "headroom_model_limit_unknown",
+            "brimful_model_limit_unknown",
             "1 for a served model whose /v1/models card gives no usable max_model_len (missing, 0, negative, "
             "a string): its requests are not clamped unless upstream.fallback_max_model_len or a per-model "
             "max_model_len says otherwise; 0 once it gives one.",
             ["model"], registry=self.registry,
         )
         self.unauthorized = Counter(
-            "headroom_unauthorized_requests_total",
+            "brimful_unauthorized_requests_total",
             "Requests refused for a missing or wrong API key, by route (admitted surface, pages, passthrough); "
             "never length records.",
             ["route"], registry=self.registry,
         )
         self.length_retries = Counter(
-            "headroom_length_retries_total",
+            "brimful_length_retries_total",
             "Requests re-sent with a smaller completion limit after an upstream length error.",
             ["model"], registry=self.registry,
         )
@@ -269,9 +269,9 @@ class Metrics:
             self.total_tokens.observe(model, total)
         if rec.requested_max_tokens is not None:
             self.requested_max_tokens.observe(model, rec.requested_max_tokens)
-        unused = headroom_tokens(rec)
+        unused = brimful_tokens(rec)
         if unused is not None:
-            self.headroom_tokens.observe(model, unused)
+            self.brimful_tokens.observe(model, unused)
 
         removed = clamped_tokens(rec)
         if removed:
@@ -302,7 +302,7 @@ class Metrics:
         self.limit_unknown.labels(self.model_label(model)).set(1 if unknown else 0)
 
     def count_unauthorized(self, route: str) -> None:
-        """A 401 answered by headroom (its route is one of a few fixed names)."""
+        """A 401 answered by brimful (its route is one of a few fixed names)."""
         self._inc(self.unauthorized, (route,))
 
     def count_length_retry(self, model: str | None) -> None:
@@ -403,7 +403,7 @@ class _LengthLogCollector(Collector):
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(
-            "headroom_length_records",
+            "brimful_length_records",
             "Length records by fate: written to the file, dropped (queue full) or lost (write error).",
             labels=["outcome"],
         )
@@ -413,7 +413,7 @@ class _LengthLogCollector(Collector):
         yield family
 
     def describe(self) -> Iterator[CounterMetricFamily]:
-        yield CounterMetricFamily("headroom_length_records", "", labels=["outcome"])
+        yield CounterMetricFamily("brimful_length_records", "", labels=["outcome"])
 
 
 class _CountCacheCollector(Collector):
@@ -422,24 +422,24 @@ class _CountCacheCollector(Collector):
     def __init__(self, stats: Callable[[], Any], name: str, *, lookups: str, entries: str,
                  evictions: str | None = None) -> None:
         self._stats = stats
-        self._name = name            # headroom_<name>_lookups, _evictions, _entries
+        self._name = name            # brimful_<name>_lookups, _evictions, _entries
         self._lookups_help, self._evictions_help, self._entries_help = lookups, evictions, entries
 
     def collect(self) -> Iterator[Any]:
         stats = self._stats()
-        lookups = CounterMetricFamily(f"headroom_{self._name}_lookups", self._lookups_help, labels=["result"])
+        lookups = CounterMetricFamily(f"brimful_{self._name}_lookups", self._lookups_help, labels=["result"])
         lookups.add_metric(["hit"], stats.hits)
         lookups.add_metric(["miss"], stats.misses)
         yield lookups
         if self._evictions_help is not None:
-            yield CounterMetricFamily(f"headroom_{self._name}_evictions", self._evictions_help, value=stats.evictions)
-        yield GaugeMetricFamily(f"headroom_{self._name}_entries", self._entries_help, value=stats.entries)
+            yield CounterMetricFamily(f"brimful_{self._name}_evictions", self._evictions_help, value=stats.evictions)
+        yield GaugeMetricFamily(f"brimful_{self._name}_entries", self._entries_help, value=stats.entries)
 
     def describe(self) -> Iterator[Any]:
-        yield CounterMetricFamily(f"headroom_{self._name}_lookups", "", labels=["result"])
+        yield CounterMetricFamily(f"brimful_{self._name}_lookups", "", labels=["result"])
         if self._evictions_help is not None:
-            yield CounterMetricFamily(f"headroom_{self._name}_evictions", "")
-        yield GaugeMetricFamily(f"headroom_{self._name}_entries", "")
+            yield CounterMetricFamily(f"brimful_{self._name}_evictions", "")
+        yield GaugeMetricFamily(f"brimful_{self._name}_entries", "")
 
 
 class _EngineCollector(Collector):
@@ -465,12 +465,12 @@ class _EngineCollector(Collector):
     def _families() -> tuple[GaugeMetricFamily, CounterMetricFamily]:
         return (
             GaugeMetricFamily(
-                "headroom_count_engine",
+                "brimful_count_engine",
                 "1 for the engine that turns the model's text into tokens: fastokens where it passed its "
                 "self-check against tokenizers at load, else tokenizers (mistral-common for Mistral-format models).",
                 labels=["model", "engine"]),
             CounterMetricFamily(
-                "headroom_count_engine_failures",
+                "brimful_count_engine_failures",
                 "Texts fastokens raised on since the tokenizer loaded, each counted by tokenizers instead.",
                 labels=["model"]),
         )
@@ -489,13 +489,13 @@ class _GateCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         in_flight = GaugeMetricFamily(
-            "headroom_in_flight_requests",
+            "brimful_in_flight_requests",
             "Admitted requests (every surface) being counted or forwarded to the upstream and not finished "
             "(a stream until its last byte).",
             labels=["upstream"],
         )
         queued = GaugeMetricFamily(
-            "headroom_queued_requests",
+            "brimful_queued_requests",
             "Requests waiting for a slot under upstream.max_concurrent_requests.",
             labels=["upstream"],
         )
@@ -506,5 +506,5 @@ class _GateCollector(Collector):
         yield queued
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
-        yield GaugeMetricFamily("headroom_in_flight_requests", "", labels=["upstream"])
-        yield GaugeMetricFamily("headroom_queued_requests", "", labels=["upstream"])
+        yield GaugeMetricFamily("brimful_in_flight_requests", "", labels=["upstream"])
+        yield GaugeMetricFamily("brimful_queued_requests", "", labels=["upstream"])

@@ -8,7 +8,7 @@ fetched at start-up, retried in the background until the upstream answers
 refreshed at once (coalesced) when a request names a model not seen yet.
 
 What the operator is told: while the upstream has never answered, one
-warning saying what headroom waits for and how to point it elsewhere, then a
+warning saying what brimful waits for and how to point it elsewhere, then a
 short reminder once a minute; when an upstream that answered stops, one
 warning; when it answers again, one line saying so and for how long it was
 gone.
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import Config
-from .errors import HeadroomError
+from .errors import BrimfulError
 
-log = logging.getLogger("headroom.models")
+log = logging.getLogger("brimful.models")
 
 
 @dataclass(frozen=True)
@@ -93,20 +93,20 @@ def parse_models(payload: Any, overrides: Mapping[str, Any] | None = None,
 def waiting_message(name: str, url: str, error: str) -> str:
     """The one warning for an upstream that has not answered since start-up."""
     if name == "default":
-        where = "--upstream URL, HEADROOM_UPSTREAM_URL=URL, or url in the [upstream] section of the config file"
+        where = "--upstream URL, BRIMFUL_UPSTREAM_URL=URL, or url in the [upstream] section of the config file"
     else:
         where = f"the url of the [[upstreams]] entry named {name!r} in the config file"
     return (
-        f"waiting for the upstream at {url} to answer GET /v1/models. {_sentence(error)} headroom retries "
+        f"waiting for the upstream at {url} to answer GET /v1/models. {_sentence(error)} brimful retries "
         f"in the background; until it answers, requests get an explained 502/503 and GET /ready answers "
-        f"503. If vLLM listens elsewhere, point headroom at it with {where}."
+        f"503. If vLLM listens elsewhere, point brimful at it with {where}."
     )
 
 
 def outage_message(url: str, error: str) -> str:
     """The one warning for an upstream that answered before and stopped."""
     return (
-        f"the upstream at {url} stopped answering GET /v1/models. {_sentence(error)} headroom keeps "
+        f"the upstream at {url} stopped answering GET /v1/models. {_sentence(error)} brimful keeps "
         f"its last model list and retries in the background."
     )
 
@@ -114,9 +114,9 @@ def outage_message(url: str, error: str) -> str:
 def limit_warning(url: str, info: ModelInfo) -> str:
     """The one warning for a model whose card gives no usable max_model_len."""
     if info.source == "fallback":
-        then = f"headroom uses upstream.fallback_max_model_len = {info.max_model_len} for it"
+        then = f"brimful uses upstream.fallback_max_model_len = {info.max_model_len} for it"
     else:
-        then = (f'headroom cannot clamp its requests and forwards their completion limits untouched; set '
+        then = (f'brimful cannot clamp its requests and forwards their completion limits untouched; set '
                 f'models."{info.name}".max_model_len (or upstream.fallback_max_model_len) to its real limit')
     return f"model {info.name} at the upstream {url}: {info.limit_problem}, so {then}."
 
@@ -126,8 +126,8 @@ def _sentence(text: str) -> str:
 
 
 def describe_error(exc: BaseException) -> str:
-    """A failure as one line: headroom's own errors are already sentences."""
-    return str(exc) if isinstance(exc, HeadroomError) else f"{type(exc).__name__}: {exc}"
+    """A failure as one line: brimful's own errors are already sentences."""
+    return str(exc) if isinstance(exc, BrimfulError) else f"{type(exc).__name__}: {exc}"
 
 
 Fetch = Callable[[], Awaitable[Any]]

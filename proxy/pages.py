@@ -1,4 +1,4 @@
-"""headroom's own pages: GET /metrics, /stats and /dashboard (everything else is the upstream's)."""
+"""brimful's own pages: GET /metrics, /stats and /dashboard (everything else is the upstream's)."""
 
 from __future__ import annotations
 

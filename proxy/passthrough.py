@@ -1,4 +1,4 @@
-"""Every request headroom does not admit: relayed untouched, and the merged `/v1/models`.
+"""Every request brimful does not admit: relayed untouched, and the merged `/v1/models`.
 
 Method, path, query, body (buffered when small, else streamed), headers minus
 hop-by-hop ones, status and body back as they came.  With several upstreams,
@@ -33,10 +33,10 @@ from .asgi import (
     until_disconnect,
 )
 from .backends import Backends
-from .errors import HeadroomError
+from .errors import BrimfulError
 from .upstream import DROP_REQUEST_ID, Response, forwardable
 
-log = logging.getLogger("headroom")
+log = logging.getLogger("brimful")
 
 MAX_BUFFERED_BODY = 1024 * 1024  # larger request bodies are streamed
 
@@ -68,7 +68,7 @@ class Passthrough:
         except ClientGone:
             log.debug("client left before sending the whole body of %s", scope["path"])
             return
-        except HeadroomError as err:
+        except BrimfulError as err:
             if err.status >= 500:
                 log.warning("upstream %s: %s %s answered %d%s", self.backends.default.upstream.base_url
                             if len(self.backends.items) == 1 else "(pass-through)", scope["method"], scope["path"],
@@ -121,6 +121,6 @@ class Passthrough:
         await send_whole(send, 200, body, headers)
 
 
-async def send_error(send: Send, err: HeadroomError, rid: str) -> None:
+async def send_error(send: Send, err: BrimfulError, rid: str) -> None:
     """An error in OpenAI's shape, before anything else was sent."""
     await send_whole(send, err.status, err.body_bytes(), err.response_headers([(b"x-request-id", rid.encode())]))

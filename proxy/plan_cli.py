@@ -1,9 +1,9 @@
-"""`headroom plan`: how many tokens and concurrent requests a GPU's KV cache holds.
+"""`brimful plan`: how many tokens and concurrent requests a GPU's KV cache holds.
 
 The maths is in `proxy.capacity` and the judgement (does vLLM start? what
 would fit instead?) in `proxy.deploy`; this module only turns options into a
 `DeploymentSpec` and an `Assessment` into text or JSON.  `add_capacity_arguments` and
-`capacity_from_args` are shared with `headroom report`, which prints what its
+`capacity_from_args` are shared with `brimful report`, which prints what its
 recommended `max_model_len` buys on the same hardware.
 """
 
@@ -109,7 +109,7 @@ def spec_from_args(args: argparse.Namespace) -> DeploymentSpec:
 
 
 def capacity_from_args(args: argparse.Namespace) -> Hardware:
-    """Resolve model, GPU and weights per GPU (shared with `headroom report`)."""
+    """Resolve model, GPU and weights per GPU (shared with `brimful report`)."""
     return resolve(spec_from_args(args))
 
 
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         spec = spec_from_args(args)
         result = assess(spec, args.tokens_per_request, args.max_model_len)
     except (ValueError, KeyError, OSError) as e:
-        print(f"headroom plan: error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
+        print(f"brimful plan: error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
     if args.format == "json":
         print(json.dumps(assessment_to_dict(result), indent=2))
@@ -337,7 +337,7 @@ def format_plan(hw: Hardware, plan: cap.Plan, a: Assessment | None = None) -> st
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `plan` on its own: `python -m proxy.plan_cli --preset Qwen3-8B --gpu H100-80GB`."""
-    parser = argparse.ArgumentParser(prog="headroom")
+    parser = argparse.ArgumentParser(prog="brimful")
     sub = parser.add_subparsers(dest="command", required=True)
     register(sub)
     args = parser.parse_args(["plan", *(sys.argv[1:] if argv is None else argv)])

@@ -16,11 +16,11 @@ from .errors import ErrorCode
 
 
 class Action(StrEnum):
-    """What happened to a request, as the `x-headroom-action` header and the record say."""
+    """What happened to a request, as the `x-brimful-action` header and the record say."""
 
     PASS = "pass"                      # forwarded with the client's own limit
     CLAMPED = "clamped"                # forwarded with a lower completion limit
-    REJECTED = "rejected"              # refused by headroom itself (4xx)
+    REJECTED = "rejected"              # refused by brimful itself (4xx)
     UNCOUNTED = "uncounted"            # forwarded without a count: media nothing here can count, or a
                                        # conversation stored upstream (Responses previous_response_id)
     TRUNCATED = "truncated"            # inputs cut to max_model_len (pooling, only when the operator opted in)
@@ -36,7 +36,7 @@ class LengthRecord:
     request_id: str | None = None               # X-Request-Id (the client's, or generated)
     n: int = 1                                  # choices requested
     max_model_len: int | None = None
-    prompt_tokens: int | None = None            # headroom's own count (sum over prompts for a batch)
+    prompt_tokens: int | None = None            # brimful's own count (sum over prompts for a batch)
     longest_prompt_tokens: int | None = None    # the longest prompt of a batch (None: one prompt)
     upstream_prompt_tokens: int | None = None   # the prompt count the upstream reported in its usage
     requested_max_tokens: int | None = None     # what the client asked for (None: not sent)

@@ -132,7 +132,7 @@ def record_lengths(rec: Any) -> Lengths:
     if type(n) is not int or n < 1:
         raise MalformedRecord("n is not a positive integer")
     upstream_prompt = _opt_int(rec, "upstream_prompt_tokens")
-    # headroom's own count is read (and checked) only where the upstream reported none.
+    # brimful's own count is read (and checked) only where the upstream reported none.
     prompt = effective_prompt_tokens(
         _opt_int(rec, "prompt_tokens") if upstream_prompt is None else None, upstream_prompt
     )

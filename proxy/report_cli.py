@@ -1,11 +1,11 @@
-"""`headroom report`: per-model length percentiles, demand, and a `max_model_len` that would serve it.
+"""`brimful report`: per-model length percentiles, demand, and a `max_model_len` that would serve it.
 
 Definitions (percentiles, total vs. sequence length, n > 1, served vs.
 demanded) are in `proxy.report` and `proxy.demand`.  The recommendation is a
 percentile of demand, capped at the model's own context when `--model-config`
 / `--preset` gives its `config.json` (`proxy.model_context`) and at what the KV
 cache holds: the running vLLM's pool with `--upstream URL`, else the plan's
-with the GPU options of `headroom plan`.  With those GPU options it also prints
+with the GPU options of `brimful plan`.  With those GPU options it also prints
 what the recommendation buys on that GPU: KV tokens, concurrent requests at the
 mean and p95 of demanded KV tokens, and GPUs for `--target-concurrency`.
 
@@ -48,7 +48,7 @@ def register(subparsers: Any) -> None:
     """Add the `report` sub-command to a `parser.add_subparsers()` object."""
     p = subparsers.add_parser(
         "report", help="length percentiles per model and a max_model_len recommendation",
-        description="Summarise headroom length logs (JSONL, one LengthRecord per line; "
+        description="Summarise brimful length logs (JSONL, one LengthRecord per line; "
                     "several files = several replicas, merged; .gz and - for stdin accepted).",
     )
     p.add_argument("files", nargs="*", metavar="FILE")
@@ -168,21 +168,21 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("the GPU options need the model: add --model-config CONFIG_JSON or --preset NAME")
         hw = capacity_from_args(args) if config is not None and gpu_given else None
     except (ValueError, KeyError, OSError) as e:
-        print(f"headroom report: error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
+        print(f"brimful report: error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
     scraped: list[tuple[str, vm.VllmMetrics]] = []
     for url in args.upstream:
         try:
             scraped.append((url, vm.parse_vllm_metrics(fetch_metrics(metrics_url(url)))))
         except (OSError, ValueError) as e:
-            print(f"headroom report: error: cannot read {metrics_url(url)}: {e}", file=sys.stderr)
+            print(f"brimful report: error: cannot read {metrics_url(url)}: {e}", file=sys.stderr)
             return 2
     progress = rep.Progress()
     try:
         builder = rep.build_report(args.files, model=args.model, since=since, progress=progress)
     except OSError as e:
         progress.done()
-        print(f"headroom report: error: {e}", file=sys.stderr)
+        print(f"brimful report: error: {e}", file=sys.stderr)
         return 2
     progress.done()
     context = _context(config)
@@ -372,7 +372,7 @@ def _upstream_lines(up: dict[str, Any]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `report` on its own: `python -m proxy.report_cli lengths.jsonl`."""
-    parser = argparse.ArgumentParser(prog="headroom")
+    parser = argparse.ArgumentParser(prog="brimful")
     sub = parser.add_subparsers(dest="command", required=True)
     register(sub)
     args = parser.parse_args(["report", *(sys.argv[1:] if argv is None else argv)])

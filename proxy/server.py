@@ -1,6 +1,6 @@
 """The client side of the wire: uvicorn's httptools protocol with the limits it lacks.
 
-uvicorn 0.54 on httptools bounds none of these (measured against headroom):
+uvicorn 0.54 on httptools bounds none of these (measured against brimful):
 
 * the size of a request head: 100 connections each holding an unfinished
   8 MiB header line cost +807 MiB;
@@ -11,7 +11,7 @@ uvicorn 0.54 on httptools bounds none of these (measured against headroom):
 * the number of connections: 21,000 idle ones exhausted the descriptors and
   new requests got an empty reply.
 
-`HeadroomHttpProtocol` adds each limit (`Limits`, from `[server]`) and
+`BrimfulHttpProtocol` adds each limit (`Limits`, from `[server]`) and
 answers what it refuses in OpenAI's error shape where HTTP lets it answer
 (431 for a head too large, 408 for a head or body too slow, 400 for a
 malformed request, 503 when no connection can be made room for); a
@@ -43,9 +43,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from . import errors
 from .config import Config
-from .errors import HeadroomError
+from .errors import BrimfulError
 
-log = logging.getLogger("headroom.server")
+log = logging.getLogger("brimful.server")
 
 # Descriptors kept free for everything that is not a client connection:
 # upstream connections come on top (upstream.max_connections), then files,
@@ -94,23 +94,23 @@ def limits_from(config: Config, fd_limit: int) -> Limits:
     )
 
 
-def protocol_class(limits: Limits) -> type[HeadroomHttpProtocol]:
+def protocol_class(limits: Limits) -> type[BrimfulHttpProtocol]:
     """The protocol uvicorn instantiates per connection, bound to `limits`."""
-    return type("HeadroomHttpProtocol", (HeadroomHttpProtocol,), {"limits": limits})
+    return type("BrimfulHttpProtocol", (BrimfulHttpProtocol,), {"limits": limits})
 
 
 def uvicorn_settings(config: Config, fd_limit: int | None = None) -> dict[str, Any]:
-    """uvicorn's keyword arguments for headroom's server side (cli and tests alike)."""
+    """uvicorn's keyword arguments for brimful's server side (cli and tests alike)."""
     limits = limits_from(config, fd_limit if fd_limit is not None else raise_fd_limit())
     return {
         "http": protocol_class(limits),
-        "ws": "none",                                  # headroom relays no WebSocket
+        "ws": "none",                                  # brimful relays no WebSocket
         "timeout_keep_alive": max(1, round(config.server.keepalive_timeout)),
         "backlog": min(limits.max_connections, 4096),
     }
 
 
-def error_response(err: HeadroomError) -> bytes:
+def error_response(err: BrimfulError) -> bytes:
     """A whole HTTP/1.1 answer that closes the connection, in OpenAI's error shape."""
     body = err.body_bytes()
     head = [b"HTTP/1.1 %d %s\r\n" % (err.status, _REASONS.get(err.status, b"Error"))]
@@ -124,7 +124,7 @@ _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header 
             503: b"Service Unavailable"}
 
 
-class HeadroomHttpProtocol(HttpToolsProtocol):
+class BrimfulHttpProtocol(HttpToolsProtocol):
     """One client connection, with `limits` enforced (see the module docstring).
 
     Timers: one per connection from connecting to its first head, one for a
@@ -243,7 +243,7 @@ class HeadroomHttpProtocol(HttpToolsProtocol):
             return
         now = self.loop.time()
         if self.flow.read_paused:
-            # headroom stopped reading (the app has not taken what came): not the client's delay.
+            # brimful stopped reading (the app has not taken what came): not the client's delay.
             self._body_seen = now
         quiet = now - self._body_seen
         if quiet < self.limits.body_timeout:
@@ -253,7 +253,7 @@ class HeadroomHttpProtocol(HttpToolsProtocol):
         else:
             self.transport.close()
 
-    def _refuse(self, err: HeadroomError) -> None:
+    def _refuse(self, err: BrimfulError) -> None:
         """Answer `err` and close: the connection is not used again, the app sees a disconnect."""
         self._disarm()
         _idle_connections(self.server_state).pop(self, None)
@@ -267,7 +267,7 @@ class HeadroomHttpProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def _make_room(idle: dict[HeadroomHttpProtocol, None]) -> bool:
+def _make_room(idle: dict[BrimfulHttpProtocol, None]) -> bool:
     """Close the connection idle longest; False when every connection has a request under way."""
     for oldest in idle:
         idle.pop(oldest)
@@ -277,9 +277,9 @@ def _make_room(idle: dict[HeadroomHttpProtocol, None]) -> bool:
     return False
 
 
-def _idle_connections(state: Any) -> dict[HeadroomHttpProtocol, None]:
+def _idle_connections(state: Any) -> dict[BrimfulHttpProtocol, None]:
     """Connections with no request under way, the longest idle first (kept on uvicorn's shared state)."""
-    idle = getattr(state, "headroom_idle", None)
+    idle = getattr(state, "brimful_idle", None)
     if idle is None:
-        idle = state.headroom_idle = {}
+        idle = state.brimful_idle = {}
     return idle

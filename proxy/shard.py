@@ -1,4 +1,4 @@
-"""One worker's share of headroom's own pages, and the merge of every worker's share.
+"""One worker's share of brimful's own pages, and the merge of every worker's share.
 
 With `--workers N` each worker counts only what it served.  The primary
 worker answers `/metrics` and `/stats` from all shares, merged here so the
@@ -36,9 +36,9 @@ Window = dict[str, list[Sample]]   # model -> samples
 # Gauges whose value is a per-model state each worker holds: 1 when any worker
 # is in it (max), or 0 when any worker found a mismatch (min).  Others add up.
 GAUGE_MERGE: dict[str, Callable[[Iterable[float]], float]] = {
-    "headroom_tokenizer_parity": min,
-    "headroom_count_mode": max,
-    "headroom_count_engine": max,
+    "brimful_tokenizer_parity": min,
+    "brimful_count_mode": max,
+    "brimful_count_engine": max,
 }
 
 # proxy.trust's modes, most trusting first: the merged state is the last one any worker is in.

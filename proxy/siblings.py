@@ -1,4 +1,4 @@
-"""How the workers of one `headroom serve --workers N` talk to each other.
+"""How the workers of one `brimful serve --workers N` talk to each other.
 
 Each worker listens on a Unix socket of its own in a directory the
 supervisor made (`WorkerSlot.path`).  A question is one JSON line; the
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("headroom.workers")
+log = logging.getLogger("brimful.workers")
 
 Question = dict[str, Any]
 Answerer = Callable[[Question], Awaitable[Any]]

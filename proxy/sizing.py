@@ -3,12 +3,12 @@
 Pure functions over what is known about one model: its `config.json` (the
 model's own context, KV bytes per token), the latest scrape of its upstream's
 `/metrics` (`proxy.vllm_metrics`), and the demand seen (`proxy.demand`).
-`/stats` (`proxy.stats`), headroom's own gauges (`proxy.upstream_metrics`) and
-`headroom report --upstream` all build their figures here, so the three agree.
+`/stats` (`proxy.stats`), brimful's own gauges (`proxy.upstream_metrics`) and
+`brimful report --upstream` all build their figures here, so the three agree.
 
 What "the plan for the configuration" can be depends on what is known:
 
-* `headroom report --upstream URL` with the model and GPU options of `plan`:
+* `brimful report --upstream URL` with the model and GPU options of `plan`:
   the full plan (GPU memory × utilization − weights − activations), compared
   with `proxy.vllm_metrics.cross_check`, units and activations explained;
 * a vLLM started with `--kv-cache-memory-bytes` (its `cache_config_info` then
@@ -125,7 +125,7 @@ def check_pool(metrics: VllmMetrics, *, config: Mapping[str, Any] | None = None,
     if plan is None and config is not None:
         try:
             bpt = cap.kv_layout(config, cache.cache_dtype or "auto").bytes_per_token
-        except ValueError as exc:     # UnsupportedConfigError, or a cache dtype headroom does not know
+        except ValueError as exc:     # UnsupportedConfigError, or a cache dtype brimful does not know
             notes.append(f"no plan: {exc}")
         else:
             plan = given_memory_plan(cache, bpt)
@@ -135,10 +135,10 @@ def check_pool(metrics: VllmMetrics, *, config: Mapping[str, Any] | None = None,
             else:
                 share = "" if cache.gpu_memory_utilization is None else f" {cache.gpu_memory_utilization:g}"
                 notes.append(f"no plan: vLLM sized its pool from gpu_memory_utilization{share} of the GPU; the plan "
-                             "needs the GPU and the weights: headroom report --upstream URL --model-config "
+                             "needs the GPU and the weights: brimful report --upstream URL --model-config "
                              "config.json --gpu NAME")
     elif plan is None:
-        notes.append("no plan: no config.json for this model (put one beside its tokenizer, or run headroom "
+        notes.append("no plan: no config.json for this model (put one beside its tokenizer, or run brimful "
                      "report --upstream URL --model-config config.json --gpu NAME)")
     planned = difference = ratio = None
     bpt_used: int | None = None

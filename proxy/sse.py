@@ -59,7 +59,7 @@ class EventStreamScanner:
                 surface.read_usage(parse_json_payload(payload), self.usage)
 
     def drop_usage_events(self, chunk: bytes) -> bytes:
-        """The complete events in `chunk` minus the usage-only ones headroom asked for.
+        """The complete events in `chunk` minus the usage-only ones brimful asked for.
 
         Their numbers are kept in `usage`; bytes after the last complete event
         wait for the next chunk (or `leftover()`), so nothing waits longer than

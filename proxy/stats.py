@@ -4,7 +4,7 @@
 it returns; percentiles use `proxy.lengths`' one definition, and the demand
 (what each request asked for, refused and clamped ones included), the
 recommendation and the rejection reasons are `proxy.demand`'s, so `/stats`
-and `headroom report` agree on the same traffic.  What bounds the
+and `brimful report` agree on the same traffic.  What bounds the
 recommendation beyond the traffic (the model's own context, the running
 vLLM's KV pool) and the check of that pool come in a `proxy.sizing.ModelSizing`.
 """

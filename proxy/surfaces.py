@@ -20,7 +20,7 @@ only where things are in its JSON and how its clients expect answers:
 
 Adding a surface is one more `Surface` here (and its tests); the pipeline does
 not change.  The surfaces: chat, completions, Responses, Anthropic Messages
-(+ count_tokens, answered by headroom), and the pooling routes (embeddings,
+(+ count_tokens, answered by brimful), and the pooling routes (embeddings,
 pooling, score, rerank).
 
 Finish reasons are recorded in OpenAI's words whatever the surface
@@ -46,7 +46,7 @@ from tokenizer_cache import (
 )
 
 from .admission import Decision, Policy, RequestedLimit, decide, decide_inputs, read_requested_limit
-from .errors import HeadroomError
+from .errors import BrimfulError
 from .record import Action
 
 
@@ -84,7 +84,7 @@ class Surface:
     implicit_max_tokens: int | None = None   # what the engine applies when no limit is sent
     stream_end_event = "'data: [DONE]' event"  # named when a stream breaks off without it
     aliases: tuple[str, ...] = ()            # more paths vLLM serves the same route on
-    compares_usage = True                    # the upstream's usage counts what headroom counts (drift)
+    compares_usage = True                    # the upstream's usage counts what brimful counts (drift)
     error_ends_stream = False                # an upstream error event is the stream's last (no [DONE] after)
 
     # -- the request -------------------------------------------------------------
@@ -102,7 +102,7 @@ class Surface:
         return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
 
     def uncounted(self, body: Mapping[str, Any]) -> str | None:
-        """The field that makes this request's prompt invisible to headroom (it is then forwarded
+        """The field that makes this request's prompt invisible to brimful (it is then forwarded
         uncounted, `proxy.admission.decide_uncounted`), or None: it can be counted."""
         return None
 
@@ -132,11 +132,11 @@ class Surface:
 
     # -- the answer ----------------------------------------------------------------
 
-    def error_body(self, err: HeadroomError) -> bytes:
+    def error_body(self, err: BrimfulError) -> bytes:
         """A whole error answer, in the envelope this surface's clients parse."""
         return err.body_bytes()
 
-    def error_event(self, err: HeadroomError, last_event: bytes = b"") -> bytes:
+    def error_event(self, err: BrimfulError, last_event: bytes = b"") -> bytes:
         """The error as the last event of a stream that already started (`last_event`: the
         payload of the last event relayed before it)."""
         return err.sse_event()
@@ -175,14 +175,14 @@ class Surface:
         return wants_usage or wants_finish
 
     def is_usage_only(self, event: bytes) -> bool:
-        """An event headroom asked for and the client did not (removed before it is relayed)."""
+        """An event brimful asked for and the client did not (removed before it is relayed)."""
         return False
 
 
 class OpenAIStreamUsage:
     """`stream_options.include_usage`: vLLM then ends a stream with a usage-only chunk.
 
-    The upstream's usage lets headroom compare its count with the upstream's
+    The upstream's usage lets brimful compare its count with the upstream's
     (drift) and record completion tokens; the extra chunk is removed again
     before it reaches a client that did not ask for it.
     """
@@ -313,7 +313,7 @@ class ResponsesSurface(Surface):
                drift_margin: int) -> Decision:
         """`truncation` other than "disabled" makes vLLM cut the prompt to what fits instead of
         refusing it: to max_model_len - 1 when a limit is sent, else to max_model_len (which it then
-        refuses: no room).  headroom decides on the prompt vLLM will keep (`build_tok_params`)."""
+        refuses: no room).  brimful decides on the prompt vLLM will keep (`build_tok_params`)."""
         if "truncation" not in request or request.get("truncation") == "disabled":
             return super().decide(request, prompt_tokens, max_model_len, limit, policy, model=model,
                                   count_exact=count_exact, drift_margin=drift_margin)
@@ -326,7 +326,7 @@ class ResponsesSurface(Surface):
     def tokenize_calls(self, model: str, body: Mapping[str, Any]) -> list[TokenizeCall]:
         return [UpstreamCount(_chat_tokenize_body(model, responses_to_chat(body)))]
 
-    def error_event(self, err: HeadroomError, last_event: bytes = b"") -> bytes:
+    def error_event(self, err: BrimfulError, last_event: bytes = b"") -> bytes:
         found = self._SEQUENCE.findall(last_event)
         return err.responses_event(int(found[-1]) + 1 if found else 0)
 
@@ -394,10 +394,10 @@ class MessagesSurface(Surface):
         request = {"model": model, **{k: body[k] for k in _MESSAGES_COUNT_KEYS if k in body}}
         return [UpstreamCount(request, path="/v1/messages/count_tokens", field="input_tokens")]
 
-    def error_body(self, err: HeadroomError) -> bytes:
+    def error_body(self, err: BrimfulError) -> bytes:
         return err.anthropic_body_bytes()
 
-    def error_event(self, err: HeadroomError, last_event: bytes = b"") -> bytes:
+    def error_event(self, err: BrimfulError, last_event: bytes = b"") -> bytes:
         return err.anthropic_event()
 
     def read_usage(self, data: Any, usage: Usage) -> None:
@@ -438,7 +438,7 @@ class MessagesSurface(Surface):
 
 
 class MessagesCountSurface(MessagesSurface):
-    """`/v1/messages/count_tokens`: answered by headroom from its own count (proxy.count_tokens)."""
+    """`/v1/messages/count_tokens`: answered by brimful from its own count (proxy.count_tokens)."""
 
     name = "messages_count_tokens"
     path = "/v1/messages/count_tokens"
@@ -462,9 +462,9 @@ class PoolingSurface(Surface):
 
     vLLM refuses the whole request when one input is longer than
     max_model_len (an input of exactly max_model_len tokens is served) and
-    does not say which; headroom names each (`proxy.admission.decide_inputs`).
+    does not say which; brimful names each (`proxy.admission.decide_inputs`).
     The client's own `truncate_prompt_tokens` (-1: max_model_len) is applied
-    to the counts as vLLM applies it; headroom truncates only when the
+    to the counts as vLLM applies it; brimful truncates only when the
     operator opted in (`[policy] truncate_inputs`), and says so.
     """
 
@@ -567,7 +567,7 @@ class ScoreSurface(PoolingSurface):
     """`/score` (and `/v1/score`): each query and each document is an input (bi-encoder).
 
     A cross-encoder scores query and document together, so its usage counts
-    pairs: usage is not compared with headroom's per-text count.  A text's
+    pairs: usage is not compared with brimful's per-text count.  A text's
     refusal is safe either way (a pair holding it is longer still).
     """
 
@@ -625,7 +625,7 @@ ADMITTED: dict[str, Surface] = {
     path: s for s in (CHAT, COMPLETIONS, RESPONSES, MESSAGES, EMBEDDINGS, POOLING, SCORE, RERANK)
     for path in (s.path, *s.aliases)
 }
-# POST to these paths is answered by headroom itself, never forwarded.
+# POST to these paths is answered by brimful itself, never forwarded.
 ANSWERED: dict[str, Surface] = {MESSAGES_COUNT.path: MESSAGES_COUNT}
 
 

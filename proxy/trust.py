@@ -1,4 +1,4 @@
-"""How far headroom's own prompt count of one model can be trusted, and what to do when it cannot.
+"""How far brimful's own prompt count of one model can be trusted, and what to do when it cannot.
 
 A count is only worth clamping with if it is the upstream's count.  Two
 witnesses say whether it is: the start-up parity probes (the same
@@ -7,7 +7,7 @@ answer's usage (`prompt_tokens` as the upstream counted it).  `CountTrust`
 keeps what they said for one model and decides, purely, how the next request
 is counted:
 
-* `local`: headroom's tokenizer, exact (the probes matched, or nothing ever
+* `local`: brimful's tokenizer, exact (the probes matched, or nothing ever
   contradicted it): no margin, and a prompt that cannot fit is refused;
 * `upstream`: the probes differed, or live drift recurred, and the upstream
   has a `/tokenize`: count there (vLLM's own count), while the local count
@@ -40,8 +40,8 @@ class CountTrust:
     upstream_tokenize: bool = False         # the upstream answered /tokenize with a count
     mode: Mode = "local"
     reason: str | None = None               # why the mode is not "local"
-    max_under: int = 0                      # most tokens headroom counted below the upstream
-    max_over: int = 0                       # most tokens headroom counted above it
+    max_under: int = 0                      # most tokens brimful counted below the upstream
+    max_over: int = 0                       # most tokens brimful counted above it
     drift_requests: int = 0                 # requests whose count differed, in all
     agreeing: int = 0                       # consecutive agreements while counting upstream
     _recent: deque[bool] = field(default_factory=lambda: deque(maxlen=DRIFT_WINDOW))
@@ -73,7 +73,7 @@ class CountTrust:
         return self._distrust("its start-up probes differ from the upstream's /tokenize")
 
     def answered(self, counted: int, reported: int) -> str | None:
-        """An answer's usage against the count headroom admitted it with."""
+        """An answer's usage against the count brimful admitted it with."""
         drift = counted - reported
         self._recent.append(drift != 0)
         if drift == 0:

@@ -1,13 +1,13 @@
 """One upstream server: send a request, get a streaming response, failures explained.
 
-`Upstream` is the seam between headroom's logic and how bytes travel
+`Upstream` is the seam between brimful's logic and how bytes travel
 (STYLE.md, HTTPX's transports): it takes any `Transport`.  The default one is
 `proxy.http1.Pool`, a lean HTTP/1.1 client on httptools' parser: DESIGN.md
 measured httpx's pool at 4.8 ms of CPU per request at 64 connections, and
-aiohttp's session, though ~20x cheaper, was still ~17-21 % of headroom's CPU
+aiohttp's session, though ~20x cheaper, was still ~17-21 % of brimful's CPU
 per request (py-spy); see bench/ for the figures.  Tests pass an in-memory
 transport instead (tests/support/transport.py).  Every transport failure
-leaves here as a `HeadroomError` from `proxy.errors`.
+leaves here as a `BrimfulError` from `proxy.errors`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from . import errors
 from .asgi import Headers
-from .errors import HeadroomError, clip
+from .errors import BrimfulError, clip
 from .http1 import Broken, ConnectError, ConnectTimeout, DeadlineExceeded, Pool, ReadTimeout
 from .http1 import Headers as ResponseHeaders
 
@@ -38,14 +38,14 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
         b"host",
         b"content-length",
-        # The client's `Expect: 100-continue` was answered by headroom's own server
-        # (uvicorn sends 100 when the body is first read); headroom sends the
+        # The client's `Expect: 100-continue` was answered by brimful's own server
+        # (uvicorn sends 100 when the body is first read); brimful sends the
         # upstream a body it already has, so there is nothing to wait for.
         b"expect",
     }
 )
 
-# headroom sets X-Request-Id itself (the client's when sane, else its own).
+# brimful sets X-Request-Id itself (the client's when sane, else its own).
 DROP_REQUEST_ID = frozenset({b"x-request-id"})
 CAUSE_CHARS = 200            # how much of a transport error's text an explanation quotes
 Body = bytes | AsyncIterator[bytes] | None
@@ -144,7 +144,7 @@ class Upstream:
         """Send one request; the caller reads (or releases) the returned response.
 
         `path_qs` is always a path on the configured upstream: a request can
-        never make headroom connect anywhere else.  `timeout` replaces both the
+        never make brimful connect anywhere else.  `timeout` replaces both the
         first-byte and the idle timeout (model discovery has its own).
         """
         if not path_qs.startswith("/"):
@@ -165,7 +165,7 @@ class Upstream:
 
     def map_exception(self, exc: BaseException, *, phase: str) -> BaseException:
         """Transport failures → the explained 502/504; anything else passes through unchanged."""
-        if isinstance(exc, HeadroomError):
+        if isinstance(exc, BrimfulError):
             return exc
         if isinstance(exc, ConnectError):
             return errors.upstream_unreachable(self.public_url, str(exc))
@@ -183,7 +183,7 @@ class Upstream:
         return exc
 
     async def read_body(self, response: Response, limit: int | None = None) -> bytes:
-        """Read a whole (non-streamed) body; transport failures become HeadroomError."""
+        """Read a whole (non-streamed) body; transport failures become BrimfulError."""
         try:
             return await response.read(limit)
         except BaseException as exc:
@@ -196,7 +196,7 @@ class Upstream:
         try:
             response = await self.send("GET", path, [(b"accept", b"application/json")], None, timeout=timeout)
             body = await self.read_body(response)
-        except HeadroomError as err:
+        except BrimfulError as err:
             if timeout is not None and err.code == errors.ErrorCode.UPSTREAM_TIMEOUT:
                 raise errors.discovery_timeout(self.public_url, path, timeout) from err
             raise

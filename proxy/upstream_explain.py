@@ -3,11 +3,11 @@
 Apps cannot act on prose like "your prompt contains at least 2049 input
 tokens": it is a lower bound, names no fix, and differs by engine.
 `explain_upstream_error(failure, upstream=..., prompt_tokens=..., ...)` uses
-headroom's *exact* prompt count, says how many tokens to cut and names the
+brimful's *exact* prompt count, says how many tokens to cut and names the
 field to change; it picks the client-facing status (400 for
 length/validation, 404 kept, 503 with Retry-After while the engine loads or
 after it died, 502 for other upstream faults) and keeps the upstream's own
-message and parsed numbers under `error.headroom` in the envelope.
+message and parsed numbers under `error.brimful` in the envelope.
 
 `retry_limit` decides whether one retry with a smaller completion limit can
 succeed, and with which limit.  All pure.
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from proxy.errors import ErrorCode, HeadroomError, upstream_not_ready
+from proxy.errors import ErrorCode, BrimfulError, upstream_not_ready
 from proxy.upstream_failure import UpstreamFailure, is_length_failure
 
 _ENGINE_NAMES = {
@@ -39,9 +39,9 @@ _ENGINE_NAMES = {
 
 def corrected_max_tokens(f: UpstreamFailure, *, prompt_tokens: int | None = None,
                          max_model_len: int | None = None) -> int | None:
-    """The completion limit to retry with, from the upstream's figures and headroom's.
+    """The completion limit to retry with, from the upstream's figures and brimful's.
 
-    The upstream's limit wins over headroom's (it is what it enforces); for the
+    The upstream's limit wins over brimful's (it is what it enforces); for the
     prompt the larger of the two counts is used, since either may be the one
     that is right and a retry that fails again helps nobody.  None when the
     numbers needed are missing or nothing fits.
@@ -66,7 +66,7 @@ def retry_limit(f: UpstreamFailure, *, prompt_tokens: int | None, max_model_len:
 
     A retry is worth it only when the upstream refused for length, its own
     numbers give a limit that fits, and that limit is below what was sent (the
-    upstream counted more than headroom did: a drift headroom did not foresee).
+    upstream counted more than brimful did: a drift brimful did not foresee).
     """
     corrected = corrected_max_tokens(f, prompt_tokens=prompt_tokens, max_model_len=max_model_len)
     if corrected is None:
@@ -77,7 +77,7 @@ def retry_limit(f: UpstreamFailure, *, prompt_tokens: int | None, max_model_len:
 
 
 # ---------------------------------------------------------------------------
-# Explaining: UpstreamFailure → HeadroomError the client sees
+# Explaining: UpstreamFailure → BrimfulError the client sees
 # ---------------------------------------------------------------------------
 
 def explain_upstream_error(
@@ -90,11 +90,11 @@ def explain_upstream_error(
     granted_max_tokens: int | None = None,
     prompt_param: str = "messages",
     max_tokens_param: str | None = None,
-) -> HeadroomError:
+) -> BrimfulError:
     """Turn an upstream failure into the error the client receives.
 
     `prompt_tokens`, `max_model_len`, `requested_max_tokens` (the client's ask)
-    and `granted_max_tokens` (what headroom forwarded) are headroom's own exact
+    and `granted_max_tokens` (what brimful forwarded) are brimful's own exact
     figures when it counted the request; they take precedence over the
     upstream's, which may be a lower bound.  `prompt_param` is "messages" for
     chat and "prompt" for completions; `max_tokens_param` is the field the
@@ -139,12 +139,12 @@ class _Context:
 
     @property
     def limit(self) -> int | None:
-        """The context size: the upstream's stated figure (it is the one enforced), else headroom's."""
+        """The context size: the upstream's stated figure (it is the one enforced), else brimful's."""
         return self.failure.max_model_len if self.failure.max_model_len is not None else self.max_model_len
 
     @property
     def exact_prompt(self) -> int | None:
-        """An exact prompt count: headroom's, else the upstream's if it is not a lower bound."""
+        """An exact prompt count: brimful's, else the upstream's if it is not a lower bound."""
         if self.prompt_tokens is not None:
             return self.prompt_tokens
         f = self.failure
@@ -162,7 +162,7 @@ class _Context:
 
     @property
     def sent(self) -> int | None:
-        """Completion tokens the upstream was asked for: what headroom forwarded, else the client's value."""
+        """Completion tokens the upstream was asked for: what brimful forwarded, else the client's value."""
         for value in (self.granted, self.requested, self.failure.requested_tokens):
             if value is not None:
                 return value
@@ -199,7 +199,7 @@ def _upstream_details(ctx: _Context) -> dict[str, Any]:
     return details
 
 
-def _headroom_numbers(ctx: _Context) -> dict[str, Any]:
+def _brimful_numbers(ctx: _Context) -> dict[str, Any]:
     numbers = {
         "prompt_tokens": ctx.prompt_tokens,
         "max_model_len": ctx.limit,
@@ -209,14 +209,14 @@ def _headroom_numbers(ctx: _Context) -> dict[str, Any]:
     return {k: v for k, v in numbers.items() if v is not None}
 
 
-def _length_error(ctx: _Context, message: str, param: str | None, **numbers: Any) -> HeadroomError:
-    return HeadroomError(
+def _length_error(ctx: _Context, message: str, param: str | None, **numbers: Any) -> BrimfulError:
+    return BrimfulError(
         400, message, code=ErrorCode.CONTEXT_LENGTH_EXCEEDED, param=param,
-        details={**_headroom_numbers(ctx), **{k: v for k, v in numbers.items() if v is not None}},
+        details={**_brimful_numbers(ctx), **{k: v for k, v in numbers.items() if v is not None}},
     )
 
 
-def _prompt_over(ctx: _Context, n: int, limit: int, note: str = "") -> HeadroomError:
+def _prompt_over(ctx: _Context, n: int, limit: int, note: str = "") -> BrimfulError:
     """The prompt alone fills the context: say by how much, exactly."""
     cut = n - limit + 1
     asked = ctx.asked
@@ -236,7 +236,7 @@ def _prompt_over(ctx: _Context, n: int, limit: int, note: str = "") -> HeadroomE
     )
 
 
-def _over_total(ctx: _Context, n: int, limit: int, asked: int) -> HeadroomError:
+def _over_total(ctx: _Context, n: int, limit: int, asked: int) -> BrimfulError:
     """Prompt fits, prompt + output does not: name the limit that fits."""
     over = n + asked - limit
     room = limit - n
@@ -252,7 +252,7 @@ def _over_total(ctx: _Context, n: int, limit: int, asked: int) -> HeadroomError:
     )
 
 
-def _ran_out(ctx: _Context, n: int, limit: int) -> HeadroomError:
+def _ran_out(ctx: _Context, n: int, limit: int) -> BrimfulError:
     """No completion limit was sent and the generation ran past the context (llama.cpp's 500)."""
     room = limit - n
     param = ctx.output_param
@@ -266,12 +266,12 @@ def _ran_out(ctx: _Context, n: int, limit: int) -> HeadroomError:
     )
 
 
-def _counts_disagree(ctx: _Context, n: int, limit: int, what: str) -> HeadroomError:
-    """headroom's numbers say it fits, the upstream's say no: a tokenizer/template or limit mismatch."""
+def _counts_disagree(ctx: _Context, n: int, limit: int, what: str) -> BrimfulError:
+    """brimful's numbers say it fits, the upstream's say no: a tokenizer/template or limit mismatch."""
     f = ctx.failure
     theirs = ""
     if f.prompt_tokens is not None and f.prompt_tokens_is_lower_bound:
-        # Never "at least" next to headroom's exact count: say where the upstream stopped.
+        # Never "at least" next to brimful's exact count: say where the upstream stopped.
         theirs = f" The upstream stopped counting the prompt at {f.prompt_tokens} tokens, past its limit."
     elif f.prompt_tokens is not None:
         theirs = f" The upstream counted {f.prompt_tokens} prompt tokens."
@@ -281,11 +281,11 @@ def _counts_disagree(ctx: _Context, n: int, limit: int, what: str) -> HeadroomEr
     sent = ctx.granted if ctx.granted is not None else ctx.requested
     sent_text = f" and {sent} completion tokens" if sent is not None else ""
     if ctx.max_model_len is not None and ctx.max_model_len != limit:
-        theirs += f" Its context length is {limit} tokens, while headroom knows it as {ctx.max_model_len}."
+        theirs += f" Its context length is {limit} tokens, while brimful knows it as {ctx.max_model_len}."
     return _length_error(
         ctx,
-        f"The request does not fit {what}, although headroom counted {n} prompt tokens{sent_text} against a "
-        f"context length of {limit} tokens.{theirs} headroom's tokenizer or chat template for this model, or "
+        f"The request does not fit {what}, although brimful counted {n} prompt tokens{sent_text} against a "
+        f"context length of {limit} tokens.{theirs} brimful's tokenizer or chat template for this model, or "
         f"its max_model_len, does not match the upstream's; shorten the prompt or request fewer completion "
         f"tokens, and tell the operator.{ctx.source()}",
         ctx.prompt_param,
@@ -293,7 +293,7 @@ def _counts_disagree(ctx: _Context, n: int, limit: int, what: str) -> HeadroomEr
     )
 
 
-def _explain_length(ctx: _Context) -> HeadroomError:
+def _explain_length(ctx: _Context) -> BrimfulError:
     """prompt_too_long and context_length: one decision on the best numbers available."""
     f = ctx.failure
     limit, n, asked, sent = ctx.limit, ctx.exact_prompt, ctx.asked, ctx.sent
@@ -349,7 +349,7 @@ def _explain_length(ctx: _Context) -> HeadroomError:
     )
 
 
-def _explain_max_tokens_too_large(ctx: _Context) -> HeadroomError:
+def _explain_max_tokens_too_large(ctx: _Context) -> BrimfulError:
     f = ctx.failure
     param = ctx.output_param
     asked = f.requested_tokens if f.requested_tokens is not None else ctx.asked
@@ -379,7 +379,7 @@ def _explain_max_tokens_too_large(ctx: _Context) -> HeadroomError:
     return _length_error(ctx, head + fix + ctx.source(), param, available_completion_tokens=room)
 
 
-def _explain_max_tokens_invalid(ctx: _Context) -> HeadroomError:
+def _explain_max_tokens_invalid(ctx: _Context) -> BrimfulError:
     """'max_tokens must be at least 1, got N': the client's value, or the room vLLM computed?"""
     f = ctx.failure
     got = f.requested_tokens
@@ -402,7 +402,7 @@ def _explain_max_tokens_invalid(ctx: _Context) -> HeadroomError:
             f"completion. Shorten the prompt.{ctx.source()}",
             ctx.prompt_param,
         )
-    return HeadroomError(
+    return BrimfulError(
         400,
         f"Invalid value for '{param}': it must be at least 1"
         + (f" (got {got})." if got is not None else ".") + ctx.source(),
@@ -411,7 +411,7 @@ def _explain_max_tokens_invalid(ctx: _Context) -> HeadroomError:
     )
 
 
-def _explain_input_chars(ctx: _Context) -> HeadroomError:
+def _explain_input_chars(ctx: _Context) -> BrimfulError:
     """vLLM refuses very long texts by characters before tokenizing them."""
     f = ctx.failure
     limit, n = ctx.limit, ctx.exact_prompt
@@ -448,14 +448,14 @@ def _explain_input_chars(ctx: _Context) -> HeadroomError:
     )
 
 
-def _explain_kv_cache(ctx: _Context) -> HeadroomError:
+def _explain_kv_cache(ctx: _Context) -> BrimfulError:
     f = ctx.failure
     est = f.estimated_max_model_len
     fix = (f"restart it with --max-model-len {est} or less, or give it more memory (--gpu-memory-utilization)"
            if est is not None else
            "restart it with a smaller --max-model-len or a higher --gpu-memory-utilization")
     limit_text = f" of {f.max_model_len} tokens" if f.max_model_len is not None else ""
-    return HeadroomError(
+    return BrimfulError(
         502,
         f"{_cap(ctx.who)} cannot hold one request of its max_model_len{limit_text} in its KV cache: "
         f"{_quote(f.message)}. The operator must {fix}.",
@@ -463,37 +463,37 @@ def _explain_kv_cache(ctx: _Context) -> HeadroomError:
     )
 
 
-def _explain_bad_request(ctx: _Context) -> HeadroomError:
+def _explain_bad_request(ctx: _Context) -> BrimfulError:
     f = ctx.failure
     status = 400 if f.status in (400, 422) or not 400 <= f.status < 500 else f.status
-    tgi = (" (TGI answers HTTP 422 for invalid requests; headroom reports it as 400.)"
+    tgi = (" (TGI answers HTTP 422 for invalid requests; brimful reports it as 400.)"
            if f.status == 422 and f.engine == "tgi" else "")
     what = "rejected the request" if f.status != 401 else "refused the request as unauthorized"
     message = f"{_cap(ctx.who)} {what} (HTTP {f.status}): {f.message}{tgi}"
     if f.status == 401:
         message += (" vLLM started with --api-key expects 'Authorization: Bearer <key>'; check the key the "
-                    "client or headroom sends upstream.")
-    return HeadroomError(status, message, code=ErrorCode.UPSTREAM_BAD_REQUEST, param=f.param)
+                    "client or brimful sends upstream.")
+    return BrimfulError(status, message, code=ErrorCode.UPSTREAM_BAD_REQUEST, param=f.param)
 
 
-def _explain_not_found(ctx: _Context) -> HeadroomError:
+def _explain_not_found(ctx: _Context) -> BrimfulError:
     f = ctx.failure
     if "model" in f.message.lower():
         # Same fields as vLLM's own answer (and errors.model_not_found): the message is kept as is.
-        return HeadroomError(404, f.message, code=ErrorCode.MODEL_NOT_FOUND, param="model", type="NotFoundError",
+        return BrimfulError(404, f.message, code=ErrorCode.MODEL_NOT_FOUND, param="model", type="NotFoundError",
                              wire_code=404)
-    return HeadroomError(
+    return BrimfulError(
         404,
         f"{_cap(ctx.who)} has no such route (HTTP 404: {f.message or 'Not Found'}). Check that it is an "
-        f"OpenAI-compatible server and that headroom's upstream URL is right.",
+        f"OpenAI-compatible server and that brimful's upstream URL is right.",
         code=ErrorCode.UPSTREAM_NOT_FOUND,
     )
 
 
-def _explain_not_ready(ctx: _Context) -> HeadroomError:
+def _explain_not_ready(ctx: _Context) -> BrimfulError:
     f = ctx.failure
     if f.engine_dead:
-        return HeadroomError(
+        return BrimfulError(
             503,
             f"{_cap(ctx.who)} reports that its engine died (HTTP {f.status}: {f.message}). vLLM shuts its API "
             f"server down after that; it must be restarted, and loading weights takes tens of seconds to "
@@ -504,9 +504,9 @@ def _explain_not_ready(ctx: _Context) -> HeadroomError:
     return upstream_not_ready(ctx.upstream, f.status, f.message or "no message")
 
 
-def _explain_server_error(ctx: _Context) -> HeadroomError:
+def _explain_server_error(ctx: _Context) -> BrimfulError:
     f = ctx.failure
-    return HeadroomError(
+    return BrimfulError(
         502,
         f"{_cap(ctx.who)} failed with HTTP {f.status}: {f.message}. This is a fault of the upstream server, "
         f"not of the request; its log has the cause.",
@@ -523,12 +523,12 @@ _FORMAT_NAMES = {
 }
 
 
-def _explain_unparseable(ctx: _Context) -> HeadroomError:
+def _explain_unparseable(ctx: _Context) -> BrimfulError:
     f = ctx.failure
     what = _FORMAT_NAMES.get(f.body_format, "an unreadable body")
     client_side = 400 <= f.status < 500
     status = (400 if f.status == 422 else f.status) if client_side else 502
-    return HeadroomError(
+    return BrimfulError(
         status,
         f"{_cap(ctx.who)} answered HTTP {f.status} with {what} instead of an OpenAI-style error: "
         f"{_quote(f.message)}." + ("" if client_side else " Is something other than the model server (a reverse "
@@ -549,7 +549,7 @@ def _cap(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-_EXPLAINERS: dict[str, Callable[[_Context], HeadroomError]] = {
+_EXPLAINERS: dict[str, Callable[[_Context], BrimfulError]] = {
     "prompt_too_long": _explain_length,
     "context_length": _explain_length,
     "max_tokens_too_large": _explain_max_tokens_too_large,

@@ -92,7 +92,7 @@ def parse_upstream_error(status: int, body: bytes, content_type: str | None = No
         return UpstreamFailure(
             kind="not_ready" if status == 503 else "unparseable",
             status=status if isinstance(status, int) else 502,
-            message=f"(headroom could not parse the upstream error body: {type(exc).__name__})",
+            message=f"(brimful could not parse the upstream error body: {type(exc).__name__})",
             engine=None,
             body_format="invalid_json",
         )

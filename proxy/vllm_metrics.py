@@ -329,7 +329,7 @@ def observe(state: CapacityState, metrics: VllmMetrics, *, pinned_at: float = DE
 
 def current_signals(metrics: VllmMetrics, *, pinned_at: float = DEFAULT_PINNED_AT,
                     max_num_seqs: int | None = None) -> tuple[Signal, ...]:
-    """The signals one scrape can show on its own (`headroom report --upstream`).
+    """The signals one scrape can show on its own (`brimful report --upstream`).
 
     A single scrape cannot tell whether usage stays pinned or preemptions are rising: usage at the
     threshold and requests waiting count now; preemptions count since vLLM started.

@@ -1,4 +1,4 @@
-"""headroom's own pages when several workers serve one port: each answers for all of them.
+"""brimful's own pages when several workers serve one port: each answers for all of them.
 
 A request for `/metrics` or `/stats` reaches whichever worker the kernel gave
 the connection.  The primary (worker 0) answers both from every worker's
@@ -147,7 +147,7 @@ class WorkerPages:
             try:
                 page = await self._relay({"path": "/stats"})
             except SiblingUnavailable as exc:
-                return 503, {"error": {"message": str(exc), "type": "headroom_unavailable"}}
+                return 503, {"error": {"message": str(exc), "type": "brimful_unavailable"}}
             return page["status"], page["document"]
         shares, missing = await self._shares("full")
         rec = self._recorder
@@ -191,5 +191,5 @@ class WorkerPages:
 
 
 def _unavailable(reason: str) -> tuple[int, bytes, str]:
-    return 503, f"# headroom: /metrics needs every worker's counts; {reason}\n".encode(), "text/plain; charset=utf-8"
+    return 503, f"# brimful: /metrics needs every worker's counts; {reason}\n".encode(), "text/plain; charset=utf-8"
 

@@ -1,4 +1,4 @@
-"""`headroom serve --workers N`: N serving processes on one port, forked from this one.
+"""`brimful serve --workers N`: N serving processes on one port, forked from this one.
 
 The parent binds N listening sockets on the port with SO_REUSEPORT and forks
 one worker per socket; the kernel spreads new connections across the
@@ -13,7 +13,7 @@ socket's queue for the replacement instead of being refused.
 
 The parent serves nothing.  It restarts a worker that dies (one that cannot
 start stops everything: it would fail the same way again), forwards SIGTERM
-and SIGINT to every worker as SIGTERM (each drains as a lone headroom
+and SIGINT to every worker as SIGTERM (each drains as a lone brimful
 would), and exits 0 once all have exited 0.  Workers get SIGTERM if the
 parent dies (PR_SET_PDEATHSIG).
 
@@ -40,7 +40,7 @@ from pathlib import Path
 
 from .siblings import WorkerSlot
 
-log = logging.getLogger("headroom.workers")
+log = logging.getLogger("brimful.workers")
 
 STARTUP_FAILURE = 3          # uvicorn's exit status for a server that could not start
 QUICK_EXIT_S = 5.0           # a worker that dies this soon after starting, three times running,
@@ -56,7 +56,7 @@ def listening_sockets(host: str, port: int, count: int, backlog: int = BACKLOG) 
 
     The port is first bound alone, without SO_REUSEPORT: that fails while any
     other process holds it, which a group of SO_REUSEPORT sockets would
-    instead join silently (another headroom's, splitting its traffic).
+    instead join silently (another brimful's, splitting its traffic).
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
@@ -207,7 +207,7 @@ class Supervisor:
 def serve(host: str, port: int, count: int, run_worker: RunWorker) -> int:
     """Run `count` workers on host:port until SIGTERM; the process's exit status."""
     sockets = listening_sockets(host, port, count)
-    directory = Path(tempfile.mkdtemp(prefix="headroom-workers-"))
+    directory = Path(tempfile.mkdtemp(prefix="brimful-workers-"))
     log.info("%d workers on http://%s:%d (SO_REUSEPORT)", count, host, sockets[0].getsockname()[1])
     return Supervisor(sockets, run_worker, directory).run()
 

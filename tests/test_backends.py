@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.app import HeadroomApp
+from proxy.app import BrimfulApp
 from proxy.config import Config, ConfigError, ModelConfig, UpstreamConfig, UpstreamEntry, load_config
 from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread
@@ -27,7 +27,7 @@ def two_upstreams(qwen3_dir: Path):
                         upstreams=[UpstreamEntry(name="big", url=b.base_url)])
         for name in ("alpha", "beta"):
             config.models[name] = ModelConfig(tokenizer=str(qwen3_dir))
-        with serve_in_thread(HeadroomApp(config)) as base:
+        with serve_in_thread(BrimfulApp(config)) as base:
             yield a, b, base
 
 
@@ -36,8 +36,8 @@ def test_requests_are_routed_by_model(two_upstreams) -> None:
     client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
     for model, fake, other, mml in (("alpha", a, b, 2048), ("beta", b, a, 4096)):
         raw = client.chat.completions.with_raw_response.create(model=model, messages=HELLO, max_tokens=99999)
-        assert raw.headers["x-headroom-max-model-len"] == str(mml)
-        assert raw.headers["x-headroom-granted-max-tokens"] == str(mml - 10)
+        assert raw.headers["x-brimful-max-model-len"] == str(mml)
+        assert raw.headers["x-brimful-granted-max-tokens"] == str(mml - 10)
         assert raw.parse().model == model
         assert any(r.path == "/v1/chat/completions" and r.json["model"] == model for r in fake.requests)
         assert not any(r.path == "/v1/chat/completions" and r.json["model"] == model for r in other.requests)
@@ -75,7 +75,7 @@ def test_one_upstream_down_does_not_stop_the_other(qwen3_dir: Path) -> None:
         config = Config(upstream=UpstreamConfig(url=dead_url, connect_timeout=1.0, timeout=5.0),
                         upstreams=[UpstreamEntry(name="b", url=b.base_url)])
         config.models["beta"] = ModelConfig(tokenizer=str(qwen3_dir))
-        with serve_in_thread(HeadroomApp(config)) as base:
+        with serve_in_thread(BrimfulApp(config)) as base:
             response = httpx.post(base + "/v1/chat/completions",
                                   json={"model": "beta", "messages": HELLO, "max_tokens": 3})
             assert response.status_code == 200

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "headroom.toml"
+    path = tmp_path / "brimful.toml"
     path.write_text(text)
     return path
 
@@ -24,12 +24,12 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_reference_file_is_valid_and_equals_the_defaults() -> None:
     from proxy.config import Config
 
-    assert load_config(ROOT / "config" / "headroom.toml", env={}) == Config()
+    assert load_config(ROOT / "config" / "brimful.toml", env={}) == Config()
 
 
 def test_precedence_flags_over_env_over_file_over_defaults(tmp_path: Path) -> None:
     path = write(tmp_path, '[upstream]\nurl = "http://file:1"\ntimeout = 30\n[policy]\nmargin_tokens = 3\n')
-    env = {"HEADROOM_UPSTREAM_URL": "http://env:2", "HEADROOM_POLICY_MARGIN_TOKENS": "5"}
+    env = {"BRIMFUL_UPSTREAM_URL": "http://env:2", "BRIMFUL_POLICY_MARGIN_TOKENS": "5"}
     config = load_config(path, env=env, overrides={"upstream.url": "http://flag:3"})
     assert config.upstream.url == "http://flag:3"          # flag beats env and file
     assert config.policy.margin_tokens == 5                 # env beats file
@@ -82,24 +82,24 @@ def test_validation_messages_name_key_value_and_what_is_allowed(tmp_path: Path, 
 
 def test_bad_environment_value_names_the_variable() -> None:
     with pytest.raises(ConfigError) as info:
-        load_config(env={"HEADROOM_SERVER_PORT": "eighty"})
-    assert "HEADROOM_SERVER_PORT" in str(info.value) and "'eighty'" in str(info.value)
+        load_config(env={"BRIMFUL_SERVER_PORT": "eighty"})
+    assert "BRIMFUL_SERVER_PORT" in str(info.value) and "'eighty'" in str(info.value)
 
 
 def test_environment_lists_and_booleans() -> None:
-    config = load_config(env={"HEADROOM_SERVER_API_KEYS": "a, b", "HEADROOM_LOGGING_JSON": "true"})
+    config = load_config(env={"BRIMFUL_SERVER_API_KEYS": "a, b", "BRIMFUL_LOGGING_JSON": "true"})
     assert config.server.api_keys == ["a", "b"] and config.logging.json is True
 
 
 def test_check_config_command(tmp_path: Path, capsys) -> None:
-    assert main(["check-config", str(ROOT / "config" / "headroom.toml")]) == 0
+    assert main(["check-config", str(ROOT / "config" / "brimful.toml")]) == 0
     assert "OK" in capsys.readouterr().out
     assert main(["check-config", str(write(tmp_path, "[upstream]\nulr = 1\n"))]) == 1
     assert "did you mean 'upstream.url'" in capsys.readouterr().err
 
 
 def test_json_log_lines_carry_extra_fields() -> None:
-    record = logging.LogRecord("headroom", logging.WARNING, __file__, 1, "drift on %s", ("m",), None)
+    record = logging.LogRecord("brimful", logging.WARNING, __file__, 1, "drift on %s", ("m",), None)
     record.request_id = "abc"
     line = json.loads(JsonFormatter().format(record))
     assert line["message"] == "drift on m" and line["level"] == "warning" and line["request_id"] == "abc"

@@ -2,7 +2,7 @@
 
 Counts must equal what vLLM reported (`expected_prompt_tokens`); a case vLLM
 rejected (`expected_error`) must raise CountError.  The same corpus is then
-run through `headroom count --jsonl`.
+run through `brimful count --jsonl`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`headroom count` without --tokenizer: the tokenizer comes from the Hugging Face cache."""
+"""`brimful count` without --tokenizer: the tokenizer comes from the Hugging Face cache."""
 
 from __future__ import annotations
 

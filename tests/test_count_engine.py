@@ -1,7 +1,7 @@
 """`[tokenizers] engine` and `chat_cache_entries` reach the counter; /stats and /metrics say which engine counts.
 
 The engine itself (exactness, the self-check) is tested in tests/test_engine_exactness.py;
-these tests follow the configuration through a running headroom.
+these tests follow the configuration through a running brimful.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ BODY = {"model": MODEL, "messages": [{"role": "user", "content": "How far is a m
 
 
 def samples(stack: Stack) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of headroom's /metrics: (name, sorted labels) -> value."""
+    """Every sample of brimful's /metrics: (name, sorted labels) -> value."""
     text = stack.http.get("/metrics").text
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
@@ -48,10 +48,10 @@ def test_the_default_engine_counts_with_fastokens_and_says_so(qwen3_dir: Path) -
         metrics = samples(stack)
     assert (state["engine"], state["engine_fallback"], state["engine_failures"]) == ("fastokens", None, 0)
     assert state["mode"] == "local"              # proxy.trust's figures are still there beside the engine
-    assert metrics[("headroom_count_engine", (("engine", "fastokens"), ("model", MODEL)))] == 1
-    assert metrics[("headroom_count_engine_failures_total", (("model", MODEL),))] == 0
-    assert metrics[("headroom_chat_cache_lookups_total", (("result", "hit"),))] >= 1
-    assert metrics[("headroom_chat_cache_entries", ())] >= 1
+    assert metrics[("brimful_count_engine", (("engine", "fastokens"), ("model", MODEL)))] == 1
+    assert metrics[("brimful_count_engine_failures_total", (("model", MODEL),))] == 0
+    assert metrics[("brimful_chat_cache_lookups_total", (("result", "hit"),))] >= 1
+    assert metrics[("brimful_chat_cache_entries", ())] >= 1
 
 
 def test_engine_tokenizers_and_no_chat_cache(qwen3_dir: Path) -> None:
@@ -62,8 +62,8 @@ def test_engine_tokenizers_and_no_chat_cache(qwen3_dir: Path) -> None:
         state = counting(stack)
         metrics = samples(stack)
     assert (state["engine"], state["engine_fallback"]) == ("tokenizers", None)
-    assert metrics[("headroom_count_engine", (("engine", "tokenizers"), ("model", MODEL)))] == 1
-    assert not any(name.startswith("headroom_chat_cache") for name, _ in metrics)
+    assert metrics[("brimful_count_engine", (("engine", "tokenizers"), ("model", MODEL)))] == 1
+    assert not any(name.startswith("brimful_chat_cache") for name, _ in metrics)
 
 
 def test_a_failed_self_check_shows_why_not_fastokens(
@@ -76,14 +76,14 @@ def test_a_failed_self_check_shows_why_not_fastokens(
         state = counting(stack)
         metrics = samples(stack)
     assert state["engine"] == "tokenizers" and "self-check" in state["engine_fallback"]
-    assert metrics[("headroom_count_engine", (("engine", "tokenizers"), ("model", MODEL)))] == 1
+    assert metrics[("brimful_count_engine", (("engine", "tokenizers"), ("model", MODEL)))] == 1
 
 
 def test_config_keys_are_validated(tmp_path: Path) -> None:
-    path = tmp_path / "headroom.toml"
+    path = tmp_path / "brimful.toml"
     path.write_text('[tokenizers]\nengine = "fast"\n')
     message = "'tokenizers.engine' must be one of 'auto', 'tokenizers', 'fastokens'"
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(path, env={})
-    assert load_config(env={"HEADROOM_TOKENIZERS_CHAT_CACHE_ENTRIES": "0"}).tokenizers.chat_cache_entries == 0
-    assert load_config(env={"HEADROOM_TOKENIZERS_ENGINE": "tokenizers"}).tokenizers.engine == "tokenizers"
+    assert load_config(env={"BRIMFUL_TOKENIZERS_CHAT_CACHE_ENTRIES": "0"}).tokenizers.chat_cache_entries == 0
+    assert load_config(env={"BRIMFUL_TOKENIZERS_ENGINE": "tokenizers"}).tokenizers.engine == "tokenizers"

@@ -178,7 +178,7 @@ def test_tool_message_parts_are_always_flattened(model):
 
 
 def test_media_for_a_model_without_multimodal_arithmetic_is_not_countable(model):
-    """Not a CountError: headroom cannot tell that vLLM would refuse it, so it must not 400."""
+    """Not a CountError: brimful cannot tell that vLLM would refuse it, so it must not 400."""
     tok = model()
     body = chat(user([{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]))
     with pytest.raises(MediaNotCountable) as caught:

@@ -1,8 +1,8 @@
 """The dashboard in a real browser: headless Chromium renders /dashboard from a live /stats.
 
 Needs Debian's `chromium` (apt-get install -y chromium).  Skipped when it is
-not on PATH, unless HEADROOM_REQUIRE_CHROMIUM=1 (CI), which turns that into a
-failure.  A screenshot is saved to HEADROOM_DASHBOARD_SCREENSHOT if set, else
+not on PATH, unless BRIMFUL_REQUIRE_CHROMIUM=1 (CI), which turns that into a
+failure.  A screenshot is saved to BRIMFUL_DASHBOARD_SCREENSHOT if set, else
 into pytest's tmp dir; its path is printed (see it with `pytest -s` or `-rA`).
 """
 
@@ -67,8 +67,8 @@ def find_chromium() -> str:
     if path:
         return path
     reason = "chromium is not installed (apt-get install -y chromium)"
-    if os.environ.get("HEADROOM_REQUIRE_CHROMIUM") == "1":
-        pytest.fail(reason + " but HEADROOM_REQUIRE_CHROMIUM=1")
+    if os.environ.get("BRIMFUL_REQUIRE_CHROMIUM") == "1":
+        pytest.fail(reason + " but BRIMFUL_REQUIRE_CHROMIUM=1")
     pytest.skip(reason)
 
 
@@ -294,7 +294,7 @@ def test_dashboard_marks_the_limit_the_recommendation_and_demand_beyond_it(dashb
 
 def test_dashboard_screenshot(dashboard_url: str, tmp_path: Path) -> None:
     chromium = find_chromium()
-    target = Path(os.environ.get("HEADROOM_DASHBOARD_SCREENSHOT") or tmp_path / "dashboard.png").resolve()
+    target = Path(os.environ.get("BRIMFUL_DASHBOARD_SCREENSHOT") or tmp_path / "dashboard.png").resolve()
     result = run_chromium(chromium, tmp_path / "profile", "--window-size=1280,1150",
                           f"--screenshot={target}", dashboard_url + "/dashboard")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -303,10 +303,10 @@ def test_dashboard_screenshot(dashboard_url: str, tmp_path: Path) -> None:
 
 
 def test_dashboard_of_a_running_proxy_shows_what_it_recorded(tmp_path: Path, qwen3_dir: Path) -> None:
-    """Requests through headroom (to the fake vLLM), then headroom's own /dashboard in Chromium."""
+    """Requests through brimful (to the fake vLLM), then brimful's own /dashboard in Chromium."""
     import numpy as np
 
-    from proxy.app import HeadroomApp
+    from proxy.app import BrimfulApp
     from proxy.config import Config, ModelConfig, UpstreamConfig
     from tests.support.fakevllm import FakeVLLM
     from tests.support.servers import serve_in_thread
@@ -318,7 +318,7 @@ def test_dashboard_of_a_running_proxy_shows_what_it_recorded(tmp_path: Path, qwe
     with FakeVLLM(count_prompt=lambda endpoint, body: tok.count_chat(body)) as fake:
         config = Config(upstream=UpstreamConfig(url=fake.base_url, timeout=10.0))
         config.models["tiny-qwen"] = ModelConfig(tokenizer=str(qwen3_dir))
-        with serve_in_thread(HeadroomApp(config)) as base, httpx.Client(base_url=base, timeout=10) as client:
+        with serve_in_thread(BrimfulApp(config)) as base, httpx.Client(base_url=base, timeout=10) as client:
             for i in range(1, 21):
                 body = {"model": "tiny-qwen", "messages": [{"role": "user", "content": "word " * (i * 7)}],
                         "max_tokens": i * 3}

@@ -210,7 +210,7 @@ def test_rejection_breakdown_separates_length_from_media_and_bad_requests():
     assert dm.rejection_reason(rec(prompt_tokens=10, completion_tokens=5, status=200)) is None
 
 
-def test_every_code_headroom_writes_has_a_reason():
+def test_every_code_brimful_writes_has_a_reason():
     from proxy.errors import ErrorCode
 
     assert set(ErrorCode) - set(dm.ERROR_CODE_REASONS) == set()
@@ -242,7 +242,7 @@ def test_demand_from_proxied_records_matches_what_was_sent(tmp_path, qwen3, qwen
                     "messages": [{"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(words))}]}
             stack.http.post("/v1/chat/completions", json=body)
             sent.append((qwen3.count_chat(body), body["max_tokens"]))
-    # leaving the stack ran headroom's shutdown, which flushed the length log
+    # leaving the stack ran brimful's shutdown, which flushed the length log
     records = [json.loads(line) for line in log_path.read_text().splitlines()]
     assert len(records) == 120
     actions = [r["action"] for r in records]
@@ -255,7 +255,7 @@ def test_demand_from_proxied_records_matches_what_was_sent(tmp_path, qwen3, qwen
     for q in (50, 90, 95, 99):
         assert hist.percentile(q) == pytest.approx(float(np.percentile(demanded, q)), abs=1e-9)
 
-    # headroom's default policy: minimum completion 1, so only a prompt that fills the context is refused
+    # brimful's default policy: minimum completion 1, so only a prompt that fills the context is refused
     now = dm.outcome_shares(ds, 512)
     assert now.refused == actions.count("rejected") == sum(p >= 512 for p, m in sent)
     assert now.clamped == actions.count("clamped")

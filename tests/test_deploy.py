@@ -7,7 +7,7 @@ starts a container.  What can be checked statically is checked for real:
   interpolation) and every reference in it is followed: Dockerfiles, bind
   mounts, named volumes, ports against the `--port` each program is started
   with, health checks, `depends_on`, the shared Hugging Face cache, profiles;
-* headroom's command lines (compose's and the Dockerfile's) are parsed by
+* brimful's command lines (compose's and the Dockerfile's) are parsed by
   `proxy.cli.build_parser()`, so an unknown or misspelt flag fails here;
 * config/prometheus.yml targets must be compose services on their real ports;
 * the Grafana provisioning must reference the data source the dashboard uses,
@@ -56,11 +56,11 @@ from tests.support.deploy_lint import (
     exec_form,
     from_image,
     grafana_variables,
-    headroom_exposition,
+    brimful_exposition,
     healthcheck_urls,
     ignore_patterns,
     interpolate_tree,
-    is_headroom,
+    is_brimful,
     is_ignored,
     is_vllm,
     listen_port,
@@ -122,7 +122,7 @@ def dashboards() -> dict[str, dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def known_metrics() -> dict[str, set[str]]:
-    return {**headroom_exposition(), **vllm_exposition()}
+    return {**brimful_exposition(), **vllm_exposition()}
 
 
 def all_panels(dashboard: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -226,7 +226,7 @@ def test_published_ports_match_what_each_program_listens_on(services: dict[str, 
         ports = listening_ports(service)
         assert ports, f"{name}: publishes no port"
         flag = option_value(command_list(service), "--port")
-        if is_vllm(service) or is_headroom(service):
+        if is_vllm(service) or is_brimful(service):
             assert flag is not None, f"{name}: the listening port should be explicit (--port)"
         if flag is not None:
             assert int(flag) in ports, f"{name}: listens on {flag} but publishes {sorted(ports)}"
@@ -234,33 +234,33 @@ def test_published_ports_match_what_each_program_listens_on(services: dict[str, 
             assert urlsplit(url).port in ports, f"{name}: health check {url} is not on a listening port"
 
 
-def test_only_headroom_is_published_beyond_loopback(services: dict[str, Any]) -> None:
-    """Apps reach vLLM through headroom; vLLM, Prometheus and Grafana stay on 127.0.0.1."""
+def test_only_brimful_is_published_beyond_loopback(services: dict[str, Any]) -> None:
+    """Apps reach vLLM through brimful; vLLM, Prometheus and Grafana stay on 127.0.0.1."""
     for name, service in services.items():
         for spec in service.get("ports", []):
             port = parse_port(spec)
-            if is_headroom(service):
+            if is_brimful(service):
                 assert port.container == 8100
             else:
                 assert port.host_ip == "127.0.0.1", f"{name}: {spec} is published on every interface"
 
 
-def test_hf_cache_is_shared_read_write_by_vllm_and_read_only_by_headroom(services: dict[str, Any]) -> None:
+def test_hf_cache_is_shared_read_write_by_vllm_and_read_only_by_brimful(services: dict[str, Any]) -> None:
     users = 0
     for name, service in services.items():
         mounts = [parse_volume(v) for v in service.get("volumes", [])]
         cache = [m for m in mounts if m.source == HF_CACHE_VOLUME]
-        if not (is_vllm(service) or is_headroom(service)):
+        if not (is_vllm(service) or is_brimful(service)):
             assert not cache, f"{name} should not mount the model cache"
             continue
         assert len(cache) == 1, f"{name}: expected one {HF_CACHE_VOLUME} mount"
         users += 1
         mount = cache[0]
-        assert mount.read_only == is_headroom(service), (
-            f"{name}: {HF_CACHE_VOLUME} must be {'read-only' if is_headroom(service) else 'writable'}")
+        assert mount.read_only == is_brimful(service), (
+            f"{name}: {HF_CACHE_VOLUME} must be {'read-only' if is_brimful(service) else 'writable'}")
         # HF_HOME/hub/models--ORG--NAME/snapshots/* must be where each side looks.
         assert env_dict(service).get("HF_HOME") == mount.target, f"{name}: HF_HOME is not the cache mount"
-    assert users == 4   # vllm, headroom, vllm-cpu, headroom-cpu
+    assert users == 4   # vllm, brimful, vllm-cpu, brimful-cpu
 
 
 def test_dockerfile_hf_home_matches_the_compose_mount(services: dict[str, Any]) -> None:
@@ -268,31 +268,31 @@ def test_dockerfile_hf_home_matches_the_compose_mount(services: dict[str, Any]) 
     m = re.search(r"HF_HOME=(\S+)", env)
     assert m, "the image should default HF_HOME to the cache mount point"
     for name, service in services.items():
-        if is_headroom(service):
+        if is_brimful(service):
             assert env_dict(service)["HF_HOME"] == m.group(1), name
 
 
 def test_each_profile_is_one_complete_stack(services: dict[str, Any]) -> None:
     for profile, running in profile_sets(services).items():
         vllms = [n for n in running if is_vllm(services[n])]
-        headrooms = [n for n in running if is_headroom(services[n])]
-        assert len(vllms) == 1 and len(headrooms) == 1, f"profile {profile}: {vllms} {headrooms}"
+        brimfuls = [n for n in running if is_brimful(services[n])]
+        assert len(vllms) == 1 and len(brimfuls) == 1, f"profile {profile}: {vllms} {brimfuls}"
         assert {"prometheus", "grafana"} <= running
-        # Prometheus and headroom address them as vllm / headroom in every profile.
+        # Prometheus and brimful address them as vllm / brimful in every profile.
         assert resolve_name("vllm", running, services) == vllms[0]
-        assert resolve_name("headroom", running, services) == headrooms[0]
+        assert resolve_name("brimful", running, services) == brimfuls[0]
 
 
-def test_headroom_starts_after_a_healthy_vllm_it_forwards_to(services: dict[str, Any]) -> None:
+def test_brimful_starts_after_a_healthy_vllm_it_forwards_to(services: dict[str, Any]) -> None:
     for profile, running in profile_sets(services).items():
-        headroom = next(n for n in running if is_headroom(services[n]))
-        service = services[headroom]
+        brimful = next(n for n in running if is_brimful(services[n]))
+        service = services[brimful]
         upstream = urlsplit(option_value(command_list(service), "--upstream") or "")
         target = resolve_name(upstream.hostname or "", running, services)
-        assert is_vllm(services[target]), f"{headroom} forwards to {target}, not to vLLM"
+        assert is_vllm(services[target]), f"{brimful} forwards to {target}, not to vLLM"
         assert upstream.port in listening_ports(services[target])
         assert service.get("depends_on", {}).get(target, {}).get("condition") == "service_healthy", (
-            f"profile {profile}: {headroom} must wait for {target} to be healthy")
+            f"profile {profile}: {brimful} must wait for {target} to be healthy")
         checks = [urlsplit(u) for u in healthcheck_urls(services[target])]
         assert [(c.path, c.port) for c in checks] == [("/health", upstream.port)], f"{target}: health check {checks}"
         assert "python3" in services[target]["healthcheck"]["test"]
@@ -333,9 +333,9 @@ def test_cpu_profile_uses_the_cpu_image_and_a_kv_cache_that_fits_one_request(ser
     assert check.fits, check.message
 
 
-def test_headroom_command_is_accepted_by_headroom_and_its_config_loads(services: dict[str, Any]) -> None:
+def test_brimful_command_is_accepted_by_brimful_and_its_config_loads(services: dict[str, Any]) -> None:
     for name, service in services.items():
-        if not is_headroom(service):
+        if not is_brimful(service):
             continue
         args = parse_cli(command_list(service))
         assert args.command == "serve"
@@ -364,7 +364,7 @@ def test_prometheus_targets_are_compose_services_on_their_ports(
     prometheus: dict[str, Any], services: dict[str, Any]
 ) -> None:
     jobs = {job["job_name"]: job for job in prometheus["scrape_configs"]}
-    assert {"headroom", "vllm"} <= set(jobs)
+    assert {"brimful", "vllm"} <= set(jobs)
     scraped: dict[str, set[str]] = {}
     for job_name, job in jobs.items():
         for static in job.get("static_configs", []):
@@ -377,9 +377,9 @@ def test_prometheus_targets_are_compose_services_on_their_ports(
                     owner = resolve_name(host, running, services)
                     assert int(port) in listening_ports(services[owner]), f"{job_name}: {target} in profile {profile}"
                     scraped.setdefault(job_name, set()).add(owner)
-    assert scraped["headroom"] == {n for n, s in services.items() if is_headroom(s)}
+    assert scraped["brimful"] == {n for n, s in services.items() if is_brimful(s)}
     assert scraped["vllm"] == {n for n, s in services.items() if is_vllm(s)}
-    assert jobs["headroom"].get("metrics_path", "/metrics") == "/metrics"
+    assert jobs["brimful"].get("metrics_path", "/metrics") == "/metrics"
     assert jobs["vllm"].get("metrics_path", "/metrics") == "/metrics"
 
 
@@ -439,7 +439,7 @@ def test_dashboard_queries_name_only_exported_metrics_and_labels(
             assert selectors, f"{file}: no metric in {expr!r}"
             labels_in_scope = {"le"}
             for sel in selectors:
-                assert sel.metric in known_metrics, f"{file}: {sel.metric} is neither headroom's nor vLLM's: {expr!r}"
+                assert sel.metric in known_metrics, f"{file}: {sel.metric} is neither brimful's nor vLLM's: {expr!r}"
                 labels = known_metrics[sel.metric]
                 labels_in_scope |= labels
                 for label, _, _ in sel.matchers:
@@ -465,13 +465,13 @@ def test_dashboard_variables_are_defined_and_context_sizes_are_bucket_bounds(das
 
 def test_dashboard_shows_lengths_policy_drift_and_vllm_kv_cache(dashboards: dict[str, Any]) -> None:
     exprs = " ".join(e for dash in dashboards.values() for e in all_exprs(dash))
-    for hist in ("headroom_prompt_tokens_bucket", "headroom_completion_tokens_bucket", "headroom_total_tokens_bucket"):
+    for hist in ("brimful_prompt_tokens_bucket", "brimful_completion_tokens_bucket", "brimful_total_tokens_bucket"):
         for q in ("0.5", "0.95", "0.99"):
             assert re.search(rf"histogram_quantile\({q}, [^;]*?\b{hist}\b", exprs), f"no p{q} of {hist}"
-    assert "sum by (action) (rate(headroom_requests_total" in exprs
+    assert "sum by (action) (rate(brimful_requests_total" in exprs
     assert 'action="clamped"' in exprs and 'action="rejected"' in exprs
-    for needed in ("headroom_clamped_tokens_total", "headroom_prompt_token_drift_total",
-                   "headroom_prompt_token_drift_tokens_bucket", "vllm:kv_cache_usage_perc",
+    for needed in ("brimful_clamped_tokens_total", "brimful_prompt_token_drift_total",
+                   "brimful_prompt_token_drift_tokens_bucket", "vllm:kv_cache_usage_perc",
                    "vllm:num_requests_running", "vllm:num_requests_waiting"):
         assert needed in exprs, needed
 
@@ -493,21 +493,21 @@ def test_dashboard_panels_do_not_overlap(dashboards: dict[str, Any]) -> None:
 def test_promql_reader_sees_metrics_not_functions_labels_or_variables() -> None:
     """The metric-name check above is only as good as this reader."""
     selectors, grouping = promql_selectors(
-        'histogram_quantile(0.95, sum by (le, model) (rate(headroom_total_tokens_bucket{model=~"$model", '
+        'histogram_quantile(0.95, sum by (le, model) (rate(brimful_total_tokens_bucket{model=~"$model", '
         'le=~"8192(\\\\.0)?"}[$__rate_interval]))) / on (model) group_left max(vllm:kv_cache_usage_perc) '
         'or sum without (engine) (vllm:num_requests_running offset 5m)'
     )
     assert [s.metric for s in selectors] == [
-        "headroom_total_tokens_bucket", "vllm:kv_cache_usage_perc", "vllm:num_requests_running"]
+        "brimful_total_tokens_bucket", "vllm:kv_cache_usage_perc", "vllm:num_requests_running"]
     assert selectors[0].matchers == (("model", "=~", "$model"), ("le", "=~", "8192(\\\\.0)?"))
     assert grouping == {"le", "model", "engine"}
     variables = grafana_variables('rate(x{a="$model"}[$__rate_interval]) ${context}')
     assert variables == {"model", "__rate_interval", "context"}
 
 
-def test_headroom_exposition_covers_every_registered_metric() -> None:
+def test_brimful_exposition_covers_every_registered_metric() -> None:
     """The records above touch every metric, so the known-name set is complete."""
-    names = headroom_exposition()
+    names = brimful_exposition()
     metrics = Metrics()
     metrics.attach_lengthlog(LengthLogStats())
     for family in metrics.registry.collect():
@@ -536,17 +536,17 @@ def _mutate(old: str, new: str) -> str:
         (lambda: _mutate("FROM python:3.11-slim-bookworm AS builder", "FROM python:latest AS builder"),
          "pinned to latest"),
         (lambda: _mutate("FROM python:3.11-slim-bookworm\n", "FROM python\n"), "has no tag"),
-        (lambda: _mutate("USER headroom\n", ""), "runs as root"),
-        (lambda: _mutate("USER headroom\n", "USER root\n"), "runs as root"),
-        (lambda: _mutate('ENTRYPOINT ["headroom"]', "ENTRYPOINT headroom"), "shell form"),
+        (lambda: _mutate("USER brimful\n", ""), "runs as root"),
+        (lambda: _mutate("USER brimful\n", "USER root\n"), "runs as root"),
+        (lambda: _mutate('ENTRYPOINT ["brimful"]', "ENTRYPOINT brimful"), "shell form"),
         (lambda: re.sub(r"HEALTHCHECK .*?\]\n", "", GOOD, flags=re.S), "no HEALTHCHECK"),
-        (lambda: _mutate("127.0.0.1:8100/live", "127.0.0.1:8100/health"), "not headroom's own endpoint"),
+        (lambda: _mutate("127.0.0.1:8100/live", "127.0.0.1:8100/health"), "not brimful's own endpoint"),
         (lambda: _mutate("127.0.0.1:8100/live", "127.0.0.1:8000/live"), "CMD listens on 8100"),
         (lambda: _mutate("pip install --no-cache-dir /wheels", "pip install /wheels"), "without --no-cache-dir"),
         (lambda: _mutate("COPY proxy ./proxy", "COPY proxies ./proxy"), "does not exist"),
         (lambda: _mutate("COPY proxy ./proxy", "COPY tests ./tests"), "excluded by .dockerignore"),
-        (lambda: _mutate('"--port", "8100"', '"--listen-port", "8100"'), "headroom rejects"),
-        (lambda: _mutate('ENTRYPOINT ["headroom"]', 'ENTRYPOINT ["headroomd"]'), "not one of the project's scripts"),
+        (lambda: _mutate('"--port", "8100"', '"--listen-port", "8100"'), "brimful rejects"),
+        (lambda: _mutate('ENTRYPOINT ["brimful"]', 'ENTRYPOINT ["brimfuld"]'), "not one of the project's scripts"),
     ],
 )
 def test_each_dockerfile_rule_catches_its_mistake(broken: Callable[[], str], problem: str) -> None:
@@ -564,7 +564,7 @@ def test_dockerfile_base_python_satisfies_requires_python() -> None:
 
 
 def test_image_config_and_length_log_paths_exist_in_the_image(services: dict[str, Any]) -> None:
-    """The CMD's --config is COPYed into the image; compose's headroom uses the same path."""
+    """The CMD's --config is COPYed into the image; compose's brimful uses the same path."""
     instructions = parse_dockerfile(GOOD)
     final = stages(instructions)[-1]
     cmd = next(exec_form(i.value) for i in reversed(final) if i.keyword == "CMD")
@@ -572,11 +572,11 @@ def test_image_config_and_length_log_paths_exist_in_the_image(services: dict[str
     copied = [shlex.split(i.value)[-1] for i in final if i.keyword == "COPY" and "--from" not in i.value]
     assert config in copied
     for name, service in services.items():
-        if is_headroom(service):
+        if is_brimful(service):
             assert option_value(command_list(service), "--config") == config, name
             log_dir = str(Path(option_value(command_list(service), "--length-log")).parent)
             assert any(log_dir in i.value for i in final if i.keyword == "RUN" and "chown" in i.value), (
-                "the length log directory must be created and owned by the headroom user in the image")
+                "the length log directory must be created and owned by the brimful user in the image")
     exposed = {int(p) for i in final if i.keyword == "EXPOSE" for p in i.value.split()}
     assert listen_port(instructions) in exposed
 
@@ -585,8 +585,8 @@ def test_dockerignore_matcher_follows_docker_rules() -> None:
     patterns = ignore_patterns("tests\n**/__pycache__\n*.egg-info\nconfig/grafana\n!config/grafana/keep.json\n")
     assert is_ignored("tests", patterns) and is_ignored("tests/test_x.py", patterns)
     assert is_ignored("proxy/__pycache__/a.pyc", patterns)
-    assert is_ignored("headroom.egg-info", patterns)
-    assert not is_ignored("proxy", patterns) and not is_ignored("config/headroom.toml", patterns)
+    assert is_ignored("brimful.egg-info", patterns)
+    assert not is_ignored("proxy", patterns) and not is_ignored("config/brimful.toml", patterns)
     assert is_ignored("config/grafana/dash.json", patterns)
     assert not is_ignored("config/grafana/keep.json", patterns)
     # Docker's * stops at '/', unlike fnmatch's: *.pyc is the root only, **/*.pyc any depth.
@@ -596,7 +596,7 @@ def test_dockerignore_matcher_follows_docker_rules() -> None:
 
 def test_dockerignore_keeps_the_build_context_small() -> None:
     patterns = ignore_patterns(DOCKERIGNORE.read_text())
-    for path in (".git", "tests", "bench", "headroom.egg-info", "proxy/__pycache__"):
+    for path in (".git", "tests", "bench", "brimful.egg-info", "proxy/__pycache__"):
         assert is_ignored(path, patterns), path
-    for path in ("pyproject.toml", "README.md", "proxy", "tokenizer_cache", "config/headroom.toml"):
+    for path in ("pyproject.toml", "README.md", "proxy", "tokenizer_cache", "config/brimful.toml"):
         assert not is_ignored(path, patterns), path

@@ -1,4 +1,4 @@
-"""`headroom plan` for every layout the seed discusses (proxy.deploy via plan_cli), hand-computed.
+"""`brimful plan` for every layout the seed discusses (proxy.deploy via plan_cli), hand-computed.
 
 Shared figures: H100 = 80 GiB; usable = floor(80 × 2^30 × 0.92) = 79,027,398,246 B; activations 4 GiB =
 4,294,967,296 B.  Llama-3.1-70B: 70,553,706,496 params, 80 layers × 8 KV heads × 128, vocab 128,256.

@@ -9,7 +9,7 @@ import os
 import httpx
 import pytest
 
-from proxy.app import HeadroomApp
+from proxy.app import BrimfulApp
 from proxy.backends import Backends
 from proxy.config import Config
 from proxy.counting import PromptCounter
@@ -28,7 +28,7 @@ def qwen3(qwen3_dir):
 
 def local_only(config: Config) -> Config:
     """No start-up parity check: the model stays counted locally whatever the upstream counts,
-    so a test sees headroom's own count meet the upstream's answers."""
+    so a test sees brimful's own count meet the upstream's answers."""
     config.tokenizers.parity_check = False
     return config
 
@@ -46,7 +46,7 @@ def metric_value(metrics: str, name: str, model: str = "tiny-qwen") -> float | N
 
 def test_stream_usage_is_requested_upstream_and_hidden_from_the_client(qwen3, qwen3_dir) -> None:
     with FakeVLLM(count_prompt=fake_counter(qwen3, 0)) as fake:
-        app = HeadroomApp(make_config(fake.base_url, qwen3_dir))
+        app = BrimfulApp(make_config(fake.base_url, qwen3_dir))
         with serve_in_thread(app) as base:
             body = {"model": "tiny-qwen", "messages": HELLO, "max_tokens": 3, "stream": True}
             through = httpx.post(base + "/v1/chat/completions", json=body, timeout=10).text
@@ -65,7 +65,7 @@ def test_stream_usage_is_requested_upstream_and_hidden_from_the_client(qwen3, qw
 def test_stream_usage_kept_when_the_client_asked(qwen3, qwen3_dir) -> None:
     with (
         FakeVLLM(count_prompt=fake_counter(qwen3, 0)) as fake,
-        serve_in_thread(HeadroomApp(make_config(fake.base_url, qwen3_dir))) as base,
+        serve_in_thread(BrimfulApp(make_config(fake.base_url, qwen3_dir))) as base,
     ):
         body = {"model": "tiny-qwen", "messages": HELLO, "max_tokens": 2, "stream": True,
                 "stream_options": {"include_usage": True}}
@@ -77,29 +77,29 @@ def test_stream_usage_kept_when_the_client_asked(qwen3, qwen3_dir) -> None:
 
 
 def test_drift_is_exported_and_logged_without_text(qwen3, qwen3_dir, caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="headroom")
+    caplog.set_level(logging.WARNING, logger="brimful")
     with (
         FakeVLLM(count_prompt=fake_counter(qwen3, 3)) as fake,
-        serve_in_thread(HeadroomApp(local_only(make_config(fake.base_url, qwen3_dir)))) as base,
+        serve_in_thread(BrimfulApp(local_only(make_config(fake.base_url, qwen3_dir)))) as base,
     ):
         response = httpx.post(base + "/v1/chat/completions",
                               json={"model": "tiny-qwen", "messages": [{"role": "user", "content": "SECRET-MARKER"}],
                                     "max_tokens": 2})
         assert response.status_code == 200
         metrics = httpx.get(base + "/metrics").text
-    assert metric_value(metrics, "headroom_prompt_token_drift_total") == 1.0
+    assert metric_value(metrics, "brimful_prompt_token_drift_total") == 1.0
     drift_lines = [r.getMessage() for r in caplog.records if "drift" in r.getMessage()]
     assert drift_lines and "tiny-qwen" in drift_lines[0]
     assert all("SECRET-MARKER" not in r.getMessage() for r in caplog.records)
 
 
 def test_upstream_length_rejection_after_clamp_is_retried_once(qwen3, qwen3_dir) -> None:
-    # The fake counts 40 tokens more than headroom and rejects like old vLLM:
-    # headroom's clamp is too generous, the upstream says so with its numbers,
-    # and headroom retries once with the limit those numbers allow.
+    # The fake counts 40 tokens more than brimful and rejects like old vLLM:
+    # brimful's clamp is too generous, the upstream says so with its numbers,
+    # and brimful retries once with the limit those numbers allow.
     with (
         FakeVLLM(mode="legacy", count_prompt=fake_counter(qwen3, 40)) as fake,
-        serve_in_thread(HeadroomApp(local_only(make_config(fake.base_url, qwen3_dir)))) as base,
+        serve_in_thread(BrimfulApp(local_only(make_config(fake.base_url, qwen3_dir)))) as base,
     ):
         response = httpx.post(base + "/v1/chat/completions",
                               json={"model": "tiny-qwen", "messages": HELLO, "max_tokens": 99999})
@@ -107,14 +107,14 @@ def test_upstream_length_rejection_after_clamp_is_retried_once(qwen3, qwen3_dir)
     assert response.status_code == 200, response.text
     chats = [r for r in fake.requests if r.path == "/v1/chat/completions"]
     assert [r.json["max_tokens"] for r in chats] == [2048 - 10, 2048 - 50]
-    assert response.headers["x-headroom-granted-max-tokens"] == str(2048 - 50)
+    assert response.headers["x-brimful-granted-max-tokens"] == str(2048 - 50)
     assert response.json()["usage"]["completion_tokens"] == 2048 - 50
-    assert metric_value(metrics, "headroom_length_retries_total") == 1.0
+    assert metric_value(metrics, "brimful_length_retries_total") == 1.0
 
 
 @pytest.mark.parametrize("offset,expected", [(0, True), (1, False)])
 async def test_startup_parity_check(qwen3, qwen3_dir, offset: int, expected: bool, caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="headroom")
+    caplog.set_level(logging.WARNING, logger="brimful")
     async with FakeVLLM(count_prompt=fake_counter(qwen3, offset)) as fake:
         config = make_config(fake.base_url, qwen3_dir)
         backends = Backends(config)
@@ -132,29 +132,29 @@ async def test_startup_parity_check(qwen3, qwen3_dir, offset: int, expected: boo
 
 
 def test_parity_result_reaches_metrics(qwen3_dir) -> None:
-    app = HeadroomApp(Config())
+    app = BrimfulApp(Config())
     for callback in app.counter.on_parity:
         callback("tiny-qwen", False)
     body, _ = app.recorder.metrics.render()
-    assert metric_value(body.decode(), "headroom_tokenizer_parity") == 0.0
+    assert metric_value(body.decode(), "brimful_tokenizer_parity") == 0.0
 
 
 def test_resent_conversation_hits_the_piece_cache(qwen3, qwen3_dir) -> None:
     """An agent resending its conversation: the second request's pieces come from the cache."""
     with (
         FakeVLLM(count_prompt=fake_counter(qwen3, 0)) as fake,
-        serve_in_thread(HeadroomApp(make_config(fake.base_url, qwen3_dir))) as base,
+        serve_in_thread(BrimfulApp(make_config(fake.base_url, qwen3_dir))) as base,
     ):
         turn = [{"role": "user", "content": "Explain KV caches. " * 50},
                 {"role": "assistant", "content": "They store keys and values. " * 50}]
         counts = []
         for extra in ("First follow-up?", "Second follow-up?"):
             body = {"model": "tiny-qwen", "messages": [*turn, {"role": "user", "content": extra}], "max_tokens": 2}
-            counts.append(httpx.post(base + "/v1/chat/completions", json=body).headers["x-headroom-prompt-tokens"])
+            counts.append(httpx.post(base + "/v1/chat/completions", json=body).headers["x-brimful-prompt-tokens"])
         metrics = httpx.get(base + "/metrics").text
     assert counts[0] == counts[1]                       # same length, different last question
     hits = [line for line in metrics.splitlines()
-            if line.startswith('headroom_piece_cache_lookups_total{result="hit"}')]
+            if line.startswith('brimful_piece_cache_lookups_total{result="hit"}')]
     assert hits and float(hits[0].rsplit(" ", 1)[1]) >= 2
 
 

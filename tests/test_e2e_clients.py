@@ -1,17 +1,17 @@
-"""End to end with the real SDKs, used as apps use them, through headroom.
+"""End to end with the real SDKs, used as apps use them, through brimful.
 
     SDK scenario (tests/clients/drivers.py, in its own process and venv)
-      → tap (records headroom's answers and x-headroom-* headers)
-      → headroom
+      → tap (records brimful's answers and x-brimful-* headers)
+      → brimful
       → scripted upstream (tests/clients/recorder.py: answers follow the
         scenario's script, so tool round trips happen; each generation request
         is also sent, completion limit 1, to the engine below for its count)
       → the engine: tests/fakevllm.py, or (slow, realvllm) a real vLLM 0.32
 
-For every chat and completions request the SDK made, headroom answered 200,
-its `x-headroom-prompt-tokens` equals the engine's `usage.prompt_tokens` for
-the same body, and after each scenario headroom's drift counter is still 0.
-Against the fake (which counts with headroom's own counter) this checks the
+For every chat and completions request the SDK made, brimful answered 200,
+its `x-brimful-prompt-tokens` equals the engine's `usage.prompt_tokens` for
+the same body, and after each scenario brimful's drift counter is still 0.
+Against the fake (which counts with brimful's own counter) this checks the
 plumbing per SDK; against the real vLLM it checks the counts.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.app import HeadroomApp
+from proxy.app import BrimfulApp
 from proxy.config import Config, ModelConfig, UpstreamConfig
 from tests.clients.drivers import SCENARIOS, Scenario
 from tests.clients.envs import MissingEnv, python_for, run_scenario
@@ -40,20 +40,20 @@ pytestmark = pytest.mark.slow
 
 COUNTED = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 # CI sets this: a missing SDK or SDK venv is then an error, not a skip.
-REQUIRE = os.environ.get("HEADROOM_REQUIRE_CLIENTS", "").lower() in ("1", "true", "yes", "require")
+REQUIRE = os.environ.get("BRIMFUL_REQUIRE_CLIENTS", "").lower() in ("1", "true", "yes", "require")
 
 
 class Chain:
-    """tap → headroom → scripted upstream → engine, started once per module."""
+    """tap → brimful → scripted upstream → engine, started once per module."""
 
-    def __init__(self, tap: Recorder, scripted: Recorder, headroom: str) -> None:
+    def __init__(self, tap: Recorder, scripted: Recorder, brimful: str) -> None:
         self.tap = tap
         self.scripted = scripted
-        self.headroom = headroom
+        self.brimful = brimful
 
     def drift_total(self) -> float:
-        metrics = httpx.get(self.headroom + "/metrics", timeout=30).text
-        drift = re.findall(r"^headroom_prompt_token_drift_total\{[^}]*\} (\S+)$", metrics, re.MULTILINE)
+        metrics = httpx.get(self.brimful + "/metrics", timeout=30).text
+        drift = re.findall(r"^brimful_prompt_token_drift_total\{[^}]*\} (\S+)$", metrics, re.MULTILINE)
         values = [float(m) for m in drift]
         return sum(values)
 
@@ -85,12 +85,12 @@ def chain_factory() -> Iterator:
         config = Config(upstream=UpstreamConfig(url=scripted.base_url, timeout=300.0))
         if tokenizer_dir is not None:
             config.models["tiny-qwen"] = ModelConfig(tokenizer=str(tokenizer_dir))
-        context = serve_in_thread(HeadroomApp(config))
-        headroom = context.__enter__()
+        context = serve_in_thread(BrimfulApp(config))
+        brimful = context.__enter__()
         opened.append(context)
-        tap = Recorder(forward_to=headroom).__enter__()
+        tap = Recorder(forward_to=brimful).__enter__()
         opened.append(tap)
-        return Chain(tap, scripted, headroom)
+        return Chain(tap, scripted, brimful)
 
     yield build
     for item in reversed(opened):
@@ -104,12 +104,12 @@ def check(chain: Chain, scenario: Scenario) -> None:
     assert all(e.status == 200 for e in answered), [(e.path, e.status, e.answer) for e in answered]
     through = [e for e in answered if e.path in COUNTED]
     counted = [e for e in chain.scripted.exchanges if e.path in COUNTED]
-    # The SDK calls one after the other: the n-th request headroom answered is the
+    # The SDK calls one after the other: the n-th request brimful answered is the
     # n-th the engine counted.
     assert len(through) == len(counted)
     for tapped, engine in zip(through, counted, strict=True):
         assert engine.upstream_prompt_tokens is not None
-        assert tapped.headers.get("x-headroom-prompt-tokens") == str(engine.upstream_prompt_tokens), client
+        assert tapped.headers.get("x-brimful-prompt-tokens") == str(engine.upstream_prompt_tokens), client
     assert chain.drift_total() == 0, client
 
 
@@ -119,7 +119,7 @@ def qwen3(qwen3_dir: Path):
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
-def test_sdk_through_headroom_in_front_of_the_fake(scenario: Scenario, chain_factory, qwen3, qwen3_dir) -> None:
+def test_sdk_through_brimful_in_front_of_the_fake(scenario: Scenario, chain_factory, qwen3, qwen3_dir) -> None:
     def count(endpoint: str, body: dict) -> int:
         if endpoint == "responses":
             return qwen3.count_responses(body)
@@ -135,13 +135,13 @@ def real_chain(real_vllm) -> Iterator[Chain]:
     opened: list = []
     scripted = Recorder(Script(), count_via=real_vllm.base_url).__enter__()
     opened.append(scripted)
-    # No tokenizer configured: headroom finds it through the root vLLM's /v1/models reports.
-    context = serve_in_thread(HeadroomApp(Config(upstream=UpstreamConfig(url=scripted.base_url, timeout=300.0))))
-    headroom = context.__enter__()
+    # No tokenizer configured: brimful finds it through the root vLLM's /v1/models reports.
+    context = serve_in_thread(BrimfulApp(Config(upstream=UpstreamConfig(url=scripted.base_url, timeout=300.0))))
+    brimful = context.__enter__()
     opened.append(context)
-    tap = Recorder(forward_to=headroom).__enter__()
+    tap = Recorder(forward_to=brimful).__enter__()
     opened.append(tap)
-    yield Chain(tap, scripted, headroom)
+    yield Chain(tap, scripted, brimful)
     for item in reversed(opened):
         item.__exit__(None, None, None)
 
@@ -149,5 +149,5 @@ def real_chain(real_vllm) -> Iterator[Chain]:
 @pytest.mark.slow
 @pytest.mark.realvllm
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
-def test_sdk_through_headroom_in_front_of_a_real_vllm(scenario: Scenario, real_chain: Chain) -> None:
+def test_sdk_through_brimful_in_front_of_a_real_vllm(scenario: Scenario, real_chain: Chain) -> None:
     check(real_chain, scenario)

@@ -1,7 +1,7 @@
-"""End to end: the official `openai` client → headroom → a fake vLLM on loopback.
+"""End to end: the official `openai` client → brimful → a fake vLLM on loopback.
 
 The fake (tests/fakevllm.py) answers with vLLM 0.32.0's captured bodies and
-error texts, and counts prompts with headroom's own counter on the real Qwen3
+error texts, and counts prompts with brimful's own counter on the real Qwen3
 tokenizer, so its accept/clamp/reject decisions are the ones a real vLLM makes
 on these prompts.  `mode="legacy"` reproduces the older versions that reject
 `prompt + max_tokens > max_model_len` instead of clamping.
@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from proxy import jsonbody
-from proxy.app import HeadroomApp
+from proxy.app import BrimfulApp
 from tests.support.fakevllm import FakeVLLM, FaultSpec
 from tests.support.servers import serve_in_thread
 from tests.support.stack import Stack, fake_counter, make_config, running_stack
@@ -84,12 +84,12 @@ def test_max_tokens_above_max_model_len_is_clamped_and_succeeds(stack: Stack) ->
         model="tiny-qwen", messages=HELLO, max_tokens=65535
     )
     completion = raw.parse()
-    assert raw.headers["x-headroom-action"] == "clamped"
-    assert raw.headers["x-headroom-prompt-tokens"] == "10"          # captures/b01: usage.prompt_tokens 10
-    assert raw.headers["x-headroom-max-model-len"] == str(MML)
-    assert raw.headers["x-headroom-requested-max-tokens"] == "65535"
+    assert raw.headers["x-brimful-action"] == "clamped"
+    assert raw.headers["x-brimful-prompt-tokens"] == "10"          # captures/b01: usage.prompt_tokens 10
+    assert raw.headers["x-brimful-max-model-len"] == str(MML)
+    assert raw.headers["x-brimful-requested-max-tokens"] == "65535"
     granted = MML - 10
-    assert raw.headers["x-headroom-granted-max-tokens"] == str(granted)
+    assert raw.headers["x-brimful-granted-max-tokens"] == str(granted)
     assert completion.usage.prompt_tokens == 10
     assert completion.usage.completion_tokens == granted
     sent = stack.chat_requests()[-1].json
@@ -97,7 +97,7 @@ def test_max_tokens_above_max_model_len_is_clamped_and_succeeds(stack: Stack) ->
     assert sent["messages"] == HELLO
 
 
-def test_without_headroom_the_same_request_is_rejected(stack: Stack) -> None:
+def test_without_brimful_the_same_request_is_rejected(stack: Stack) -> None:
     direct = openai.OpenAI(base_url=stack.fake.base_url + "/v1", api_key="x", max_retries=0)
     with pytest.raises(openai.BadRequestError) as info:
         direct.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=65535)
@@ -114,7 +114,7 @@ def test_legacy_vllm_overflow_is_saved(stack_factory, qwen3) -> None:
         model="tiny-qwen", messages=messages, max_tokens=1000
     )
     assert raw.parse().usage.completion_tokens == MML - 1500
-    assert raw.headers["x-headroom-action"] == "clamped"
+    assert raw.headers["x-brimful-action"] == "clamped"
 
 
 def test_both_limit_fields_are_rewritten_together(stack: Stack) -> None:
@@ -131,8 +131,8 @@ def test_fitting_request_is_forwarded_byte_for_byte(stack: Stack) -> None:
             b'  "max_tokens":  5,"x_unknown":[1,2.50]}')
     response = stack.http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 200
-    assert response.headers["x-headroom-action"] == "pass"
-    assert response.headers["x-headroom-granted-max-tokens"] == "5"
+    assert response.headers["x-brimful-action"] == "pass"
+    assert response.headers["x-brimful-granted-max-tokens"] == "5"
     assert stack.chat_requests()[-1].body == body
 
 
@@ -144,8 +144,8 @@ def test_a_large_clamped_body_keeps_every_byte_but_the_limit(stack: Stack) -> No
     body = (head + ', "temperature": 1.0, "max_tokens": 65535 }').encode()
     assert len(body) >= jsonbody.SPLICE_ABOVE_BYTES
     response = stack.http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
-    assert response.status_code == 200 and response.headers["x-headroom-action"] == "clamped"
-    granted = response.headers["x-headroom-granted-max-tokens"]
+    assert response.status_code == 200 and response.headers["x-brimful-action"] == "clamped"
+    granted = response.headers["x-brimful-granted-max-tokens"]
     expected = (head.replace('"max_tokens" : 99999', f'"max_tokens" : {granted}')
                 + f', "temperature": 1.0, "max_tokens": {granted} }}').encode()
     assert stack.chat_requests()[-1].body == expected
@@ -161,7 +161,7 @@ def test_policy_reject_explains_instead(stack_factory) -> None:
     assert stack.chat_requests() == []
 
 
-# --- rejections headroom makes itself -----------------------------------------
+# --- rejections brimful makes itself -----------------------------------------
 
 
 @pytest.mark.parametrize("prompt", [MML, MML + 61])
@@ -173,10 +173,10 @@ def test_prompt_too_long_gets_exact_count(stack_factory, qwen3, prompt: int) -> 
     err = info.value.body
     assert err["code"] == "context_length_exceeded"
     assert f"{prompt} tokens" in err["message"]
-    assert err["headroom"]["prompt_tokens"] == prompt
-    assert err["headroom"]["tokens_to_remove"] == prompt - MML + 1
+    assert err["brimful"]["prompt_tokens"] == prompt
+    assert err["brimful"]["tokens_to_remove"] == prompt - MML + 1
     assert "must be at least 1, got 0" not in err["message"]
-    assert info.value.response.headers["x-headroom-action"] == "rejected"
+    assert info.value.response.headers["x-brimful-action"] == "rejected"
     assert stack.chat_requests() == []
 
 
@@ -206,7 +206,7 @@ def test_unknown_model_is_404_like_vllm(stack: Stack) -> None:
 def test_model_omitted_uses_the_only_served_model(stack: Stack) -> None:
     response = stack.http.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": 99999})
     assert response.status_code == 200
-    assert response.headers["x-headroom-action"] == "clamped"
+    assert response.headers["x-brimful-action"] == "clamped"
     assert response.json()["model"] == "tiny-qwen"
 
 
@@ -223,7 +223,7 @@ def test_completions_batch_is_clamped_by_longest_prompt(stack: Stack, qwen3) -> 
     prompts = ["Hello, world!", "word " * 1000]
     longest = max(qwen3.count_completion({"prompt": prompts}))
     raw = stack.client.completions.with_raw_response.create(model="tiny-qwen", prompt=prompts, max_tokens=5000)
-    assert raw.headers["x-headroom-granted-max-tokens"] == str(MML - longest)
+    assert raw.headers["x-brimful-granted-max-tokens"] == str(MML - longest)
     assert len(raw.parse().choices) == 2
 
 
@@ -231,8 +231,8 @@ def test_completions_token_ids_are_counted_as_is(stack: Stack) -> None:
     raw = stack.client.completions.with_raw_response.create(
         model="tiny-qwen", prompt=[9707] * 2000, max_tokens=100
     )
-    assert raw.headers["x-headroom-prompt-tokens"] == "2000"
-    assert raw.headers["x-headroom-action"] == "clamped"
+    assert raw.headers["x-brimful-prompt-tokens"] == "2000"
+    assert raw.headers["x-brimful-action"] == "clamped"
     assert raw.parse().usage.completion_tokens == MML - 2000
 
 
@@ -299,12 +299,12 @@ def test_tokenize_and_query_pass_through_untouched(stack: Stack) -> None:
     response = stack.http.post("/tokenize?x=1", json=body, headers={"authorization": "Bearer abc", "x-custom": "1"})
     assert response.status_code == 200
     assert response.json()["count"] == stack.fake.validator.count_prompt("completions", body)
-    # the one request the client sent (headroom's own parity probes POST /tokenize too)
+    # the one request the client sent (brimful's own parity probes POST /tokenize too)
     [seen] = [r for r in stack.fake.requests if "x-custom" in r.headers]
     assert (seen.path, seen.query) == ("/tokenize", "x=1")
     assert seen.headers["authorization"] == "Bearer abc"
     assert seen.headers["x-custom"] == "1"
-    assert "x-headroom-action" not in response.headers
+    assert "x-brimful-action" not in response.headers
 
 
 def test_unknown_route_status_is_relayed(stack: Stack) -> None:
@@ -323,7 +323,7 @@ def test_upstream_down_is_502_explained(qwen3_dir, shown: bool) -> None:
         url = fake.base_url
     config = make_config(url, qwen3_dir)
     config.server.show_upstream_url = shown
-    app = HeadroomApp(config)
+    app = BrimfulApp(config)
     with serve_in_thread(app) as base:
         client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
         with pytest.raises(openai.InternalServerError) as info:
@@ -331,11 +331,11 @@ def test_upstream_down_is_502_explained(qwen3_dir, shown: bool) -> None:
     assert info.value.status_code == 502
     assert "could not connect to the upstream" in info.value.body["message"]
     assert (url in info.value.body["message"]) is shown
-    assert (info.value.body.get("headroom", {}).get("upstream") == url) is shown
+    assert (info.value.body.get("brimful", {}).get("upstream") == url) is shown
 
 
 def test_upstream_error_is_explained_with_exact_numbers(stack: Stack) -> None:
-    # A drift headroom did not foresee: the upstream still rejects for length.
+    # A drift brimful did not foresee: the upstream still rejects for length.
     stack.fake.fail_next.append(FaultSpec(
         kind="respond", status=400, path="/v1/chat/completions",
         body={"error": {"message": "This model's maximum context length is 2048 tokens. However, your "
@@ -345,20 +345,20 @@ def test_upstream_error_is_explained_with_exact_numbers(stack: Stack) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         stack.client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=4)
     assert info.value.body["code"] == "context_length_exceeded"
-    assert "at least" in info.value.body["headroom"]["upstream_message"]
+    assert "at least" in info.value.body["brimful"]["upstream_message"]
 
 
 def test_lora_card_inherits_base_max_model_len(stack_factory) -> None:
     stack = stack_factory(fake_kwargs={"extra_models": [{"id": "my-lora", "root": "/adapters/x"}]})
     raw = stack.client.chat.completions.with_raw_response.create(model="my-lora", messages=HELLO, max_tokens=99999)
-    assert raw.headers["x-headroom-max-model-len"] == str(MML)
-    assert raw.headers["x-headroom-action"] == "clamped"
+    assert raw.headers["x-brimful-max-model-len"] == str(MML)
+    assert raw.headers["x-brimful-action"] == "clamped"
 
 
 def test_counting_through_upstream_tokenize_when_no_local_tokenizer(stack_factory) -> None:
     stack = stack_factory(tokenizer=False)
     raw = stack.client.chat.completions.with_raw_response.create(model="tiny-qwen", messages=HELLO, max_tokens=99999)
-    assert raw.headers["x-headroom-prompt-tokens"] == "10"
+    assert raw.headers["x-brimful-prompt-tokens"] == "10"
     assert any(r.path == "/tokenize" for r in stack.fake.requests)
 
 

@@ -1,9 +1,9 @@
 """End to end against a REAL vLLM 0.32 (CPU build, tiny random model, real Qwen3 tokenizer).
 
 The fixture `real_vllm` (tests/realvllm/) installs and starts the server once
-per session.  headroom is given no tokenizer configuration: it must find the
+per session.  brimful is given no tokenizer configuration: it must find the
 tokenizer through the `root` that vLLM's /v1/models reports (a local
-directory, as when vLLM and headroom share a volume).
+directory, as when vLLM and brimful share a volume).
 
 The random model never emits EOS, so every request keeps its completion small
 (or its prompt long) to stay fast.
@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.app import HeadroomApp
+from proxy.app import BrimfulApp
 from proxy.config import Config, UpstreamConfig
 from tests.support.servers import serve_in_thread
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.realvllm
 
 
 class Through:
-    def __init__(self, base_url: str, app: HeadroomApp, vllm) -> None:
+    def __init__(self, base_url: str, app: BrimfulApp, vllm) -> None:
         self.base_url = base_url
         self.app = app
         self.vllm = vllm
@@ -43,7 +43,7 @@ class Through:
 @pytest.fixture(scope="module")
 def through(real_vllm) -> Iterator[Through]:
     config = Config(upstream=UpstreamConfig(url=real_vllm.base_url, timeout=120.0))
-    app = HeadroomApp(config)
+    app = BrimfulApp(config)
     with serve_in_thread(app) as base_url:
         yield Through(base_url, app, real_vllm)
 
@@ -72,9 +72,9 @@ def test_max_tokens_65535_succeeds_where_vllm_alone_refuses(through: Through) ->
     )
     completion = raw.parse()
     granted = 2048 - prompt          # the whole room: what vLLM 0.32 grants for a limit it accepts
-    assert raw.headers["x-headroom-action"] == "clamped"
-    assert raw.headers["x-headroom-prompt-tokens"] == str(prompt)
-    assert raw.headers["x-headroom-granted-max-tokens"] == str(granted)
+    assert raw.headers["x-brimful-action"] == "clamped"
+    assert raw.headers["x-brimful-prompt-tokens"] == str(prompt)
+    assert raw.headers["x-brimful-granted-max-tokens"] == str(granted)
     assert completion.usage.prompt_tokens == prompt
     assert completion.usage.completion_tokens == granted
     assert completion.choices[0].finish_reason == "length"
@@ -88,7 +88,7 @@ def test_prompt_over_the_limit_gets_vllms_true_count(through: Through) -> None:
         through.client.chat.completions.create(model="tiny-qwen", messages=messages, max_tokens=4)
     body = info.value.body
     assert body["code"] == "context_length_exceeded"
-    assert body["headroom"]["prompt_tokens"] == true_count
+    assert body["brimful"]["prompt_tokens"] == true_count
     assert f"{true_count} tokens" in body["message"]
     assert "at least" not in body["message"].split("Remove")[0]
 
@@ -155,21 +155,21 @@ CONVERSATIONS = {
 
 
 @pytest.mark.parametrize("name", sorted(CONVERSATIONS))
-def test_headroom_count_equals_vllm_usage(through: Through, name: str) -> None:
+def test_brimful_count_equals_vllm_usage(through: Through, name: str) -> None:
     extra = dict(CONVERSATIONS[name])
     vllm_only = {k: extra.pop(k) for k in ("chat_template_kwargs",) if k in extra}
     raw = through.client.chat.completions.with_raw_response.create(
         model="tiny-qwen", max_tokens=1, extra_body=vllm_only or None, **extra
     )
     usage = raw.parse().usage
-    assert int(raw.headers["x-headroom-prompt-tokens"]) == usage.prompt_tokens
+    assert int(raw.headers["x-brimful-prompt-tokens"]) == usage.prompt_tokens
 
 
 def test_completions_count_equals_vllm_usage(through: Through) -> None:
     raw = through.client.completions.with_raw_response.create(
         model="tiny-qwen", prompt=["Hello, world! 안녕 🍕", "second prompt"], max_tokens=1
     )
-    assert int(raw.headers["x-headroom-prompt-tokens"]) == raw.parse().usage.prompt_tokens
+    assert int(raw.headers["x-brimful-prompt-tokens"]) == raw.parse().usage.prompt_tokens
 
 
 def test_streamed_overflow_request_streams_to_completion(through: Through) -> None:
@@ -192,9 +192,9 @@ def test_streamed_overflow_request_streams_to_completion(through: Through) -> No
 def test_nothing_was_rejected_upstream_and_no_drift(through: Through) -> None:
     metrics = httpx.get(through.base_url + "/metrics").text
     lines = [line for line in metrics.splitlines() if not line.startswith("#")]
-    drift = [line for line in lines if line.startswith("headroom_prompt_token_drift_total")]
+    drift = [line for line in lines if line.startswith("brimful_prompt_token_drift_total")]
     assert all(line.rstrip().endswith(" 0.0") or line.rstrip().endswith(" 0") for line in drift), drift
-    length_errors = [line for line in lines if line.startswith("headroom_upstream_length_errors_total")]
+    length_errors = [line for line in lines if line.startswith("brimful_upstream_length_errors_total")]
     assert all(line.rstrip().endswith(" 0.0") or line.rstrip().endswith(" 0") for line in length_errors), length_errors
     stats = httpx.get(through.base_url + "/stats").json()
     model = next(m for m in stats["models"] if m["model"] == "tiny-qwen")
@@ -205,4 +205,4 @@ def test_nothing_was_rejected_upstream_and_no_drift(through: Through) -> None:
     # /tokenize, so the model is counted locally and exactly.
     counting = stats["counting"]["tiny-qwen"]
     assert (counting["parity"], counting["mode"], counting["exact"]) == (True, "local", True), counting
-    assert 'headroom_tokenizer_parity{model="tiny-qwen"} 1.0' in metrics
+    assert 'brimful_tokenizer_parity{model="tiny-qwen"} 1.0' in metrics

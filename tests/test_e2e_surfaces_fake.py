@@ -44,7 +44,7 @@ async def test_the_agents_sdk_responses_model(target: Target) -> None:
 
 
 def test_a_responses_stream_failing_midway_raises_the_clients_api_error(stack: Stack, target: Target) -> None:
-    """x02: vLLM closes the stream; headroom ends it with an `error` event carrying its explanation."""
+    """x02: vLLM closes the stream; brimful ends it with an `error` event carrying its explanation."""
     stack.fake.fail_next.append(FaultSpec("sse_error", path="/v1/responses", after_chunks=6))
     error, rec = target.record_after(lambda: list(target.openai().responses.create(
         model="tiny-qwen", input="Hello!", max_output_tokens=50, stream=True)), raises=openai.APIError)
@@ -67,7 +67,7 @@ def test_a_messages_stream_failing_midway_raises_the_clients_status_error(stack:
     assert (rec.endpoint, rec.action, rec.error_code) == ("messages", "upstream_error", "upstream_stream_error")
 
 
-def test_a_messages_stream_cut_without_an_error_event_gets_headroom_s(stack: Stack, target: Target) -> None:
+def test_a_messages_stream_cut_without_an_error_event_gets_brimful_s(stack: Stack, target: Target) -> None:
     stack.fake.fail_next.append(FaultSpec("close_mid_body", path="/v1/messages", after_chunks=4))
     error, rec = target.record_after(lambda: stream_messages(target), raises=anthropic.APIStatusError)
     assert "broke the connection" in str(error) and "'type': 'api_error'" in str(error)

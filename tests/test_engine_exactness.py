@@ -1,7 +1,7 @@
 """The counting engine in use gives `tokenizers`' ids everywhere, or is not used.
 
 * Every shipped tokenizer selects the fast engine, and its ids equal
-  `tokenizers`' on every corpus request (rendered by headroom) and on a
+  `tokenizers`' on every corpus request (rendered by brimful) and on a
   randomised set (tests/textgen.py: 400 texts per tokenizer here, 2500 in the
   slow tier), add_special_tokens off and on, whole and through the piece cache.
 * Tokenizers edited to use what the shipped ones lack either select it and
@@ -151,7 +151,7 @@ def test_a_disagreeing_engine_falls_back_and_says_so_once(monkeypatch, caplog):
         return [*ids, 0] if "가" in text else ids
 
     monkeypatch.setattr(FastokensEncoder, "ids", off_by_one_on_hangul)
-    with caplog.at_level(logging.WARNING, logger="headroom.tokenizer"):
+    with caplog.at_level(logging.WARNING, logger="brimful.tokenizer"):
         choice = select_encoder(tokenizer, tokenizer.to_str(), source="qwen3-test")
     assert choice.encoder.name == REFERENCE
     assert "self-check" in (choice.fallback_reason or "") and "가" in (choice.fallback_reason or "")
@@ -188,7 +188,7 @@ def test_a_text_the_engine_raises_on_is_counted_by_tokenizers(models: dict[str, 
 
     broken = FastokensEncoder.__new__(FastokensEncoder)
     broken.__dict__.update(encoder.__dict__, _tokenizer=Raising(), _failures=0)
-    with caplog.at_level(logging.WARNING, logger="headroom.tokenizer"):
+    with caplog.at_level(logging.WARNING, logger="brimful.tokenizer"):
         assert broken.count("Hello world", False) == 2
         assert broken.count_pieces(["Hello", " world"]) == [1, 1]
     assert broken.failures == 2

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from proxy.app import HeadroomApp
+from proxy.app import BrimfulApp
 from proxy.record import LengthRecord
 from tests.conftest import CAPTURES, MODELS
 from tests.support.stack import CHAT, MODEL, ListRecorder, call_app, make_config
@@ -65,10 +65,10 @@ def qwen3(qwen3_dir: Path) -> Any:
     return load_model_tokenizer(qwen3_dir)
 
 
-def app_for(upstream: Upstream, qwen3_dir: Path, **policy: Any) -> tuple[HeadroomApp, ListRecorder]:
+def app_for(upstream: Upstream, qwen3_dir: Path, **policy: Any) -> tuple[BrimfulApp, ListRecorder]:
     recorder = ListRecorder()
     config = make_config("http://upstream.test", qwen3_dir, policy=policy)
-    return HeadroomApp(config, recorder, transport_for=lambda url: upstream.transport), recorder
+    return BrimfulApp(config, recorder, transport_for=lambda url: upstream.transport), recorder
 
 
 def chat_body(**fields: Any) -> bytes:
@@ -85,8 +85,8 @@ async def test_a_limit_that_does_not_fit_is_clamped_and_recorded_once(qwen3_dir:
     assert answer.status == 200
     granted = MML - prompt - 16
     assert upstream.chats()[0].json()["max_tokens"] == granted
-    assert answer.headers["x-headroom-action"] == "clamped"
-    assert answer.headers["x-headroom-granted-max-tokens"] == str(granted)
+    assert answer.headers["x-brimful-action"] == "clamped"
+    assert answer.headers["x-brimful-granted-max-tokens"] == str(granted)
     [rec] = recorder.records
     assert (rec.action, rec.status, rec.prompt_tokens, rec.upstream_prompt_tokens) == ("clamped", 200, prompt, prompt)
     assert (rec.requested_max_tokens, rec.granted_max_tokens, rec.completion_tokens) == (65535, granted, 3)
@@ -100,13 +100,13 @@ async def test_a_fitting_request_reaches_the_upstream_byte_for_byte(qwen3_dir: P
 
     answer = await call_app(app, "POST", CHAT, body)
 
-    assert answer.status == 200 and answer.headers["x-headroom-action"] == "pass"
+    assert answer.status == 200 and answer.headers["x-brimful-action"] == "pass"
     assert upstream.chats()[0].body == body
 
 
 async def test_a_length_refusal_is_retried_once_with_the_upstreams_own_numbers(qwen3_dir: Path, qwen3: Any) -> None:
     prompt = qwen3.count_chat({"messages": [{"role": "user", "content": "Hello!"}]})
-    theirs = prompt + 40           # the upstream counts 40 more than headroom: a drift
+    theirs = prompt + 40           # the upstream counts 40 more than brimful: a drift
     refusal = MockResponse.json({"error": {
         "message": f"'max_tokens' or 'max_completion_tokens' is too large: {MML - prompt - 16}. This model's "
                    f"maximum context length is {MML} tokens and your request has {theirs} input tokens "
@@ -121,7 +121,7 @@ async def test_a_length_refusal_is_retried_once_with_the_upstreams_own_numbers(q
     first, second = upstream.chats()
     assert first.json()["max_tokens"] == MML - prompt - 16
     assert second.json()["max_tokens"] == MML - theirs
-    assert answer.headers["x-headroom-granted-max-tokens"] == str(MML - theirs)
+    assert answer.headers["x-brimful-granted-max-tokens"] == str(MML - theirs)
     [rec] = recorder.records
     assert (rec.length_retries, rec.granted_max_tokens, rec.action) == (1, MML - theirs, "clamped")
     assert recorder.length_retries == [MODEL]
@@ -203,7 +203,7 @@ async def test_the_upstreams_error_event_is_relayed_and_recorded(qwen3_dir: Path
     assert (rec.action, rec.error_code) == ("upstream_error", "upstream_stream_error")
 
 
-async def test_headroom_refuses_an_unsaveable_prompt_without_the_upstream(qwen3_dir: Path) -> None:
+async def test_brimful_refuses_an_unsaveable_prompt_without_the_upstream(qwen3_dir: Path) -> None:
     upstream = Upstream()
     app, recorder = app_for(upstream, qwen3_dir)
     body = chat_body(messages=[{"role": "user", "content": "hello " * 3000}])
@@ -239,7 +239,7 @@ def nothing_encoded(monkeypatch: pytest.MonkeyPatch) -> None:
 ], ids=["chat", "completions"])
 async def test_a_prompt_over_vllms_character_bound_is_refused_before_encoding(
         qwen3_dir: Path, nothing_encoded: None, path: str, body: dict[str, Any], capture: str) -> None:
-    """vLLM 0.32 refuses more than max_model_len x 128 characters untokenized: so does headroom, in its words."""
+    """vLLM 0.32 refuses more than max_model_len x 128 characters untokenized: so does brimful, in its words."""
     upstream = Upstream()
     app, recorder = app_for(upstream, qwen3_dir)
     answer = await call_app(app, "POST", path, json.dumps(body).encode())
@@ -272,13 +272,13 @@ async def test_the_converted_chat_is_held_to_the_character_bound_too(
 
 
 async def test_responses_truncation_auto_is_not_held_to_the_character_bound(qwen3_dir: Path) -> None:
-    """With truncation "auto" vLLM cuts the text instead of refusing it: headroom counts it."""
+    """With truncation "auto" vLLM cuts the text instead of refusing it: brimful counts it."""
     upstream = Upstream()
     app, _ = app_for(upstream, qwen3_dir)
     body = {"model": MODEL, "input": "hello " * 50_000, "truncation": "auto"}
     answer = await call_app(app, "POST", "/v1/responses", json.dumps(body).encode())
     assert "characters" not in answer.body.decode()
-    assert dict(answer.headers)["x-headroom-prompt-tokens"] == str(MML)   # the prompt vLLM keeps
+    assert dict(answer.headers)["x-brimful-prompt-tokens"] == str(MML)   # the prompt vLLM keeps
 
 
 async def test_a_prompt_at_the_bound_or_asking_for_truncation_is_counted(qwen3_dir: Path, qwen3: Any) -> None:
@@ -294,7 +294,7 @@ async def test_a_prompt_at_the_bound_or_asking_for_truncation_is_counted(qwen3_d
         error = json.loads(answer.body)["error"]
         # Counted: refused by its token count (far above 2048), not by its characters.
         assert answer.status == 400 and "characters" not in error["message"]
-        assert error["headroom"]["prompt_tokens"] == qwen3.count_chat(body)
+        assert error["brimful"]["prompt_tokens"] == qwen3.count_chat(body)
 
 
 async def test_counting_waits_for_a_back_pressure_slot(qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -321,7 +321,7 @@ async def test_counting_waits_for_a_back_pressure_slot(qwen3_dir: Path, monkeypa
     upstream = Upstream(held)
     recorder = ListRecorder()
     config = make_config("http://upstream.test", qwen3_dir, max_concurrent_requests=1, queue_timeout=30.0)
-    app = HeadroomApp(config, recorder, transport_for=lambda url: upstream.transport)
+    app = BrimfulApp(config, recorder, transport_for=lambda url: upstream.transport)
     first = asyncio.ensure_future(call_app(app, "POST", CHAT, chat_body(max_tokens=3)))
     while not upstream.chats():
         await asyncio.sleep(0)
@@ -373,11 +373,11 @@ def test_the_exchange_is_the_only_writer_of_the_length_record() -> None:
 
 
 # ---------------------------------------------------------------------------
-# Self-healing counts (proxy.trust): the upstream's numbers win once headroom's are known to be off
+# Self-healing counts (proxy.trust): the upstream's numbers win once brimful's are known to be off
 # ---------------------------------------------------------------------------
 
 class CountingUpstream(Upstream):
-    """/tokenize and usage from headroom's own count plus an offset each (a template or tokenizer mismatch)."""
+    """/tokenize and usage from brimful's own count plus an offset each (a template or tokenizer mismatch)."""
 
     def __init__(self, qwen3: Any, *, tokenize_offset: int, usage_offset: int) -> None:
         super().__init__()
@@ -395,7 +395,7 @@ class CountingUpstream(Upstream):
         return completion(local + self.usage_offset)
 
 
-async def started(app: HeadroomApp) -> None:
+async def started(app: BrimfulApp) -> None:
     """The model list read and the start-up probes run, as serving does in the background."""
     await app.backends.refresh_all()
     await app.counter.preload([MODEL])
@@ -410,18 +410,18 @@ async def test_probes_that_differ_make_the_upstream_count(qwen3_dir: Path, qwen3
     answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=65535))
 
     assert answer.status == 200
-    assert answer.headers["x-headroom-count"] == "upstream"
-    assert answer.headers["x-headroom-prompt-tokens"] == str(local + 3)
+    assert answer.headers["x-brimful-count"] == "upstream"
+    assert answer.headers["x-brimful-prompt-tokens"] == str(local + 3)
     assert upstream.chats()[0].json()["max_tokens"] == MML - local - 3
     [rec] = recorder.records
     assert rec.prompt_tokens == rec.upstream_prompt_tokens == local + 3     # no drift left
     stats = app.recorder.stats()["counting"][MODEL]
     assert (stats["mode"], stats["parity"]) == ("upstream", False)
-    assert b'headroom_count_mode{mode="upstream",model="tiny-qwen"} 1.0' in app.recorder.metrics.render()[0]
+    assert b'brimful_count_mode{mode="upstream",model="tiny-qwen"} 1.0' in app.recorder.metrics.render()[0]
 
 
 async def test_recurring_drift_that_tokenize_cannot_fix_holds_the_drift_back(qwen3_dir: Path, qwen3: Any) -> None:
-    # /tokenize agrees with headroom, the answers do not (gpt-oss: /tokenize renders another template).
+    # /tokenize agrees with brimful, the answers do not (gpt-oss: /tokenize renders another template).
     upstream = CountingUpstream(qwen3, tokenize_offset=0, usage_offset=5)
     app, _ = app_for(upstream, qwen3_dir)
     await started(app)
@@ -431,12 +431,12 @@ async def test_recurring_drift_that_tokenize_cannot_fix_holds_the_drift_back(qwe
     for _ in range(4):
         answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=65535))
         assert answer.status == 200
-        modes.append(answer.headers["x-headroom-count"])
+        modes.append(answer.headers["x-brimful-count"])
 
     # local, local (second drift: switch), upstream (drifts too: nothing is exact), then a margin.
     assert modes == ["local", "local", "upstream", "margin"]
     assert upstream.chats()[-1].json()["max_tokens"] == MML - local - 5
-    assert answer.headers["x-headroom-margin-tokens"] == "5"
+    assert answer.headers["x-brimful-margin-tokens"] == "5"
 
 
 class RefusingUpstream(CountingUpstream):
@@ -500,13 +500,13 @@ async def test_gpt_oss_is_checked_against_usage_and_never_counted_by_tokenize(tm
     modes = []
     for _ in range(3):
         answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=65535))
-        modes.append(answer.headers["x-headroom-count"])
+        modes.append(answer.headers["x-brimful-count"])
     assert modes == ["local", "local", "margin"]      # held with a margin, not handed to /tokenize
     assert not any(s.path == "/tokenize" for s in upstream.transport.sent)
 
 
 # ---------------------------------------------------------------------------
-# Media: counted when headroom can, by the upstream when it cannot, else forwarded uncounted
+# Media: counted when brimful can, by the upstream when it cannot, else forwarded uncounted
 # ---------------------------------------------------------------------------
 
 PIXEL = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGPQqDgBAAI0AWkY"
@@ -529,8 +529,8 @@ async def test_an_image_on_a_vision_model_is_counted_and_clamped(tmp_path: Path)
     answer = await call_app(app, "POST", CHAT, image_chat(max_tokens=65535))
 
     # 31: what the real vLLM 0.32 reported for this 1x1 image request (tests/data/media_cases.jsonl).
-    assert (answer.status, answer.headers["x-headroom-prompt-tokens"]) == (200, "31")
-    assert (answer.headers["x-headroom-action"], answer.headers["x-headroom-count"]) == ("clamped", "local")
+    assert (answer.status, answer.headers["x-brimful-prompt-tokens"]) == (200, "31")
+    assert (answer.headers["x-brimful-action"], answer.headers["x-brimful-count"]) == ("clamped", "local")
     assert upstream.chats()[0].json()["max_tokens"] == MML - 31
     assert recorder.records[0].prompt_tokens == 31
 
@@ -552,7 +552,7 @@ async def test_an_image_a_text_model_cannot_count_is_counted_by_the_upstream(qwe
 
     answer = await call_app(app, "POST", CHAT, image_chat(max_tokens=65535))
 
-    assert (answer.status, answer.headers["x-headroom-count"], answer.headers["x-headroom-prompt-tokens"]) == (
+    assert (answer.status, answer.headers["x-brimful-count"], answer.headers["x-brimful-prompt-tokens"]) == (
         200, "upstream", "300")
     assert upstream.chats()[0].json()["max_tokens"] == MML - 300
     assert recorder.records[0].action == "clamped"
@@ -565,9 +565,9 @@ async def test_an_image_nothing_can_count_is_forwarded_uncounted_never_refused(q
     answer = await call_app(app, "POST", CHAT, image_chat(max_tokens=65535))
     fits = await call_app(app, "POST", CHAT, image_chat(max_tokens=100))
 
-    assert answer.status == 200 and answer.headers["x-headroom-action"] == "uncounted"
-    assert answer.headers["x-headroom-uncounted"] == "model"
-    assert "x-headroom-prompt-tokens" not in answer.headers
+    assert answer.status == 200 and answer.headers["x-brimful-action"] == "uncounted"
+    assert answer.headers["x-brimful-uncounted"] == "model"
+    assert "x-brimful-prompt-tokens" not in answer.headers
     # vLLM refuses a limit above max_model_len whatever the prompt: lowered to it; vLLM 0.32 clamps the rest.
     assert upstream.chats()[0].json()["max_tokens"] == MML
     assert upstream.chats()[1].body == image_chat(max_tokens=100)             # a fitting one: byte for byte
@@ -582,7 +582,7 @@ async def test_an_image_nothing_can_count_is_forwarded_uncounted_never_refused(q
     {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
     {"type": "input_image", "image_url": PIXEL, "detail": "auto"},
 ], ids=["audio", "video", "remote-image", "input_image"])
-async def test_no_media_part_is_a_400_from_headroom(qwen3_dir: Path, part: dict[str, Any]) -> None:
+async def test_no_media_part_is_a_400_from_brimful(qwen3_dir: Path, part: dict[str, Any]) -> None:
     upstream = Upstream(lambda sent: completion(50))
     app, _recorder = app_for(upstream, qwen3_dir)
     body = chat_body(messages=[{"role": "user", "content": [{"type": "text", "text": "Listen."}, part]}],
@@ -591,5 +591,5 @@ async def test_no_media_part_is_a_400_from_headroom(qwen3_dir: Path, part: dict[
     answer = await call_app(app, "POST", CHAT, body)
 
     assert answer.status == 200, answer.body
-    assert answer.headers["x-headroom-action"] == "uncounted"
+    assert answer.headers["x-brimful-action"] == "uncounted"
     assert upstream.chats()[0].body == body

@@ -4,7 +4,7 @@ Every capture the fake emulates is replayed: its request is sent to the fake,
 which is told (through `count_prompt`) the prompt token count the real server
 saw, and the answer is compared -- status, headers, error bodies byte for byte,
 success bodies after blanking ids, timestamps and generated text, and SSE
-streams event by event.  The rest tests the knobs headroom's tests rely on:
+streams event by event.  The rest tests the knobs brimful's tests rely on:
 modes, faults, readiness, pacing, disconnects, recording.
 """
 

@@ -2,7 +2,7 @@
 
 tests/data/vllm032_surfaces/ holds a real vLLM 0.32's verbatim answers
 (tests/realvllm/capture_surfaces.py).  Each capture's request is replayed to
-the fake, which counts prompts with headroom's real Qwen3 tokenizer (the
+the fake, which counts prompts with brimful's real Qwen3 tokenizer (the
 capture server's tokenizer), and the answer is compared: status, error bodies
 exactly, success bodies after blanking ids, times, generated text and vectors,
 SSE streams event by event (a run of text deltas counts as one: the real

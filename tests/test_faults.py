@@ -1,10 +1,10 @@
 """Fault injection: a misbehaving upstream, a misbehaving client, hostile input, header hygiene.
 
-Every test drives a real stack -- FakeVLLM on loopback, HeadroomApp under
+Every test drives a real stack -- FakeVLLM on loopback, BrimfulApp under
 uvicorn -- through the official `openai` client where a client is involved, or
 raw httpx / raw sockets where the client itself is the fault.  The claim under
 test is always the same: whatever goes wrong, the client gets an OpenAI-shaped
-error that names what failed (never a 5xx from headroom's own code, never a
+error that names what failed (never a 5xx from brimful's own code, never a
 hang, never a silently truncated stream), the upstream request is released,
 and the length record says what happened.
 """
@@ -24,7 +24,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.app import HeadroomApp
+from proxy.app import BrimfulApp
 from proxy.asgi import WATCH_AFTER_S
 from proxy.config import Config
 from proxy.server import uvicorn_settings
@@ -107,7 +107,7 @@ def raw_http(port: int, request: bytes) -> socket.socket:
 
 def raw_post(path: str, body: bytes, extra_headers: str = "") -> bytes:
     return (
-        f"POST {path} HTTP/1.1\r\nhost: headroom\r\ncontent-type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nhost: brimful\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\n{extra_headers}\r\n"
     ).encode() + body
 
@@ -135,7 +135,7 @@ def read_all(sock: socket.socket) -> bytes:
 def test_connection_refused_is_502_explained(qwen3_dir: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"          # nothing listens there
     recorder = ListRecorder()
-    with serve_in_thread(HeadroomApp(make_config(url, qwen3_dir), recorder=recorder)) as base:
+    with serve_in_thread(BrimfulApp(make_config(url, qwen3_dir), recorder=recorder)) as base:
         client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
         with pytest.raises(openai.InternalServerError) as info:
             client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=4)
@@ -152,7 +152,7 @@ def test_connection_refused_is_502_explained(qwen3_dir: Path) -> None:
 def test_connection_refused_is_recorded_as_upstream_error(qwen3_dir: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     recorder = ListRecorder()
-    with serve_in_thread(HeadroomApp(make_config(url, qwen3_dir), recorder=recorder)) as base:
+    with serve_in_thread(BrimfulApp(make_config(url, qwen3_dir), recorder=recorder)) as base:
         httpx.post(base + CHAT, json=chat(), timeout=10)
     assert recorder.wait_for(1)[0].action == "upstream_error"
 
@@ -332,7 +332,7 @@ def test_large_answer_is_relayed_whole_with_its_usage(stack: Stack) -> None:
     with stack.http.stream("POST", CHAT, json=chat()) as response:
         assert response.status_code == 200
         assert response.headers["content-length"] == str(len(body))
-        assert response.headers["x-headroom-action"] in ("pass", "clamped")
+        assert response.headers["x-brimful-action"] in ("pass", "clamped")
         relayed = response.read()
     assert relayed == body
     record = stack.next_record(before)
@@ -394,8 +394,8 @@ def test_engine_dead_is_503_with_retry_after(stack: Stack) -> None:
 @pytest.mark.parametrize("fallback", [None, 2048])
 def test_an_invalid_max_model_len_is_warned_counted_and_falls_back(
         qwen3_dir: Path, caplog: pytest.LogCaptureFixture, value: Any, fallback: int | None) -> None:
-    """It silently disabled clamping: now a warning, headroom_model_limit_unknown, and the fallback if set."""
-    caplog.set_level("WARNING", "headroom.models")
+    """It silently disabled clamping: now a warning, brimful_model_limit_unknown, and the fallback if set."""
+    caplog.set_level("WARNING", "brimful.models")
 
     def configure(config: Config) -> None:
         config.upstream.fallback_max_model_len = fallback
@@ -406,12 +406,12 @@ def test_an_invalid_max_model_len_is_warned_counted_and_falls_back(
         metrics = st.http.get("/metrics").text
         forwarded = st.chat_requests()[-1].json["max_tokens"]
     if fallback is None:              # unclamped: what vLLM itself says about 999999 stands
-        assert forwarded == 999999 and "x-headroom-max-model-len" not in response.headers
+        assert forwarded == 999999 and "x-brimful-max-model-len" not in response.headers
     else:
         assert response.status_code == 200, response.text[:300]
-        assert response.headers["x-headroom-action"] == "clamped" and forwarded < fallback
-    assert 'headroom_model_limit_unknown{model="tiny-qwen"} 1.0' in metrics
-    warned = [r.getMessage() for r in caplog.records if r.name == "headroom.models" and r.levelname == "WARNING"]
+        assert response.headers["x-brimful-action"] == "clamped" and forwarded < fallback
+    assert 'brimful_model_limit_unknown{model="tiny-qwen"} 1.0' in metrics
+    warned = [r.getMessage() for r in caplog.records if r.name == "brimful.models" and r.levelname == "WARNING"]
     assert any("tiny-qwen" in m and "max_model_len" in m and str(value) in m for m in warned), warned
 
 
@@ -423,7 +423,7 @@ def test_model_discovery_has_its_own_short_timeout_and_message(qwen3_dir: Path) 
         config = make_config(fake.base_url, qwen3_dir, timeout=30.0)
         config.upstream.models_timeout = 0.3
         try:
-            with serve_in_thread(HeadroomApp(config, recorder=ListRecorder()), **uvicorn_settings(config)) as base:
+            with serve_in_thread(BrimfulApp(config, recorder=ListRecorder()), **uvicorn_settings(config)) as base:
                 client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
                 started = time.monotonic()
                 with pytest.raises(openai.APIStatusError) as info:
@@ -442,7 +442,7 @@ def test_model_discovery_has_its_own_short_timeout_and_message(qwen3_dir: Path) 
 def test_models_unreachable_at_start_then_served_without_restart(qwen3_dir: Path) -> None:
     with FakeVLLM() as fake:
         fake.ready = False                               # vLLM still loading: port closed
-        app = HeadroomApp(make_config(fake.base_url, qwen3_dir), recorder=ListRecorder())
+        app = BrimfulApp(make_config(fake.base_url, qwen3_dir), recorder=ListRecorder())
         with serve_in_thread(app) as base:
             client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
             for _ in range(2):
@@ -463,7 +463,7 @@ def test_upstream_restart_with_open_streams(qwen3_dir: Path) -> None:
     port = old.port
     stopped = False
     try:
-        app = HeadroomApp(make_config(old.base_url, qwen3_dir), recorder=ListRecorder())
+        app = BrimfulApp(make_config(old.base_url, qwen3_dir), recorder=ListRecorder())
         with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=10) as http:
             responses, iterators, heads = [], [], []
             for _ in range(3):
@@ -500,13 +500,13 @@ def test_upstream_restart_with_open_streams(qwen3_dir: Path) -> None:
 # ---------------------------------------------------------------------------
 
 def _upstream_release_delay(stack: Stack, sock: socket.socket, before_chat: int) -> float:
-    """Close the client socket; seconds until the fake saw headroom drop the upstream request."""
+    """Close the client socket; seconds until the fake saw brimful drop the upstream request."""
     assert stack.fake.wait_until(lambda f: len(stack.chat_requests()) > before_chat, timeout=5)
     upstream = stack.chat_requests()[before_chat]
     closed = time.monotonic()
     sock.close()
     assert stack.fake.wait_until(lambda f: upstream.disconnected_at is not None, timeout=5), (
-        "headroom kept generating for a client that left"
+        "brimful kept generating for a client that left"
     )
     return upstream.disconnected_at - closed
 
@@ -551,7 +551,7 @@ def test_client_that_never_finishes_its_body_does_not_reach_the_upstream(stack: 
     ("/tokenize", {"model": "tiny-qwen", "prompt": "Hello"}),
 ], ids=["admitted", "passthrough"])
 def test_expect_100_continue_is_answered_here_and_not_forwarded(stack: Stack, path: str, body: dict) -> None:
-    """curl sends `Expect: 100-continue` above 1 MiB: the client gets 100 from headroom, then the answer."""
+    """curl sends `Expect: 100-continue` above 1 MiB: the client gets 100 from brimful, then the answer."""
     before = len(stack.fake.requests)
     raw = json.dumps(body).encode()
     sock = raw_http(stack.port, raw_post(path, raw, "expect: 100-continue\r\nconnection: close\r\n")[: -len(raw)])
@@ -581,7 +581,7 @@ def test_abandoned_passthrough_body_is_not_forwarded_as_complete(stack: Stack, f
     assert stack.fake.wait_until(lambda f: any(b"POST /tokenize" in r for r in f.receiving()), timeout=5)
     sock.close()
     assert stack.fake.wait_until(lambda f: len(f.partial_requests) > before, timeout=5), (
-        "headroom ended the upstream request instead of aborting it"
+        "brimful ended the upstream request instead of aborting it"
     )
     assert not any(r.body.startswith(sent[:40]) for r in stack.fake.requests), "a partial body reached vLLM as whole"
 
@@ -672,7 +672,7 @@ def test_body_over_the_limit_is_413(stack: Stack) -> None:
     body = json.dumps({"model": "tiny-qwen", "messages": [{"role": "user", "content": filler}]}).encode()
     before_chat = len(stack.chat_requests())
     error = assert_openai_error(stack.http.post(CHAT, content=body), 413)
-    assert error["headroom"]["max_body_bytes"] == MAX_BODY
+    assert error["brimful"]["max_body_bytes"] == MAX_BODY
     assert str(MAX_BODY) in error["message"]
 
     def chunks() -> Iterator[bytes]:                 # no content-length: counted while read
@@ -693,54 +693,54 @@ def test_body_over_the_limit_through_the_openai_client(stack: Stack) -> None:
     assert info.value.body["code"] == "request_too_large"
 
 
-HEADROOM_READS = "must be refused with 4xx"   # headroom itself reads the field
+BRIMFUL_READS = "must be refused with 4xx"   # brimful itself reads the field
 UPSTREAM_DECIDES = "not 5xx"                  # only relayed: the upstream's answer stands
 
 WRONG_TYPES: list[tuple[str, Any, str]] = [
-    ("model", 42, HEADROOM_READS),
-    ("model", ["tiny-qwen"], HEADROOM_READS),
-    ("model", {"name": "tiny-qwen"}, HEADROOM_READS),
-    ("model", True, HEADROOM_READS),
-    ("messages", "hello", HEADROOM_READS),
-    ("messages", {"role": "user", "content": "hi"}, HEADROOM_READS),
-    ("messages", [42], HEADROOM_READS),
-    ("messages", [["user", "hi"]], HEADROOM_READS),
-    ("messages", [None], HEADROOM_READS),
-    ("messages", 3.5, HEADROOM_READS),
-    ("messages", [{"role": 7, "content": "hi"}], HEADROOM_READS),
-    ("messages", [{"role": ["user"], "content": "hi"}], HEADROOM_READS),
-    ("messages", [{"content": "hi"}], HEADROOM_READS),
-    ("messages", [{"role": "user", "content": 42}], HEADROOM_READS),
-    ("messages", [{"role": "user", "content": {"text": "hi"}}], HEADROOM_READS),
-    ("messages", [{"role": "user", "content": [42]}], HEADROOM_READS),
-    ("messages", [{"role": "user", "content": [None]}], HEADROOM_READS),
-    ("messages", [{"role": "user", "content": [{"type": "text", "text": 42}]}], HEADROOM_READS),
-    # a text part without text, and unparseable tool-call arguments: headroom counts them as vLLM's
+    ("model", 42, BRIMFUL_READS),
+    ("model", ["tiny-qwen"], BRIMFUL_READS),
+    ("model", {"name": "tiny-qwen"}, BRIMFUL_READS),
+    ("model", True, BRIMFUL_READS),
+    ("messages", "hello", BRIMFUL_READS),
+    ("messages", {"role": "user", "content": "hi"}, BRIMFUL_READS),
+    ("messages", [42], BRIMFUL_READS),
+    ("messages", [["user", "hi"]], BRIMFUL_READS),
+    ("messages", [None], BRIMFUL_READS),
+    ("messages", 3.5, BRIMFUL_READS),
+    ("messages", [{"role": 7, "content": "hi"}], BRIMFUL_READS),
+    ("messages", [{"role": ["user"], "content": "hi"}], BRIMFUL_READS),
+    ("messages", [{"content": "hi"}], BRIMFUL_READS),
+    ("messages", [{"role": "user", "content": 42}], BRIMFUL_READS),
+    ("messages", [{"role": "user", "content": {"text": "hi"}}], BRIMFUL_READS),
+    ("messages", [{"role": "user", "content": [42]}], BRIMFUL_READS),
+    ("messages", [{"role": "user", "content": [None]}], BRIMFUL_READS),
+    ("messages", [{"role": "user", "content": [{"type": "text", "text": 42}]}], BRIMFUL_READS),
+    # a text part without text, and unparseable tool-call arguments: brimful counts them as vLLM's
     # renderer would see them and lets vLLM's own validation answer (a relayed, explained 400)
     ("messages", [{"role": "user", "content": [{"type": "text"}]}], UPSTREAM_DECIDES),
-    ("messages", [{"role": "user", "content": [{"type": 5, "text": "hi"}]}], HEADROOM_READS),
-    ("messages", [{"role": "user", "content": [{"type": "image_url", "image_url": 5}]}], HEADROOM_READS),
-    ("messages", [{"role": "assistant", "content": None, "tool_calls": "x"}], HEADROOM_READS),
+    ("messages", [{"role": "user", "content": [{"type": 5, "text": "hi"}]}], BRIMFUL_READS),
+    ("messages", [{"role": "user", "content": [{"type": "image_url", "image_url": 5}]}], BRIMFUL_READS),
+    ("messages", [{"role": "assistant", "content": None, "tool_calls": "x"}], BRIMFUL_READS),
     ("messages", [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{bad"}}]}],
      UPSTREAM_DECIDES),
-    ("tools", "search", HEADROOM_READS),
-    ("tools", {"type": "function"}, HEADROOM_READS),
-    ("tools", [1], HEADROOM_READS),
-    ("tools", [{"type": "function", "function": "f"}], HEADROOM_READS),
-    ("max_tokens", "abc", HEADROOM_READS),
-    ("max_tokens", [5], HEADROOM_READS),
-    ("max_tokens", {"n": 5}, HEADROOM_READS),
-    ("max_tokens", 1.5, HEADROOM_READS),
-    ("max_tokens", 0, HEADROOM_READS),
-    ("max_tokens", -1, HEADROOM_READS),
-    ("max_tokens", -(10**30), HEADROOM_READS),
-    ("max_tokens", "1e3", HEADROOM_READS),
-    ("max_tokens", "５", HEADROOM_READS),
-    ("max_completion_tokens", "x", HEADROOM_READS),
-    ("max_completion_tokens", -5, HEADROOM_READS),
-    ("max_completion_tokens", [], HEADROOM_READS),
-    ("chat_template_kwargs", "x", HEADROOM_READS),
-    ("chat_template_kwargs", [1, 2], HEADROOM_READS),
+    ("tools", "search", BRIMFUL_READS),
+    ("tools", {"type": "function"}, BRIMFUL_READS),
+    ("tools", [1], BRIMFUL_READS),
+    ("tools", [{"type": "function", "function": "f"}], BRIMFUL_READS),
+    ("max_tokens", "abc", BRIMFUL_READS),
+    ("max_tokens", [5], BRIMFUL_READS),
+    ("max_tokens", {"n": 5}, BRIMFUL_READS),
+    ("max_tokens", 1.5, BRIMFUL_READS),
+    ("max_tokens", 0, BRIMFUL_READS),
+    ("max_tokens", -1, BRIMFUL_READS),
+    ("max_tokens", -(10**30), BRIMFUL_READS),
+    ("max_tokens", "1e3", BRIMFUL_READS),
+    ("max_tokens", "５", BRIMFUL_READS),
+    ("max_completion_tokens", "x", BRIMFUL_READS),
+    ("max_completion_tokens", -5, BRIMFUL_READS),
+    ("max_completion_tokens", [], BRIMFUL_READS),
+    ("chat_template_kwargs", "x", BRIMFUL_READS),
+    ("chat_template_kwargs", [1, 2], BRIMFUL_READS),
     ("n", "two", UPSTREAM_DECIDES),
     ("n", [2], UPSTREAM_DECIDES),
     ("n", -1, UPSTREAM_DECIDES),
@@ -764,9 +764,9 @@ def test_wrong_type_for_a_field(stack: Stack, field: str, value: Any, expect: st
     before_chat = len(stack.chat_requests())
     response = stack.http.post(CHAT, json=body)
     assert response.status_code < 500, response.text[:500]
-    if expect == HEADROOM_READS:
+    if expect == BRIMFUL_READS:
         error = assert_openai_error(response, 400, 404)
-        assert len(stack.chat_requests()) == before_chat, "headroom should refuse this before the upstream"
+        assert len(stack.chat_requests()) == before_chat, "brimful should refuse this before the upstream"
         assert error["param"] is not None
     elif response.status_code >= 400:
         assert_openai_error(response, response.status_code)
@@ -797,7 +797,7 @@ def test_unknown_or_odd_roles_are_not_a_5xx(stack: Stack, role: str) -> None:
 def test_enormous_or_odd_max_tokens_is_clamped(stack: Stack, value: Any) -> None:
     response = stack.http.post(CHAT, json=chat(max_tokens=value))
     assert response.status_code == 200, response.text[:500]
-    granted = int(response.headers["x-headroom-granted-max-tokens"])
+    granted = int(response.headers["x-brimful-granted-max-tokens"])
     assert 1 <= granted <= stack.fake.max_model_len
     assert stack.chat_requests()[-1].json["max_tokens"] == granted
 
@@ -819,9 +819,9 @@ def test_astronomical_max_tokens_is_recorded_and_counted(qwen3_dir: Path, tmp_pa
     assert [r["requested_max_tokens"] for r in records] == [10**400, 7]
     count = sum_ = None
     for line in metrics.splitlines():
-        if line.startswith('headroom_requested_max_tokens_count{model="tiny-qwen"}'):
+        if line.startswith('brimful_requested_max_tokens_count{model="tiny-qwen"}'):
             count = float(line.split()[-1])
-        if line.startswith('headroom_requested_max_tokens_sum{model="tiny-qwen"}'):
+        if line.startswith('brimful_requested_max_tokens_sum{model="tiny-qwen"}'):
             sum_ = float(line.split()[-1])
     assert count == 2 and sum_ is not None and sum_ < float("inf")
     assert "could not record" not in caplog.text
@@ -894,7 +894,7 @@ def test_template_syntax_in_content_stays_inert_text(stack: Stack, qwen3: Any, t
     rendered = qwen3.render_chat(body)
     assert text in rendered                           # rendered verbatim, never evaluated
     assert "49" not in rendered
-    assert response.headers["x-headroom-prompt-tokens"] == str(qwen3.count_chat(body))
+    assert response.headers["x-brimful-prompt-tokens"] == str(qwen3.count_chat(body))
     assert stack.chat_requests()[-1].body == raw      # forwarded byte for byte
 
 
@@ -914,7 +914,7 @@ def test_template_syntax_in_other_fields_stays_inert(stack: Stack, qwen3: Any, w
     assert response.status_code == 200, response.text[:500]
     rendered = qwen3.render_chat(body)
     assert "49" not in rendered and "xxx" not in rendered
-    assert response.headers["x-headroom-prompt-tokens"] == str(qwen3.count_chat(body))
+    assert response.headers["x-brimful-prompt-tokens"] == str(qwen3.count_chat(body))
 
 
 # ---------------------------------------------------------------------------
@@ -1000,17 +1000,17 @@ def test_crlf_in_model_name_cannot_split_a_header(stack: Stack, model: str, path
     assert json.loads(payload)["error"]["param"] == "model"
 
 
-def test_response_headers_carry_only_headroom_numbers(stack: Stack) -> None:
+def test_response_headers_carry_only_brimful_numbers(stack: Stack) -> None:
     response = stack.http.post(CHAT, json={**chat(), "user": "evil\r\nx: y", "max_tokens": "7"})
-    headroom = {k: v for k, v in response.headers.items() if k.startswith("x-headroom-")}
-    assert headroom["x-headroom-action"] in ("pass", "clamped")
-    assert headroom["x-headroom-count"] in ("local", "upstream", "margin")
-    for name, value in headroom.items():
-        if name not in ("x-headroom-action", "x-headroom-count"):
+    brimful = {k: v for k, v in response.headers.items() if k.startswith("x-brimful-")}
+    assert brimful["x-brimful-action"] in ("pass", "clamped")
+    assert brimful["x-brimful-count"] in ("local", "upstream", "margin")
+    for name, value in brimful.items():
+        if name not in ("x-brimful-action", "x-brimful-count"):
             assert value.isdigit(), (name, value)
 
 
-def test_client_cannot_choose_where_headroom_connects(stack: Stack) -> None:
+def test_client_cannot_choose_where_brimful_connects(stack: Stack) -> None:
     """Absolute-URI targets, Host headers and dot-dot paths all land on the configured upstream."""
     with FakeVLLM() as decoy:
         other = f"127.0.0.1:{decoy.port}"
@@ -1048,11 +1048,11 @@ MARKER = "zq7MARKERx9"              # appears in prompts, completions and tool t
 OUT_MARKER = " zq7OUTPUTx9"         # the fake's generated token
 
 
-def _headroom_log_text(caplog: pytest.LogCaptureFixture) -> str:
+def _brimful_log_text(caplog: pytest.LogCaptureFixture) -> str:
     """Everything logged in this process except the test's own HTTP clients' debug lines.
 
     The openai and httpx client libraries log request options (bodies,
-    headers) at DEBUG; they run in the test, not in headroom.
+    headers) at DEBUG; they run in the test, not in brimful.
     """
     client_side = ("openai", "httpx", "httpcore")
     return "\n".join(
@@ -1098,8 +1098,8 @@ def test_no_prompt_or_completion_text_in_logs_records_or_metrics(
             assert response.status_code == 200
             pages[page] = response.text
         assert '"count"' in pages["/stats"] or "count" in pages["/stats"]
-    logged = _headroom_log_text(caplog)
-    assert "headroom" in logged, "the capture must see headroom's own log lines"
+    logged = _brimful_log_text(caplog)
+    assert "brimful" in logged, "the capture must see brimful's own log lines"
     records = length_log.read_text()
     assert len(records.splitlines()) >= 10, "every admitted request leaves a record"
     for marker in (MARKER, OUT_MARKER.strip()):
@@ -1219,7 +1219,7 @@ def test_a_probe_with_a_body_needs_a_key(keyed_stack: Stack) -> None:
 
 
 @pytest.mark.parametrize("page", ["/metrics", "/stats", "/dashboard"])
-def test_headroom_pages_need_a_key_when_the_api_does(keyed_stack: Stack, page: str) -> None:
+def test_brimful_pages_need_a_key_when_the_api_does(keyed_stack: Stack, page: str) -> None:
     """They name every model and its traffic: never more open than /v1/models."""
     for headers in ({}, {"authorization": f"Bearer {WRONG_KEY}"}):
         error = assert_openai_error(keyed_stack.http.get(page, headers=headers), 401)
@@ -1251,13 +1251,13 @@ def test_metrics_keys_are_the_pages_own(qwen3_dir: Path) -> None:
 def test_unauthorized_requests_are_counted_apart_and_never_recorded(keyed_stack: Stack) -> None:
     before = len(keyed_stack.recorder.records)
     metrics = keyed_stack.app.recorder.metrics
-    start = {route: metrics.registry.get_sample_value("headroom_unauthorized_requests_total", {"route": route}) or 0
+    start = {route: metrics.registry.get_sample_value("brimful_unauthorized_requests_total", {"route": route}) or 0
              for route in ("chat", "completions", "passthrough", "pages")}
     keyed_stack.http.post(CHAT, json=chat(), headers={"authorization": f"Bearer {WRONG_KEY}"})
     keyed_stack.http.post("/v1/completions", json={"prompt": "x"})
     keyed_stack.http.get("/v1/models")
     keyed_stack.http.get("/stats")
-    now = {route: metrics.registry.get_sample_value("headroom_unauthorized_requests_total", {"route": route})
+    now = {route: metrics.registry.get_sample_value("brimful_unauthorized_requests_total", {"route": route})
            for route in start}
     assert {route: now[route] - start[route] for route in start} == {
         "chat": 1, "completions": 1, "passthrough": 1, "pages": 1}
@@ -1310,7 +1310,7 @@ def test_api_keys_are_never_logged(qwen3_dir: Path, caplog: pytest.LogCaptureFix
                                            body={"error": {"message": "bad key", "type": "x", "code": 401}}))
         st.http.post(CHAT, json=chat(), headers={"authorization": f"Bearer {INBOUND_KEY}"})
         records = [r.to_dict() for r in st.recorder.wait_for(3)]
-    logged = _headroom_log_text(caplog) + json.dumps(records)
+    logged = _brimful_log_text(caplog) + json.dumps(records)
     for key in (INBOUND_KEY, UPSTREAM_KEY, WRONG_KEY, "zq7SECRET"):
         assert key not in logged
 
@@ -1322,7 +1322,7 @@ def test_api_keys_are_never_logged(qwen3_dir: Path, caplog: pytest.LogCaptureFix
 
 @pytest.mark.parametrize("path", [CHAT, "/v1/completions", "/tokenize"])
 async def test_client_gone_mid_body_ends_quietly(qwen3_dir: Path, path: str) -> None:
-    app = HeadroomApp(make_config("http://127.0.0.1:9", qwen3_dir), recorder=ListRecorder())
+    app = BrimfulApp(make_config("http://127.0.0.1:9", qwen3_dir), recorder=ListRecorder())
     body = json.dumps(chat()).encode()
     messages = [{"type": "http.request", "body": body[:10], "more_body": True}, {"type": "http.disconnect"}]
     sent: list[dict[str, Any]] = []

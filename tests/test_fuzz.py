@@ -3,8 +3,8 @@
 Hypothesis generates request bodies -- chat- and completions-shaped ones with
 every field drawn from valid, odd and wrong values, random JSON, and raw bytes --
 and each is sent to the ASGI app through `httpx.ASGITransport` (no sockets on
-headroom's side), with a FakeVLLM on loopback as the upstream, all in one
-event loop.  The properties: headroom never answers 5xx unless the upstream
+brimful's side), with a FakeVLLM on loopback as the upstream, all in one
+event loop.  The properties: brimful never answers 5xx unless the upstream
 really failed, and every answer is JSON in the OpenAI error or success shape
 (or, for a stream, SSE that ends with `data: [DONE]`).
 
@@ -31,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.app import HeadroomApp
+from proxy.app import BrimfulApp
 from proxy.config import Config, ModelConfig, ServerConfig, UpstreamConfig
 from tests.support.fakevllm import FakeVLLM
 from tests.support.stack import fake_counter
@@ -39,8 +39,8 @@ from tokenizer_cache import load_model_tokenizer
 
 pytestmark = pytest.mark.slow
 
-FUZZ_EXAMPLES = int(os.environ.get("HEADROOM_FUZZ_EXAMPLES", "10000"))
-SURFACE_FUZZ_EXAMPLES = int(os.environ.get("HEADROOM_SURFACE_FUZZ_EXAMPLES", "4000"))
+FUZZ_EXAMPLES = int(os.environ.get("BRIMFUL_FUZZ_EXAMPLES", "10000"))
+SURFACE_FUZZ_EXAMPLES = int(os.environ.get("BRIMFUL_SURFACE_FUZZ_EXAMPLES", "4000"))
 BATCH = 10                # bodies per hypothesis example: amortizes hypothesis' per-example cost
 MML = 256                 # small: the fake's generations stay short whatever limit gets through
 CHAT = "/v1/chat/completions"
@@ -55,7 +55,7 @@ short_text = st.text(max_size=12)
 odd_text = st.sampled_from([
     "", " ", "{{ 7*7 }}", "{% for x in y %}", "<|im_end|>", "\u0000", "\ud7ff", "\U0001F600", "é" * 3,
     "\r\n", "tiny-qwen", "user", "NaN", "1e309", "-1", "9" * 30,
-    "\ud800", "a\udfffb",                  # unpaired surrogates: json.dumps escapes them, headroom must 400
+    "\ud800", "a\udfffb",                  # unpaired surrogates: json.dumps escapes them, brimful must 400
 ])
 scalars = (
     st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
@@ -214,7 +214,7 @@ def request_bytes(draw: st.DrawFn) -> tuple[str, bytes, str]:
 class InProcess:
     def __init__(self, qwen3_dir: Path) -> None:
         self.loop = asyncio.new_event_loop()
-        tok = load_model_tokenizer(qwen3_dir)     # the fake counts as headroom does: no drift noise
+        tok = load_model_tokenizer(qwen3_dir)     # the fake counts as brimful does: no drift noise
         self.fake = FakeVLLM(max_model_len=MML, record=False, count_prompt=fake_counter(tok))
         self.loop.run_until_complete(self.fake.start())
         config = Config(
@@ -222,10 +222,10 @@ class InProcess:
             upstream=UpstreamConfig(url=self.fake.base_url, connect_timeout=2.0, timeout=10.0),
         )
         config.models["tiny-qwen"] = ModelConfig(tokenizer=str(qwen3_dir))
-        self.app = HeadroomApp(config)
+        self.app = BrimfulApp(config)
         self.loop.run_until_complete(self.app.startup())
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app),
-                                        base_url="http://headroom", timeout=30)
+                                        base_url="http://brimful", timeout=30)
 
     def post(self, path: str, body: bytes, content_type: str) -> httpx.Response:
         return self.loop.run_until_complete(
@@ -311,7 +311,7 @@ def check_surface_response(path: str, response: httpx.Response, upstream_failed:
         assert isinstance(error, dict) and isinstance(error["message"], str) and error["message"]
         if anthropic:
             assert body["type"] == "error" and isinstance(error["type"], str), body
-            return f"{status} {error.get('headroom', {}).get('code', error['type'])}"
+            return f"{status} {error.get('brimful', {}).get('code', error['type'])}"
         assert {"type", "param", "code"} <= set(error), body
         return f"{status} {error['code']}"
     assert status == 200, (path, status, response.text[:300])

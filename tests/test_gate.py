@@ -11,9 +11,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.app import HeadroomApp, make_recorder
+from proxy.app import BrimfulApp, make_recorder
 from proxy.config import Config, ModelConfig, UpstreamConfig
-from proxy.errors import HeadroomError
+from proxy.errors import BrimfulError
 from proxy.gate import MemoryBudget, UpstreamGate
 from proxy.record import LengthRecord
 from proxy.recorder import Recorder
@@ -43,7 +43,7 @@ async def test_capped_gate_counts_the_queue_and_the_timeouts() -> None:
     assert (gate.in_flight, gate.waiting) == (1, 0)
 
     gate.queue_timeout = 0.01
-    with pytest.raises(HeadroomError):
+    with pytest.raises(BrimfulError):
         await gate.acquire()             # times out in the queue: never in flight
     assert (gate.in_flight, gate.waiting) == (1, 0)
     third = asyncio.ensure_future(gate.acquire())
@@ -81,26 +81,26 @@ def test_in_flight_gauge_follows_an_open_stream(qwen3_dir: Path) -> None:
         config = Config(upstream=UpstreamConfig(url=fake.base_url, timeout=30.0))
         config.models["tiny-qwen"] = ModelConfig(tokenizer=str(qwen3_dir))
         recorder = NotifyingRecorder(make_recorder(config))
-        with serve_in_thread(HeadroomApp(config, recorder=recorder)) as base, \
+        with serve_in_thread(BrimfulApp(config, recorder=recorder)) as base, \
                 httpx.Client(base_url=base, timeout=30) as http:
-            assert gauge(http.get("/metrics").text, "headroom_in_flight_requests") == {"default": 0}
+            assert gauge(http.get("/metrics").text, "brimful_in_flight_requests") == {"default": 0}
             body = {"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi"}],
                     "max_tokens": 8, "stream": True}
             with http.stream("POST", "/v1/chat/completions", json=body) as response:
                 chunks = response.iter_bytes()
                 next(chunks)                                   # the stream is open
                 metrics = http.get("/metrics").text
-                assert gauge(metrics, "headroom_in_flight_requests") == {"default": 1}
-                assert gauge(metrics, "headroom_queued_requests") == {"default": 0}
+                assert gauge(metrics, "brimful_in_flight_requests") == {"default": 1}
+                assert gauge(metrics, "brimful_queued_requests") == {"default": 0}
                 b"".join(chunks)
             assert recorder.finished.wait(10)
-            assert gauge(http.get("/metrics").text, "headroom_in_flight_requests") == {"default": 0}
+            assert gauge(http.get("/metrics").text, "brimful_in_flight_requests") == {"default": 0}
 
 
 # -- MemoryBudget: the memory for counting long prompts ---------------------------------------
 
-def _busy(limit: int, waited: float) -> HeadroomError:
-    return HeadroomError(503, f"busy {limit} {waited}", code="counting_busy")  # type: ignore[arg-type]
+def _busy(limit: int, waited: float) -> BrimfulError:
+    return BrimfulError(503, f"busy {limit} {waited}", code="counting_busy")  # type: ignore[arg-type]
 
 
 async def _queued(budget: MemoryBudget, count: int) -> None:
@@ -136,7 +136,7 @@ async def test_work_larger_than_the_budget_runs_alone() -> None:
 async def test_budget_wait_times_out_with_the_refusal_and_frees_its_place() -> None:
     budget = MemoryBudget(100, 0.05, _busy)
     held = await budget.acquire(100)
-    with pytest.raises(HeadroomError, match=r"busy 100 0\.05"):
+    with pytest.raises(BrimfulError, match=r"busy 100 0\.05"):
         await budget.acquire(50)
     assert budget._waiters == collections.deque() and budget.used == 100
     cancelled = asyncio.ensure_future(budget.acquire(50))

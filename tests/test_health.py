@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.app import HeadroomApp
+from proxy.app import BrimfulApp
 from proxy.config import Config, ServerConfig, TokenizersConfig, UpstreamConfig
 from proxy.health import UpstreamState, readiness
 from tests.support.fakevllm import FakeVLLM
@@ -62,7 +62,7 @@ def make_config(url: str, tmp_path: Path, **server: Any) -> Config:
                   tokenizers=TokenizersConfig(hf_home=str(tmp_path)))
 
 
-async def settle(app: HeadroomApp) -> None:
+async def settle(app: BrimfulApp) -> None:
     """Read /v1/models now and wait for the tokenizer preloads it starts (no sleeping)."""
     await app.backends.refresh_all()
     while app._background:
@@ -70,23 +70,23 @@ async def settle(app: HeadroomApp) -> None:
 
 
 @pytest.fixture
-async def started() -> AsyncIterator[list[HeadroomApp]]:
-    apps: list[HeadroomApp] = []
+async def started() -> AsyncIterator[list[BrimfulApp]]:
+    apps: list[BrimfulApp] = []
     yield apps
     for app in apps:
         await app.shutdown()
 
 
-def client(app: HeadroomApp) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://headroom")
+def client(app: BrimfulApp) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://brimful")
 
 
 async def test_ready_is_503_until_the_upstream_starts_then_200(
-    qwen3_dir: Path, tmp_path: Path, started: list[HeadroomApp]
+    qwen3_dir: Path, tmp_path: Path, started: list[BrimfulApp]
 ) -> None:
     async with FakeVLLM(model=MODEL, root=str(qwen3_dir), max_model_len=8192) as fake:
         fake.ready = False                                  # vLLM still loading: its port is closed
-        app = HeadroomApp(make_config(fake.base_url, tmp_path))
+        app = BrimfulApp(make_config(fake.base_url, tmp_path))
         started.append(app)
         await app.startup()
         await app.backends.refresh_all()
@@ -98,7 +98,7 @@ async def test_ready_is_503_until_the_upstream_starts_then_200(
             assert body["ready"] is False and body["upstreams"][0]["answered"] is False
             assert body["missing"][0].startswith("upstream default has not answered")
             assert fake.base_url not in response.text
-            assert body["upstreams"][0]["last_error"].startswith("headroom could not connect to the upstream")
+            assert body["upstreams"][0]["last_error"].startswith("brimful could not connect to the upstream")
             assert (await http.get("/live")).json() == {"live": True}     # alive all along
 
             fake.ready = True
@@ -108,14 +108,14 @@ async def test_ready_is_503_until_the_upstream_starts_then_200(
             body = response.json()
             assert body["ready"] is True and body["missing"] == []
             assert body["models"] == {MODEL: {"upstream": "default", "max_model_len": 8192, "counted_by": "local"}}
-            assert not any(r.path == "/ready" for r in fake.requests)     # answered by headroom itself
+            assert not any(r.path == "/ready" for r in fake.requests)     # answered by brimful itself
 
 
 async def test_a_model_without_local_tokenizer_is_ready_counted_upstream(
-    tmp_path: Path, started: list[HeadroomApp]
+    tmp_path: Path, started: list[BrimfulApp]
 ) -> None:
     async with FakeVLLM(model=MODEL, root="/nowhere/Qwen3-8B") as fake:
-        app = HeadroomApp(make_config(fake.base_url, tmp_path))
+        app = BrimfulApp(make_config(fake.base_url, tmp_path))
         started.append(app)
         await app.startup()
         async with client(app) as http:
@@ -126,10 +126,10 @@ async def test_a_model_without_local_tokenizer_is_ready_counted_upstream(
 
 
 async def test_ready_stays_200_through_an_outage_and_says_so(
-    qwen3_dir: Path, tmp_path: Path, started: list[HeadroomApp]
+    qwen3_dir: Path, tmp_path: Path, started: list[BrimfulApp]
 ) -> None:
     async with FakeVLLM(model=MODEL, root=str(qwen3_dir)) as fake:
-        app = HeadroomApp(make_config(fake.base_url, tmp_path))
+        app = BrimfulApp(make_config(fake.base_url, tmp_path))
         started.append(app)
         await app.startup()
         async with client(app) as http:
@@ -145,9 +145,9 @@ async def test_ready_stays_200_through_an_outage_and_says_so(
             assert (await http.get("/ready")).json()["upstreams"][0]["last_error"] is None
 
 
-async def test_probes_need_no_api_key(qwen3_dir: Path, tmp_path: Path, started: list[HeadroomApp]) -> None:
+async def test_probes_need_no_api_key(qwen3_dir: Path, tmp_path: Path, started: list[BrimfulApp]) -> None:
     async with FakeVLLM(model=MODEL, root=str(qwen3_dir)) as fake:
-        app = HeadroomApp(make_config(fake.base_url, tmp_path, api_keys=["secret"]))
+        app = BrimfulApp(make_config(fake.base_url, tmp_path, api_keys=["secret"]))
         started.append(app)
         await app.startup()
         async with client(app) as http:

@@ -1,4 +1,4 @@
-"""The Helm chart (deploy/helm/headroom), rendered by Helm and checked without a cluster.
+"""The Helm chart (deploy/helm/brimful), rendered by Helm and checked without a cluster.
 
 Rendering uses Helm's own engine: `helm-python-sdk` binds Helm's Go SDK (v4)
 through its C ABI, the same template engine, values coalescing and lint as the
@@ -8,9 +8,9 @@ and the switches users flip: gateway/sidecar, API keys, HPA on/off, each length
 log mode) is validated against the Kubernetes JSON schemas in strict mode
 (`kubernetes-validate`, unknown fields are errors), and the ServiceMonitor
 against the Prometheus Operator's CRD model (cloudcoil's, round-tripped so an
-unknown field is caught too).  Then what matters is asserted against headroom
-itself: the probe paths answer on a running headroom, the ConfigMap passes
-`headroom check-config` and loads to the ports and upstream the objects use,
+unknown field is caught too).  Then what matters is asserted against brimful
+itself: the probe paths answer on a running brimful, the ConfigMap passes
+`brimful check-config` and loads to the ports and upstream the objects use,
 labels and ports line up between Deployment, Service, ServiceMonitor, PDB and
 HPA, the grace period outlasts preStop + the SIGTERM drain, and the tokenizer
 init container's script fetches a real tokenizer from a local stand-in hub.
@@ -41,7 +41,7 @@ import pytest
 import yaml
 from cloudcoil.models.prometheus_operator.v1 import ServiceMonitor
 
-from proxy.app import HeadroomApp
+from proxy.app import BrimfulApp
 from proxy.cli import build_parser
 from proxy.config import load_config
 from proxy.metrics import Metrics
@@ -49,7 +49,7 @@ from tests.support.fakevllm import FakeVLLM
 from tokenizer_cache import find_tokenizer_dir, load_model_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-CHART = ROOT / "deploy" / "helm" / "headroom"
+CHART = ROOT / "deploy" / "helm" / "brimful"
 EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
 README = (ROOT / "README.md").read_text()
 KUBE_VERSIONS = ("1.29.0", kubernetes_validate.utils.latest_version() + ".0")
@@ -115,7 +115,7 @@ def one(name: str, kind: str) -> dict[str, Any]:
     return found[0]
 
 
-def container(name: str, which: str = "headroom") -> dict[str, Any]:
+def container(name: str, which: str = "brimful") -> dict[str, Any]:
     pod = one(name, "Deployment")["spec"]["template"]["spec"]
     return next(c for c in pod["containers"] if c["name"] == which)
 
@@ -124,8 +124,8 @@ def env(c: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
 
 
-def headroom_toml(name: str) -> str:
-    return one(name, "ConfigMap")["data"]["headroom.toml"]
+def brimful_toml(name: str) -> str:
+    return one(name, "ConfigMap")["data"]["brimful.toml"]
 
 
 ALL = pytest.mark.parametrize("name", list(VALUE_SETS))
@@ -189,19 +189,19 @@ def test_nonsense_values_fail_with_the_reason(values: dict[str, Any], message: s
         chart.render(values, name=RELEASE, namespace=NAMESPACE)
 
 
-# ----------------------------------------------------------------- headroom's own view
+# ----------------------------------------------------------------- brimful's own view
 
 @ALL
 def test_the_configmap_passes_check_config_and_matches_the_objects(name: str, tmp_path: Path) -> None:
-    toml = tmp_path / "headroom.toml"
-    toml.write_text(headroom_toml(name))
+    toml = tmp_path / "brimful.toml"
+    toml.write_text(brimful_toml(name))
     check = subprocess.run([sys.executable, "-m", "proxy.cli", "check-config", str(toml)],
                            capture_output=True, text=True, cwd=ROOT, check=False)
     assert check.returncode == 0, check.stderr
-    headroom = container(name)
-    variables = {k: v for k, v in env(headroom).items() if isinstance(v, str) and k.startswith("HEADROOM_")}
+    brimful = container(name)
+    variables = {k: v for k, v in env(brimful).items() if isinstance(v, str) and k.startswith("BRIMFUL_")}
     config = load_config(str(toml), env=variables)
-    ports = {p["name"]: p["containerPort"] for p in headroom["ports"]}
+    ports = {p["name"]: p["containerPort"] for p in brimful["ports"]}
     assert config.server.port == ports["http"] and config.server.host == "0.0.0.0"
     values = VALUE_SETS[name]
     if values.get("mode") == "sidecar":
@@ -211,25 +211,25 @@ def test_the_configmap_passes_check_config_and_matches_the_objects(name: str, tm
     else:
         assert config.upstream.url == values.get("upstream", {}).get("url", "http://vllm:8000")
     mode = values.get("lengthLog", {}).get("mode", "stdout")
-    assert config.length_log.path == {"stdout": "-", "volume": "/var/lib/headroom/$(POD_NAME).jsonl",
+    assert config.length_log.path == {"stdout": "-", "volume": "/var/lib/brimful/$(POD_NAME).jsonl",
                                       "off": None}[mode]
-    # the headroom command line is one headroom accepts
-    args = build_parser().parse_args(headroom["args"])
-    assert args.command == "serve" and args.config == "/etc/headroom/headroom.toml"
+    # the brimful command line is one brimful accepts
+    args = build_parser().parse_args(brimful["args"])
+    assert args.command == "serve" and args.config == "/etc/brimful/brimful.toml"
 
 
 @ALL
 def test_probes_and_drain_timing(name: str, tmp_path: Path) -> None:
-    headroom = container(name)
-    assert headroom["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
-    assert headroom["livenessProbe"]["httpGet"] == {"path": "/live", "port": "http"}
+    brimful = container(name)
+    assert brimful["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert brimful["livenessProbe"]["httpGet"] == {"path": "/live", "port": "http"}
     pod = one(name, "Deployment")["spec"]["template"]["spec"]
-    shutdown = tomllib.loads(headroom_toml(name))["server"]["shutdown_timeout"]
-    pre_stop = int(headroom["lifecycle"]["preStop"]["exec"]["command"][1])
-    assert headroom["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
+    shutdown = tomllib.loads(brimful_toml(name))["server"]["shutdown_timeout"]
+    pre_stop = int(brimful["lifecycle"]["preStop"]["exec"]["command"][1])
+    assert brimful["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
     assert pre_stop > 0 and pre_stop + shutdown < pod["terminationGracePeriodSeconds"]
     if VALUE_SETS[name].get("mode") == "sidecar":
-        # vLLM must outlive headroom's drain: it gets SIGTERM only after it, within the grace period.
+        # vLLM must outlive brimful's drain: it gets SIGTERM only after it, within the grace period.
         vllm = container(name, "vllm")
         vllm_sleep = int(vllm["lifecycle"]["preStop"]["exec"]["command"][1])
         assert pre_stop + shutdown <= vllm_sleep < pod["terminationGracePeriodSeconds"]
@@ -283,7 +283,7 @@ def test_the_in_flight_metric_the_hpa_scales_on_is_exported() -> None:
 
 
 def test_requests_are_sized_from_the_readmes_measured_rss() -> None:
-    measured = int(re.search(r"headroom's RSS is (\d+) MiB with 3 tokenizers loaded", README).group(1))
+    measured = int(re.search(r"brimful's RSS is (\d+) MiB with 3 tokenizers loaded", README).group(1))
     for name in VALUE_SETS:
         resources = container(name)["resources"]
         assert int(resources["requests"]["memory"].removesuffix("Mi")) >= measured
@@ -294,35 +294,35 @@ def test_requests_are_sized_from_the_readmes_measured_rss() -> None:
 def test_api_keys_come_from_a_secret_never_the_configmap() -> None:
     name = "gateway+keys-in-chart-secret"
     secret = one(name, "Secret")
-    ref = env(container(name))["HEADROOM_SERVER_API_KEYS"]["secretKeyRef"]
+    ref = env(container(name))["BRIMFUL_SERVER_API_KEYS"]["secretKeyRef"]
     assert ref == {"name": secret["metadata"]["name"], "key": "api-keys"}
     assert secret["stringData"]["api-keys"] == "a,b"
-    assert "api_keys" not in headroom_toml(name) and "a,b" not in headroom_toml(name)
-    # …and headroom reads that variable as its key list:
-    assert load_config(None, env={"HEADROOM_SERVER_API_KEYS": "a,b"}).server.api_keys == ["a", "b"]
+    assert "api_keys" not in brimful_toml(name) and "a,b" not in brimful_toml(name)
+    # …and brimful reads that variable as its key list:
+    assert load_config(None, env={"BRIMFUL_SERVER_API_KEYS": "a,b"}).server.api_keys == ["a", "b"]
     name = "examples/gateway-fetch.yaml"
     assert objects(name, "Secret") == []                     # an existing Secret is used, not made
     variables = env(container(name))
-    assert variables["HEADROOM_SERVER_API_KEYS"]["secretKeyRef"] == {"name": "headroom-keys", "key": "api-keys"}
-    assert variables["HEADROOM_UPSTREAM_API_KEY"]["secretKeyRef"]["name"] == "vllm-api-key"
+    assert variables["BRIMFUL_SERVER_API_KEYS"]["secretKeyRef"] == {"name": "brimful-keys", "key": "api-keys"}
+    assert variables["BRIMFUL_UPSTREAM_API_KEY"]["secretKeyRef"]["name"] == "vllm-api-key"
 
 
 def test_volume_length_log_is_one_file_per_pod() -> None:
-    headroom = container("examples/gateway-fetch.yaml")
-    names = [e["name"] for e in headroom["env"]]
-    assert names.index("POD_NAME") < names.index("HEADROOM_LENGTH_LOG_PATH")   # $(POD_NAME) expands
-    assert env(headroom)["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
-    assert {"name": "length-log", "mountPath": "/var/lib/headroom"} in headroom["volumeMounts"]
+    brimful = container("examples/gateway-fetch.yaml")
+    names = [e["name"] for e in brimful["env"]]
+    assert names.index("POD_NAME") < names.index("BRIMFUL_LENGTH_LOG_PATH")   # $(POD_NAME) expands
+    assert env(brimful)["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert {"name": "length-log", "mountPath": "/var/lib/brimful"} in brimful["volumeMounts"]
     pod = one("examples/gateway-fetch.yaml", "Deployment")["spec"]["template"]["spec"]
     volume = next(v for v in pod["volumes"] if v["name"] == "length-log")
-    assert volume == {"name": "length-log", "persistentVolumeClaim": {"claimName": "headroom-lengths"}}
+    assert volume == {"name": "length-log", "persistentVolumeClaim": {"claimName": "brimful-lengths"}}
 
 
 def test_sidecar_shares_the_model_volume_and_hf_home() -> None:
     name = "examples/sidecar.yaml"
-    headroom, vllm = container(name), container(name, "vllm")
-    assert env(headroom)["HF_HOME"] == env(vllm)["HF_HOME"] == "/models/hf"
-    assert {"name": "models", "mountPath": "/models", "readOnly": True} in headroom["volumeMounts"]
+    brimful, vllm = container(name), container(name, "vllm")
+    assert env(brimful)["HF_HOME"] == env(vllm)["HF_HOME"] == "/models/hf"
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in brimful["volumeMounts"]
     assert {"name": "models", "mountPath": "/models"} in vllm["volumeMounts"]
     assert vllm["args"][0] == "Qwen/Qwen3-8B"
     service_ports = {p["name"] for p in one(name, "Service")["spec"]["ports"]}
@@ -332,11 +332,11 @@ def test_sidecar_shares_the_model_volume_and_hf_home() -> None:
     assert one("defaults", "Deployment")["spec"]["replicas"] == 2
 
 
-def test_chart_version_follows_headroom() -> None:
+def test_chart_version_follows_brimful() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert chart["appVersion"] == project["version"]
-    assert container("defaults")["image"] == f"headroom:{project['version']}"
+    assert container("defaults")["image"] == f"brimful:{project['version']}"
 
 
 def test_every_example_is_documented_in_the_readme() -> None:
@@ -344,24 +344,24 @@ def test_every_example_is_documented_in_the_readme() -> None:
         assert f"examples/{path.name}" in README, path.name
 
 
-# ----------------------------------------------------------------- against a running headroom
+# ----------------------------------------------------------------- against a running brimful
 
-def test_probe_and_metrics_paths_answer_on_a_real_headroom(qwen3_dir: Path, tmp_path: Path) -> None:
-    """Every path the chart points a probe or a ServiceMonitor at, GET on headroom itself."""
+def test_probe_and_metrics_paths_answer_on_a_real_brimful(qwen3_dir: Path, tmp_path: Path) -> None:
+    """Every path the chart points a probe or a ServiceMonitor at, GET on brimful itself."""
     probes = {(c["readinessProbe"]["httpGet"]["path"], c["livenessProbe"]["httpGet"]["path"])
               for name in VALUE_SETS for c in [container(name)]}
     assert len(probes) == 1
     ready_path, live_path = probes.pop()
     metrics_paths = {e["path"] for name in VALUE_SETS for m in objects(name, "ServiceMonitor")
                      for e in m["spec"]["endpoints"] if e["port"] == "http"}
-    toml = tmp_path / "headroom.toml"
-    toml.write_text(headroom_toml("examples/gateway.yaml"))
+    toml = tmp_path / "brimful.toml"
+    toml.write_text(brimful_toml("examples/gateway.yaml"))
 
     async def scenario() -> None:
         async with FakeVLLM(model="Qwen/Qwen3-8B", root=str(qwen3_dir)) as fake:
             fake.ready = False                       # vLLM still loading
-            config = load_config(str(toml), env={"HEADROOM_UPSTREAM_URL": fake.base_url})
-            app = HeadroomApp(config)
+            config = load_config(str(toml), env={"BRIMFUL_UPSTREAM_URL": fake.base_url})
+            app = BrimfulApp(config)
             await app.startup()
             try:
                 async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as http:
@@ -376,7 +376,7 @@ def test_probe_and_metrics_paths_answer_on_a_real_headroom(qwen3_dir: Path, tmp_
                     assert (await http.get(live_path)).status_code == 200
                     for path in metrics_paths:
                         response = await http.get(path)
-                        assert response.status_code == 200 and "headroom_in_flight_requests" in response.text
+                        assert response.status_code == 200 and "brimful_in_flight_requests" in response.text
                     assert not [r for r in fake.requests if r.path in {ready_path, live_path, *metrics_paths}]
             finally:
                 await app.shutdown()
@@ -417,7 +417,7 @@ def stand_in_hub(qwen3_dir: Path) -> Iterator[str]:
         server.server_close()
 
 
-def test_the_init_container_fetches_a_tokenizer_headroom_then_finds(
+def test_the_init_container_fetches_a_tokenizer_brimful_then_finds(
     stand_in_hub: str, qwen3_dir: Path, tmp_path: Path
 ) -> None:
     name = "examples/gateway-fetch.yaml"
@@ -425,7 +425,7 @@ def test_the_init_container_fetches_a_tokenizer_headroom_then_finds(
     init = next(c for c in pod["initContainers"] if c["name"] == "fetch-tokenizers")
     script = one(name, "ConfigMap")["data"]["fetch_tokenizers.py"]
     assert script == (CHART / "files" / "fetch_tokenizers.py").read_text()
-    assert init["command"] == ["python", "/etc/headroom/fetch_tokenizers.py"]
+    assert init["command"] == ["python", "/etc/brimful/fetch_tokenizers.py"]
     assert init["args"] == VALUE_SETS[name]["tokenizers"]["fetch"]["models"]
     assert env(init)["HF_HOME"] == env(container(name))["HF_HOME"] == "/hf-cache"
 
@@ -438,7 +438,7 @@ def test_the_init_container_fetches_a_tokenizer_headroom_then_finds(
     )
     assert run.returncode == 1                                # the missing model is an error…
     assert "nobody/missing: tokenizer.json not found" in run.stderr
-    found = find_tokenizer_dir("Qwen/Qwen3-8B", None, str(hf_home))   # …the real one is where headroom looks
+    found = find_tokenizer_dir("Qwen/Qwen3-8B", None, str(hf_home))   # …the real one is where brimful looks
     assert found == hf_home / "hub" / "models--Qwen--Qwen3-8B" / "snapshots" / "main"
     body = {"messages": [{"role": "user", "content": "Why does ice float on water?"}]}
     assert load_model_tokenizer(found).count_chat(body) == load_model_tokenizer(qwen3_dir).count_chat(body)

@@ -41,7 +41,7 @@ def encode(image: Image.Image, fmt: str, **params) -> bytes:
 def exif_with_orientation(orientation: int) -> Image.Exif:
     exif = Image.Exif()
     exif[0x0112] = orientation
-    exif[0x010F] = "headroom"  # Make: a second IFD0 entry before/after the orientation
+    exif[0x010F] = "brimful"  # Make: a second IFD0 entry before/after the orientation
     return exif
 
 
@@ -188,7 +188,7 @@ def test_12_bit_jpeg_is_refused_like_pillow():
 
 
 @pytest.mark.parametrize("fmt", ["TIFF", "ICO", "PPM", "QOI"])
-def test_formats_pillow_opens_but_headroom_does_not_read_are_not_countable(fmt: str):
+def test_formats_pillow_opens_but_brimful_does_not_read_are_not_countable(fmt: str):
     data = encode(Image.new("RGB", (32, 32)), fmt)
     assert vllm_size(data) == (32, 32)
     with pytest.raises(MediaNotCountable) as caught:
@@ -197,7 +197,7 @@ def test_formats_pillow_opens_but_headroom_does_not_read_are_not_countable(fmt: 
 
 
 def test_bytes_that_are_no_image_are_not_countable():
-    """Not a CountError: headroom cannot rule out every format Pillow opens."""
+    """Not a CountError: brimful cannot rule out every format Pillow opens."""
     with pytest.raises(MediaNotCountable):
         header_size(b"definitely not an image, just text")
 
@@ -256,7 +256,7 @@ def test_urls_vllm_refuses_with_400(url: str, message: str):
         ("data:image/png;BASE64,AAAA", "image_format"),
     ],
 )
-def test_urls_headroom_does_not_read(url: str, reason: str):
+def test_urls_brimful_does_not_read(url: str, reason: str):
     with pytest.raises(MediaNotCountable) as caught:
         open_media_url(url, "messages[0].content[0]")
     assert caught.value.reason == reason

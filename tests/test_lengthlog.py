@@ -143,26 +143,26 @@ def test_reopens_when_the_file_is_moved_away(tmp_path: Path) -> None:
 def test_unwritable_path_degrades_to_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
-    caplog.set_level(logging.WARNING, logger="headroom.lengthlog")
+    caplog.set_level(logging.WARNING, logger="brimful.lengthlog")
     log = LengthLog(blocker / "lengths.jsonl", reopen_interval_s=0)   # retry the open on every record
     for i in range(50):
         assert log.enqueue(make_record(f"m{i}"))            # enqueue itself never fails or raises
     log.close()
     assert log.stats.write_errors == 50 and log.stats.written == 0
-    warnings = [r for r in caplog.records if r.name == "headroom.lengthlog"]
+    warnings = [r for r in caplog.records if r.name == "brimful.lengthlog"]
     assert len(warnings) == 1
     assert "not writable" in warnings[0].getMessage()
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux /dev/full")
 def test_full_disk_degrades_to_one_warning(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="headroom.lengthlog")
+    caplog.set_level(logging.WARNING, logger="brimful.lengthlog")
     log = LengthLog("/dev/full", max_bytes=10)              # every write fails with ENOSPC
     for i in range(20):
         log.enqueue(make_record(f"m{i}"))
     log.close()
     assert log.stats.write_errors == 20 and log.stats.written == 0
-    warnings = [r for r in caplog.records if r.name == "headroom.lengthlog"]
+    warnings = [r for r in caplog.records if r.name == "brimful.lengthlog"]
     assert len(warnings) == 1
     assert "No space left" in warnings[0].getMessage()
 

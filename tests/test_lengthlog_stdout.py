@@ -62,7 +62,7 @@ def test_stdout_writes_are_whole_lines_of_at_most_pipe_buf(monkeypatch: pytest.M
 
 
 def test_serve_writes_records_to_stdout_and_report_reads_them_from_stdin(qwen3_dir: Path, tmp_path: Path) -> None:
-    config = tmp_path / "headroom.toml"
+    config = tmp_path / "brimful.toml"
     config.write_text(f'[length_log]\npath = "-"\n\n[models."tiny-qwen"]\ntokenizer = "{qwen3_dir}"\n')
     port = free_port()
     with FakeVLLM(max_model_len=4096) as fake:
@@ -108,7 +108,7 @@ def test_serve_writes_records_to_stdout_and_report_reads_them_from_stdin(qwen3_d
     # the README's `grep '^{"ts":[0-9]'` keeps exactly the records, never a log line (plain or JSON)
     assert all(re.match(r'\{"ts":[0-9]', line) for line in stdout)
     assert not any(re.match(r'\{"ts":[0-9]', line) for line in stderr)
-    json_log = JsonFormatter().format(logging.LogRecord("headroom", logging.INFO, "", 0, "x", None, None))
+    json_log = JsonFormatter().format(logging.LogRecord("brimful", logging.INFO, "", 0, "x", None, None))
     assert not re.match(r'\{"ts":[0-9]', json_log)
     assert [r["requested_max_tokens"] for r in records] == [5, 7, 65535]
     assert [r["action"] for r in records] == ["pass", "pass", "clamped"]

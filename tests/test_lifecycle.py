@@ -1,4 +1,4 @@
-"""Lifecycle of a `headroom serve` process: SIGTERM drains, start-up without an upstream.
+"""Lifecycle of a `brimful serve` process: SIGTERM drains, start-up without an upstream.
 
 SIGTERM must stop accepting new connections, let in-flight requests and
 streams finish (up to the graceful-shutdown deadline), then exit with status 0
@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from tests.support.fakevllm import FakeVLLM
-from tests.support.process import HeadroomProcess, wait_until
+from tests.support.process import BrimfulProcess, wait_until
 from tests.support.servers import free_port
 
 pytestmark = pytest.mark.slow
@@ -77,37 +77,37 @@ def _assert_complete(body: bytes, max_tokens: int) -> None:
 
 def test_sigterm_stops_accepting_and_lets_streams_finish(fake_paced: FakeVLLM, qwen3_dir: Path,
                                                         tmp_path: Path) -> None:
-    headroom = HeadroomProcess(fake_paced.base_url, tmp_path, qwen3_dir)
+    brimful = BrimfulProcess(fake_paced.base_url, tmp_path, qwen3_dir)
     try:
-        bodies, threads, _ = _open_streams(headroom.base_url, 3, max_tokens=20)   # ~2 s each
-        headroom.proc.send_signal(signal.SIGTERM)
-        assert wait_until(lambda: _refuses_connections(headroom.port), timeout=10), "still accepting after SIGTERM"
+        bodies, threads, _ = _open_streams(brimful.base_url, 3, max_tokens=20)   # ~2 s each
+        brimful.proc.send_signal(signal.SIGTERM)
+        assert wait_until(lambda: _refuses_connections(brimful.port), timeout=10), "still accepting after SIGTERM"
         for t in threads:
             t.join(30)
         for body in bodies:
             _assert_complete(body, 20)
-        headroom.proc.wait(30)
+        brimful.proc.wait(30)
     finally:
-        headroom.stop(signal.SIGKILL)
+        brimful.stop(signal.SIGKILL)
 
 
 def test_sigterm_exits_with_status_0(fake_paced: FakeVLLM, qwen3_dir: Path, tmp_path: Path) -> None:
-    headroom = HeadroomProcess(fake_paced.base_url, tmp_path, qwen3_dir)
+    brimful = BrimfulProcess(fake_paced.base_url, tmp_path, qwen3_dir)
     try:
-        bodies, threads, _ = _open_streams(headroom.base_url, 2, max_tokens=10)
-        headroom.proc.send_signal(signal.SIGTERM)
+        bodies, threads, _ = _open_streams(brimful.base_url, 2, max_tokens=10)
+        brimful.proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(30)
         for body in bodies:
             _assert_complete(body, 10)
-        assert headroom.proc.wait(30) == 0
+        assert brimful.proc.wait(30) == 0
     finally:
-        headroom.stop(signal.SIGKILL)
+        brimful.stop(signal.SIGKILL)
 
 
 def test_sigterm_deadline_cuts_streams_that_run_longer(fake_paced: FakeVLLM, qwen3_dir: Path,
                                                        tmp_path: Path) -> None:
-    headroom = HeadroomProcess(fake_paced.base_url, tmp_path, qwen3_dir, extra_args=["--shutdown-timeout", "1"])
+    brimful = BrimfulProcess(fake_paced.base_url, tmp_path, qwen3_dir, extra_args=["--shutdown-timeout", "1"])
     result: dict[str, object] = {}
     started = threading.Event()
 
@@ -116,7 +116,7 @@ def test_sigterm_deadline_cuts_streams_that_run_longer(fake_paced: FakeVLLM, qwe
                 "max_tokens": 300, "stream": True}                     # 30 s at 10 tokens/s
         try:
             with (
-                httpx.Client(base_url=headroom.base_url, timeout=60) as http,
+                httpx.Client(base_url=brimful.base_url, timeout=60) as http,
                 http.stream("POST", CHAT, json=body) as response,
             ):
                 chunks = response.iter_raw()
@@ -134,8 +134,8 @@ def test_sigterm_deadline_cuts_streams_that_run_longer(fake_paced: FakeVLLM, qwe
         assert started.wait(30)
         stream = [r for r in fake_paced.requests if r.path == CHAT][-1]
         signalled = time.monotonic()
-        headroom.proc.send_signal(signal.SIGTERM)
-        code = headroom.proc.wait(25)
+        brimful.proc.send_signal(signal.SIGTERM)
+        code = brimful.proc.wait(25)
         waited = time.monotonic() - signalled
         thread.join(30)
         print(f"\n[G] SIGTERM with a 30 s stream and a 1 s deadline: exited {code} after {waited:.1f} s")
@@ -148,24 +148,24 @@ def test_sigterm_deadline_cuts_streams_that_run_longer(fake_paced: FakeVLLM, qwe
         assert json.loads(events[-2])["error"]["code"] == "server_shutting_down", events[-3:]
         assert fake_paced.wait_until(lambda f: stream.disconnected_at is not None, timeout=10)
     finally:
-        headroom.stop(signal.SIGKILL)
+        brimful.stop(signal.SIGKILL)
         thread.join(30)
 
 
 def test_idle_sigterm_exits_promptly(fake_paced: FakeVLLM, qwen3_dir: Path, tmp_path: Path) -> None:
-    headroom = HeadroomProcess(fake_paced.base_url, tmp_path, qwen3_dir)
-    headroom.proc.send_signal(signal.SIGTERM)
-    code = headroom.proc.wait(15)
-    headroom.stop(signal.SIGKILL)
+    brimful = BrimfulProcess(fake_paced.base_url, tmp_path, qwen3_dir)
+    brimful.proc.send_signal(signal.SIGTERM)
+    code = brimful.proc.wait(15)
+    brimful.stop(signal.SIGKILL)
     assert code in (0, -signal.SIGTERM)
-    assert not any("Traceback" in line for line in headroom.lines), "\n".join(headroom.lines[-20:])
+    assert not any("Traceback" in line for line in brimful.lines), "\n".join(brimful.lines[-20:])
 
 
 def test_starts_without_upstream_and_serves_once_it_appears(qwen3_dir: Path, tmp_path: Path) -> None:
     port = free_port()
-    headroom = HeadroomProcess(f"http://127.0.0.1:{port}", tmp_path, qwen3_dir)
+    brimful = BrimfulProcess(f"http://127.0.0.1:{port}", tmp_path, qwen3_dir)
     try:
-        client = openai.OpenAI(base_url=headroom.base_url + "/v1", api_key="x", max_retries=0)
+        client = openai.OpenAI(base_url=brimful.base_url + "/v1", api_key="x", max_retries=0)
         with pytest.raises(openai.APIStatusError) as info:
             client.chat.completions.create(model="tiny-qwen", messages=[{"role": "user", "content": "hi"}],
                                            max_tokens=3)
@@ -179,7 +179,7 @@ def test_starts_without_upstream_and_serves_once_it_appears(qwen3_dir: Path, tmp
                 model="tiny-qwen", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
             assert completion.usage.completion_tokens == 3
     finally:
-        headroom.stop()
+        brimful.stop()
 
 
 @pytest.mark.parametrize("path", [CHAT, "/tokenize"], ids=["admitted", "passthrough"])
@@ -189,7 +189,7 @@ def test_sigterm_deadline_answers_a_waiting_request_in_openai_shape(
     from tests.support.fakevllm import FaultSpec
 
     log = tmp_path / "lengths.jsonl"
-    headroom = HeadroomProcess(fake_paced.base_url, tmp_path, qwen3_dir,
+    brimful = BrimfulProcess(fake_paced.base_url, tmp_path, qwen3_dir,
                                extra_args=["--shutdown-timeout", "1", "--length-log", str(log)])
     hold = threading.Event()
     fake_paced.fail_next.append(FaultSpec(kind="respond", status=200, gate=hold, path=path,
@@ -197,7 +197,7 @@ def test_sigterm_deadline_answers_a_waiting_request_in_openai_shape(
     result: dict[str, object] = {}
 
     def run() -> None:
-        client = openai.OpenAI(base_url=headroom.base_url + "/v1", api_key="x", max_retries=0, timeout=60)
+        client = openai.OpenAI(base_url=brimful.base_url + "/v1", api_key="x", max_retries=0, timeout=60)
         try:
             if path == CHAT:
                 client.chat.completions.create(model="tiny-qwen", messages=[{"role": "user", "content": "hi"}],
@@ -211,32 +211,32 @@ def test_sigterm_deadline_answers_a_waiting_request_in_openai_shape(
     thread.start()
     try:
         assert fake_paced.wait_until(lambda f: any(r.path == path for r in f.requests), timeout=30)
-        headroom.proc.send_signal(signal.SIGTERM)
-        assert headroom.proc.wait(25) == 0
+        brimful.proc.send_signal(signal.SIGTERM)
+        assert brimful.proc.wait(25) == 0
         thread.join(30)
     finally:
         hold.set()
-        headroom.stop(signal.SIGKILL)
+        brimful.stop(signal.SIGKILL)
         thread.join(30)
     error = result.get("error")
     assert isinstance(error, openai.APIStatusError), f"expected a 503 in OpenAI shape, got {result}"
     assert error.status_code == 503
     assert error.body["code"] == "server_shutting_down"
     assert int(error.response.headers["retry-after"]) >= 1
-    assert not any("Traceback" in line for line in headroom.lines), "\n".join(headroom.lines[-20:])
+    assert not any("Traceback" in line for line in brimful.lines), "\n".join(brimful.lines[-20:])
     if path == CHAT:
         records = [json.loads(line) for line in log.read_text().splitlines()]
         assert [(r["status"], r["error_code"]) for r in records] == [(503, "server_shutting_down")]
 
 
-def test_headroom_pages_on_a_listener_of_their_own(fake_paced: FakeVLLM, qwen3_dir: Path, tmp_path: Path) -> None:
+def test_brimful_pages_on_a_listener_of_their_own(fake_paced: FakeVLLM, qwen3_dir: Path, tmp_path: Path) -> None:
     """server.metrics_port: /metrics, /stats, /dashboard only there (open there unless metrics keys are set),
     and nothing the upstream serves on it; the API port keeps its keys."""
     metrics_port = free_port()
-    headroom = HeadroomProcess(fake_paced.base_url, tmp_path, qwen3_dir,
+    brimful = BrimfulProcess(fake_paced.base_url, tmp_path, qwen3_dir,
                                extra_toml=f'[server]\napi_keys = ["sk-a"]\nmetrics_port = {metrics_port}\n')
     try:
-        api, pages = headroom.base_url, f"http://127.0.0.1:{metrics_port}"
+        api, pages = brimful.base_url, f"http://127.0.0.1:{metrics_port}"
         key = {"authorization": "Bearer sk-a"}
         for page in ("/metrics", "/stats", "/dashboard"):
             assert httpx.get(pages + page, timeout=10).status_code == 200
@@ -246,9 +246,9 @@ def test_headroom_pages_on_a_listener_of_their_own(fake_paced: FakeVLLM, qwen3_d
         assert httpx.get(pages + "/health", timeout=10).status_code == 404
         assert httpx.get(api + "/v1/models", timeout=10).status_code == 401
         assert httpx.get(api + "/v1/models", headers=key, timeout=10).status_code == 200
-        assert any(f":{metrics_port}" in line for line in headroom.lines), "the summary names the pages' listener"
+        assert any(f":{metrics_port}" in line for line in brimful.lines), "the summary names the pages' listener"
     finally:
-        headroom.stop()
+        brimful.stop()
 
 
 
@@ -262,24 +262,24 @@ def test_kill_9_loses_at_most_the_records_of_the_last_flush_interval(
     log = tmp_path / "lengths.jsonl"
     body = {"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     with FakeVLLM(record=False) as fake:
-        headroom = HeadroomProcess(fake.base_url, tmp_path, qwen3_dir,
+        brimful = BrimfulProcess(fake.base_url, tmp_path, qwen3_dir,
                                    extra_toml=f"\n[length_log]\nflush_interval = {interval}",
                                    extra_args=["--length-log", str(log)])
         answered = 0
 
         async def burst_then_kill() -> None:
             nonlocal answered
-            async with httpx.AsyncClient(base_url=headroom.base_url, timeout=30) as http:
+            async with httpx.AsyncClient(base_url=brimful.base_url, timeout=30) as http:
                 for _ in range(10):
                     results = await asyncio.gather(*(http.post(CHAT, json=body) for _ in range(25)))
                     answered += sum(r.status_code == 200 for r in results)
-                headroom.proc.send_signal(signal.SIGKILL)
+                brimful.proc.send_signal(signal.SIGKILL)
 
         try:
             asyncio.run(burst_then_kill())
-            headroom.proc.wait(10)
+            brimful.proc.wait(10)
         finally:
-            headroom.stop(signal.SIGKILL)
+            brimful.stop(signal.SIGKILL)
     lost = answered - len(log.read_text().splitlines())
     print(f"\n[G] kill -9 after {answered} answered, flush_interval {interval:g} s: {lost} records lost")
     assert answered == 250 and 0 <= lost <= bound

@@ -247,9 +247,9 @@ def test_recorder_updates_metrics_and_the_length_log(tmp_path: Path) -> None:
     r.close()
     assert [json.loads(line) for line in (tmp_path / "lengths.jsonl").read_text().splitlines()] == [one.to_dict()]
     reg = r.metrics.registry
-    assert reg.get_sample_value("headroom_prompt_tokens_sum", {"model": "m"}) == 30
-    assert reg.get_sample_value("headroom_length_retries_total", {"model": "m"}) == 1
-    assert reg.get_sample_value("headroom_length_records_total", {"outcome": "written"}) == 1
+    assert reg.get_sample_value("brimful_prompt_tokens_sum", {"model": "m"}) == 30
+    assert reg.get_sample_value("brimful_length_retries_total", {"model": "m"}) == 1
+    assert reg.get_sample_value("brimful_length_records_total", {"outcome": "written"}) == 1
 
 
 # ----------------------------------------------------------------- routes
@@ -271,8 +271,8 @@ def test_stats_route(client: TestClient) -> None:
 def test_metrics_route(client: TestClient) -> None:
     resp = client.get("/metrics")
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
-    assert 'headroom_prompt_tokens_count{model="m"} 100.0' in resp.text
-    assert 'headroom_clamped_tokens_total{model="m"} 10000.0' in resp.text   # 10 × (5000 − 4000)
+    assert 'brimful_prompt_tokens_count{model="m"} 100.0' in resp.text
+    assert 'brimful_clamped_tokens_total{model="m"} 10000.0' in resp.text   # 10 × (5000 − 4000)
 
 
 def test_dashboard_route_is_self_contained(client: TestClient) -> None:

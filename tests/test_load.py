@@ -1,13 +1,13 @@
-"""Load: 1,000 concurrent streams through a `headroom serve` subprocess to the fake on loopback.
+"""Load: 1,000 concurrent streams through a `brimful serve` subprocess to the fake on loopback.
 
 Claims checked:
 * every stream completes and every relayed byte is the byte the fake sent
   (each stream is compared, byte for byte and by SHA-256, with the fake's own
   deterministic event generator run on the same request);
 * the streams really were concurrent (peak overlap at the fake is printed);
-* headroom's peak RSS (VmHWM) stays bounded;
+* brimful's peak RSS (VmHWM) stays bounded;
 * no file descriptor leaks: once clients and upstream keep-alive connections
-  are gone, headroom's open descriptors return to the warm baseline.
+  are gone, brimful's open descriptors return to the warm baseline.
 
 Back-pressure: with `upstream.max_concurrent_requests` set, the excess waits
 up to `upstream.queue_timeout`, then gets 503 with Retry-After.
@@ -28,11 +28,11 @@ import httpx
 import pytest
 
 from tests.support.fakevllm import FakeVLLM, stream_events
-from tests.support.process import HeadroomProcess, reset_peak_rss, wait_until
+from tests.support.process import BrimfulProcess, reset_peak_rss, wait_until
 
 pytestmark = pytest.mark.slow
 
-STREAMS = int(os.environ.get("HEADROOM_LOAD_STREAMS", "1000"))
+STREAMS = int(os.environ.get("BRIMFUL_LOAD_STREAMS", "1000"))
 CHAT = "/v1/chat/completions"
 
 
@@ -87,13 +87,13 @@ def test_1000_concurrent_streams_intact_bounded_and_leak_free(
     fake_paced: FakeVLLM, qwen3_dir: Path, tmp_path: Path
 ) -> None:
     fake = fake_paced
-    headroom = HeadroomProcess(fake.base_url, tmp_path, qwen3_dir)
+    brimful = BrimfulProcess(fake.base_url, tmp_path, qwen3_dir)
     try:
-        warm = httpx.post(headroom.base_url + CHAT, timeout=30, json={
+        warm = httpx.post(brimful.base_url + CHAT, timeout=30, json={
             "model": "tiny-qwen", "messages": [{"role": "user", "content": "warm"}], "max_tokens": 1})
         assert warm.status_code == 200, warm.text
-        fds_before = headroom.fds()
-        rss_before = headroom.status("VmRSS")
+        fds_before = brimful.fds()
+        rss_before = brimful.status("VmRSS")
 
         bodies = [{
             "model": "tiny-qwen",
@@ -103,10 +103,10 @@ def test_1000_concurrent_streams_intact_bounded_and_leak_free(
             "stream_options": {"include_usage": True},   # forwarded untouched: relayed == sent
         } for i in range(STREAMS)]
         started = time.perf_counter()
-        relayed, client_peak = asyncio.run(_run_streams(headroom.base_url, bodies))
+        relayed, client_peak = asyncio.run(_run_streams(brimful.base_url, bodies))
         elapsed = time.perf_counter() - started
 
-        peak_rss = headroom.status("VmHWM")
+        peak_rss = brimful.status("VmHWM")
         ids = set()
         for body, data in zip(bodies, relayed, strict=True):
             expected = expected_stream(fake, body, data)
@@ -123,18 +123,18 @@ def test_1000_concurrent_streams_intact_bounded_and_leak_free(
         # Let go of every connection: the client closed its own; the fake drops idle keep-alives.
         fake.ready = False
         fake.ready = True
-        settled = wait_until(lambda: headroom.fds() <= fds_before + 5, timeout=15)
-        fds_after = headroom.fds()
+        settled = wait_until(lambda: brimful.fds() <= fds_before + 5, timeout=15)
+        fds_after = brimful.fds()
         print(
             f"\n[G] load: {STREAMS} streams in {elapsed:.1f} s; concurrent streams held: client {client_peak}, "
-            f"upstream {upstream_peak}; headroom RSS {rss_before / 1024:.0f} MiB before, "
+            f"upstream {upstream_peak}; brimful RSS {rss_before / 1024:.0f} MiB before, "
             f"peak {peak_rss / 1024:.0f} MiB; fds {fds_before} before, {fds_after} after"
         )
         assert upstream_peak >= STREAMS * 0.8, "the streams were not concurrent"
         assert peak_rss - rss_before < 400 * 1024, "RSS grew by more than 400 MiB for 1,000 streams"
         assert settled, f"file descriptors leaked: {fds_before} before, {fds_after} after"
     finally:
-        headroom.stop()
+        brimful.stop()
 
 
 # ---------------------------------------------------------------------------
@@ -142,7 +142,7 @@ def test_1000_concurrent_streams_intact_bounded_and_leak_free(
 # ---------------------------------------------------------------------------
 
 def test_excess_requests_wait_then_get_503_with_retry_after(qwen3_dir: Path) -> None:
-    from proxy.app import HeadroomApp
+    from proxy.app import BrimfulApp
     from proxy.config import Config, ModelConfig, UpstreamConfig
     from tests.support.fakevllm import FaultSpec
     from tests.support.servers import serve_in_thread
@@ -152,7 +152,7 @@ def test_excess_requests_wait_then_get_503_with_retry_after(qwen3_dir: Path) -> 
         config = Config(upstream=UpstreamConfig(url=fake.base_url, timeout=30.0, max_concurrent_requests=2,
                                                 queue_timeout=0.3))
         config.models["tiny-qwen"] = ModelConfig(tokenizer=str(qwen3_dir))
-        with serve_in_thread(HeadroomApp(config)) as base, httpx.Client(base_url=base, timeout=30) as http:
+        with serve_in_thread(BrimfulApp(config)) as base, httpx.Client(base_url=base, timeout=30) as http:
             body = {"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
             assert http.post(CHAT, json=body).status_code == 200        # models known, tokenizer warm
             fake.fail_next.extend([FaultSpec(kind="respond", status=200, gate=gate, path=CHAT,
@@ -182,7 +182,7 @@ def test_excess_requests_wait_then_get_503_with_retry_after(qwen3_dir: Path) -> 
 # One huge non-streamed answer
 # ---------------------------------------------------------------------------
 
-HUGE_ANSWER = int(os.environ.get("HEADROOM_HUGE_ANSWER_MB", "500")) * 1024 * 1024
+HUGE_ANSWER = int(os.environ.get("BRIMFUL_HUGE_ANSWER_MB", "500")) * 1024 * 1024
 
 
 def test_500_mb_answer_is_relayed_in_bounded_memory(qwen3_dir: Path, tmp_path: Path) -> None:
@@ -191,32 +191,32 @@ def test_500_mb_answer_is_relayed_in_bounded_memory(qwen3_dir: Path, tmp_path: P
 
     log = tmp_path / "lengths.jsonl"
     with FakeVLLM() as fake:
-        headroom = HeadroomProcess(fake.base_url, tmp_path, qwen3_dir, extra_args=["--length-log", str(log)])
+        brimful = BrimfulProcess(fake.base_url, tmp_path, qwen3_dir, extra_args=["--length-log", str(log)])
         try:
             body = {"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
-            assert httpx.post(headroom.base_url + CHAT, json=body, timeout=30).status_code == 200
-            rss_before = headroom.status("VmRSS")
-            exact_peak = reset_peak_rss(headroom.pid)
+            assert httpx.post(brimful.base_url + CHAT, json=body, timeout=30).status_code == 200
+            rss_before = brimful.status("VmRSS")
+            exact_peak = reset_peak_rss(brimful.pid)
             fake.fail_next.append(FaultSpec(kind="huge", size=HUGE_ANSWER, path=CHAT))
             received = 0
             tail = b""
             started = time.perf_counter()
-            with httpx.stream("POST", headroom.base_url + CHAT, json=body, timeout=120) as response:
+            with httpx.stream("POST", brimful.base_url + CHAT, json=body, timeout=120) as response:
                 assert response.status_code == 200
                 declared = int(response.headers["content-length"])
                 for chunk in response.iter_raw():
                     received += len(chunk)
                     tail = (tail + chunk)[-4096:]
             elapsed = time.perf_counter() - started
-            peak = headroom.status("VmHWM")
+            peak = brimful.status("VmHWM")
         finally:
-            headroom.stop()
+            brimful.stop()
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert received == declared > HUGE_ANSWER
     assert tail.endswith(b'"completion_tokens":2000}}')
     assert records[-1]["completion_tokens"] == 2000 and records[-1]["status"] == 200
     growth = (peak - rss_before) / 1024
-    print(f"\n[G] {HUGE_ANSWER >> 20} MB non-streamed answer in {elapsed:.1f} s: headroom RSS "
+    print(f"\n[G] {HUGE_ANSWER >> 20} MB non-streamed answer in {elapsed:.1f} s: brimful RSS "
           f"{rss_before / 1024:.0f} MiB before, peak {peak / 1024:.0f} MiB (+{growth:.0f} MiB"
           f"{'' if exact_peak else ', peak since start'})")
     assert growth < 100, f"RSS grew by {growth:.0f} MiB relaying one answer"
@@ -231,19 +231,19 @@ def test_probes_are_answered_during_a_connection_attack(qwen3_dir: Path, tmp_pat
                                                         count: int) -> None:
     """bench/attack_bench.py's phases, shorter: every probe answered, memory and descriptors bounded.
 
-    The idle phase opens more connections than headroom's 4,096 descriptors: under uvicorn's own
+    The idle phase opens more connections than brimful's 4,096 descriptors: under uvicorn's own
     protocol every probe then failed (bench/attack_bench.py --server plain).
     """
     from bench.attack_bench import phase, probe_once
 
     with FakeVLLM(record=False) as fake:
-        headroom = HeadroomProcess(fake.base_url, tmp_path, qwen3_dir, fd_limit=4096)
+        brimful = BrimfulProcess(fake.base_url, tmp_path, qwen3_dir, fd_limit=4096)
         try:
-            assert wait_until(lambda: probe_once(headroom.port, chat=True) is not None, timeout=30)
-            rss_before = headroom.status("VmRSS")
-            result = phase(headroom, kind, count, seconds=3.0)
+            assert wait_until(lambda: probe_once(brimful.port, chat=True) is not None, timeout=30)
+            rss_before = brimful.status("VmRSS")
+            result = phase(brimful, kind, count, seconds=3.0)
         finally:
-            headroom.stop()
+            brimful.stop()
     growth = (int(result["peak"]) - rss_before) / 1024
     print(f"\n[G] {kind} x{count}: {result['probes']} probes, {result['failed']} failed, p50 {result['p50']:.1f} ms, "
           f"p99 {result['p99']:.1f} ms; RSS +{growth:.0f} MiB; {result['fds']} fds")
@@ -262,29 +262,29 @@ def _prompt(chars: int, salt: str = "") -> dict:
     return {"model": "tiny-qwen", "messages": [{"role": "user", "content": text}], "max_tokens": 4}
 
 
-def _peak_growth(headroom: HeadroomProcess, send) -> tuple[float, float, list[httpx.Response]]:
+def _peak_growth(brimful: BrimfulProcess, send) -> tuple[float, float, list[httpx.Response]]:
     """(peak RSS growth, RSS growth left afterwards) in MiB around `send()`."""
-    rss_before = headroom.status("VmRSS")
-    reset_peak_rss(headroom.pid)
+    rss_before = brimful.status("VmRSS")
+    reset_peak_rss(brimful.pid)
     responses = send()
-    peak = headroom.status("VmHWM")
-    after = headroom.status("VmRSS")
+    peak = brimful.status("VmHWM")
+    after = brimful.status("VmRSS")
     return (peak - rss_before) / 1024, (after - rss_before) / 1024, responses
 
 
 def test_a_prompt_over_the_character_bound_costs_no_counting_memory(qwen3_dir: Path, tmp_path: Path) -> None:
     """The issue's 33 MB prompt (just under the 32 MiB body limit) peaked at 5.5 GiB: now refused unencoded."""
     with FakeVLLM(record=False) as fake:
-        headroom = HeadroomProcess(fake.base_url, tmp_path, qwen3_dir)
+        brimful = BrimfulProcess(fake.base_url, tmp_path, qwen3_dir)
         try:
-            assert httpx.post(headroom.base_url + CHAT, json=_prompt(100), timeout=30).status_code == 200
+            assert httpx.post(brimful.base_url + CHAT, json=_prompt(100), timeout=30).status_code == 200
             body = json.dumps(_prompt(32 * 1024 * 1024 - 200)).encode()
             started = time.perf_counter()
-            peak, left, [response] = _peak_growth(headroom, lambda: [
-                httpx.post(headroom.base_url + CHAT, content=body, timeout=120)])
+            peak, left, [response] = _peak_growth(brimful, lambda: [
+                httpx.post(brimful.base_url + CHAT, content=body, timeout=120)])
             elapsed = time.perf_counter() - started
         finally:
-            headroom.stop()
+            brimful.stop()
     assert response.status_code == 400, response.text[:300]
     assert "characters" in response.json()["error"]["message"]
     print(f"\n[G] {len(body) / 1e6:.1f} MB prompt over the character bound: refused in {elapsed:.2f} s, "
@@ -292,48 +292,48 @@ def test_a_prompt_over_the_character_bound_costs_no_counting_memory(qwen3_dir: P
     assert peak < 600, f"refusing one prompt cost {peak:.0f} MiB"
 
 
-LARGEST_MML = int(os.environ.get("HEADROOM_LARGEST_PROMPT_MML", "2048"))
+LARGEST_MML = int(os.environ.get("BRIMFUL_LARGEST_PROMPT_MML", "2048"))
 
 
 def test_the_largest_allowed_prompt_is_counted_and_its_memory_returned(qwen3_dir: Path, tmp_path: Path) -> None:
     """A prompt just inside vLLM's character bound (max_model_len x 128) is counted; the heap goes back after."""
     with FakeVLLM(record=False) as fake:
-        headroom = HeadroomProcess(fake.base_url, tmp_path, qwen3_dir, model_toml=f"max_model_len = {LARGEST_MML}")
+        brimful = BrimfulProcess(fake.base_url, tmp_path, qwen3_dir, model_toml=f"max_model_len = {LARGEST_MML}")
         try:
-            assert httpx.post(headroom.base_url + CHAT, json=_prompt(100), timeout=30).status_code == 200
+            assert httpx.post(brimful.base_url + CHAT, json=_prompt(100), timeout=30).status_code == 200
             overhead = 50     # Qwen3's template around one user message, in characters
             body = _prompt(LARGEST_MML * 128 - overhead)
-            peak, left, [response] = _peak_growth(headroom, lambda: [
-                httpx.post(headroom.base_url + CHAT, json=body, timeout=300)])
+            peak, left, [response] = _peak_growth(brimful, lambda: [
+                httpx.post(brimful.base_url + CHAT, json=body, timeout=300)])
         finally:
-            headroom.stop()
+            brimful.stop()
     assert response.status_code == 400, response.text[:300]        # counted: far more tokens than fit
     error = response.json()["error"]
-    assert "characters" not in error["message"] and error["headroom"]["prompt_tokens"] > LARGEST_MML
+    assert "characters" not in error["message"] and error["brimful"]["prompt_tokens"] > LARGEST_MML
     print(f"\n[G] largest allowed prompt for max_model_len {LARGEST_MML} ({LARGEST_MML * 128 / 1e6:.2f} M chars, "
-          f"{error['headroom']['prompt_tokens']} tokens): RSS peak +{peak:.0f} MiB, +{left:.0f} MiB afterwards")
+          f"{error['brimful']['prompt_tokens']} tokens): RSS peak +{peak:.0f} MiB, +{left:.0f} MiB afterwards")
     assert left < max(64.0, peak / 4), "the counting heap was not returned"
 
 
 def test_concurrent_long_prompts_are_counted_within_the_memory_budget(qwen3_dir: Path, tmp_path: Path) -> None:
     """Three 8 MB prompts at once peaked at 3.3 GiB: each is over the 1 GiB budget, so they take turns."""
     with FakeVLLM(record=False) as fake:
-        headroom = HeadroomProcess(fake.base_url, tmp_path, qwen3_dir, model_toml="max_model_len = 131072",
+        brimful = BrimfulProcess(fake.base_url, tmp_path, qwen3_dir, model_toml="max_model_len = 131072",
                                    extra_toml="queue_timeout = 120.0")
         try:
-            assert httpx.post(headroom.base_url + CHAT, json=_prompt(100), timeout=30).status_code == 200
+            assert httpx.post(brimful.base_url + CHAT, json=_prompt(100), timeout=30).status_code == 200
             bodies = [json.dumps(_prompt(8 * 1000 * 1000, salt=s)).encode() for s in "xyz"]
 
             def send() -> list[httpx.Response]:
                 async def all_at_once() -> list[httpx.Response]:
-                    async with httpx.AsyncClient(base_url=headroom.base_url, timeout=300) as client:
+                    async with httpx.AsyncClient(base_url=brimful.base_url, timeout=300) as client:
                         return list(await asyncio.gather(*(client.post(CHAT, content=b) for b in bodies)))
                 return asyncio.run(all_at_once())
 
-            peak, left, responses = _peak_growth(headroom, send)
+            peak, left, responses = _peak_growth(brimful, send)
         finally:
-            headroom.stop()
+            brimful.stop()
     assert [r.status_code for r in responses] == [400] * 3, [r.text[:200] for r in responses]
-    assert all(r.json()["error"]["headroom"]["prompt_tokens"] > 131072 for r in responses)
+    assert all(r.json()["error"]["brimful"]["prompt_tokens"] > 131072 for r in responses)
     print(f"\n[G] three 8 MB prompts at once: RSS peak +{peak:.0f} MiB, +{left:.0f} MiB afterwards")
     assert peak < 2 * 1024, f"three concurrent counts peaked at +{peak:.0f} MiB"

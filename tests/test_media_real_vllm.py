@@ -2,13 +2,13 @@
 
 - Every recorded case of tests/data/media_cases.jsonl is sent again: vLLM still
   answers what the file says (so the fast tier's expectations are current),
-  and headroom's count equals ``usage.prompt_tokens``.
+  and brimful's count equals ``usage.prompt_tokens``.
 - vLLM's ``/tokenize`` runs the multimodal processor too: its count is exact
-  for media, the upstream fallback the proxy can use when headroom cannot count.
+  for media, the upstream fallback the proxy can use when brimful cannot count.
 - The render endpoints answer 403 without ``--enable-scale-out``.
-- Through headroom (which finds the model directory through vLLM's
+- Through brimful (which finds the model directory through vLLM's
   /v1/models root): an image request that overflows is clamped to the exact
-  room, and one that cannot fit gets headroom's 400 with the true count.
+  room, and one that cannot fit gets brimful's 400 with the true count.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.app import HeadroomApp
+from proxy.app import BrimfulApp
 from proxy.config import Config, UpstreamConfig
 from tests.media_cases import (
     CORPUS,
@@ -46,11 +46,11 @@ def test_the_recorded_cases_are_the_ones_the_generator_makes():
 
 
 @pytest.mark.parametrize("case", RECORDED, ids=[case["id"] for case in RECORDED])
-def test_vllm_still_answers_what_the_corpus_records_and_headroom_agrees(case: dict, real_vllm_vl) -> None:
+def test_vllm_still_answers_what_the_corpus_records_and_brimful_agrees(case: dict, real_vllm_vl) -> None:
     live = ask_vllm(real_vllm_vl.base_url, case)
     assert live["expected_status"] == case["expected_status"]
     assert live["expected_prompt_tokens"] == case["expected_prompt_tokens"]
-    if case["template"] == "openai" and live["expected_status"] == 200 and "headroom" not in case:
+    if case["template"] == "openai" and live["expected_status"] == 200 and "brimful" not in case:
         # The string-template cases are counted by the fast tier with a second
         # tokenizer directory; the served directory's own template is this one.
         tokenizer = load_model_tokenizer(real_vllm_vl.tokenizer_dir)
@@ -65,7 +65,7 @@ def test_tokenize_counts_media_like_the_engine(real_vllm_vl) -> None:
 
 
 def test_tokenize_counts_a_video_like_the_engine(real_vllm_vl) -> None:
-    """Where headroom cannot count (video), the upstream's /tokenize is exact."""
+    """Where brimful cannot count (video), the upstream's /tokenize is exact."""
     case = next(c for c in RECORDED if c["id"] == "video-and-image-not-countable")
     body = {"model": real_vllm_vl.model, "messages": case["request"]["messages"], "add_generation_prompt": True}
     answer = httpx.post(f"{real_vllm_vl.base_url}/tokenize", json=body, timeout=120).json()
@@ -82,8 +82,8 @@ def test_render_endpoint_needs_scale_out(real_vllm_vl) -> None:
 
 
 @pytest.fixture(scope="module")
-def through(real_vllm_vl) -> Iterator[tuple[openai.OpenAI, HeadroomApp]]:
-    app = HeadroomApp(Config(upstream=UpstreamConfig(url=real_vllm_vl.base_url, timeout=120.0)))
+def through(real_vllm_vl) -> Iterator[tuple[openai.OpenAI, BrimfulApp]]:
+    app = BrimfulApp(Config(upstream=UpstreamConfig(url=real_vllm_vl.base_url, timeout=120.0)))
     with serve_in_thread(app) as base_url:
         yield openai.OpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0, timeout=120), app
 
@@ -102,15 +102,15 @@ def test_image_request_that_overflows_is_clamped_to_the_exact_room(through, real
     completion = raw.parse()
     # An exact count needs no margin: the full room, as vLLM alone would clamp it.
     granted = 2048 - prompt["expected_prompt_tokens"]
-    assert raw.headers["x-headroom-action"] == "clamped"
-    assert "x-headroom-margin-tokens" not in raw.headers
-    assert raw.headers["x-headroom-prompt-tokens"] == str(prompt["expected_prompt_tokens"])
-    assert raw.headers["x-headroom-granted-max-tokens"] == str(granted)
+    assert raw.headers["x-brimful-action"] == "clamped"
+    assert "x-brimful-margin-tokens" not in raw.headers
+    assert raw.headers["x-brimful-prompt-tokens"] == str(prompt["expected_prompt_tokens"])
+    assert raw.headers["x-brimful-granted-max-tokens"] == str(granted)
     assert completion.usage.prompt_tokens == prompt["expected_prompt_tokens"]
     assert completion.usage.completion_tokens == granted
 
 
-def test_image_request_that_cannot_fit_gets_headrooms_400_with_the_true_count(through, real_vllm_vl) -> None:
+def test_image_request_that_cannot_fit_gets_brimfuls_400_with_the_true_count(through, real_vllm_vl) -> None:
     client, _ = through
     messages = big_images(5)
     tokenizer = load_model_tokenizer(real_vllm_vl.tokenizer_dir)
@@ -120,4 +120,4 @@ def test_image_request_that_cannot_fit_gets_headrooms_400_with_the_true_count(th
         client.chat.completions.create(model=real_vllm_vl.model, messages=messages, max_tokens=4)
     body = info.value.body
     assert body["code"] == "context_length_exceeded"
-    assert body["headroom"]["prompt_tokens"] == true_count
+    assert body["brimful"]["prompt_tokens"] == true_count

@@ -1,9 +1,9 @@
 """Gemma 3 images against a REAL vLLM 0.32 (CPU build, tiny random Gemma 3, real npm tokenizer).
 
 Every recorded case of tests/data/media_cases_gemma3.jsonl is sent again:
-vLLM still answers what the file says, and headroom's count (from the served
+vLLM still answers what the file says, and brimful's count (from the served
 model directory, found as the proxy would find it) equals ``usage.prompt_tokens``.
-Skips without the npm tokenizer (an error under HEADROOM_REAL_VLLM=require).
+Skips without the npm tokenizer (an error under BRIMFUL_REAL_VLLM=require).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def test_the_recorded_cases_are_the_ones_the_generator_makes():
 
 
 @pytest.mark.parametrize("case", RECORDED, ids=[case["id"] for case in RECORDED])
-def test_vllm_still_answers_what_the_corpus_records_and_headroom_agrees(case: dict, real_vllm_gemma3_vl) -> None:
+def test_vllm_still_answers_what_the_corpus_records_and_brimful_agrees(case: dict, real_vllm_gemma3_vl) -> None:
     live = ask_vllm(real_vllm_gemma3_vl.base_url, case, GEMMA3_MODEL)
     assert live["expected_status"] == case["expected_status"]
     assert live["expected_prompt_tokens"] == case["expected_prompt_tokens"]

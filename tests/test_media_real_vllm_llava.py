@@ -1,7 +1,7 @@
 """LLaVA-1.5-style images against a REAL vLLM 0.32 (tiny random LLaVA, CLIP tower, Qwen2.5 tokenizer).
 
 Every recorded case of tests/data/media_cases_llava.jsonl is sent again: vLLM
-still answers what the file says, and headroom's count (from the served model
+still answers what the file says, and brimful's count (from the served model
 directory) equals ``usage.prompt_tokens``: 576 tokens per image, whatever its size.
 """
 
@@ -24,7 +24,7 @@ def test_the_recorded_cases_are_the_ones_the_generator_makes():
 
 
 @pytest.mark.parametrize("case", RECORDED, ids=[case["id"] for case in RECORDED])
-def test_vllm_still_answers_what_the_corpus_records_and_headroom_agrees(case: dict, real_vllm_llava) -> None:
+def test_vllm_still_answers_what_the_corpus_records_and_brimful_agrees(case: dict, real_vllm_llava) -> None:
     live = ask_vllm(real_vllm_llava.base_url, case, LLAVA_MODEL)
     assert live["expected_status"] == case["expected_status"]
     assert live["expected_prompt_tokens"] == case["expected_prompt_tokens"]

@@ -49,10 +49,10 @@ def test_token_buckets_ladder_parameters() -> None:
 def test_buckets_are_configurable() -> None:
     m = Metrics(buckets=[100, 10])
     m.observe(rec(prompt_tokens=50))
-    assert value(m, "headroom_prompt_tokens_bucket", model="qwen", le="10.0") == 0
-    assert value(m, "headroom_prompt_tokens_bucket", model="qwen", le="100.0") == 1
+    assert value(m, "brimful_prompt_tokens_bucket", model="qwen", le="10.0") == 0
+    assert value(m, "brimful_prompt_tokens_bucket", model="qwen", le="100.0") == 1
     bounds = {s.labels["le"] for f in text_string_to_metric_families(m.render()[0].decode())
-              if f.name == "headroom_prompt_tokens" for s in f.samples if "le" in s.labels}
+              if f.name == "brimful_prompt_tokens" for s in f.samples if "le" in s.labels}
     assert bounds == {"10.0", "100.0", "+Inf"}
 
 
@@ -62,33 +62,33 @@ def test_clamped_request_updates_every_length_series() -> None:
     m = Metrics()
     m.observe(rec(max_model_len=8192, prompt_tokens=6000, requested_max_tokens=4000, granted_max_tokens=2100,
                   completion_tokens=700, action="clamped", finish_reasons=["stop"]))
-    assert value(m, "headroom_requests_total", model="qwen", endpoint="chat", action="clamped", status="200") == 1
-    assert value(m, "headroom_prompt_tokens_sum", model="qwen") == 6000
-    assert value(m, "headroom_completion_tokens_sum", model="qwen") == 700
-    assert value(m, "headroom_total_tokens_sum", model="qwen") == 6700
-    assert value(m, "headroom_requested_max_tokens_sum", model="qwen") == 4000
-    assert value(m, "headroom_headroom_tokens_sum", model="qwen") == 8192 - 6000 - 2100
-    assert value(m, "headroom_clamped_tokens_total", model="qwen") == 1900
+    assert value(m, "brimful_requests_total", model="qwen", endpoint="chat", action="clamped", status="200") == 1
+    assert value(m, "brimful_prompt_tokens_sum", model="qwen") == 6000
+    assert value(m, "brimful_completion_tokens_sum", model="qwen") == 700
+    assert value(m, "brimful_total_tokens_sum", model="qwen") == 6700
+    assert value(m, "brimful_requested_max_tokens_sum", model="qwen") == 4000
+    assert value(m, "brimful_brimful_tokens_sum", model="qwen") == 8192 - 6000 - 2100
+    assert value(m, "brimful_clamped_tokens_total", model="qwen") == 1900
     # 6000 lies in the (5294, 6617] bucket
-    assert value(m, "headroom_prompt_tokens_bucket", model="qwen", le="5294.0") == 0
-    assert value(m, "headroom_prompt_tokens_bucket", model="qwen", le="6617.0") == 1
+    assert value(m, "brimful_prompt_tokens_bucket", model="qwen", le="5294.0") == 0
+    assert value(m, "brimful_prompt_tokens_bucket", model="qwen", le="6617.0") == 1
 
 
-def test_pass_without_limit_skips_headroom_and_clamp() -> None:
+def test_pass_without_limit_skips_brimful_and_clamp() -> None:
     m = Metrics()
     m.observe(rec(max_model_len=8192, prompt_tokens=10, completion_tokens=5))
-    assert value(m, "headroom_headroom_tokens_count", model="qwen") is None
-    assert value(m, "headroom_requested_max_tokens_count", model="qwen") is None
-    assert value(m, "headroom_clamped_tokens_total", model="qwen") is None
-    assert value(m, "headroom_total_tokens_sum", model="qwen") == 15
+    assert value(m, "brimful_brimful_tokens_count", model="qwen") is None
+    assert value(m, "brimful_requested_max_tokens_count", model="qwen") is None
+    assert value(m, "brimful_clamped_tokens_total", model="qwen") is None
+    assert value(m, "brimful_total_tokens_sum", model="qwen") == 15
 
 
-def test_upstream_prompt_count_is_used_when_headroom_did_not_count() -> None:
+def test_upstream_prompt_count_is_used_when_brimful_did_not_count() -> None:
     m = Metrics()
     m.observe(rec(upstream_prompt_tokens=42, completion_tokens=8))
-    assert value(m, "headroom_prompt_tokens_sum", model="qwen") == 42
-    assert value(m, "headroom_total_tokens_sum", model="qwen") == 50
-    assert value(m, "headroom_prompt_token_drift_tokens_count", model="qwen") is None
+    assert value(m, "brimful_prompt_tokens_sum", model="qwen") == 42
+    assert value(m, "brimful_total_tokens_sum", model="qwen") == 50
+    assert value(m, "brimful_prompt_token_drift_tokens_count", model="qwen") is None
 
 
 def test_rejections_count_by_reason() -> None:
@@ -96,17 +96,17 @@ def test_rejections_count_by_reason() -> None:
     m.observe(rec(prompt_tokens=9000, max_model_len=8192, action="rejected", status=400,
                   error_code="context_length_exceeded"))
     m.observe(rec(action="rejected", status=400, error_code=None))
-    assert value(m, "headroom_rejections_total", model="qwen", reason="context_length_exceeded") == 1
-    assert value(m, "headroom_rejections_total", model="qwen", reason="unknown") == 1
-    assert value(m, "headroom_requests_total", model="qwen", endpoint="chat", action="rejected", status="400") == 2
-    assert value(m, "headroom_upstream_length_errors_total", model="qwen") is None
+    assert value(m, "brimful_rejections_total", model="qwen", reason="context_length_exceeded") == 1
+    assert value(m, "brimful_rejections_total", model="qwen", reason="unknown") == 1
+    assert value(m, "brimful_requests_total", model="qwen", endpoint="chat", action="rejected", status="400") == 2
+    assert value(m, "brimful_upstream_length_errors_total", model="qwen") is None
 
 
 def test_upstream_length_errors_are_counted_only_for_length_codes() -> None:
     m = Metrics()
     m.observe(rec(action="upstream_error", status=400, error_code="context_length_exceeded"))
     m.observe(rec(action="upstream_error", status=502, error_code="upstream_unreachable"))
-    assert value(m, "headroom_upstream_length_errors_total", model="qwen") == 1
+    assert value(m, "brimful_upstream_length_errors_total", model="qwen") == 1
 
 
 def test_prompt_token_drift() -> None:
@@ -114,29 +114,29 @@ def test_prompt_token_drift() -> None:
     m.observe(rec(prompt_tokens=100, upstream_prompt_tokens=100))
     m.observe(rec(prompt_tokens=103, upstream_prompt_tokens=100))
     m.observe(rec(prompt_tokens=90, upstream_prompt_tokens=100))
-    assert value(m, "headroom_prompt_token_drift_total", model="qwen") == 2      # requests that differ
+    assert value(m, "brimful_prompt_token_drift_total", model="qwen") == 2      # requests that differ
     # bounds go negative: OpenMetrics allows no _sum/_count then; +Inf holds the count
-    assert value(m, "headroom_prompt_token_drift_tokens_bucket", model="qwen", le="+Inf") == 3
-    assert value(m, "headroom_prompt_token_drift_tokens_count", model="qwen") is None
-    assert value(m, "headroom_prompt_token_drift_tokens_bucket", model="qwen", le="-16.0") == 0
-    assert value(m, "headroom_prompt_token_drift_tokens_bucket", model="qwen", le="-8.0") == 1
-    assert value(m, "headroom_prompt_token_drift_tokens_bucket", model="qwen", le="0.0") == 2
-    assert value(m, "headroom_prompt_token_drift_tokens_bucket", model="qwen", le="2.0") == 2
-    assert value(m, "headroom_prompt_token_drift_tokens_bucket", model="qwen", le="4.0") == 3
+    assert value(m, "brimful_prompt_token_drift_tokens_bucket", model="qwen", le="+Inf") == 3
+    assert value(m, "brimful_prompt_token_drift_tokens_count", model="qwen") is None
+    assert value(m, "brimful_prompt_token_drift_tokens_bucket", model="qwen", le="-16.0") == 0
+    assert value(m, "brimful_prompt_token_drift_tokens_bucket", model="qwen", le="-8.0") == 1
+    assert value(m, "brimful_prompt_token_drift_tokens_bucket", model="qwen", le="0.0") == 2
+    assert value(m, "brimful_prompt_token_drift_tokens_bucket", model="qwen", le="2.0") == 2
+    assert value(m, "brimful_prompt_token_drift_tokens_bucket", model="qwen", le="4.0") == 3
 
 
 def test_length_retries() -> None:
     m = Metrics()
     m.count_length_retry("qwen")
     m.count_length_retry("qwen")
-    assert value(m, "headroom_length_retries_total", model="qwen") == 2
+    assert value(m, "brimful_length_retries_total", model="qwen") == 2
 
 
 def test_each_instance_has_its_own_registry() -> None:
     a, b = Metrics(), Metrics()
     a.observe(rec(prompt_tokens=5))
-    assert value(a, "headroom_prompt_tokens_count", model="qwen") == 1
-    assert value(b, "headroom_prompt_tokens_count", model="qwen") is None
+    assert value(a, "brimful_prompt_tokens_count", model="qwen") == 1
+    assert value(b, "brimful_prompt_tokens_count", model="qwen") is None
 
 
 # ----------------------------------------------------------------- labels
@@ -152,10 +152,10 @@ def test_model_label_cardinality_is_capped() -> None:
     m = Metrics(max_models=2)
     for name in ("a", "b", "c", "d"):
         m.observe(rec(model=name, prompt_tokens=1))
-    assert value(m, "headroom_prompt_tokens_count", model="a") == 1
-    assert value(m, "headroom_prompt_tokens_count", model="b") == 1
-    assert value(m, "headroom_prompt_tokens_count", model="c") is None
-    assert value(m, "headroom_prompt_tokens_count", model="other") == 2
+    assert value(m, "brimful_prompt_tokens_count", model="a") == 1
+    assert value(m, "brimful_prompt_tokens_count", model="b") == 1
+    assert value(m, "brimful_prompt_tokens_count", model="c") is None
+    assert value(m, "brimful_prompt_tokens_count", model="other") == 2
 
 
 def test_render_is_valid_exposition_with_hostile_model_name() -> None:
@@ -164,7 +164,7 @@ def test_render_is_valid_exposition_with_hostile_model_name() -> None:
     body, content_type = m.render()
     assert content_type.startswith("text/plain")
     families = {f.name: f for f in text_string_to_metric_families(body.decode())}
-    models = {s.labels["model"] for s in families["headroom_prompt_tokens"].samples}
+    models = {s.labels["model"] for s in families["brimful_prompt_tokens"].samples}
     assert models == {'a"b_c\\d'}
 
 
@@ -173,9 +173,9 @@ def test_lengthlog_counters_are_exported() -> None:
     stats = LengthLogStats()
     m.attach_lengthlog(stats)
     stats.written, stats.dropped, stats.write_errors = 5, 2, 1      # read at scrape time
-    assert value(m, "headroom_length_records_total", outcome="written") == 5
-    assert value(m, "headroom_length_records_total", outcome="dropped") == 2
-    assert value(m, "headroom_length_records_total", outcome="write_error") == 1
+    assert value(m, "brimful_length_records_total", outcome="written") == 5
+    assert value(m, "brimful_length_records_total", outcome="dropped") == 2
+    assert value(m, "brimful_length_records_total", outcome="write_error") == 1
 
 
 def test_render_negotiates_openmetrics() -> None:
@@ -192,9 +192,9 @@ def test_astronomical_values_keep_count_and_sum_in_step() -> None:
     m.observe(rec(requested_max_tokens=10**400, granted_max_tokens=100, prompt_tokens=10, max_model_len=2048,
                   action="clamped"))
     m.observe(rec(requested_max_tokens=-(10**400), prompt_tokens=10))
-    assert value(m, "headroom_requested_max_tokens_count", model="qwen") == 2
-    total = value(m, "headroom_requested_max_tokens_sum", model="qwen")
+    assert value(m, "brimful_requested_max_tokens_count", model="qwen") == 2
+    total = value(m, "brimful_requested_max_tokens_sum", model="qwen")
     assert total is not None and total == total and abs(total) < float("inf")
-    removed = value(m, "headroom_clamped_tokens_total", model="qwen")
+    removed = value(m, "brimful_clamped_tokens_total", model="qwen")
     assert removed is not None and 0 < removed < float("inf")
-    assert value(m, "headroom_requests_total", model="qwen", endpoint="chat", action="clamped", status="200") == 1
+    assert value(m, "brimful_requests_total", model="qwen", endpoint="chat", action="clamped", status="200") == 1

@@ -9,11 +9,11 @@ import pytest
 
 from proxy import models as limits
 from proxy.config import Config, UpstreamConfig
-from proxy.errors import ErrorCode, HeadroomError
+from proxy.errors import ErrorCode, BrimfulError
 from proxy.models import ModelRegistry, waiting_message
 
 MODELS = {"object": "list", "data": [{"id": "Qwen/Qwen3-8B", "root": "/models/q", "max_model_len": 8192}]}
-REFUSED = HeadroomError(502, "headroom could not connect to the upstream http://vllm:8000 (Connection refused).",
+REFUSED = BrimfulError(502, "brimful could not connect to the upstream http://vllm:8000 (Connection refused).",
                         code=ErrorCode.UPSTREAM_UNREACHABLE)
 
 
@@ -45,13 +45,13 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 
 
 def messages(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
-    return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "headroom.models"]
+    return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "brimful.models"]
 
 
 async def test_waiting_is_explained_once_then_reminded_once_a_minute(
     clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, "headroom.models")
+    caplog.set_level(logging.INFO, "brimful.models")
     upstream = Upstream()
     registry = ModelRegistry(Config(upstream=UpstreamConfig(url="http://vllm:8000")), upstream.fetch)
     for _ in range(5):                       # the background loop's quick retries
@@ -61,8 +61,8 @@ async def test_waiting_is_explained_once_then_reminded_once_a_minute(
     assert said == [(logging.WARNING, waiting_message("default", "http://vllm:8000", str(REFUSED)))]
     text = said[0][1]
     assert "waiting for the upstream at http://vllm:8000 to answer GET /v1/models." in text
-    assert "Connection refused" in text and "HeadroomError" not in text
-    assert "--upstream URL, HEADROOM_UPSTREAM_URL=URL, or url in the [upstream] section" in text
+    assert "Connection refused" in text and "BrimfulError" not in text
+    assert "--upstream URL, BRIMFUL_UPSTREAM_URL=URL, or url in the [upstream] section" in text
 
     clock.now += 60
     await registry.refresh()
@@ -84,14 +84,14 @@ async def test_an_outage_and_the_recovery_are_logged_once_each(
     registry = ModelRegistry(Config(), upstream.fetch, url="http://10.0.0.2:8000", name="big")
     assert await registry.refresh() is True
     caplog.clear()
-    caplog.set_level(logging.INFO, "headroom.models")
+    caplog.set_level(logging.INFO, "brimful.models")
     upstream.up = False
     for _ in range(3):
         await registry.refresh()
         clock.now += 10
     assert messages(caplog) == [(logging.WARNING, (
         "the upstream at http://10.0.0.2:8000 stopped answering GET /v1/models. "
-        f"{REFUSED} headroom keeps its last model list and retries in the background."))]
+        f"{REFUSED} brimful keeps its last model list and retries in the background."))]
     assert registry.get("Qwen/Qwen3-8B") is not None            # the last list is kept
     upstream.up = True
     await registry.refresh()
@@ -103,7 +103,7 @@ async def test_an_outage_and_the_recovery_are_logged_once_each(
 
 def test_a_named_upstream_is_pointed_at_its_config_entry() -> None:
     text = waiting_message("big", "http://10.0.0.2:8000", "ValueError: the /v1/models answer has no 'data' list")
-    assert "no 'data' list. headroom retries" in text
+    assert "no 'data' list. brimful retries" in text
     assert "the url of the [[upstreams]] entry named 'big' in the config file." in text
 
 

@@ -1,4 +1,4 @@
-"""`headroom plan`: options → figures, in-process via main(argv) and once as a subprocess."""
+"""`brimful plan`: options → figures, in-process via main(argv) and once as a subprocess."""
 
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def test_bad_size_is_an_argparse_error(capsys):
 
 
 def test_register_sets_func_on_a_foreign_parser():
-    parser = argparse.ArgumentParser(prog="headroom")
+    parser = argparse.ArgumentParser(prog="brimful")
     sub = parser.add_subparsers(dest="command")
     plan_cli.register(sub)
     args = parser.parse_args(["plan", "--preset", "Qwen3-8B", "--gpu", "H100-80GB", "--format", "json"])

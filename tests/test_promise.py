@@ -1,9 +1,9 @@
-"""Never worse than vLLM alone: the sweep of prompt sizes × limits × surfaces, through headroom and direct.
+"""Never worse than vLLM alone: the sweep of prompt sizes × limits × surfaces, through brimful and direct.
 
 Against the REAL vLLM 0.32 (it clamps prompt + max_tokens > max_model_len by
 itself) and against the fake in legacy mode (older vLLM: it refuses that).
 Every case is sent twice, once to the upstream alone and once through
-headroom, and `tests.support.promise.judge` says whether headroom's outcome
+brimful, and `tests.support.promise.judge` says whether brimful's outcome
 is at least as good; a refusal's advice is followed and the request sent again.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.app import HeadroomApp
+from proxy.app import BrimfulApp
 from proxy.config import Config, UpstreamConfig
 from tests.support.fakevllm import FakeVLLM
 from tests.support.promise import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Case, Outcome, judge, send, sweep_cases
@@ -69,7 +69,7 @@ def test_the_prompts_are_the_sizes_the_sweep_names(qwen3_dir: Path) -> None:
 def test_never_worse_than_a_legacy_vllm_that_refuses_overflow(qwen3_dir: Path) -> None:
     qwen3 = load_model_tokenizer(qwen3_dir)
     with FakeVLLM(mode="legacy", count_prompt=fake_counter(qwen3)) as fake, \
-            serve_in_thread(HeadroomApp(make_config(fake.base_url, qwen3_dir))) as base:
+            serve_in_thread(BrimfulApp(make_config(fake.base_url, qwen3_dir))) as base:
         checked, failures = run_sweep(fake.base_url, base, 2048)
     assert checked > 400 and failures == []
 
@@ -77,7 +77,7 @@ def test_never_worse_than_a_legacy_vllm_that_refuses_overflow(qwen3_dir: Path) -
 @pytest.fixture(scope="module")
 def through_real(real_vllm: Any) -> Iterator[str]:
     config = Config(upstream=UpstreamConfig(url=real_vllm.base_url, timeout=300.0))
-    with serve_in_thread(HeadroomApp(config)) as base:
+    with serve_in_thread(BrimfulApp(config)) as base:
         yield base
 
 

@@ -1,10 +1,10 @@
-"""The README's examples, run for real: what it shows is what headroom prints.
+"""The README's examples, run for real: what it shows is what brimful prints.
 
 The curl/openai examples run against a fake vLLM of the older, rejecting kind
 (`max_model_len` 8192) serving `Qwen/Qwen3-8B` and counting with the real
 Qwen3 tokenizer; `plan` and `report` are run with the README's own arguments
 and their output compared line by line; the `count` example's shell lines run
-as written, with `headroom` on the PATH and a Hugging Face cache holding Qwen3.
+as written, with `brimful` on the PATH and a Hugging Face cache holding Qwen3.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.app import HeadroomApp
+from proxy.app import BrimfulApp
 from proxy.config import Config, LengthLogConfig, ModelConfig, UpstreamConfig
 from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread
@@ -43,7 +43,7 @@ def block_after(marker: str) -> list[str]:
 
 
 def documented_headers(block: list[str]) -> dict[str, str]:
-    return dict(line.split(": ", 1) for line in block if re.match(r"^x-headroom-[a-z-]+: ", line))
+    return dict(line.split(": ", 1) for line in block if re.match(r"^x-brimful-[a-z-]+: ", line))
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def stack(qwen3, qwen3_dir):
     with FakeVLLM(model=MODEL, max_model_len=8192, count_prompt=count, mode="legacy") as fake:
         config = Config(upstream=UpstreamConfig(url=fake.base_url, timeout=30.0))
         config.models[MODEL] = ModelConfig(tokenizer=str(qwen3_dir))
-        with serve_in_thread(HeadroomApp(config)) as base:
+        with serve_in_thread(BrimfulApp(config)) as base:
             yield fake, base
 
 
@@ -70,7 +70,7 @@ def stack_032(qwen3, qwen3_dir):
     with FakeVLLM(model=MODEL, max_model_len=8192, count_prompt=fake_counter(qwen3)) as fake:
         config = Config(upstream=UpstreamConfig(url=fake.base_url, timeout=30.0))
         config.models[MODEL] = ModelConfig(tokenizer=str(qwen3_dir))
-        with serve_in_thread(HeadroomApp(config)) as base:
+        with serve_in_thread(BrimfulApp(config)) as base:
             yield fake, base
 
 
@@ -149,7 +149,7 @@ def test_rejection_example(stack, qwen3) -> None:
             "max_tokens": 100}
     response = httpx.post(base + "/v1/chat/completions", json=body, timeout=30)
     lines = README.splitlines()
-    start = lines.index("x-headroom-action: rejected") - 1
+    start = lines.index("x-brimful-action: rejected") - 1
     block = lines[start:lines.index("```", start)]
     assert response.status_code == 400
     assert {k: response.headers[k] for k in documented_headers(block)} == documented_headers(block)
@@ -168,15 +168,15 @@ def shell_example(marker: str) -> tuple[str, list[str]]:
 
 def test_count_example_runs_as_written(tmp_path, qwen3_dir) -> None:
     # A Hugging Face cache as vLLM leaves it, holding the real Qwen3 tokenizer, and
-    # `headroom` on the PATH as after `. .venv/bin/activate`.
+    # `brimful` on the PATH as after `. .venv/bin/activate`.
     snapshot = tmp_path / "hf" / "hub" / "models--Qwen--Qwen3-8B" / "snapshots" / "0123abc"
     snapshot.mkdir(parents=True)
     for file in qwen3_dir.iterdir():
         (snapshot / file.name).symlink_to(file)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "headroom").write_text(f'#!/bin/sh\nexec {sys.executable} -m proxy.cli "$@"\n')
-    (bin_dir / "headroom").chmod(0o755)
+    (bin_dir / "brimful").write_text(f'#!/bin/sh\nexec {sys.executable} -m proxy.cli "$@"\n')
+    (bin_dir / "brimful").chmod(0o755)
     work = tmp_path / "work"
     work.mkdir()
     script, shown = shell_example("$ cat > request.json")
@@ -188,10 +188,10 @@ def test_count_example_runs_as_written(tmp_path, qwen3_dir) -> None:
     assert json.loads((work / "request.json").read_text())["model"] == MODEL
 
 
-@pytest.mark.parametrize("marker", ["$ headroom plan --preset Qwen3-8B", "$ headroom plan --preset Llama-3.1-70B"])
+@pytest.mark.parametrize("marker", ["$ brimful plan --preset Qwen3-8B", "$ brimful plan --preset Llama-3.1-70B"])
 def test_plan_example(marker: str) -> None:
     block = block_after(marker)
-    argv = block[0].split("headroom plan", 1)[1].split()
+    argv = block[0].split("brimful plan", 1)[1].split()
     out = subprocess.run([sys.executable, "-m", "proxy.plan_cli", *argv], capture_output=True, text=True)
     # exit 1 is the answer "vLLM would not start with this", printed first
     assert out.returncode == (1 if block[1].startswith("DOES NOT FIT") else 0), out.stderr
@@ -211,7 +211,7 @@ def test_report_example(tmp_path, qwen3, qwen3_dir) -> None:
         config = Config(upstream=UpstreamConfig(url=fake.base_url, timeout=10.0),
                         length_log=LengthLogConfig(path=str(log_path)))
         config.models[MODEL] = ModelConfig(tokenizer=str(qwen3_dir))
-        with serve_in_thread(HeadroomApp(config)) as base, httpx.Client(base_url=base, timeout=10) as client:
+        with serve_in_thread(BrimfulApp(config)) as base, httpx.Client(base_url=base, timeout=10) as client:
             for _ in range(150):
                 n_words = int(rng.lognormvariate(4.0, 0.8)) + 1
                 client.post("/v1/chat/completions", json={
@@ -219,7 +219,7 @@ def test_report_example(tmp_path, qwen3, qwen3_dir) -> None:
                     "messages": [{"role": "user", "content": " ".join(rng.choice(words) for _ in range(n_words))}],
                     "max_tokens": rng.choice([4, 8, 16, 32, 64]),
                 })
-    block = block_after("$ headroom report")
+    block = block_after("$ brimful report")
     out = subprocess.run([sys.executable, "-m", "proxy.report_cli", str(log_path)],
                          capture_output=True, text=True, check=True).stdout
     assert [line.rstrip() for line in out.strip().splitlines()] == [line.rstrip() for line in block[1:]]
@@ -232,9 +232,9 @@ def report_output(*argv: str) -> list[str]:
 
 
 def documented(marker: str) -> tuple[list[str], list[str]]:
-    """(the documented command's arguments after `headroom report`, the output lines shown)."""
+    """(the documented command's arguments after `brimful report`, the output lines shown)."""
     block = block_after(marker)
-    return block[0].split("headroom report", 1)[1].split(), [line.rstrip() for line in block[1:]]
+    return block[0].split("brimful report", 1)[1].split(), [line.rstrip() for line in block[1:]]
 
 
 def test_report_rising_example(tmp_path, qwen3, qwen3_dir) -> None:
@@ -243,7 +243,7 @@ def test_report_rising_example(tmp_path, qwen3, qwen3_dir) -> None:
 
     log_path = tmp_path / "lengths.jsonl"
     record_traffic(log_path, qwen3, qwen3_dir, issue16_mix(), model=MODEL)
-    argv, shown = documented("$ headroom report lengths.jsonl --preset Qwen3-8B")
+    argv, shown = documented("$ brimful report lengths.jsonl --preset Qwen3-8B")
     argv[argv.index("lengths.jsonl")] = str(log_path)
     assert report_output(*argv) == shown
 
@@ -258,7 +258,7 @@ def test_report_upstream_example(tmp_path, qwen3, qwen3_dir) -> None:
     record_traffic(log_path, qwen3, qwen3_dir, [(292, 600)] * 6, model="tiny-qwen", max_model_len=1024)
     config = tmp_path / "config.json"
     config.write_text(json.dumps(model_config(151_669)))
-    argv, shown = documented("$ headroom report lengths.jsonl --upstream")
+    argv, shown = documented("$ brimful report lengths.jsonl --upstream")
     with FakeVLLM(model="tiny-qwen") as vllm:
         vllm.metrics_text = (ROOT / "tests" / "data" / "vllm032_cpu" / "pressure_3.txt").read_text()
         argv = [{"lengths.jsonl": str(log_path), "http://127.0.0.1:8000": vllm.base_url,

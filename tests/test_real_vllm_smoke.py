@@ -1,6 +1,6 @@
 """Smoke tests against a REAL vLLM 0.32 CPU server (no proxy in between).
 
-They pin the upstream facts headroom is built on, measured on the real thing
+They pin the upstream facts brimful is built on, measured on the real thing
 rather than recalled: the advertised max_model_len, that ``/tokenize`` counts a
 chat exactly as the chat endpoint bills it, the wording of the ``max_tokens``
 rejection, and 0.32's silent clamp of ``prompt + max_tokens > max_model_len``.

@@ -1,11 +1,11 @@
-"""Responses, Messages and embeddings with the official clients, through headroom and against a REAL vLLM 0.32.
+"""Responses, Messages and embeddings with the official clients, through brimful and against a REAL vLLM 0.32.
 
 The scenarios are tests/support/surface_scenarios.py's (also run against the
 fake in tests/test_e2e_surfaces_fake.py).  Each sends the same request to vLLM
-alone and through headroom: vLLM refuses `max_output_tokens` / `max_tokens`
-65535 (it is above max_model_len) where headroom serves it, vLLM says "at
-least 2049 input tokens" where headroom gives the exact count, and headroom's
-count is the one vLLM reports in its usage.  headroom is given no tokenizer
+alone and through brimful: vLLM refuses `max_output_tokens` / `max_tokens`
+65535 (it is above max_model_len) where brimful serves it, vLLM says "at
+least 2049 input tokens" where brimful gives the exact count, and brimful's
+count is the one vLLM reports in its usage.  brimful is given no tokenizer
 configuration: it finds the tokenizer through the `root` vLLM's /v1/models
 reports.  The pooling scenarios need vLLM as an embedding model: a second
 server (tests/realvllm/fixture.py `real_vllm_pooling`), started for them only.
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from proxy.app import HeadroomApp
+from proxy.app import BrimfulApp
 from proxy.config import Config, UpstreamConfig
 from tests.support import surface_scenarios as scenario
 from tests.support.servers import serve_in_thread
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.realvllm
 
 def through(vllm: Any) -> Iterator[Target]:
     recorder = ListRecorder()
-    app = HeadroomApp(Config(upstream=UpstreamConfig(url=vllm.base_url, timeout=120.0)), recorder)
+    app = BrimfulApp(Config(upstream=UpstreamConfig(url=vllm.base_url, timeout=120.0)), recorder)
     with serve_in_thread(app) as base:
         yield Target(base, vllm.base_url, vllm.model, vllm.max_model_len, recorder, timeout=120)
 
@@ -60,7 +60,7 @@ def test_pooling_scenario(run: Callable[[Target], None], pooling_target: Target)
 
 
 def test_nothing_drifted(target: Target) -> None:
-    """Every answer's usage equalled headroom's count (the scenarios ran first, in this module)."""
+    """Every answer's usage equalled brimful's count (the scenarios ran first, in this module)."""
     counted = [r for r in target.recorder.records if r.upstream_prompt_tokens is not None and r.prompt_tokens]
     assert len(counted) >= 8
     assert [(r.endpoint, r.prompt_tokens, r.upstream_prompt_tokens) for r in counted

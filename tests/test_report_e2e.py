@@ -1,8 +1,8 @@
-"""A known length distribution pushed through the proxy, read back by `headroom report`.
+"""A known length distribution pushed through the proxy, read back by `brimful report`.
 
 Requests with prompt lengths and completion limits drawn from a seeded
-distribution go client → headroom → fake vLLM (which generates exactly the
-granted number of tokens).  headroom writes its length log; `headroom report`
+distribution go client → brimful → fake vLLM (which generates exactly the
+granted number of tokens).  brimful writes its length log; `brimful report`
 reads it; its percentiles must equal numpy's on the lengths we know we sent.
 """
 
@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
-from proxy.app import HeadroomApp
+from proxy.app import BrimfulApp
 from proxy.config import Config, LengthLogConfig, ModelConfig, UpstreamConfig
 from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread
@@ -46,7 +46,7 @@ def test_report_percentiles_match_numpy_on_proxied_traffic(tmp_path, qwen3, qwen
             length_log=LengthLogConfig(path=str(log_path)),
         )
         config.models["tiny-qwen"] = ModelConfig(tokenizer=str(qwen3_dir))
-        with serve_in_thread(HeadroomApp(config)) as base, httpx.Client(base_url=base, timeout=10) as client:
+        with serve_in_thread(BrimfulApp(config)) as base, httpx.Client(base_url=base, timeout=10) as client:
             for _ in range(150):
                 n_words = int(rng.lognormvariate(4.0, 0.8)) + 1      # long-tailed, like real traffic
                 body = {

@@ -1,6 +1,6 @@
 """proxy.server: what one client connection may cost, driven over raw sockets (the client is the fault).
 
-Each test holds headroom (under uvicorn, with proxy.server's protocol) to
+Each test holds brimful (under uvicorn, with proxy.server's protocol) to
 small limits and sends what a hostile or broken client sends: an endless
 head, half a request line, a body that stops, nothing at all, more
 connections than allowed, framing llhttp refuses late.  The claims: each is
@@ -79,12 +79,12 @@ def test_a_head_over_the_limit_is_431_and_closed(stack: Stack) -> None:
         try:
             for _ in range(64):                       # up to 4 MiB of one header line
                 sock.sendall(b"a" * 65536)
-        except OSError:                               # headroom closed the connection mid-way
+        except OSError:                               # brimful closed the connection mid-way
             pass
         error = openai_error(read_all(sock), 431)
     assert error["code"] == "request_header_too_large"
     assert str(MAX_HEAD) in error["message"]
-    # nothing of it reached the upstream (headroom's own periodic GET /v1/models may have)
+    # nothing of it reached the upstream (brimful's own periodic GET /v1/models may have)
     assert not [r for r in stack.fake.requests[before:] if "x-big" in r.headers]
 
 

@@ -75,12 +75,12 @@ def test_created_keeps_the_earliest_and_states_merge_by_their_rule() -> None:
     merged = {(s.name, tuple(sorted(s.labels.items()))): s.value
               for f in merge_families([families_to_wire(m.registry.collect()) for m in (first, second)])
               for s in f.samples}
-    created = [v for (name, _), v in merged.items() if name == "headroom_requests_created"]
+    created = [v for (name, _), v in merged.items() if name == "brimful_requests_created"]
     own = [s.value for m in (first, second) for f in m.registry.collect() for s in f.samples
-           if s.name == "headroom_requests_created"]
+           if s.name == "brimful_requests_created"]
     assert created == [min(own)]
-    assert merged[("headroom_tokenizer_parity", (("model", "qwen"),))] == 0           # one worker saw a mismatch
-    modes = {dict(labels)["mode"]: v for (name, labels), v in merged.items() if name == "headroom_count_mode"}
+    assert merged[("brimful_tokenizer_parity", (("model", "qwen"),))] == 0           # one worker saw a mismatch
+    modes = {dict(labels)["mode"]: v for (name, labels), v in merged.items() if name == "brimful_count_mode"}
     assert modes == {"local": 1, "upstream": 1, "margin": 0}                         # the modes some worker is in
 
 
@@ -91,8 +91,8 @@ def test_gauges_that_count_add_up() -> None:
     merged = {(s.name, tuple(sorted(s.labels.items()))): s.value
               for f in merge_families([families_to_wire(m.registry.collect()) for m in (first, second)])
               for s in f.samples}
-    assert merged[("headroom_in_flight_requests", (("upstream", "default"),))] == 7
-    assert merged[("headroom_queued_requests", (("upstream", "default"),))] == 1
+    assert merged[("brimful_in_flight_requests", (("upstream", "default"),))] == 7
+    assert merged[("brimful_queued_requests", (("upstream", "default"),))] == 1
 
 
 def test_merged_window_is_the_window_of_all_traffic() -> None:

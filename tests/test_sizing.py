@@ -46,7 +46,7 @@ def test_pool_without_given_memory_says_what_the_plan_needs():
     x = check_pool(vm.parse_vllm_metrics(text), config=TINY, demand_kv_tokens=1500)
     assert (x.actual_tokens, x.planned_tokens, x.difference_tokens) == (384_000, None, None)
     assert x.explanation == ("no plan: vLLM sized its pool from gpu_memory_utilization 0.92 of the GPU; the plan "
-                             "needs the GPU and the weights: headroom report --upstream URL --model-config "
+                             "needs the GPU and the weights: brimful report --upstream URL --model-config "
                              "config.json --gpu NAME",)
     assert x.concurrency == 23_999 * 16 // 1504
     assert check_pool(vm.parse_vllm_metrics(text)).explanation[0].startswith("no plan: no config.json")

@@ -6,10 +6,10 @@ tokenizer, which reported `expected_prompt_tokens` (Responses: the usage of
 the answer; Messages: /v1/messages/count_tokens, equal to the usage of the
 answer).  Two checks per case:
 
-* the conversion: headroom turns the request into the chat request recorded
+* the conversion: brimful turns the request into the chat request recorded
   with the case, whose count by vLLM's own /tokenize (`chat_tokenize_count`)
   is the surface's count — so the conversion is the one vLLM applies;
-* the count: headroom's count is vLLM's.  On vLLM 0.32 (transformers 5.19.0)
+* the count: brimful's count is vLLM's.  On vLLM 0.32 (transformers 5.19.0)
   two of the tokenizers encode some prompts differently from their
   tokenizer.json — Phi-3's SentencePiece (no "▁" after a special token) and
   the Llama-3 vocabulary of R1-Distill-Llama — for chat requests just the same;
@@ -51,7 +51,7 @@ def _count(tokenizer: Any, case: dict[str, Any]) -> int:
 
 
 def _drifts(case: dict[str, Any], cache: TokenizerCache) -> bool:
-    """headroom's chat count of the (vLLM-verified) converted request differs from vLLM's /tokenize."""
+    """brimful's chat count of the (vLLM-verified) converted request differs from vLLM's /tokenize."""
     tokenizer = cache.get(SHARED / case["model_dir"])
     return tokenizer.count_chat(case["chat"]) != case["chat_tokenize_count"]
 
@@ -73,7 +73,7 @@ def test_the_conversion_is_the_one_vllm_counts(case: dict[str, Any], cache: Toke
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
-def test_headroom_counts_what_vllm_counts(case: dict[str, Any], cache: TokenizerCache,
+def test_brimful_counts_what_vllm_counts(case: dict[str, Any], cache: TokenizerCache,
                                            request: pytest.FixtureRequest) -> None:
     model = case["id"].split(":")[0]
     if model in DRIFT_REASONS and _drifts(case, cache):
@@ -86,8 +86,8 @@ def test_headroom_counts_what_vllm_counts(case: dict[str, Any], cache: Tokenizer
         assert _count(tokenizer, case) == case["expected_prompt_tokens"]
 
 
-def test_headroom_count_runs_the_corpus(capsys: pytest.CaptureFixture[str], cache: TokenizerCache) -> None:
-    """`headroom count --jsonl` counts Responses and Messages cases as the library does."""
+def test_brimful_count_runs_the_corpus(capsys: pytest.CaptureFixture[str], cache: TokenizerCache) -> None:
+    """`brimful count --jsonl` counts Responses and Messages cases as the library does."""
     assert count_cli.main(["--jsonl", str(CORPUS), "--models-root", str(SHARED)]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [line["id"] for line in lines] == [c["id"] for c in CASES]

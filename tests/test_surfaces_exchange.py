@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from proxy.app import HeadroomApp
+from proxy.app import BrimfulApp
 from tests.support.stack import MODEL, ListRecorder, call_app, make_config
 from tests.support.transport import MockResponse, MockTransport, SentRequest
 from tokenizer_cache import load_model_tokenizer
@@ -47,10 +47,10 @@ class Upstream:
         return [s for s in self.transport.sent if s.path == path]
 
 
-def app_for(upstream: Upstream, tokenizer_dir: Path | None, **policy: Any) -> tuple[HeadroomApp, ListRecorder]:
+def app_for(upstream: Upstream, tokenizer_dir: Path | None, **policy: Any) -> tuple[BrimfulApp, ListRecorder]:
     recorder = ListRecorder()
     config = make_config("http://upstream.test", tokenizer_dir, policy=policy)
-    return HeadroomApp(config, recorder, transport_for=lambda url: upstream.transport), recorder
+    return BrimfulApp(config, recorder, transport_for=lambda url: upstream.transport), recorder
 
 
 def body(**fields: Any) -> bytes:
@@ -94,7 +94,7 @@ async def test_responses_max_output_tokens_is_clamped_and_recorded(qwen3_dir: Pa
 
     assert answer.status == 200
     assert upstream.sent("/v1/responses")[0].json()["max_output_tokens"] == MML - prompt
-    assert (answer.headers["x-headroom-action"], answer.headers["x-headroom-prompt-tokens"]) == ("clamped", str(prompt))
+    assert (answer.headers["x-brimful-action"], answer.headers["x-brimful-prompt-tokens"]) == ("clamped", str(prompt))
     [rec] = recorder.records
     assert (rec.endpoint, rec.action, rec.prompt_tokens, rec.upstream_prompt_tokens) == (
         "responses", "clamped", prompt, prompt)
@@ -110,7 +110,7 @@ async def test_a_responses_prompt_that_cannot_fit_is_refused_in_openais_envelope
 
     assert answer.status == 400 and upstream.sent("/v1/responses") == []
     error = json.loads(answer.body)["error"]
-    assert (error["code"], error["param"], error["headroom"]["prompt_tokens"]) == (
+    assert (error["code"], error["param"], error["brimful"]["prompt_tokens"]) == (
         "context_length_exceeded", "input", 2108)
     assert recorder.records[0].action == "rejected"
 
@@ -163,9 +163,9 @@ async def test_a_stored_conversation_is_forwarded_uncounted(qwen3_dir: Path) -> 
 
     assert answer.status == 200
     assert upstream.sent("/v1/responses")[0].json()["max_output_tokens"] == MML   # vLLM refuses > max_model_len
-    assert answer.headers["x-headroom-action"] == "uncounted"
-    assert answer.headers["x-headroom-uncounted"] == "previous_response_id"
-    assert "x-headroom-prompt-tokens" not in answer.headers
+    assert answer.headers["x-brimful-action"] == "uncounted"
+    assert answer.headers["x-brimful-uncounted"] == "previous_response_id"
+    assert "x-brimful-prompt-tokens" not in answer.headers
     [rec] = recorder.records
     assert (rec.action, rec.prompt_tokens, rec.upstream_prompt_tokens, rec.granted_max_tokens) == (
         "uncounted", None, 40, MML)
@@ -183,7 +183,7 @@ async def test_responses_are_counted_by_the_upstreams_tokenize_without_a_local_t
         input=[{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hello!"}]}],
         max_output_tokens=65535))
 
-    assert answer.status == 200 and answer.headers["x-headroom-count"] == "upstream"
+    assert answer.status == 200 and answer.headers["x-brimful-count"] == "upstream"
     tokenize = upstream.sent("/tokenize")[0].json()
     assert tokenize["messages"][0]["content"] == [{"type": "text", "text": "Hello!"}]
     assert tokenize["add_special_tokens"] is True
@@ -209,7 +209,7 @@ async def test_messages_max_tokens_is_clamped_and_recorded(qwen3_dir: Path, qwen
 
     answer = await call_app(app, "POST", "/v1/messages", body(messages=MESSAGE, max_tokens=65535))
 
-    assert answer.status == 200 and answer.headers["x-headroom-action"] == "clamped"
+    assert answer.status == 200 and answer.headers["x-brimful-action"] == "clamped"
     assert upstream.sent("/v1/messages")[0].json()["max_tokens"] == MML - prompt
     [rec] = recorder.records
     assert (rec.endpoint, rec.prompt_tokens, rec.upstream_prompt_tokens, rec.completion_tokens) == (
@@ -228,7 +228,7 @@ async def test_a_messages_refusal_is_in_anthropics_envelope(qwen3_dir: Path) -> 
     error = json.loads(answer.body)
     assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
     assert "2108 tokens" in error["error"]["message"]
-    assert error["error"]["headroom"] == {"code": "context_length_exceeded", "param": "messages",
+    assert error["error"]["brimful"] == {"code": "context_length_exceeded", "param": "messages",
                                           "prompt_tokens": 2108, "max_model_len": MML, "tokens_to_remove": 61}
     assert recorder.records[0].action == "rejected"
 
@@ -238,7 +238,7 @@ async def test_an_unauthorized_messages_request_is_refused_in_anthropics_envelop
     recorder = ListRecorder()
     config = make_config("http://upstream.test", qwen3_dir)
     config.server.api_keys = ["secret"]
-    app = HeadroomApp(config, recorder, transport_for=lambda url: upstream.transport)
+    app = BrimfulApp(config, recorder, transport_for=lambda url: upstream.transport)
 
     answer = await call_app(app, "POST", "/v1/messages", body(messages=MESSAGE, max_tokens=4))
 
@@ -304,7 +304,7 @@ async def test_vllms_own_messages_error_event_is_relayed_and_recorded(qwen3_dir:
     assert (rec.action, rec.error_code) == ("upstream_error", "upstream_stream_error")
 
 
-async def test_count_tokens_is_answered_by_headroom_without_the_upstream(qwen3_dir: Path, qwen3: Any) -> None:
+async def test_count_tokens_is_answered_by_brimful_without_the_upstream(qwen3_dir: Path, qwen3: Any) -> None:
     upstream = Upstream()
     app, recorder = app_for(upstream, qwen3_dir)
     long = [{"role": "user", "content": WORDS_2100}]
@@ -313,7 +313,7 @@ async def test_count_tokens_is_answered_by_headroom_without_the_upstream(qwen3_d
 
     assert answer.status == 200
     assert json.loads(answer.body) == {"input_tokens": 2108, "context_management": {"original_input_tokens": 2108}}
-    assert answer.headers["x-headroom-prompt-tokens"] == "2108"
+    assert answer.headers["x-brimful-prompt-tokens"] == "2108"
     # (the start-up parity probes' /tokenize may run in the background: they are not this request)
     assert [s.path for s in upstream.transport.sent if s.path.startswith("/v1/messages")] == []
     assert recorder.records == []                 # nothing was generated: no length record
@@ -325,7 +325,7 @@ async def test_count_tokens_asks_vllms_own_route_without_a_local_tokenizer() -> 
 
     answer = await call_app(app, "POST", "/v1/messages/count_tokens", body(messages=MESSAGE, system="s"))
 
-    assert json.loads(answer.body)["input_tokens"] == 10 and answer.headers["x-headroom-count"] == "upstream"
+    assert json.loads(answer.body)["input_tokens"] == 10 and answer.headers["x-brimful-count"] == "upstream"
     assert upstream.sent("/v1/messages/count_tokens")[0].json() == {"model": MODEL, "messages": MESSAGE,
                                                                      "system": "s"}
 
@@ -368,7 +368,7 @@ async def test_an_input_longer_than_max_model_len_is_named(qwen3_dir: Path) -> N
 
     assert answer.status == 400 and upstream.sent("/v1/embeddings") == []
     error = json.loads(answer.body)["error"]
-    assert error["headroom"]["inputs"] == [{"index": 1, "prompt_tokens": 2100, "tokens_to_remove": 52}]
+    assert error["brimful"]["inputs"] == [{"index": 1, "prompt_tokens": 2100, "tokens_to_remove": 52}]
     assert "input 1 of 'input' is 2100 tokens" in error["message"]
     assert recorder.records[0].action == "rejected"
 
@@ -390,7 +390,7 @@ async def test_the_operator_may_opt_into_truncation_and_it_is_flagged(qwen3_dir:
 
     answer = await call_app(app, "POST", "/v1/embeddings", body(input=["ok", WORDS_2100]))
 
-    assert answer.status == 200 and answer.headers["x-headroom-action"] == "truncated"
+    assert answer.status == 200 and answer.headers["x-brimful-action"] == "truncated"
     assert upstream.sent("/v1/embeddings")[0].json()["truncate_prompt_tokens"] == MML
     [rec] = recorder.records
     assert (rec.action, rec.prompt_tokens, rec.longest_prompt_tokens) == ("truncated", 2049, MML)
@@ -414,7 +414,7 @@ async def test_rerank_refuses_a_document_that_cannot_fit(qwen3_dir: Path) -> Non
 
     error = json.loads(answer.body)["error"]
     assert answer.status == 400 and error["param"] == "documents"
-    assert error["headroom"]["inputs"][0]["index"] == 2          # the query is input 0
+    assert error["brimful"]["inputs"][0]["index"] == 2          # the query is input 0
 
 
 async def test_metrics_and_stats_name_each_surface(qwen3_dir: Path, qwen3: Any) -> None:
@@ -426,7 +426,7 @@ async def test_metrics_and_stats_name_each_surface(qwen3_dir: Path, qwen3: Any) 
                         v1__responses=[MockResponse.json(response_object(prompt, 4))],
                         v1__embeddings=[embeddings(2, 1)])
     recorder = Recorder(Metrics())
-    app = HeadroomApp(make_config("http://upstream.test", qwen3_dir), recorder,
+    app = BrimfulApp(make_config("http://upstream.test", qwen3_dir), recorder,
                       transport_for=lambda url: upstream.transport)
 
     await call_app(app, "POST", "/v1/messages", body(messages=MESSAGE, max_tokens=65535))
@@ -437,7 +437,7 @@ async def test_metrics_and_stats_name_each_surface(qwen3_dir: Path, qwen3: Any) 
     text = recorder.metrics.render()[0].decode()
     for endpoint, action, status in (("messages", "clamped", 200), ("responses", "pass", 200),
                                      ("embeddings", "pass", 200), ("responses", "upstream_error", 404)):
-        assert (f'headroom_requests_total{{action="{action}",endpoint="{endpoint}",model="{MODEL}",'
+        assert (f'brimful_requests_total{{action="{action}",endpoint="{endpoint}",model="{MODEL}",'
                 f'status="{status}"}} 1.0') in text
     [stats] = recorder.stats()["models"]
     assert stats["endpoints"] == {"responses": 2, "messages": 1, "embeddings": 1}

@@ -1,4 +1,4 @@
-"""proxy.trust: when headroom stops trusting its own count of a model, and when it trusts it again."""
+"""proxy.trust: when brimful stops trusting its own count of a model, and when it trusts it again."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from typing import Any
 import openai
 import pytest
 
-from proxy.errors import HeadroomError
+from proxy.errors import BrimfulError
 from proxy.upstream_explain import corrected_max_tokens, explain_upstream_error
 from proxy.upstream_failure import (
     KINDS,
@@ -413,7 +413,7 @@ def capture_failure(name: str) -> UpstreamFailure:
     return parse(c["status"], json.dumps(c["body"]).encode())
 
 
-def assert_openai_envelope(err: HeadroomError) -> dict[str, Any]:
+def assert_openai_envelope(err: BrimfulError) -> dict[str, Any]:
     body = json.loads(err.body_bytes())
     assert set(body) == {"error"}
     e = body["error"]
@@ -425,8 +425,8 @@ def assert_openai_envelope(err: HeadroomError) -> dict[str, Any]:
     return e
 
 
-def test_prompt_over_uses_headroom_exact_count_never_at_least():
-    """c09: vLLM says "at least 2049"; headroom counted 2109 (the HF count in the capture's note)."""
+def test_prompt_over_uses_brimful_exact_count_never_at_least():
+    """c09: vLLM says "at least 2049"; brimful counted 2109 (the HF count in the capture's note)."""
     err = explain_upstream_error(capture_failure("c09_prompt_over_max_model_len"), upstream=UPSTREAM,
                                  prompt_tokens=2109, max_model_len=2048, requested_max_tokens=4)
     assert err.status == 400 and err.code == "context_length_exceeded" and err.param == "messages"
@@ -442,7 +442,7 @@ def test_prompt_over_uses_headroom_exact_count_never_at_least():
     assert err.details["upstream_status"] == 400 and err.details["engine"] == "vllm"
     assert err.details["prompt_tokens"] == 2109
     e = assert_openai_envelope(err)
-    assert e["headroom"]["upstream_message"] == err.details["upstream_message"]
+    assert e["brimful"]["upstream_message"] == err.details["upstream_message"]
 
 
 def test_completions_prompt_param():
@@ -451,7 +451,7 @@ def test_completions_prompt_param():
     assert err.param == "prompt" and "2101" in err.message and "54 tokens" in err.message
 
 
-def test_lower_bound_only_says_at_least_when_headroom_did_not_count():
+def test_lower_bound_only_says_at_least_when_brimful_did_not_count():
     err = explain_upstream_error(capture_failure("c14_stream_prompt_over"), upstream=UPSTREAM)
     assert err.status == 400 and err.code == "context_length_exceeded"
     assert "at least 2049" in err.message and "2048" in err.message
@@ -472,7 +472,7 @@ def test_prompt_plus_output_over_names_the_limit_that_fits():
 
 
 def test_upstream_limit_wins_and_a_mismatch_is_named():
-    """headroom believes 4096, the upstream enforces 2048: the explanation uses 2048 and says so."""
+    """brimful believes 4096, the upstream enforces 2048: the explanation uses 2048 and says so."""
     err = explain_upstream_error(capture_failure("c09_prompt_over_max_model_len"), upstream=UPSTREAM,
                                  prompt_tokens=2100, max_model_len=4096, requested_max_tokens=10)
     assert "maximum context length is 2048 tokens" in err.message and "53 tokens" in err.message
@@ -482,7 +482,7 @@ def test_upstream_limit_wins_and_a_mismatch_is_named():
     assert "2048" in disagree.message and "4096" in disagree.message
 
 
-def test_upstream_exact_numbers_are_used_when_headroom_did_not_count():
+def test_upstream_exact_numbers_are_used_when_brimful_did_not_count():
     err = explain_upstream_error(parse(400, openai_like(
         "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens (5000 in the "
         "messages, 4000 in the completion). Please reduce the length of the messages or completion.")),
@@ -545,7 +545,7 @@ def test_max_tokens_zero_sent_by_client_is_an_invalid_value():
 
 
 def test_counts_disagree_is_reported_without_at_least():
-    """headroom counted 2000 and forwarded 40, vLLM still found > 2048: a tokenizer/template mismatch."""
+    """brimful counted 2000 and forwarded 40, vLLM still found > 2048: a tokenizer/template mismatch."""
     err = explain_upstream_error(capture_failure("c09_prompt_over_max_model_len"), upstream=UPSTREAM,
                                  prompt_tokens=2000, max_model_len=2048, requested_max_tokens=100,
                                  granted_max_tokens=40)
@@ -650,7 +650,7 @@ def test_status_mapping_and_openai_client_exception(upstream_status, body, ctype
         return openai_httpx.Response(err.status, content=err.body_bytes(),
                                      headers={"content-type": "application/json", **err.headers})
 
-    client = openai.OpenAI(api_key="k", base_url="http://headroom.test/v1", max_retries=0,
+    client = openai.OpenAI(api_key="k", base_url="http://brimful.test/v1", max_retries=0,
                            http_client=openai_httpx.Client(transport=openai_httpx.MockTransport(handler)))
     with pytest.raises(exc_class) as raised:
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
@@ -696,7 +696,7 @@ def test_is_length_failure_and_corrected_limit():
         "prompt contains at least 257 input tokens, for a total of at least 32769 tokens. Please reduce the "
         "length of the input prompt or the number of requested output tokens. (parameter=input_tokens, value=257)"))
     assert is_length_failure(at_least)
-    assert corrected_max_tokens(at_least, prompt_tokens=300) == 32468       # headroom's exact count
+    assert corrected_max_tokens(at_least, prompt_tokens=300) == 32468       # brimful's exact count
     assert corrected_max_tokens(at_least, prompt_tokens=200) == 32511       # never below the upstream's bound
     too_large = capture_failure("c03_max_tokens_gt_max_model_len")
     assert is_length_failure(too_large)

@@ -1,5 +1,5 @@
 """The wired scrape of the upstream's /metrics ([upstream_metrics], proxy.live_sizing): a fake vLLM with known
-values, then the real vLLM 0.32, seen through /stats and headroom's own /metrics."""
+values, then the real vLLM 0.32, seen through /stats and brimful's own /metrics."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from proxy import capacity as cap
-from proxy.app import HeadroomApp
+from proxy.app import BrimfulApp
 from proxy.config import Config, UpstreamConfig, UpstreamMetricsConfig, load_config
 from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread
@@ -72,7 +72,7 @@ def gauge(text: str, name: str, **labels: str) -> float | None:
 async def test_fake_with_known_values_through_stats_and_metrics(qwen3: Any, model_dir: Path) -> None:
     async with FakeVLLM(max_model_len=2048, count_prompt=fake_counter(qwen3)) as fake:
         fake.metrics_text = metrics_text(0.25, 0, 1, 0)
-        app = HeadroomApp(scraping(make_config(fake.base_url, model_dir), max_num_seqs=4))
+        app = BrimfulApp(scraping(make_config(fake.base_url, model_dir), max_num_seqs=4))
         scraper = app.sizing.scrapers["default"]
         first = asyncio.Event()            # the scrape the app starts with (the callback runs on this loop)
         scraper.on_scrape.append(lambda s: first.set())
@@ -128,25 +128,25 @@ async def test_fake_with_known_values_through_stats_and_metrics(qwen3: Any, mode
     assert [s["kind"] for s in up["signals"]] == ["kv_usage_pinned", "requests_waiting"]
     assert up["signals"][1]["action"].startswith("requests queue because max_num_seqs sequences already run")
 
-    assert gauge(metrics, "headroom_upstream_kv_cache_tokens", model=MODEL) == 4000
-    assert gauge(metrics, "headroom_planned_kv_cache_tokens", model=MODEL) == 4000
-    assert gauge(metrics, "headroom_upstream_concurrency_at_p95_demand", model=MODEL) == pool["concurrency"]
-    assert gauge(metrics, "headroom_capacity_signal", model=MODEL, signal="kv_usage_pinned") == 1
-    assert gauge(metrics, "headroom_capacity_signal", model=MODEL, signal="requests_waiting") == 1
-    assert gauge(metrics, "headroom_capacity_signal", model=MODEL, signal="preemptions_rising") == 0
-    assert gauge(metrics, "headroom_upstream_metrics_up", upstream="default") == 1
+    assert gauge(metrics, "brimful_upstream_kv_cache_tokens", model=MODEL) == 4000
+    assert gauge(metrics, "brimful_planned_kv_cache_tokens", model=MODEL) == 4000
+    assert gauge(metrics, "brimful_upstream_concurrency_at_p95_demand", model=MODEL) == pool["concurrency"]
+    assert gauge(metrics, "brimful_capacity_signal", model=MODEL, signal="kv_usage_pinned") == 1
+    assert gauge(metrics, "brimful_capacity_signal", model=MODEL, signal="requests_waiting") == 1
+    assert gauge(metrics, "brimful_capacity_signal", model=MODEL, signal="preemptions_rising") == 0
+    assert gauge(metrics, "brimful_upstream_metrics_up", upstream="default") == 1
 
     assert [s["detail"] for s in rising["signals"]] == ["5 preemptions since the last scrape (5 in all)"]
     # a failed scrape keeps the last pool and says why
     assert failed["last_error"] == "ValueError: HTTP 404 from /metrics" and failed["failures"] == 1
     assert failed["pool"]["actual_tokens"] == 4000
-    assert gauge(down, "headroom_upstream_metrics_up", upstream="default") == 0
+    assert gauge(down, "brimful_upstream_metrics_up", upstream="default") == 0
 
 
 async def test_off_by_default_no_scrape(qwen3: Any, model_dir: Path) -> None:
     async with FakeVLLM(count_prompt=fake_counter(qwen3)) as fake:
         fake.metrics_text = metrics_text(0.5, 0, 0, 0)
-        app = HeadroomApp(make_config(fake.base_url, model_dir))
+        app = BrimfulApp(make_config(fake.base_url, model_dir))
         await app.startup()
         try:
             body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
@@ -156,20 +156,20 @@ async def test_off_by_default_no_scrape(qwen3: Any, model_dir: Path) -> None:
         finally:
             await app.shutdown()
     assert app.sizing.scrapers == {} and m["upstream"] is None
-    assert "headroom_upstream_kv_cache_tokens" not in metrics and "headroom_capacity_signal" not in metrics
+    assert "brimful_upstream_kv_cache_tokens" not in metrics and "brimful_capacity_signal" not in metrics
     assert not any(r.path == "/metrics" for r in fake.requests)
     assert m["model_context"]["max_model_len"] == 40960       # config.json is read all the same
 
 
 def test_config_section_validates() -> None:
-    assert load_config(env={"HEADROOM_UPSTREAM_METRICS_ENABLED": "1",
-                            "HEADROOM_UPSTREAM_METRICS_MAX_NUM_SEQS": "256"}).upstream_metrics == UpstreamMetricsConfig(
+    assert load_config(env={"BRIMFUL_UPSTREAM_METRICS_ENABLED": "1",
+                            "BRIMFUL_UPSTREAM_METRICS_MAX_NUM_SEQS": "256"}).upstream_metrics == UpstreamMetricsConfig(
         enabled=True, max_num_seqs=256)
     for env, message in [
-        ({"HEADROOM_UPSTREAM_METRICS_PATH": "metrics"}, "'upstream_metrics.path' must start with /"),
-        ({"HEADROOM_UPSTREAM_METRICS_INTERVAL_S": "0"}, "'upstream_metrics.interval_s' must be above 0"),
-        ({"HEADROOM_UPSTREAM_METRICS_KV_USAGE_PINNED": "1.5"}, "'upstream_metrics.kv_usage_pinned' must be in"),
-        ({"HEADROOM_UPSTREAM_METRICS_PINNED_SCRAPES": "0"}, "'upstream_metrics.pinned_scrapes'"),
+        ({"BRIMFUL_UPSTREAM_METRICS_PATH": "metrics"}, "'upstream_metrics.path' must start with /"),
+        ({"BRIMFUL_UPSTREAM_METRICS_INTERVAL_S": "0"}, "'upstream_metrics.interval_s' must be above 0"),
+        ({"BRIMFUL_UPSTREAM_METRICS_KV_USAGE_PINNED": "1.5"}, "'upstream_metrics.kv_usage_pinned' must be in"),
+        ({"BRIMFUL_UPSTREAM_METRICS_PINNED_SCRAPES": "0"}, "'upstream_metrics.pinned_scrapes'"),
     ]:
         with pytest.raises(ValueError, match=message):
             load_config(env=env)
@@ -180,14 +180,14 @@ def test_config_section_validates() -> None:
 @pytest.mark.slow
 @pytest.mark.realvllm
 def test_real_vllm_metrics_through_the_wired_scrape(real_vllm: Any) -> None:
-    """headroom in front of the real server, scraping it: /stats and /metrics show its real pool.
+    """brimful in front of the real server, scraping it: /stats and /metrics show its real pool.
 
     The fixture's vLLM runs with --kv-cache-memory-bytes 64 MiB, block size 128 (the CPU default) and the
     tiny model's config.json (2 layers × 2 KV heads × head_dim 32 × 2 B = 512 B per token): 131,072 tokens.
-    headroom finds that config.json beside the tokenizer, in the model root vLLM reports.
+    brimful finds that config.json beside the tokenizer, in the model root vLLM reports.
     """
     config = scraping(Config(upstream=UpstreamConfig(url=real_vllm.base_url, timeout=120.0)))
-    app = HeadroomApp(config)
+    app = BrimfulApp(config)
     scraped = threading.Semaphore(0)
     app.sizing.scrapers["default"].on_scrape.append(lambda s: scraped.release())
     with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=120) as client:
@@ -210,12 +210,12 @@ def test_real_vllm_metrics_through_the_wired_scrape(real_vllm: Any) -> None:
     assert kv_p95 is not None and pool["concurrency"] == 1023 * 128 // (math.ceil(kv_p95 / 128) * 128)
     assert up["kv_cache_usage"] == 0.0 and up["waiting"] == 0 and up["signals"] == []
     assert m["model_context"]["key"] == "max_position_embeddings"
-    assert gauge(metrics, "headroom_upstream_kv_cache_tokens", model=real_vllm.model) == 131_072
-    assert gauge(metrics, "headroom_planned_kv_cache_tokens", model=real_vllm.model) == 131_072
-    assert gauge(metrics, "headroom_upstream_metrics_up", upstream="default") == 1
+    assert gauge(metrics, "brimful_upstream_kv_cache_tokens", model=real_vllm.model) == 131_072
+    assert gauge(metrics, "brimful_planned_kv_cache_tokens", model=real_vllm.model) == 131_072
+    assert gauge(metrics, "brimful_upstream_metrics_up", upstream="default") == 1
 
 
-# --- headroom report --upstream URL: one read ------------------------------------------------------------
+# --- brimful report --upstream URL: one read ------------------------------------------------------------
 
 def write_records(path: Path, demands: list[tuple[int, int]]) -> None:
     from proxy.record import LengthRecord

@@ -2,7 +2,7 @@
 
 Completions token ids: vLLM refuses an id above max(tokenizer's largest id,
 config.json vocab_size - 1) with 400 "Token id N is out of vocabulary"; the
-tokenizer headroom loads from the same model directory must draw the line at
+tokenizer brimful loads from the same model directory must draw the line at
 the same id.
 """
 

@@ -1,6 +1,6 @@
 """proxy.workerpages: with several workers, any of them answers /metrics, /stats, /ready and /live for all.
 
-Two HeadroomApps in one event loop stand for two workers (each with its own
+Two BrimfulApps in one event loop stand for two workers (each with its own
 recorder and its own Unix socket); what a worker recorded is fed to its
 recorder directly.  tests/test_workers.py runs the real `--workers 2`.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.app import HeadroomApp
+from proxy.app import BrimfulApp
 from proxy.config import UpstreamMetricsConfig
 from proxy.metrics import Metrics
 from proxy.siblings import Siblings, SiblingUnavailable, WorkerSlot
@@ -30,18 +30,18 @@ def fake() -> Iterator[FakeVLLM]:
         yield fake
 
 
-async def started(fake: FakeVLLM, directory: Path, count: int = 2, **config_kw) -> list[HeadroomApp]:
+async def started(fake: FakeVLLM, directory: Path, count: int = 2, **config_kw) -> list[BrimfulApp]:
     apps = []
     for index in range(count):
         config = make_config(fake.base_url, None, **config_kw)
         config.upstream_metrics = UpstreamMetricsConfig(enabled=True, interval_s=3600)
-        app = HeadroomApp(config, worker=WorkerSlot(index, count, directory))
+        app = BrimfulApp(config, worker=WorkerSlot(index, count, directory))
         await app.startup()
         apps.append(app)
     return apps
 
 
-async def stopped(apps: list[HeadroomApp]) -> None:
+async def stopped(apps: list[BrimfulApp]) -> None:
     for app in apps:
         await app.shutdown()
 

@@ -17,7 +17,7 @@ Two facts depend on the model rather than the request, and are passed in:
   "disabled"}` becomes — "none", or "low" when the template renders "none" the
   same as an effort (`_probe_disabled_thinking_effort`).
 
-Validation is no stricter than vLLM's pydantic models: a field headroom reads
+Validation is no stricter than vLLM's pydantic models: a field brimful reads
 with the wrong type raises `CountError` (vLLM answers 400 too); anything it
 does not read is left for vLLM to judge.
 """

@@ -11,7 +11,7 @@ asks for truncation (`truncate_prompt_tokens`; with a `truncation_side` the
 text is cut to the bound instead).  Characters are Python code points,
 counted on the rendered chat prompt or on each completions prompt.
 
-The bound is exact: headroom refuses exactly what vLLM refuses, with its
+The bound is exact: brimful refuses exactly what vLLM refuses, with its
 words, and the text of such a prompt never has to be encoded.
 """
 

@@ -528,7 +528,7 @@ def _tool_reference(name: Any, where: str) -> dict[str, Any]:
 
 def _not_countable(item: MediaItem) -> MediaNotCountable:
     return MediaNotCountable(
-        f"'{item.where}' is a {item.part_type} part, and headroom has no {item.modality} arithmetic for "
+        f"'{item.where}' is a {item.part_type} part, and brimful has no {item.modality} arithmetic for "
         "this model.",
         reason="model" if item.modality == "image" else "modality",
         where=item.where,
@@ -539,7 +539,7 @@ def media_not_countable(where: str, kind: str) -> MediaNotCountable:
     """A media part in a conversation whose renderer counts no media (Mistral's path)."""
     modality = _MEDIA_PART_TYPES.get(kind, "media")
     return MediaNotCountable(
-        f"'{where}' is a {kind} part, and headroom has no {modality} arithmetic for this model.",
+        f"'{where}' is a {kind} part, and brimful has no {modality} arithmetic for this model.",
         reason="model" if modality == "image" else "modality",
         where=where,
     )

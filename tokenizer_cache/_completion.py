@@ -38,7 +38,7 @@ def parse_prompts(body: Mapping[str, Any]) -> list[Prompt]:
     if prompt is None:
         if body.get("prompt_embeds") is not None:
             raise CountError(
-                "Requests with 'prompt_embeds' cannot be counted from text; headroom counts 'prompt'.",
+                "Requests with 'prompt_embeds' cannot be counted from text; brimful counts 'prompt'.",
                 param="prompt_embeds",
             )
         raise CountError("'prompt' is required for a completions request.", param="prompt")

@@ -10,7 +10,7 @@ now."), and the payload is decoded with ``pybase64.b64decode(validate=True)``:
 one non-alphabet character anywhere, whitespace included, or a length that
 is not a multiple of four is a 400 "Non-base64 digit found".
 
-headroom never decodes a whole payload: base64 maps every 4 characters to 3
+brimful never decodes a whole payload: base64 maps every 4 characters to 3
 bytes, so any byte range can be decoded on its own, and an image header
 reader skips over the pixel data without touching it (`Base64Bytes.read`).
 """
@@ -82,7 +82,7 @@ def open_media_url(url: str, where: str) -> Base64Bytes:
     scheme = url.partition(":")[0].lower() if ":" in url else ""
     if scheme.startswith("http") or scheme == "file":
         raise MediaNotCountable(
-            f"'{where}' is a {scheme} URL; headroom does not fetch media, so it cannot count it.",
+            f"'{where}' is a {scheme} URL; brimful does not fetch media, so it cannot count it.",
             reason="remote_url",
             where=where,
         )

@@ -29,7 +29,7 @@ from tokenizers import Tokenizer
 
 from ._selfcheck import self_check_texts
 
-logger = logging.getLogger("headroom.tokenizer")
+logger = logging.getLogger("brimful.tokenizer")
 
 REFERENCE = "tokenizers"
 FASTOKENS = "fastokens"

@@ -1,4 +1,4 @@
-"""The two exceptions counting raises: a request vLLM would refuse, and media headroom cannot count."""
+"""The two exceptions counting raises: a request vLLM would refuse, and media brimful cannot count."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class CountError(Exception):
 
 
 class MediaNotCountable(Exception):
-    """The request carries media whose prompt tokens headroom cannot reproduce.
+    """The request carries media whose prompt tokens brimful cannot reproduce.
 
     Not a `CountError`: nothing says vLLM would refuse the request, so it must
     never become a 400.  The caller forwards it without a clamp (or asks the
@@ -32,8 +32,8 @@ class MediaNotCountable(Exception):
     ``remote_url`` (http(s)/file URL, not fetched), ``model`` (no multimodal
     arithmetic for this model), ``modality`` (audio, video, embeddings the
     model's arithmetic does not cover), ``image_format`` (a format vLLM may
-    open whose header headroom does not read), ``kwargs`` (request-level
-    processor options headroom does not reproduce), ``placeholders`` (the
+    open whose header brimful does not read), ``kwargs`` (request-level
+    processor options brimful does not reproduce), ``placeholders`` (the
     prompt's placeholder tokens do not line up with the media items).
     `where` names the content part (``messages[0].content[1]``) when known.
     The message names neither URLs nor prompt text.

@@ -1,6 +1,6 @@
 """Which renderer vLLM 0.32 uses for a model directory: HF template, harmony or mistral-common.
 
-vLLM decides per model, from the files it loads, and headroom must decide the
+vLLM decides per model, from the files it loads, and brimful must decide the
 same way or count a different prompt:
 
 - **harmony** when config.json's `model_type` is `gpt_oss` (vLLM's
@@ -15,10 +15,10 @@ same way or count a different prompt:
 - **hf** otherwise: tokenizer.json + the jinja chat template.
 
 For a Hugging Face cache snapshot vLLM lists the Hub repository's files (or,
-offline, none, and falls back to hf); headroom only sees what the snapshot
+offline, none, and falls back to hf); brimful only sees what the snapshot
 holds, which for a model vLLM loaded in mistral mode includes the
 consolidated weights and the tokenizer file it used.  An operator who passes
-`--tokenizer-mode` to vLLM sets the same mode for headroom.
+`--tokenizer-mode` to vLLM sets the same mode for brimful.
 """
 
 from __future__ import annotations

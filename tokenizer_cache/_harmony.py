@@ -51,7 +51,7 @@ class HarmonyOptions:
     and developer instructions go into the system message instead of a
     developer message); `start_date` is VLLM_SYSTEM_START_DATE (else vLLM
     prints today's date; every YYYY-MM-DD costs the same number of tokens).
-    Set them for headroom as for the vLLM server it fronts.
+    Set them for brimful as for the vLLM server it fronts.
     """
 
     system_instructions: bool = False
@@ -448,7 +448,7 @@ def responses_messages(body: Any, options: HarmonyOptions) -> list[Message]:
     `previous_response_id` (`_render_responses_with_harmony`).
 
     A request that continues a stored response is rendered from vLLM's store,
-    which headroom cannot see: it raises CountError with param
+    which brimful cannot see: it raises CountError with param
     "previous_response_id" and the caller must not count it.
     """
     if not isinstance(body, dict):
@@ -456,7 +456,7 @@ def responses_messages(body: Any, options: HarmonyOptions) -> list[Message]:
     if body.get("previous_response_id") is not None:
         raise CountError(
             "A request with 'previous_response_id' is rendered from vLLM's response store; "
-            "headroom cannot count it.",
+            "brimful cannot count it.",
             param="previous_response_id",
         )
     reasoning = body.get("reasoning")

@@ -74,7 +74,7 @@ def image_size(source: ByteSource, where: str) -> tuple[int, int]:
     reader = _FORMATS.get(kind) if kind is not None else None
     if reader is None:
         raise MediaNotCountable(
-            f"'{where}' holds an image in a format headroom does not read.", reason="image_format", where=where
+            f"'{where}' holds an image in a format brimful does not read.", reason="image_format", where=where
         )
     try:
         width, height, orientation = reader(source)

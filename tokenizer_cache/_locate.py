@@ -1,6 +1,6 @@
 """Find a model's tokenizer files on local disk: a plain directory or the HF cache.
 
-Never downloads: headroom runs next to vLLM, which has already fetched the
+Never downloads: brimful runs next to vLLM, which has already fetched the
 model into the Hugging Face cache (`$HF_HOME/hub/models--ORG--NAME/snapshots/<rev>/`),
 or the operator points at a directory.
 """

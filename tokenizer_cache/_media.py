@@ -54,14 +54,14 @@ Everything else is reported as MediaNotCountable, for these reasons:
 - LLaVA-NeXT / OneVision any-resolution tiling, Pixtral, InternVL, ...: not
   reproduced here yet.
 
-Where headroom cannot count, vLLM 0.32 can: ``POST /tokenize`` with the chat
+Where brimful cannot count, vLLM 0.32 can: ``POST /tokenize`` with the chat
 runs the same multimodal processor (media included; measured equal to
 ``usage.prompt_tokens`` for images and a video), while the render endpoints
 (``/v1/chat/completions/render``) answer 403 "Scale-out endpoints are
 disabled" unless vLLM runs with --enable-scale-out; with it, the length of
 the ``token_ids`` they return equalled ``usage.prompt_tokens`` on all 51
 served requests of tests/data/media_cases.jsonl, videos included.  Server-level --mm-processor-kwargs and
---media-io-kwargs are not visible to headroom; the defaults are assumed.
+--media-io-kwargs are not visible to brimful; the defaults are assumed.
 """
 
 from __future__ import annotations
@@ -174,12 +174,12 @@ class QwenVL:
             unknown = set(scope) - _QWEN_SIZE_KEYS - {"images_kwargs", "videos_kwargs"}
             if unknown:
                 raise MediaNotCountable(
-                    f"mm_processor_kwargs {sorted(unknown)} are not reproduced by headroom.", reason="kwargs"
+                    f"mm_processor_kwargs {sorted(unknown)} are not reproduced by brimful.", reason="kwargs"
                 )
             size = scope.get("size")
             if size is not None:
                 if not isinstance(size, Mapping) or set(size) - {"shortest_edge", "longest_edge"}:
-                    raise MediaNotCountable("mm_processor_kwargs 'size' is not reproduced by headroom.",
+                    raise MediaNotCountable("mm_processor_kwargs 'size' is not reproduced by brimful.",
                                             reason="kwargs")
                 low = _pixels(size.get("shortest_edge"), low)
                 high = _pixels(size.get("longest_edge"), high)
@@ -238,7 +238,7 @@ class Gemma3:
             unknown = set(scope) - set(_PAN_AND_SCAN_KEYS) - {"images_kwargs", "do_convert_rgb"}
             if unknown:
                 raise MediaNotCountable(
-                    f"mm_processor_kwargs {sorted(unknown)} are not reproduced by headroom.", reason="kwargs"
+                    f"mm_processor_kwargs {sorted(unknown)} are not reproduced by brimful.", reason="kwargs"
                 )
             settings.update({key: scope[key] for key in _PAN_AND_SCAN_KEYS if key in scope})
         return settings

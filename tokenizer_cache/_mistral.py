@@ -15,7 +15,7 @@ The request handling restated here is vLLM's (vllm/renderers/online_renderer.py
 and `apply_chat_template`) and transformers 5.19's
 (`MistralCommonBackend.apply_chat_template`, `_maybe_adapt_message`).
 
-mistral-common is an optional dependency (`pip install 'headroom[mistral]'`):
+mistral-common is an optional dependency (`pip install 'brimful[mistral]'`):
 without it loading raises ValueError, and the proxy counts these models with
 the upstream's /tokenize, which is exact in this mode.
 """
@@ -59,7 +59,7 @@ def tokenizer_file(directory: pathlib.Path) -> pathlib.Path:
 def _missing_dependency(directory: pathlib.Path) -> ValueError:
     return ValueError(
         f"{directory} is a Mistral-format model, which vLLM tokenizes with mistral-common; install "
-        "headroom's 'mistral' extra to count it locally (without it, counts come from the upstream's "
+        "brimful's 'mistral' extra to count it locally (without it, counts come from the upstream's "
         "/tokenize)."
     )
 

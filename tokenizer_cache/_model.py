@@ -485,7 +485,7 @@ class ModelTokenizer:
             first = media[0]
             raise MediaNotCountable(
                 f"'{first.where}' is a {first.part_type} part and this model has no multimodal arithmetic "
-                f"in headroom ({self.media_unsupported}).",
+                f"in brimful ({self.media_unsupported}).",
                 reason="model",
                 where=first.where,
             )
@@ -496,7 +496,7 @@ class ModelTokenizer:
         for item in media:
             if item.modality != "image" or item.part_type not in ("image_url", "input_image") or item.url is None:
                 raise MediaNotCountable(
-                    f"'{item.where}' is a {item.part_type} part; headroom counts images given by URL only.",
+                    f"'{item.where}' is a {item.part_type} part; brimful counts images given by URL only.",
                     reason="modality",
                     where=item.where,
                 )
@@ -649,7 +649,7 @@ def _load_hf(source_dir: pathlib.Path, engine: str = "auto") -> ModelTokenizer:
     tokenizer_file = source_dir / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise FileNotFoundError(
-            f"{source_dir} has no tokenizer.json; headroom needs the model's fast-tokenizer file "
+            f"{source_dir} has no tokenizer.json; brimful needs the model's fast-tokenizer file "
             "(the one the Hugging Face repository ships) to count tokens."
         )
     try:

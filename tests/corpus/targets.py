@@ -2,7 +2,7 @@
 
 Shared by the generator (which builds a tiny model around the tokenizer and
 records a real server's answers) and tests/test_family_corpus.py (which lays
-out the same files in a folder and counts with headroom).
+out the same files in a folder and counts with brimful).
 """
 
 from __future__ import annotations

@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         build_hf(args.family, args.tokenizer, args.out)
     marker = {"builder_version": BUILDER_VERSION, "family": args.family}
-    (args.out / "headroom-tiny-model.json").write_text(json.dumps(marker))
+    (args.out / "brimful-tiny-model.json").write_text(json.dumps(marker))
     print(f"tiny {args.family} model written to {args.out}")
     return 0
 

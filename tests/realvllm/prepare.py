@@ -18,7 +18,7 @@ from tests.realvllm.vision_overlay import ensure_vision_overlay
 
 
 def main() -> int:
-    logs = Path(tempfile.mkdtemp(prefix="headroom-realvllm-"))
+    logs = Path(tempfile.mkdtemp(prefix="brimful-realvllm-"))
     try:
         venv = ensure_vllm_venv(log_path=logs / "vllm-venv-install.log")
         print(f"vLLM venv: {venv.path}" + (f" (installed in {venv.install_seconds:.0f} s)" if venv.installed else ""))

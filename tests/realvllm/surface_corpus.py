@@ -11,11 +11,11 @@ case is sent to it and the prompt count it reports is kept:
   `usage.input_tokens` of the same request sent to /v1/messages (`max_tokens` 1).
 A case vLLM refuses keeps its status and message instead (`expected_error`).
 
-Each case also keeps the chat request headroom converts it to (`chat`) and the
+Each case also keeps the chat request brimful converts it to (`chat`) and the
 count vLLM's own /tokenize gives that chat request (`chat_tokenize_count`):
 equal to the surface's count, it shows the conversion is vLLM's, whatever
-headroom's tokenizer then makes of the prompt.
-tests/test_surface_corpus.py checks headroom's counts against the file.
+brimful's tokenizer then makes of the prompt.
+tests/test_surface_corpus.py checks brimful's counts against the file.
 """
 
 from __future__ import annotations

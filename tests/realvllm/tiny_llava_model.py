@@ -5,7 +5,7 @@ patches, plus CLIP's class token, minus that token again under
 ``vision_feature_select_strategy`` "default".  This model keeps those numbers
 (a one-layer CLIP tower at 336 pixels, patch 14) around a 2-layer Qwen2
 language model, so the tokenizer is the shared Qwen2.5 one; the image token is
-``<|image_pad|>`` (``image_token_index`` 151655), which headroom's own chat
+``<|image_pad|>`` (``image_token_index`` 151655), which brimful's own chat
 template (`TEMPLATE`, Qwen2-VL's shape without the vision start/end tokens)
 prints for each image part.  Weights as in tiny_vl_model: names from
 transformers' class on the meta device, values seeded.
@@ -97,7 +97,7 @@ def preprocessor_config() -> dict:
 
 
 def write_tokenizer_dir(out: Path, tokenizer_source: Path) -> None:
-    """Everything headroom reads (no weights)."""
+    """Everything brimful reads (no weights)."""
     vocab_size = full_vocab_size(tokenizer_source / "tokenizer.json")
     files = {
         "config.json": model_config(vocab_size),

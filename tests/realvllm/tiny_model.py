@@ -35,7 +35,7 @@ from pathlib import Path
 # Bump when the files this builder writes change: a cached model with another
 # version is rebuilt.
 BUILDER_VERSION = 1
-MANIFEST = "headroom-tiny-model.json"
+MANIFEST = "brimful-tiny-model.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # Copied (and hashed into the manifest) when the tokenizer folder has them.
 OPTIONAL_FILES = ("chat_template.jinja",)

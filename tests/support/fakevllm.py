@@ -1,14 +1,14 @@
-"""A fake vLLM 0.32.0 OpenAI server for headroom's tests and benchmarks.
+"""A fake vLLM 0.32.0 OpenAI server for brimful's tests and benchmarks.
 
 Why a fake: a real vLLM needs a 2.5 GB venv and ~30 s to start (REAL_VLLM.md),
 too slow for a unit-test run.  This fake answers the way the real server did in
 `shared/vllm/captures/` -- same status codes, byte-identical error bodies, the
 same JSON keys in the same order, the same headers (`server: uvicorn`,
-`vary: Origin`, compact JSON) and the same SSE framing -- so headroom's tests
-exercise headroom against vLLM's real behaviour, not against a guess.
+`vary: Origin`, compact JSON) and the same SSE framing -- so brimful's tests
+exercise brimful against vLLM's real behaviour, not against a guess.
 
 What it does not do: tokenize.  Prompt token counts come from `count_prompt`
-(headroom's tests pass headroom's real counter; the default is a crude counter,
+(brimful's tests pass brimful's real counter; the default is a crude counter,
 see `crude_count_prompt`).  Generated text is `completion_text_token` repeated:
 the fake always generates up to the effective limit with finish_reason
 "length", like the captured random-weight model that never emits EOS.
@@ -245,7 +245,7 @@ def _texts(content: Any) -> str:
 
 def as_chat(endpoint: str, body: dict) -> dict:
     """A Responses or Messages body as a chat body, for the fake's crude counters only
-    (headroom's tests count with the real conversion: tests/support/stack.py's `fake_counter`)."""
+    (brimful's tests count with the real conversion: tests/support/stack.py's `fake_counter`)."""
     messages: list[dict] = []
     if endpoint == "responses":
         if body.get("instructions"):

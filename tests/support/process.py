@@ -1,4 +1,4 @@
-"""`headroom serve` as a subprocess, for the tests that need the real command (load, lifecycle)."""
+"""`brimful serve` as a subprocess, for the tests that need the real command (load, lifecycle)."""
 
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 
-class HeadroomProcess:
+class BrimfulProcess:
     """`python -m proxy.cli serve` with its stderr drained (start-up is awaited on uvicorn's line)."""
 
     def __init__(self, upstream: str, tmp: Path, tokenizer_dir: Path, extra_toml: str = "",
                  extra_args: list[str] | None = None, fd_limit: int | None = None, model_toml: str = "") -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        config = tmp / "headroom.toml"
+        config = tmp / "brimful.toml"
         config.write_text(
             f'[upstream]\nurl = "{upstream}"\ntimeout = 30.0\n{extra_toml}\n'
             f'[models."tiny-qwen"]\ntokenizer = "{tokenizer_dir}"\n{model_toml}\n'
@@ -42,7 +42,7 @@ class HeadroomProcess:
         self._drain.start()
         if not self._started.wait(60) or self.proc.poll() is not None:
             self.proc.kill()
-            raise RuntimeError("headroom did not start:\n" + "\n".join(self.lines[-30:]))
+            raise RuntimeError("brimful did not start:\n" + "\n".join(self.lines[-30:]))
 
     def _command(self, config: Path, extra_args: list[str]) -> list[str]:
         return [sys.executable, "-m", "proxy.cli", "serve", "--config", str(config), "--port", str(self.port),

@@ -1,10 +1,10 @@
-"""The promise, as a judge: is an outcome through headroom at least as good as vLLM's alone?
+"""The promise, as a judge: is an outcome through brimful at least as good as vLLM's alone?
 
-For one request sent twice, once to vLLM and once through headroom:
-* vLLM answers 200 → headroom answers 200 with at least as many completion tokens;
-* vLLM refuses it for length → headroom answers 200 whenever any completion fits,
+For one request sent twice, once to vLLM and once through brimful:
+* vLLM answers 200 → brimful answers 200 with at least as many completion tokens;
+* vLLM refuses it for length → brimful answers 200 whenever any completion fits,
   else a 400 with the exact prompt count and advice (tokens to remove) that works;
-* vLLM refuses it for another reason → headroom refuses it too (4xx), never a 5xx.
+* vLLM refuses it for another reason → brimful refuses it too (4xx), never a 5xx.
 
 `sweep_cases` is the grid the issue asks for: prompt sizes around
 max_model_len × completion limits × every surface with a completion limit
@@ -37,7 +37,7 @@ class Outcome:
     completion_tokens: int | None = None       # generated (the tiny random model never stops early)
     code: Any = None
     message: str = ""
-    details: dict[str, Any] | None = None      # error.headroom
+    details: dict[str, Any] | None = None      # error.brimful
 
     @property
     def length_refusal(self) -> bool:
@@ -96,7 +96,7 @@ def send(client: httpx.Client, url: str, case: Case, body: dict[str, Any]) -> Ou
             error = {"message": response.text}
         if not isinstance(error, dict):
             error = {"message": str(error)}
-        details = error.get("headroom")
+        details = error.get("brimful")
         code = error.get("code")
         if case.endpoint == MESSAGES and isinstance(details, dict):   # Anthropic's envelope has no code
             code = details.get("code")
@@ -121,10 +121,10 @@ def judge(case: Case, through: Outcome, direct: Outcome, max_model_len: int,
     """None when `through` is at least as good as `direct`, else what is worse.
 
     `resend(tokens_to_remove)` sends the same request with the prompt that much
-    shorter, through headroom: the advice of a refusal must make it pass.
+    shorter, through brimful: the advice of a refusal must make it pass.
     """
     if through.status >= 500:
-        return f"headroom answered {through.status}: {through.message[:200]}"
+        return f"brimful answered {through.status}: {through.message[:200]}"
     if direct.status == 200:
         if through.status != 200:
             return f"refused ({through.status} {through.message[:160]}) where vLLM served"
@@ -134,10 +134,10 @@ def judge(case: Case, through: Outcome, direct: Outcome, max_model_len: int,
     if direct.length_refusal:
         if case.prompt_tokens < max_model_len:
             if through.status != 200 or not through.completion_tokens:
-                return f"vLLM refused for length, a completion fits, headroom answered {through.status}"
+                return f"vLLM refused for length, a completion fits, brimful answered {through.status}"
             return None
         if through.status != 400 or through.code != "context_length_exceeded" or not through.details:
-            return f"an unsaveable prompt got {through.status} {through.code}, not headroom's explained 400"
+            return f"an unsaveable prompt got {through.status} {through.code}, not brimful's explained 400"
         if through.details.get("prompt_tokens") != case.prompt_tokens:
             return f"the refusal says {through.details.get('prompt_tokens')} tokens, the prompt is {case.prompt_tokens}"
         cut = through.details["tokens_to_remove"]
@@ -148,5 +148,5 @@ def judge(case: Case, through: Outcome, direct: Outcome, max_model_len: int,
             return f"following the advice (remove {cut}) still gets {again.status} {again.message[:120]}"
         return None
     if not 400 <= through.status < 500:
-        return f"vLLM refused ({direct.status}), headroom answered {through.status}"
+        return f"vLLM refused ({direct.status}), brimful answered {through.status}"
     return None

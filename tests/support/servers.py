@@ -43,7 +43,7 @@ def serve_in_thread(app: Any, *, lifespan: str = "on", settle: Callable[[], Awai
     (the app's own start-up work, so that a test sees only its own traffic).
     """
     # IPPROTO_TCP named: asyncio's loop (this thread's) sets TCP_NODELAY on accepted connections
-    # only then, as uvloop (`headroom serve`'s) always does; without it a response sent in parts
+    # only then, as uvloop (`brimful serve`'s) always does; without it a response sent in parts
     # waits out the client's delayed ACK (~40 ms on Linux) before its second part.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -1,9 +1,9 @@
-"""headroom in front of an upstream, the way the end-to-end tests build it.
+"""brimful in front of an upstream, the way the end-to-end tests build it.
 
 `make_config` is the one test configuration (a model named `tiny-qwen`
-counted with a local tokenizer); `running_stack` serves FakeVLLM + headroom
+counted with a local tokenizer); `running_stack` serves FakeVLLM + brimful
 under uvicorn on loopback; `ListRecorder` keeps the length records for
-assertions; `call_app` drives headroom in-process, without sockets.
+assertions; `call_app` drives brimful in-process, without sockets.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import openai
 
-from proxy.app import HeadroomApp
+from proxy.app import BrimfulApp
 from proxy.config import Config, ModelConfig, ServerConfig, UpstreamConfig
 from proxy.metrics import Metrics
 from proxy.record import LengthRecord
@@ -49,7 +49,7 @@ def make_config(upstream: str, tokenizer_dir: Path | None, *, timeout: float = 1
 
 
 def fake_counter(tok: Any, offset: int = 0) -> Callable[[str, dict], int]:
-    """A FakeVLLM prompt counter from a headroom tokenizer (`offset` tokens off, to simulate drift)."""
+    """A FakeVLLM prompt counter from a brimful tokenizer (`offset` tokens off, to simulate drift)."""
     def count(endpoint: str, body: dict) -> int:
         if endpoint == "responses":
             base = tok.count_responses(body)
@@ -105,9 +105,9 @@ class ListRecorder(Recorder):
 
 
 class Stack:
-    """A running FakeVLLM + headroom, with an openai client and an httpx client on headroom."""
+    """A running FakeVLLM + brimful, with an openai client and an httpx client on brimful."""
 
-    def __init__(self, fake: FakeVLLM, base_url: str, app: HeadroomApp, recorder: ListRecorder | None) -> None:
+    def __init__(self, fake: FakeVLLM, base_url: str, app: BrimfulApp, recorder: ListRecorder | None) -> None:
         self.fake = fake
         self.base_url = base_url
         self.app = app
@@ -133,7 +133,7 @@ def running_stack(
     configure: Callable[[Config], None] | None = None,
     **config_kw: Any,
 ) -> Iterator[Stack]:
-    """FakeVLLM + HeadroomApp under uvicorn; headroom stops before the fake.
+    """FakeVLLM + BrimfulApp under uvicorn; brimful stops before the fake.
 
     With a tokenizer, the fake counts prompts with it too (as vLLM would count
     them with the model's own files), unless `fake_kwargs` says otherwise.
@@ -147,13 +147,13 @@ def running_stack(
         config = make_config(fake.base_url, tokenizer_dir, **config_kw)
         if configure is not None:
             configure(config)
-        app = HeadroomApp(config, recorder=rec)
+        app = BrimfulApp(config, recorder=rec)
         with serve_in_thread(app, settle=functools.partial(started_up, app), **uvicorn_settings(config)) as base:
             yield Stack(fake, base, app, rec if isinstance(rec, ListRecorder) else None)
 
 
-async def started_up(app: HeadroomApp) -> None:
-    """Until headroom's start-up requests are over: the first model lists, then the tokenizer
+async def started_up(app: BrimfulApp) -> None:
+    """Until brimful's start-up requests are over: the first model lists, then the tokenizer
     loads and parity probes (POST /tokenize) they start, which could otherwise reach the fake
     in the middle of a test and among its own requests."""
     for backend in app.backends.items:

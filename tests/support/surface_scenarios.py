@@ -1,8 +1,8 @@
 """The Responses, Messages and embeddings scenarios, run with the official clients as users run them.
 
-Each function takes a `Target` — headroom in front of an upstream, and the
+Each function takes a `Target` — brimful in front of an upstream, and the
 upstream itself — and checks one scenario end to end: the official client
-against vLLM alone, the same client through headroom, the figures headroom
+against vLLM alone, the same client through brimful, the figures brimful
 reports (headers, error body) against the upstream's own usage, and the length
 record.  tests/test_e2e_surfaces_fake.py runs them against the fake vLLM,
 tests/test_real_vllm_surfaces.py against a real vLLM 0.32.
@@ -40,7 +40,7 @@ def prompt_of(n: int) -> int:
 
 @dataclass
 class Target:
-    headroom: str                 # base URLs, without /v1
+    brimful: str                 # base URLs, without /v1
     upstream: str
     model: str
     max_model_len: int
@@ -48,16 +48,16 @@ class Target:
     timeout: float = 60.0
 
     def openai(self, *, direct: bool = False) -> openai.OpenAI:
-        return openai.OpenAI(base_url=(self.upstream if direct else self.headroom) + "/v1", api_key="x",
+        return openai.OpenAI(base_url=(self.upstream if direct else self.brimful) + "/v1", api_key="x",
                              max_retries=0, timeout=self.timeout)
 
     def anthropic(self, *, direct: bool = False) -> anthropic.Anthropic:
-        return anthropic.Anthropic(base_url=self.upstream if direct else self.headroom, api_key="x",
+        return anthropic.Anthropic(base_url=self.upstream if direct else self.brimful, api_key="x",
                                    max_retries=0, timeout=self.timeout)
 
     def record_after(self, action: Callable[[], Any], raises: type[BaseException] | None = None,
                      ) -> tuple[Any, LengthRecord]:
-        """Run `action` through headroom and return its result (with `raises`: the exception it
+        """Run `action` through brimful and return its result (with `raises`: the exception it
         must raise) and the one record it left (written after the answer's last byte)."""
         before = len(self.recorder.records)
         if raises is None:
@@ -82,8 +82,8 @@ def responses_limit_beyond_max_model_len(t: Target) -> None:
     raw, rec = t.record_after(lambda: t.openai().responses.with_raw_response.create(**request))
     response = raw.parse()
     prompt, room = prompt_of(2000), t.max_model_len - prompt_of(2000)
-    assert raw.headers["x-headroom-action"] == "clamped"
-    assert int(raw.headers["x-headroom-prompt-tokens"]) == response.usage.input_tokens == prompt
+    assert raw.headers["x-brimful-action"] == "clamped"
+    assert int(raw.headers["x-brimful-prompt-tokens"]) == response.usage.input_tokens == prompt
     assert response.usage.output_tokens == room and response.status == "incomplete"
     assert (rec.endpoint, rec.action, rec.prompt_tokens, rec.upstream_prompt_tokens, rec.granted_max_tokens) == (
         "responses", "clamped", prompt, prompt, room)
@@ -97,7 +97,7 @@ def responses_prompt_that_cannot_fit(t: Target) -> None:
     assert "at least 2049 input tokens" in direct.value.message
 
     through, rec = t.record_after(lambda: t.openai().responses.create(**request), raises=openai.BadRequestError)
-    assert through.body["headroom"]["prompt_tokens"] == prompt_of(2100)
+    assert through.body["brimful"]["prompt_tokens"] == prompt_of(2100)
     assert f"your prompt is {prompt_of(2100)} tokens" in through.message
     assert (rec.endpoint, rec.action, rec.prompt_tokens) == ("responses", "rejected", prompt_of(2100))
 
@@ -110,7 +110,7 @@ def responses_truncation_auto(t: Target) -> None:
     response = raw.parse()
     assert response.usage.input_tokens == direct.usage.input_tokens == t.max_model_len - 1 == rec.prompt_tokens
     assert response.usage.output_tokens == direct.usage.output_tokens == 1
-    assert int(raw.headers["x-headroom-prompt-tokens"]) == t.max_model_len - 1
+    assert int(raw.headers["x-brimful-prompt-tokens"]) == t.max_model_len - 1
 
 
 def responses_streamed(t: Target) -> None:
@@ -134,7 +134,7 @@ def responses_with_tools(t: Target) -> None:
             "parameters": WEATHER_PARAMETERS}
     raw, rec = t.record_after(lambda: t.openai().responses.with_raw_response.create(
         model=t.model, input="Weather in Seoul?", tools=[tool], max_output_tokens=2))
-    assert int(raw.headers["x-headroom-prompt-tokens"]) == raw.parse().usage.input_tokens == rec.prompt_tokens
+    assert int(raw.headers["x-brimful-prompt-tokens"]) == raw.parse().usage.input_tokens == rec.prompt_tokens
 
 
 def responses_function_call_round_trip(t: Target) -> None:
@@ -148,7 +148,7 @@ def responses_function_call_round_trip(t: Target) -> None:
     raw, rec = t.record_after(lambda: t.openai().responses.with_raw_response.create(
         model=t.model, input=history, tools=[tool], max_output_tokens=65535))
     response = raw.parse()
-    assert int(raw.headers["x-headroom-prompt-tokens"]) == response.usage.input_tokens == rec.prompt_tokens
+    assert int(raw.headers["x-brimful-prompt-tokens"]) == response.usage.input_tokens == rec.prompt_tokens
     assert rec.granted_max_tokens == t.max_model_len - rec.prompt_tokens
 
 
@@ -177,7 +177,7 @@ async def agents_responses_model(t: Target) -> None:
         await Runner.run(agent(t.upstream), question)
     assert "max_output_tokens=65535 cannot be greater than max_model_len" in direct.value.message
     before = len(t.recorder.records)
-    result = await Runner.run(agent(t.headroom), question)
+    result = await Runner.run(agent(t.brimful), question)
     rec = t.recorder.wait_for(before + 1)[before]
     usage = result.raw_responses[-1].usage
     assert usage is not None and usage.input_tokens == rec.prompt_tokens == rec.upstream_prompt_tokens
@@ -200,8 +200,8 @@ def messages_limit_beyond_max_model_len(t: Target) -> None:
     raw, rec = t.record_after(lambda: t.anthropic().messages.with_raw_response.create(**request))
     message = raw.parse()
     prompt = prompt_of(2000)
-    assert raw.headers["x-headroom-action"] == "clamped"
-    assert int(raw.headers["x-headroom-prompt-tokens"]) == message.usage.input_tokens == prompt
+    assert raw.headers["x-brimful-action"] == "clamped"
+    assert int(raw.headers["x-brimful-prompt-tokens"]) == message.usage.input_tokens == prompt
     assert message.stop_reason == "max_tokens" and message.usage.output_tokens == t.max_model_len - prompt
     assert (rec.endpoint, rec.action, rec.upstream_prompt_tokens, rec.finish_reasons) == (
         "messages", "clamped", prompt, ["length"])
@@ -216,7 +216,7 @@ def messages_prompt_that_cannot_fit(t: Target) -> None:
 
     through, rec = t.record_after(lambda: t.anthropic().messages.create(**request), raises=anthropic.BadRequestError)
     error = through.body["error"]
-    assert error["type"] == "invalid_request_error" and error["headroom"]["prompt_tokens"] == prompt_of(2100)
+    assert error["type"] == "invalid_request_error" and error["brimful"]["prompt_tokens"] == prompt_of(2100)
     assert f"your prompt is {prompt_of(2100)} tokens" in error["message"]
     assert (rec.endpoint, rec.action) == ("messages", "rejected")
 
@@ -246,7 +246,7 @@ def messages_with_tools(t: Target) -> None:
     ]
     raw, rec = t.record_after(lambda: t.anthropic().messages.with_raw_response.create(
         model=t.model, max_tokens=2, tools=[tool], messages=history))
-    assert int(raw.headers["x-headroom-prompt-tokens"]) == raw.parse().usage.input_tokens == rec.prompt_tokens
+    assert int(raw.headers["x-brimful-prompt-tokens"]) == raw.parse().usage.input_tokens == rec.prompt_tokens
 
 
 def messages_count_tokens(t: Target) -> None:
@@ -268,7 +268,7 @@ def embeddings_counted(t: Target) -> None:
     raw, rec = t.record_after(lambda: t.openai().embeddings.with_raw_response.create(
         model=t.model, input=["Hello there", words(300)]))
     usage = raw.parse().usage
-    assert int(raw.headers["x-headroom-prompt-tokens"]) == usage.prompt_tokens == rec.prompt_tokens
+    assert int(raw.headers["x-brimful-prompt-tokens"]) == usage.prompt_tokens == rec.prompt_tokens
     assert (rec.endpoint, rec.action, rec.longest_prompt_tokens) == ("embeddings", "pass", 300)
 
 
@@ -278,7 +278,7 @@ def embeddings_input_that_cannot_fit(t: Target) -> None:
         t.openai(direct=True).embeddings.create(**request)
     assert "at least 2049 input tokens" in direct.value.message
     through, rec = t.record_after(lambda: t.openai().embeddings.create(**request), raises=openai.BadRequestError)
-    assert through.body["headroom"]["inputs"] == [{"index": 1, "prompt_tokens": 2100, "tokens_to_remove": 52}]
+    assert through.body["brimful"]["inputs"] == [{"index": 1, "prompt_tokens": 2100, "tokens_to_remove": 52}]
     assert rec.action == "rejected"
     truncated, rec = t.record_after(lambda: t.openai().embeddings.create(
         **request, extra_body={"truncate_prompt_tokens": -1}))
@@ -288,19 +288,19 @@ def embeddings_input_that_cannot_fit(t: Target) -> None:
 def score_and_rerank_counted(t: Target) -> None:
     """vLLM's /score and /rerank (no official client: plain HTTP, as their users send them)."""
     with httpx.Client(timeout=t.timeout) as client:
-        score = client.post(t.headroom + "/score", json={"model": t.model, "queries": "what is it",
+        score = client.post(t.brimful + "/score", json={"model": t.model, "queries": "what is it",
                                                          "documents": ["one doc", "another doc here"]})
-        rerank = client.post(t.headroom + "/v1/rerank", json={"model": t.model, "query": "what is it",
+        rerank = client.post(t.brimful + "/v1/rerank", json={"model": t.model, "query": "what is it",
                                                               "documents": ["one doc", words(300)]})
         too_long = {"model": t.model, "query": "q", "documents": ["fine", words(2100)]}
         direct = client.post(t.upstream + "/rerank", json=too_long)
-        refused = client.post(t.headroom + "/rerank", json=too_long)
+        refused = client.post(t.brimful + "/rerank", json=too_long)
     assert score.status_code == rerank.status_code == 200
-    assert int(score.headers["x-headroom-prompt-tokens"]) == score.json()["usage"]["prompt_tokens"]
-    assert int(rerank.headers["x-headroom-prompt-tokens"]) == rerank.json()["usage"]["prompt_tokens"]
+    assert int(score.headers["x-brimful-prompt-tokens"]) == score.json()["usage"]["prompt_tokens"]
+    assert int(rerank.headers["x-brimful-prompt-tokens"]) == rerank.json()["usage"]["prompt_tokens"]
     assert direct.status_code == 400 and "at least 2049" in direct.json()["error"]["message"]
     assert refused.status_code == 400
-    assert refused.json()["error"]["headroom"]["inputs"] == [{"index": 2, "prompt_tokens": 2100,
+    assert refused.json()["error"]["brimful"]["inputs"] == [{"index": 2, "prompt_tokens": 2100,
                                                               "tokens_to_remove": 52}]
 
 

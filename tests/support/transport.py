@@ -1,4 +1,4 @@
-"""An in-memory upstream transport: headroom's exchange tested in-process, without sockets.
+"""An in-memory upstream transport: brimful's exchange tested in-process, without sockets.
 
 The same seam as HTTPX's `MockTransport`: `proxy.upstream.Upstream` takes any
 object with `request()` and `close()`; this one hands each request to a

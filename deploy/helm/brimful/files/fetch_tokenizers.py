@@ -1,9 +1,9 @@
 """Fetch only the tokenizer files of some models into a Hugging Face cache layout.
 
-The headroom chart runs this in an init container (the headroom image, standard
-library only) when headroom has no volume holding the model: each ORG/NAME[@rev]
-given becomes $HF_HOME/hub/models--ORG--NAME/snapshots/<rev>/, where headroom
-finds it by model id or by vLLM's `root`.  headroom itself never downloads.
+The brimful chart runs this in an init container (the brimful image, standard
+library only) when brimful has no volume holding the model: each ORG/NAME[@rev]
+given becomes $HF_HOME/hub/models--ORG--NAME/snapshots/<rev>/, where brimful
+finds it by model id or by vLLM's `root`.  brimful itself never downloads.
 
     python fetch_tokenizers.py Qwen/Qwen3-8B deepseek-ai/DeepSeek-V3.1@main
 
@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 
 REQUIRED = ("tokenizer.json", "tokenizer_config.json")
-# Read by headroom when present: the chat template, and what names the model family.
+# Read by brimful when present: the chat template, and what names the model family.
 OPTIONAL = ("chat_template.jinja", "chat_template.json", "special_tokens_map.json", "config.json",
             "generation_config.json", "preprocessor_config.json")
 TIMEOUT_S = 60
@@ -38,7 +38,7 @@ def file_url(endpoint: str, repo: str, revision: str, name: str) -> str:
 
 def fetch(url: str, target: Path, token: str | None) -> bool:
     """Download url to target (atomically); False when the file does not exist there (404)."""
-    request = urllib.request.Request(url, headers={"User-Agent": "headroom-fetch-tokenizers"})
+    request = urllib.request.Request(url, headers={"User-Agent": "brimful-fetch-tokenizers"})
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
