@@ -1,4 +1,4 @@
-"""Probe latency while clients attack the connection layer (proxy.server's limits).
+"""Probe latency while clients attack the connection layer (proxy.serving.server's limits).
 
 brimful (`brimful serve`, one worker) in front of FakeVLLM on loopback.  For
 each phase, attackers run in this process while a prober opens a new
@@ -60,7 +60,7 @@ uvicorn.run(BrimfulApp(config), host="127.0.0.1", port=int(sys.argv[2]), log_lev
 
 
 class PlainProcess(BrimfulProcess):
-    """brimful's app under uvicorn's own protocol (no proxy.server limits), for the comparison."""
+    """brimful's app under uvicorn's own protocol (no proxy.serving.server limits), for the comparison."""
 
     def _command(self, config: Path, extra_args: list[str]) -> list[str]:
         return [sys.executable, "-c", PLAIN_RUNNER, str(config), str(self.port)]

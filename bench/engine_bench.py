@@ -5,7 +5,7 @@
     python bench/engine_bench.py chat [--rounds 5]
 
 `exactness`: for every tokenizer in ../shared/models, every corpus request
-rendered with brimful's renderer plus `--random` texts from tests/textgen.py
+rendered with brimful's renderer plus `--random` texts from tests/support/textgen.py
 (and for tokenizers edited to use the flags the shipped ones lack: lstrip,
 single_word, Metaspace, a BOS/EOS post-processor, encode_special_tokens ...),
 each encoded with add_special_tokens off and on: the token ids of each engine
@@ -42,7 +42,7 @@ from tokenizers import Tokenizer
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.textgen import random_texts  # noqa: E402
+from tests.support.textgen import random_texts  # noqa: E402
 from tokenizer_cache import CountError, load_model_tokenizer  # noqa: E402
 
 SHARED = ROOT.parent / "shared"

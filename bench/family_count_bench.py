@@ -2,7 +2,7 @@
 
     python bench/family_count_bench.py --mistral-url http://127.0.0.1:PORT [--rounds 30]
 
-For each family folder laid out as in tests/test_family_corpus.py, prints the
+For each family folder laid out as in tests/tokenizer_cache/test_family_corpus.py, prints the
 load time, then per request shape the median latency of brimful's local
 count (harmony for gpt-oss, mistral-common for Mistral) and, for Mistral when
 `--mistral-url` points at a vLLM serving the same tokenizer in mistral mode,

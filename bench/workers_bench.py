@@ -44,10 +44,10 @@ from proxy_bench import (
     QWEN3,
     ROOT,
     Server,
+    brimful_command,
     chat_body,
     children,
     free_port,
-    brimful_command,
     loadavg,
     run_wrk,
     spawn,
@@ -77,7 +77,7 @@ def serve_shared(config_path: str, port: int, workers: int) -> int:
     from proxy.cli import worker_runner
     from proxy.config import load_config
     from proxy.logs import configure_logging
-    from proxy.workers import BACKLOG, Supervisor
+    from proxy.workers.supervisor import BACKLOG, Supervisor
 
     config = load_config(config_path)
     configure_logging(config.logging.level, config.logging.json)

@@ -1,10 +1,10 @@
 """The ASGI application: wiring, lifespan, dispatch and API keys.
 
-`POST` to an admitted surface (proxy.surfaces) runs one
-`proxy.exchange.AdmittedExchange`; `POST /v1/messages/count_tokens` is
-answered from brimful's own count (proxy.count_tokens); brimful's own pages
-(proxy.pages) answer `/metrics`, `/stats` and `/dashboard`; everything else is
-relayed untouched (proxy.passthrough).
+`POST` to an admitted surface (proxy.admitted.surfaces) runs one
+`proxy.admitted.exchange.AdmittedExchange`; `POST /v1/messages/count_tokens` is
+answered from brimful's own count (proxy.serving.count_tokens); brimful's own pages
+(proxy.serving.pages) answer `/metrics`, `/stats` and `/dashboard`; everything else is
+relayed untouched (proxy.serving.passthrough).
 
 This is a plain ASGI callable rather than a Starlette router because the hot
 path only needs the raw scope, and every layer skipped is CPU saved per
@@ -22,26 +22,26 @@ from typing import Any
 
 from starlette.routing import Router
 
-from . import errors, health
-from .admission import Policy
-from .asgi import Receive, Scope, Send, content_length, has_body, header, request_id, send_whole
-from .backends import Backend, Backends
-from .config import Config
-from .count_tokens import answer_count_tokens
-from .counting import PromptCounter
-from .errors import BrimfulError
-from .exchange import AdmittedExchange, ExchangeServices
-from .lengthlog import LengthLog
-from .live_sizing import LiveSizing
-from .metrics import Metrics
-from .models import ModelInfo
-from .pages import routes
-from .passthrough import Passthrough
-from .recorder import Recorder
-from .siblings import WorkerSlot
-from .surfaces import ADMITTED, ANSWERED, Surface
-from .upstream import Transport
-from .workerpages import WorkerPages
+from proxy import errors
+from proxy.admitted.counting import PromptCounter
+from proxy.admitted.exchange import AdmittedExchange, ExchangeServices
+from proxy.admitted.surfaces import ADMITTED, ANSWERED, Surface
+from proxy.asgi import Receive, Scope, Send, content_length, has_body, header, request_id, send_whole
+from proxy.config import Config, Policy
+from proxy.errors import BrimfulError
+from proxy.recording.lengthlog import LengthLog
+from proxy.recording.live_sizing import LiveSizing
+from proxy.recording.metrics import Metrics
+from proxy.recording.recorder import Recorder
+from proxy.serving import health
+from proxy.serving.count_tokens import answer_count_tokens
+from proxy.serving.pages import routes
+from proxy.serving.passthrough import Passthrough
+from proxy.upstream.backends import Backend, Backends
+from proxy.upstream.client import Transport
+from proxy.upstream.models import ModelInfo
+from proxy.workers.pages import WorkerPages
+from proxy.workers.siblings import WorkerSlot
 
 log = logging.getLogger("brimful")
 
@@ -119,7 +119,7 @@ class BrimfulApp:
         return policy
 
     def counting_state(self) -> dict[str, dict[str, Any]]:
-        """For /stats, per model: how far its count is trusted (proxy.trust) and which engine counts it."""
+        """For /stats, per model: how far its count is trusted (proxy.admitted.trust) and which engine counts it."""
         trust = self.counter.trust_states()
         engines = self.counter.engines()
         return {model: {**(trust[model].describe() if model in trust else {}),

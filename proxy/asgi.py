@@ -13,7 +13,7 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
-from . import errors
+from proxy import errors
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -21,7 +21,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # Header lists stay bytes end to end: both sides of the proxy (ASGI and
-# proxy.http1) speak bytes, so nothing is decoded and encoded again.
+# proxy.upstream.http1) speak bytes, so nothing is decoded and encoded again.
 Headers = list[tuple[bytes, bytes]]
 
 

@@ -1,26 +1,27 @@
 """`brimful` command line: serve, count, report, plan, check-config.
 
 Sub-commands other than `serve` live beside the code they drive
-(`proxy.count_cli`, `proxy.report_cli`, `proxy.plan_cli`), each exposing
+(`proxy.commands.count`, `proxy.commands.report`, `proxy.commands.plan`), each exposing
 `register(subparsers)`; this module only assembles them.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import signal
 import socket
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import __version__
-from .config import Config, ConfigError, load_config
-from .logs import configure_logging
-from .siblings import WorkerSlot
+from proxy import __version__
+from proxy.commands import count, plan, report
+from proxy.config import Config, ConfigError, load_config
+from proxy.logs import configure_logging
+from proxy.workers.siblings import WorkerSlot
 
-SUBCOMMAND_MODULES = ("proxy.count_cli", "proxy.report_cli", "proxy.plan_cli")
+# each exposes register(subparsers); imported plainly, so a broken command fails loudly instead of vanishing
+SUBCOMMANDS = (count, report, plan)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,11 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file", metavar="FILE")
     check.set_defaults(func=run_check_config)
 
-    for name in SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:  # a sub-command whose module is not installed
-            continue
+    for module in SUBCOMMANDS:
         module.register(sub)
     return parser
 
@@ -161,11 +158,10 @@ def run_serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from .app import BrimfulApp
+    from proxy.app import BrimfulApp
 
     if config.server.workers > 1:
-        from . import workers
-
+        from proxy.workers import supervisor as workers
         try:
             return workers.serve(config.server.host, config.server.port, config.server.workers,
                                  worker_runner(config))
@@ -195,7 +191,7 @@ def worker_runner(config: Config) -> Callable[[WorkerSlot, socket.socket], int]:
     """What each of `--workers N` runs: a BrimfulApp that knows its slot, under uvicorn, on its socket."""
     import uvicorn
 
-    from .app import BrimfulApp
+    from proxy.app import BrimfulApp
 
     def run_worker(slot: WorkerSlot, sock: socket.socket) -> int:
         app = BrimfulApp(config, worker=slot)
@@ -208,7 +204,7 @@ def worker_runner(config: Config) -> Callable[[WorkerSlot, socket.socket], int]:
 
 def uvicorn_options(config: Config) -> dict[str, Any]:
     """uvicorn's settings for one serving process (the only one, or each worker)."""
-    from .server import uvicorn_settings
+    from proxy.serving.server import uvicorn_settings
 
     return dict(
         log_level=config.logging.level,
@@ -220,7 +216,7 @@ def uvicorn_options(config: Config) -> dict[str, Any]:
         # brimful never reads the client address, so uvicorn's X-Forwarded-For
         # rewriting middleware would be pure per-request cost (~2 % of CPU, profiled).
         proxy_headers=False,
-        # The limits uvicorn lacks (head size, head/body/idle timeouts, connections): proxy.server.
+        # The limits uvicorn lacks (head size, head/body/idle timeouts, connections): proxy.serving.server.
         **uvicorn_settings(config),
     )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import tomllib
 import types
@@ -21,9 +22,24 @@ from typing import Any, Literal
 
 from tokenizer_cache import DEFAULT_CHAT_CACHE_ENTRIES, holds_tokenizer
 
-from .admission import Policy
-
 MiB = 1024 * 1024
+
+
+@dataclass
+class Policy:
+    """What the operator allows: the `[policy]` configuration table, and per model after
+    `[models."name"]` overrides are applied (`Config.policy_for`)."""
+
+    margin_tokens: int = 0
+    margin_fraction: float = 0.0
+    min_completion_tokens: int = 1
+    on_overflow: Literal["clamp", "reject"] = "clamp"
+    default_max_tokens: int | None = None
+    max_tokens_ceiling: int | None = None
+    truncate_inputs: bool = False       # pooling: cut inputs over max_model_len instead of refusing them
+
+    def margin(self, prompt_tokens: int) -> int:
+        return self.margin_tokens + math.ceil(self.margin_fraction * prompt_tokens)
 
 
 class ConfigError(ValueError):
@@ -42,9 +58,9 @@ class ServerConfig:
     metrics_host: str | None = None        # unset: host
     metrics_port: int = 0                  # 0: the pages are served on the main port
     shutdown_timeout: float = 30.0         # after SIGTERM: seconds in-flight requests may still run
-    # Serving processes on the one port (proxy.workers); 1 = this process serves.
+    # Serving processes on the one port (proxy.workers.supervisor); 1 = this process serves.
     workers: int = 1
-    # What one client connection may cost (proxy.server): a longer head is
+    # What one client connection may cost (proxy.serving.server): a longer head is
     # answered 431, a head or body that stops arriving 408.
     max_header_bytes: int = 64 * 1024
     header_timeout: float = 15.0           # connect (or keep-alive) to a complete request head
@@ -79,7 +95,7 @@ class UpstreamConfig:
     # Without api_key, forward the client's Authorization header upstream (false: drop it).
     forward_client_authorization: bool = True
     max_connections: int = 1024
-    # Back-pressure (proxy.gate): at most this many chat/completions requests in
+    # Back-pressure (proxy.upstream.gate): at most this many chat/completions requests in
     # flight per upstream (0 = no cap); the excess waits up to queue_timeout
     # seconds for a slot, then gets 503 with Retry-After.
     max_concurrent_requests: int = 0
@@ -125,12 +141,12 @@ class TokenizersConfig:
     # Bodies larger than this are counted in a worker thread so one long
     # prompt cannot stall the event loop for everyone else.
     offload_above_bytes: int = 16 * 1024
-    # Memory for encoding long prompts at once (proxy.counting: ~256 B per body
+    # Memory for encoding long prompts at once (proxy.admitted.counting: ~256 B per body
     # byte); more waits (upstream.queue_timeout), then 503. One prompt larger
     # than this is counted alone.
     count_memory_bytes: int = 1024 * MiB
     # Compare each model's count with the upstream's /tokenize at start-up
-    # (proxy.trust): a mismatch switches the model to the upstream's count.
+    # (proxy.admitted.trust): a mismatch switches the model to the upstream's count.
     parity_check: bool = True
     # Whole-chat counts remembered by their exact template inputs: a repeated
     # request renders nothing (0 = off).
@@ -161,7 +177,7 @@ class MetricsConfig:
 
 @dataclass
 class UpstreamMetricsConfig:
-    """The scrape of each upstream's /metrics (proxy.live_sizing): its real KV pool, usage, preemptions, queue."""
+    """The scrape of each upstream's /metrics (proxy.recording.live_sizing): its KV pool, usage, preemptions, queue."""
 
     enabled: bool = False
     path: str = "/metrics"

@@ -5,11 +5,11 @@ upstream failure to, or writes into a length record and a metric label is one
 of its members, so the list of failures reads on one screen (as TGI's
 `ValidationError` does).  Each failure is a `BrimfulError` built by one of the
 constructors below (admission's own decisions, transport faults) or by
-`proxy.upstream_explain` (an upstream's answer, explained).
+`proxy.upstream.explain` (an upstream's answer, explained).
 
 The error carries data only: status, message, code, param and the numbers
 behind the message.  Each API surface renders it in the envelope its clients
-expect (`proxy.surfaces`); `openai_body` is OpenAI's envelope,
+expect (`proxy.admitted.surfaces`); `openai_body` is OpenAI's envelope,
 `{"error": {"message", "type", "param", "code"}}`, which the official `openai`
 client turns into its usual exception class (it picks the class from the HTTP
 status and reads `error.message`).  brimful adds a `brimful` object beside
@@ -40,7 +40,7 @@ class ErrorCode(StrEnum):
     MODEL_NOT_FOUND = "model_not_found"                    # 404, worded as vLLM words it
     NOT_FOUND = "not_found"                                # 404: a path this listener does not serve
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"    # brimful's or the upstream's length refusal
-    # the connection (answered by proxy.server, before any app code runs)
+    # the connection (answered by proxy.serving.server, before any app code runs)
     INVALID_HTTP_REQUEST = "invalid_http_request"          # 400: not parseable HTTP/1.1
     REQUEST_TIMEOUT = "request_timeout"                    # 408: head or body too slow
     REQUEST_HEADER_TOO_LARGE = "request_header_too_large"  # 431: over server.max_header_bytes
@@ -480,7 +480,7 @@ def upstream_not_ready(upstream: str | None, status: int, detail: str) -> Brimfu
 
 
 def upstream_busy(upstream: str | None, limit: int, waited: float) -> BrimfulError:
-    """Back-pressure (proxy.gate): every request slot to this upstream stayed taken."""
+    """Back-pressure (proxy.upstream.gate): every request slot to this upstream stayed taken."""
     return BrimfulError(
         503,
         f"{_the_cap(upstream)} already has {limit} requests in flight, the most brimful sends it "
@@ -493,7 +493,7 @@ def upstream_busy(upstream: str | None, limit: int, waited: float) -> BrimfulErr
 
 
 def counting_busy(limit: int, waited: float) -> BrimfulError:
-    """Long prompts already fill the memory set aside for counting them (proxy.gate.MemoryBudget)."""
+    """Long prompts already fill the memory set aside for counting them (proxy.upstream.gate.MemoryBudget)."""
     return BrimfulError(
         503,
         f"brimful is already counting as many long prompts as {limit >> 20} MiB of memory allows "

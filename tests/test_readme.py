@@ -192,14 +192,14 @@ def test_count_example_runs_as_written(tmp_path, qwen3_dir) -> None:
 def test_plan_example(marker: str) -> None:
     block = block_after(marker)
     argv = block[0].split("brimful plan", 1)[1].split()
-    out = subprocess.run([sys.executable, "-m", "proxy.plan_cli", *argv], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "proxy.commands.plan", *argv], capture_output=True, text=True)
     # exit 1 is the answer "vLLM would not start with this", printed first
     assert out.returncode == (1 if block[1].startswith("DOES NOT FIT") else 0), out.stderr
     assert [line.rstrip() for line in out.stdout.strip().splitlines()] == [line.rstrip() for line in block[1:]]
 
 
 def test_report_example(tmp_path, qwen3, qwen3_dir) -> None:
-    # The traffic of tests/test_report_e2e.py (same seed), recorded by the proxy, then reported.
+    # The traffic of tests/e2e/test_report.py (same seed), recorded by the proxy, then reported.
     rng = random.Random(20261129)
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa"]
     log_path = tmp_path / "lengths.jsonl"
@@ -220,13 +220,13 @@ def test_report_example(tmp_path, qwen3, qwen3_dir) -> None:
                     "max_tokens": rng.choice([4, 8, 16, 32, 64]),
                 })
     block = block_after("$ brimful report")
-    out = subprocess.run([sys.executable, "-m", "proxy.report_cli", str(log_path)],
+    out = subprocess.run([sys.executable, "-m", "proxy.commands.report", str(log_path)],
                          capture_output=True, text=True, check=True).stdout
     assert [line.rstrip() for line in out.strip().splitlines()] == [line.rstrip() for line in block[1:]]
 
 
 def report_output(*argv: str) -> list[str]:
-    out = subprocess.run([sys.executable, "-m", "proxy.report_cli", *argv],
+    out = subprocess.run([sys.executable, "-m", "proxy.commands.report", *argv],
                          capture_output=True, text=True, check=True).stdout
     return [line.rstrip() for line in out.strip().splitlines()]
 

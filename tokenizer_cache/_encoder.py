@@ -14,7 +14,7 @@ engine that raises while counting (e.g. a regex resource limit on a
 pathological text) hands that text to `tokenizers`.
 
 Both engines release the GIL while encoding and are safe to call from
-several threads at once (tests/test_engine_exactness.py).
+several threads at once (tests/tokenizer_cache/test_engine_exactness.py).
 """
 
 from __future__ import annotations

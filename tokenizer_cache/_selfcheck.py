@@ -11,7 +11,7 @@ against either side, next to each other, cut short, mis-cased), plus fixed
 fragments in many scripts.  They are deterministic: the same tokenizer gets
 the same texts on every load.
 
-`tests/textgen.py` draws its randomised texts from the same fragments.
+`tests/support/textgen.py` draws its randomised texts from the same fragments.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ run: a tool is called once, its result sent back, then the model answers, so
 the recorded request bodies include a tool round trip.
 
 Used twice: tests/clients/capture.py records the bodies for the corpus, and
-tests/test_e2e_clients.py runs the same scenarios through brimful.
+tests/e2e/test_clients.py runs the same scenarios through brimful.
 """
 
 from __future__ import annotations

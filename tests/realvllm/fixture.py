@@ -1,6 +1,6 @@
 """The session-scoped ``real_vllm`` pytest fixture: one real vLLM 0.32 CPU server per test run.
 
-Register it from ``tests/conftest.py`` with ``pytest_plugins = ["realvllm.fixture"]``
+Register it from ``tests/conftest.py`` with ``pytest_plugins = ["tests.realvllm.fixture"]``
 (this module is then a plugin: it also registers the ``realvllm`` marker).
 
 ``BRIMFUL_REAL_VLLM`` decides what happens when the server cannot be had:

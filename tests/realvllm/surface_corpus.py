@@ -15,7 +15,7 @@ Each case also keeps the chat request brimful converts it to (`chat`) and the
 count vLLM's own /tokenize gives that chat request (`chat_tokenize_count`):
 equal to the surface's count, it shows the conversion is vLLM's, whatever
 brimful's tokenizer then makes of the prompt.
-tests/test_surface_corpus.py checks brimful's counts against the file.
+tests/tokenizer_cache/test_surface_corpus.py checks brimful's counts against the file.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Static linters for the deployment files (no Docker): compose interpolation and parsers,
 hadolint-style Dockerfile rules, PromQL selectors, and the metrics brimful and vLLM export.
 
-Used by tests/test_deploy.py; each rule is a small pure function returning problems.
+Used by tests/deploy/test_files.py; each rule is a small pure function returning problems.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from urllib.parse import urlsplit
 
 from proxy.app import LOCAL_PATHS
 from proxy.cli import build_parser
-from proxy.lengthlog import LengthLogStats
-from proxy.metrics import Metrics
-from proxy.record import LengthRecord
+from proxy.recording.lengthlog import LengthLogStats
+from proxy.recording.metrics import Metrics
+from proxy.recording.record import LengthRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -576,7 +576,7 @@ def brimful_exposition() -> dict[str, set[str]]:
 
     Built from a real `Metrics` after records that touch every metric (pass,
     clamp, rejection, upstream length error, drift, retry, 401, unknown limit, parity, length log), so a
-    renamed metric in proxy/metrics.py breaks the dashboard test here.
+    renamed metric in proxy/recording/metrics.py breaks the dashboard test here.
     """
     metrics = Metrics()
     metrics.attach_lengthlog(LengthLogStats())

@@ -22,10 +22,10 @@ import openai
 
 from proxy.app import BrimfulApp
 from proxy.config import Config, ModelConfig, ServerConfig, UpstreamConfig
-from proxy.metrics import Metrics
-from proxy.record import LengthRecord
-from proxy.recorder import Recorder
-from proxy.server import uvicorn_settings
+from proxy.recording.metrics import Metrics
+from proxy.recording.record import LengthRecord
+from proxy.recording.recorder import Recorder
+from proxy.serving.server import uvicorn_settings
 from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread
 from tokenizer_cache import ModelTokenizer, load_model_tokenizer

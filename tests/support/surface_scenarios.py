@@ -4,8 +4,8 @@ Each function takes a `Target` — brimful in front of an upstream, and the
 upstream itself — and checks one scenario end to end: the official client
 against vLLM alone, the same client through brimful, the figures brimful
 reports (headers, error body) against the upstream's own usage, and the length
-record.  tests/test_e2e_surfaces_fake.py runs them against the fake vLLM,
-tests/test_real_vllm_surfaces.py against a real vLLM 0.32.
+record.  tests/e2e/test_surfaces_fake.py runs them against the fake vLLM,
+tests/realvllm/test_surfaces.py against a real vLLM 0.32.
 
 Prompts are made of " hello", one Qwen3 token each; one user message adds 8
 tokens of chat template (`prompt_of`).
@@ -22,7 +22,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.record import LengthRecord
+from proxy.recording.record import LengthRecord
 from tests.support.stack import ListRecorder
 
 TEMPLATE_TOKENS = 8          # Qwen3's template around one user message, with the generation prompt
@@ -304,7 +304,7 @@ def score_and_rerank_counted(t: Target) -> None:
                                                               "tokens_to_remove": 52}]
 
 
-# What tests/test_e2e_surfaces_fake.py and tests/test_real_vllm_surfaces.py run (the Agents SDK is async: apart).
+# What tests/e2e/test_surfaces_fake.py and tests/realvllm/test_surfaces.py run (the Agents SDK is async: apart).
 GENERATION: list[Callable[[Target], None]] = [
     responses_limit_beyond_max_model_len,
     responses_prompt_that_cannot_fit,

@@ -1,6 +1,6 @@
 """An in-memory upstream transport: brimful's exchange tested in-process, without sockets.
 
-The same seam as HTTPX's `MockTransport`: `proxy.upstream.Upstream` takes any
+The same seam as HTTPX's `MockTransport`: `proxy.upstream.client.Upstream` takes any
 object with `request()` and `close()`; this one hands each request to a
 handler function and answers with what it returns.
 """
@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.http1 import Headers as ResponseHeaders
+from proxy.upstream.http1 import Headers as ResponseHeaders
 
 
 @dataclass

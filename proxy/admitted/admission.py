@@ -1,0 +1,235 @@
+"""The admission decision: pass, clamp or reject — a pure function of numbers.
+
+Input: the prompt token counts (exact, one per prompt), the model's
+`max_model_len`, what the client asked for, and the operator's policy.
+Output: a `Decision` saying what to forward (which completion-limit fields to
+rewrite, and to what) or which error to answer with.  No I/O and no globals,
+so every branch is a cheap unit test (tests/admitted/test_admission.py).
+
+The rule that shapes every branch (README "Never worse than vLLM alone"): a
+request vLLM would serve is served, with at least as many completion tokens as
+vLLM would allow (vLLM 0.32 clamps prompt + limit > max_model_len to the
+room itself; older versions refuse it); a request vLLM would refuse for length
+is served whenever any completion fits, and refused otherwise with exact
+numbers and advice that makes it pass.
+
+- a prompt of `max_model_len` tokens or more cannot be saved → reject with the
+  exact count (vLLM would say "at least N" or "max_tokens must be at least 1");
+  only when the count is exact: an unverified count lets the upstream judge;
+- room = max_model_len − prompt; a request whose completion limit fits in the
+  room is forwarded untouched;
+- a limit larger than the room (this includes a limit above `max_model_len`,
+  which even vLLM 0.32 rejects) is rewritten to the room less the margin (but
+  at least `min_completion_tokens`), or rejected under policy `reject`, or
+  rejected when the room itself is below `min_completion_tokens`;
+- the margin is 0 by default: the count is exact, and a count known to drift
+  adds the drift seen (`drift_margin`); an operator may ask for more;
+- an operator ceiling lowers any larger limit; an operator default fills an
+  absent limit; a surface whose engine applies an implicit limit
+  (`/v1/completions`: 16) has it checked like an explicit one (older vLLM
+  rejects it when it overflows).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from proxy import errors
+from proxy.config import Policy
+from proxy.errors import BrimfulError
+from proxy.recording.record import Action
+
+
+@dataclass(frozen=True)
+class RequestedLimit:
+    """The completion-limit fields a client sent, validated, in the surface's order of precedence.
+
+    `sent` holds only the fields present, the winning one first (chat:
+    `max_completion_tokens` wins over `max_tokens`, as in vLLM);
+    `default_field` is the one to set when the client sent none.
+    """
+
+    sent: tuple[tuple[str, int], ...] = ()
+    default_field: str = "max_tokens"
+
+    @classmethod
+    def of(cls, *fields: tuple[str, int | None], default_field: str = "max_tokens") -> RequestedLimit:
+        """From (name, value) pairs in order of precedence; None values are fields not sent."""
+        return cls(tuple((name, value) for name, value in fields if value is not None), default_field)
+
+    @property
+    def value(self) -> int | None:
+        """The effective limit (the winning field's value), None when none was sent."""
+        return self.sent[0][1] if self.sent else None
+
+    @property
+    def field(self) -> str:
+        """The winning field's name, or the default field when none was sent."""
+        return self.sent[0][0] if self.sent else self.default_field
+
+    def present_fields(self) -> list[str]:
+        return [name for name, _ in self.sent]
+
+    def fields_to_set(self) -> list[str]:
+        """Every field the client sent (all are rewritten together), else the default one."""
+        return self.present_fields() or [self.default_field]
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Literal[Action.PASS, Action.CLAMPED, Action.REJECTED, Action.UNCOUNTED, Action.TRUNCATED]
+    requested: int | None                       # the client's effective limit (None: not sent)
+    granted: int | None = None                  # the limit forwarded (None: nothing set)
+    rewrite: Mapping[str, int] | None = None    # body fields to set; None → forward bytes as they came
+    error: BrimfulError | None = None
+    margin: int = 0
+    counted: int | None = None                  # prompt tokens the upstream will see, when the decision cuts them
+
+
+def parse_limit_field(name: str, value: Any) -> int | None:
+    """Read `max_tokens` / `max_completion_tokens` the way vLLM's pydantic model accepts it.
+
+    vLLM 0.32 (captures/c12_*) accepts ints, integral floats (2.0), numeric
+    strings ("10") and booleans (true → 1) and answers 400 for 1.5, "abc" and
+    values below 1; null means "not sent".  Raises the 400 for anything else.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        number = int(value)
+    elif isinstance(value, int):
+        number = value
+    elif isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise errors.invalid_field(name, "must be a whole number of tokens", value)
+        number = int(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        if not (text.lstrip("+-").isdigit() and text.isascii()):
+            raise errors.invalid_field(name, "must be a whole number of tokens", value)
+        number = int(text)
+    else:
+        raise errors.invalid_field(name, "must be a whole number of tokens", value)
+    if number < 1:
+        raise errors.invalid_field(name, "must be at least 1", value)
+    return number
+
+
+def decide_uncounted(requested: RequestedLimit, max_model_len: int) -> Decision:
+    """A request nothing here can count: forwarded as sent, except that a limit above
+    max_model_len (which vLLM refuses whatever the prompt) is lowered to it."""
+    asked = requested.value
+    if asked is not None and asked > max_model_len:
+        return Decision(Action.UNCOUNTED, asked, max_model_len,
+                        {f: max_model_len for f in requested.fields_to_set()})
+    return Decision(Action.UNCOUNTED, asked, asked)
+
+
+def read_requested_limit(body: Mapping[str, Any], fields: tuple[str, ...], default_field: str) -> RequestedLimit:
+    """A surface's completion-limit fields of a request body (precedence order), validated (400 on bad values)."""
+    return RequestedLimit.of(*((name, parse_limit_field(name, body.get(name))) for name in fields),
+                             default_field=default_field)
+
+
+def decide(
+    prompt_tokens: list[int],
+    max_model_len: int,
+    requested: RequestedLimit,
+    policy: Policy,
+    *,
+    model: str,
+    prompt_param: str,
+    implicit_max_tokens: int | None = None,
+    count_exact: bool = True,
+    drift_margin: int = 0,
+) -> Decision:
+    """Admit, clamp or reject one request.  `prompt_tokens` has one count per prompt.
+
+    `prompt_param` names the field holding the prompt (for the error);
+    `implicit_max_tokens` is the limit the engine applies when the client sends
+    none (vLLM's 16 on /v1/completions), checked like an explicit one.
+    `count_exact` says the count is known to be the upstream's (verified, or
+    never contradicted); when it is not, brimful refuses nothing on its own
+    count and holds back `drift_margin` tokens, the drift it has seen.
+    """
+    longest = max(prompt_tokens)
+    asked = requested.value
+    margin = policy.margin(longest) + (0 if count_exact else drift_margin)
+
+    # What the upstream will use as the limit, and where it came from.
+    effective = asked
+    source: Literal["client", "operator", "engine"] = "client"
+    if effective is None and policy.default_max_tokens is not None:
+        effective, source = policy.default_max_tokens, "operator"
+    elif effective is None and implicit_max_tokens is not None:
+        effective, source = implicit_max_tokens, "engine"
+    target = effective
+    if target is not None and policy.max_tokens_ceiling is not None:
+        target = min(target, policy.max_tokens_ceiling)
+
+    if longest >= max_model_len:
+        if count_exact:
+            return Decision(Action.REJECTED, asked, error=errors.prompt_too_long(
+                longest, max_model_len, model, prompt_param, policy.min_completion_tokens))
+        # The count may be off, so the upstream judges; a limit above max_model_len,
+        # which vLLM refuses whatever the prompt, is lowered to it first.
+        if target is not None and target > max_model_len:
+            return Decision(Action.CLAMPED, asked, max_model_len,
+                            {f: max_model_len for f in requested.fields_to_set()}, margin=margin)
+        return Decision(Action.PASS, asked, asked, margin=margin)
+
+    room = max_model_len - longest
+    if target is None or effective is None:
+        # Chat without a limit: vLLM grants max_model_len − prompt itself, which always fits.
+        if policy.max_tokens_ceiling is not None and policy.max_tokens_ceiling < room:
+            granted = policy.max_tokens_ceiling
+            return Decision(Action.PASS, None, granted, {requested.default_field: granted}, margin=margin)
+        return Decision(Action.PASS, None, margin=margin)
+    if target > room:
+        if room < policy.min_completion_tokens:
+            return Decision(Action.REJECTED, asked, margin=margin, error=errors.not_enough_room(
+                longest, max_model_len, policy.min_completion_tokens, model, prompt_param))
+        if policy.on_overflow == "reject" and source == "client":
+            error = errors.completion_too_long(target, requested.field, longest, max_model_len)
+            return Decision(Action.REJECTED, asked, error=error, margin=margin)
+        # The whole room, less the margin; a margin shortens a completion, it never refuses one.
+        target = max(room - margin, policy.min_completion_tokens)
+
+    if target == effective and source == "client":
+        return Decision(Action.PASS, asked, asked, None, margin=margin)
+    if target == effective and source == "engine":
+        return Decision(Action.PASS, None, None, None, margin=margin)
+
+    action: Literal[Action.PASS, Action.CLAMPED] = Action.CLAMPED if target < effective else Action.PASS
+    return Decision(action, asked, target, {f: target for f in requested.fields_to_set()}, margin=margin)
+
+
+def decide_inputs(
+    input_tokens: list[int],
+    max_model_len: int,
+    *,
+    model: str,
+    prompt_param: str,
+    truncate_field: str,
+    truncate: bool,
+    count_exact: bool = True,
+) -> Decision:
+    """Admit or refuse a pooling request (embeddings, score, rerank): inputs, no completion.
+
+    vLLM refuses the whole request when one input is longer than
+    max_model_len (an input of exactly max_model_len tokens is served); `input_tokens` are
+    the counts after any truncation the client asked for.  Too long → 400 naming
+    each input, unless the operator opted into truncation (`truncate`): then
+    the request is forwarded with `truncate_field` = max_model_len and marked truncated.
+    On an inexact count nothing is refused: the upstream judges.
+    """
+    too_long = [(i, n) for i, n in enumerate(input_tokens) if n > max_model_len]
+    if not too_long or not count_exact:
+        return Decision(Action.PASS, None)
+    if truncate:
+        counted = sum(min(n, max_model_len) for n in input_tokens)
+        return Decision(Action.TRUNCATED, None, rewrite={truncate_field: max_model_len}, counted=counted)
+    return Decision(Action.REJECTED, None, error=errors.inputs_too_long(too_long, max_model_len, model, prompt_param))

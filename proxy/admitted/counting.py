@@ -1,0 +1,682 @@
+"""Prompt-token counting for a request, wherever the tokenizer lives.
+
+Per model, the tokenizer directory is, in order: the config's
+`models."name".tokenizer`; the `root` that `/v1/models` reports when it is a
+readable local directory (vLLM and brimful sharing a volume); a Hugging Face
+cache snapshot found by the model id or `root`; a LoRA adapter's base model's
+tokenizer.  Nothing is downloaded.  A model with no local tokenizer is counted
+by the upstream itself (`POST /tokenize`, which answers with vLLM's exact count
+and does not enforce the length limit).
+
+Loading a tokenizer takes ~0.5 s and large prompts take milliseconds to
+encode, so both run in a worker thread, never on the event loop.
+
+Memory.  Encoding costs 95-240 MiB of RSS per MB of prompt (tokenizers'
+`encode_batch_fast` on Qwen3's tokenizer: English text at the low end,
+random symbols at the high end; measured with VmHWM), so a 33 MB prompt
+peaked at 5.5 GiB.  Three rules bound it:
+
+* a prompt vLLM would refuse by its character bound (`char_bound`) is
+  refused before anything is encoded, in vLLM's words;
+* long prompts are encoded within `tokenizers.count_memory_bytes`
+  (`proxy.upstream.gate.MemoryBudget`, weighed at COUNT_BYTES_PER_BODY_BYTE per body
+  byte); the excess waits up to `upstream.queue_timeout`, then gets 503;
+* after a count above TRIM_ABOVE_BYTES the freed heap is handed back to the
+  OS (`malloc_trim`): without it 4.1 GiB stayed resident 80 s after the count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import ctypes
+import ctypes.util
+import json
+import logging
+import os
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from proxy import errors
+from proxy.admitted.surfaces import Surface
+from proxy.admitted.trust import CountTrust
+from proxy.config import Config
+from proxy.errors import BrimfulError
+from proxy.upstream.backends import Backends
+from proxy.upstream.client import Upstream
+from proxy.upstream.gate import MemoryBudget
+from proxy.upstream.models import ModelInfo
+from tokenizer_cache import (
+    ChatCountCache,
+    CountError,
+    CountingModel,
+    MediaNotCountable,
+    ModelTokenizer,
+    PieceCountCache,
+    TokenizerCache,
+    find_tokenizer_dir,
+)
+
+log = logging.getLogger("brimful.counting")
+
+
+# Long prompts are counted on threads the OS runs only when the event loop does
+# not want the CPU: `encode_batch_fast` releases the GIL, but on a proxy given
+# one core the loop and a 60 ms count still share that core.  At nice +10 the
+# kernel's EEVDF scheduler (Linux 6.6+) lets the counting
+# thread finish its slice before a woken loop runs: small requests' p99 rose
+# from ~1 to ~5.5 ms while 23k-token chats were counted.  SCHED_IDLE threads are
+# preempted as soon as the loop wakes: p99 1.6 ms in the same bench (bench/,
+# long-mix).  When the loop is idle, or another core is free, a count runs at
+# full speed; only a proxy saturating its one core starves long counts, which
+# then wait for the small requests (weight 3 against 1024).
+LONG_PROMPT_NICE = 10        # the fallback where SCHED_IDLE is unavailable
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _lower_thread_priority() -> None:
+    thread = threading.get_native_id()
+    try:
+        os.sched_setscheduler(thread, os.SCHED_IDLE, os.sched_param(0))
+        return
+    except (AttributeError, OSError):   # not Linux: try a plain nice value
+        pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, thread, LONG_PROMPT_NICE)
+    except (AttributeError, OSError):   # not permitted: count at normal priority
+        pass
+
+
+def _long_prompt_pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="brimful-count",
+            initializer=_lower_thread_priority,
+        )
+    return _pool
+
+
+# RSS an encode costs per byte of request body: the top of the measured
+# 95-240 MiB per MB, rounded up, so the budget is not overrun by symbol-dense text.
+COUNT_BYTES_PER_BODY_BYTE = 256
+# Counts (and refusals) of larger bodies give their freed heap back: malloc_trim
+# took 1.7 ms after a 250 KB prompt, 10.6 ms after 4 MB, on the counting thread.
+TRIM_ABOVE_BYTES = 128 * 1024
+_libc: Any = None
+
+
+def _trim_heap() -> None:
+    """glibc's malloc_trim(0): return freed memory of every arena to the OS (a few ms; no-op elsewhere)."""
+    global _libc
+    if _libc is None:
+        name = ctypes.util.find_library("c")
+        try:
+            _libc = ctypes.CDLL(name) if name else False
+        except OSError:
+            _libc = False
+    trim = getattr(_libc, "malloc_trim", None) if _libc else None
+    if trim is not None:
+        trim(0)
+
+
+# -- vLLM's character bound ------------------------------------------------------------
+
+_FACTORS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def max_chars_per_token(tok: CountingModel) -> int | None:
+    """vLLM's factor: the longest token of the vocabulary, in characters; None where no bound applies.
+
+    vLLM 0.32 takes `max(len(tok) for tok in tokenizer.get_vocab())`
+    (vllm/tokenizers/hf.py) and holds text prompts to it.  The counter's own
+    `max_chars_per_token` is used when it has one (tokenizer_cache's
+    ModelTokenizer does); an HF tokenizer without it gets it computed here
+    over the same vocabulary (tokenizer.json with added tokens, plus what
+    tokenizer_config.json declares: a token too many can only raise the
+    bound).  Other families (harmony, mistral) are not held to a bound here:
+    skipping a check never refuses what vLLM would serve.
+    """
+    own = getattr(tok, "max_chars_per_token", None)
+    if isinstance(own, int) and not isinstance(own, bool):
+        return own
+    if getattr(tok, "family", "hf") != "hf" or not hasattr(tok, "tokenizer"):
+        return None
+    found = _FACTORS.get(tok)
+    if found is None:
+        found = max((len(t) for t in tok.tokenizer.get_vocab(with_added_tokens=True)), default=0)
+        found = max([found, *map(len, _config_token_texts(tok.source_dir))])
+        _FACTORS[tok] = found
+    return found
+
+
+def _config_token_texts(directory: Path) -> list[str]:
+    try:
+        config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(config, dict):
+        return []
+    values: list[Any] = []
+    decoder = config.get("added_tokens_decoder")
+    if isinstance(decoder, dict):
+        values += decoder.values()
+    values += [config.get(key) for key in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                                           "cls_token", "mask_token")]
+    for key in ("additional_special_tokens", "extra_special_tokens"):
+        more = config.get(key)
+        values += list(more.values()) if isinstance(more, dict) else more if isinstance(more, list) else []
+    texts = []
+    for value in values:
+        text = value.get("content") if isinstance(value, dict) else value
+        if isinstance(text, str):
+            texts.append(text)
+    return texts
+
+
+def char_bound(max_model_len: int, chars_per_token: int, body: dict[str, Any]) -> int | None:
+    """The most characters vLLM 0.32 lets a prompt have, or None when it does not refuse by characters.
+
+    renderers/params.py `_text_len_check`: max_input_tokens (= max_model_len)
+    x max_chars_per_token, unless the request asks for truncate_prompt_tokens
+    (then vLLM truncates instead).  Pure.
+    """
+    if body.get("truncate_prompt_tokens") is not None:
+        return None
+    return max_model_len * chars_per_token
+
+
+def check_char_bound(surface: Surface, tok: CountingModel, body: dict[str, Any], bound: int,
+                     max_model_len: int) -> None:
+    """Refuse, as vLLM would, a prompt text longer than `bound` characters (before encoding it)."""
+    for text in surface.prompt_texts(tok, body):
+        if len(text) > bound:
+            raise errors.prompt_over_char_bound(len(text), bound, max_model_len, surface.prompt_param)
+
+
+def _counting_busy(limit: int, waited: float) -> BrimfulError:
+    return errors.counting_busy(limit, waited)
+
+
+@dataclass(frozen=True)
+class EngineState:
+    """Which engine turns a model's text into tokens (/stats, brimful_count_engine)."""
+
+    engine: str                  # "fastokens", "tokenizers" or "mistral-common"
+    fallback: str | None         # why not fastokens, when it was wanted but does not count this model
+    failures: int                # texts fastokens raised on since load, each counted by `tokenizers`
+
+    def describe(self) -> dict[str, object]:
+        return {"engine": self.engine, "engine_fallback": self.fallback, "engine_failures": self.failures}
+
+
+def engine_state(tok: CountingModel) -> EngineState:
+    if isinstance(tok, ModelTokenizer):          # HF tokenizers, gpt-oss's harmony included
+        return EngineState(tok.engine, tok.engine_fallback, tok.engine_failures)
+    return EngineState("mistral-common", "a Mistral-format model: mistral-common encodes it, as in vLLM", 0)
+
+
+@dataclass(frozen=True)
+class Count:
+    """A request's prompt tokens, one figure per prompt, and how far they can be trusted."""
+
+    per_prompt: list[int]
+    exact: bool = True          # the upstream's count (see proxy.admitted.trust)
+    margin: int = 0             # tokens to hold back when not exact
+    source: Literal["local", "upstream"] = "local"
+    uncounted: str | None = None  # why nothing could count it (then per_prompt is empty)
+
+    @property
+    def total(self) -> int:
+        return sum(self.per_prompt)
+
+
+class PromptCounter:
+    def __init__(self, config: Config, backends: Backends) -> None:
+        self._config = config
+        self._backends = backends
+        self._cache = TokenizerCache(
+            max_entries=config.tokenizers.cache_size,
+            piece_cache_entries=config.tokenizers.piece_cache_entries,
+            engine=config.tokenizers.engine,
+            chat_cache_entries=config.tokenizers.chat_cache_entries,
+        )
+        self._dirs: dict[str, Path | None] = {}
+        # model -> its loaded tokenizer: the per-request lookup then needs no worker
+        # thread (asyncio.to_thread + TokenizerCache.get's Path.resolve() were ~20 %
+        # of brimful's CPU per small request, profiled at 64 connections).
+        # Bounded like the cache itself; cleared when the model list changes.
+        self._ready: OrderedDict[str, CountingModel] = OrderedDict()
+        self._ready_max = config.tokenizers.cache_size
+        self._hf_home = config.tokenizers.hf_home or os.environ.get("HF_HOME")
+        self.on_parity: list[Callable[[str, bool], None]] = []
+        self.on_trust: list[Callable[[CountTrust], None]] = []
+        self._trust: dict[str, CountTrust] = {}
+        # model -> how it is counted once its tokenizer was looked for: "local"
+        # (loaded) or "upstream" (POST /tokenize).  Kept across model-list
+        # changes, so a refresh does not make a known model "pending" again
+        # (GET /ready reads it).
+        self.counted_by: dict[str, str] = {}
+        self.budget = MemoryBudget(config.tokenizers.count_memory_bytes, config.upstream.queue_timeout,
+                                   _counting_busy)
+
+    # -- where each model's tokenizer is -------------------------------------
+
+    def tokenizer_dir(self, model: str) -> Path | None:
+        if model in self._dirs:
+            return self._dirs[model]
+        found = self._resolve(model, seen=set())
+        self._dirs[model] = found
+        return found
+
+    def tokenizer_mode(self, model: str) -> str:
+        """vLLM's --tokenizer-mode for the model (a LoRA adapter takes its base model's)."""
+        override = self._config.models.get(model)
+        if override is not None and override.tokenizer_mode != "auto":
+            return override.tokenizer_mode
+        info = self._backends.info(model)
+        if info is not None and info.parent and info.parent != model:
+            parent = self._config.models.get(info.parent)
+            if parent is not None:
+                return parent.tokenizer_mode
+        return "auto"
+
+    def _resolve(self, model: str, seen: set[str]) -> Path | None:
+        seen.add(model)
+        override = self._config.models.get(model)
+        if override is not None and override.tokenizer:
+            return Path(override.tokenizer)
+        info: ModelInfo | None = self._backends.info(model)
+        root = info.root if info else None
+        found = find_tokenizer_dir(model, root, self._hf_home)
+        if found is None and info is not None and info.parent and info.parent not in seen:
+            found = self._resolve(info.parent, seen)
+        return found
+
+    @property
+    def piece_cache(self) -> PieceCountCache | None:
+        return self._cache.piece_cache
+
+    @property
+    def chat_cache(self) -> ChatCountCache | None:
+        return self._cache.chat_cache
+
+    def engines(self) -> dict[str, EngineState]:
+        """Per loaded model: which engine counts it, why not fastokens, and the texts it fell back on."""
+        return {model: engine_state(tok) for model, tok in list(self._ready.items())}
+
+    def forget_dirs(self) -> None:
+        """Called when the upstream's model list changes: roots may have moved, and
+        what was learnt about each model's count starts again with its new probes."""
+        self._dirs.clear()
+        self._ready.clear()
+        self._trust.clear()
+
+    # -- how far each model's count is trusted (proxy.admitted.trust) -------------------
+
+    def trust(self, model: str) -> CountTrust:
+        found = self._trust.get(model)
+        if found is None:
+            found = self._trust[model] = CountTrust(model)
+        return found
+
+    def trust_states(self) -> dict[str, CountTrust]:
+        return dict(self._trust)
+
+    def answered(self, model: str, counted: int, reported: int) -> None:
+        """The upstream's usage for a request counted with `counted` tokens."""
+        trust = self.trust(model)
+        self._changed(trust, trust.answered(counted, reported))
+
+    def _changed(self, trust: CountTrust, change: str | None) -> None:
+        if change is None:
+            return
+        log.warning("model %s: %s", trust.model, change)
+        for callback in self.on_trust:
+            callback(trust)
+
+    async def tokenizer(self, model: str) -> CountingModel | None:
+        ready = self._ready.get(model)
+        if ready is not None:
+            return ready
+        directory = self.tokenizer_dir(model)
+        if directory is None:
+            self.counted_by[model] = "upstream"
+            return None
+        try:
+            tok = await asyncio.to_thread(self._cache.get, directory, self.tokenizer_mode(model))
+        except (OSError, ValueError) as exc:
+            log.warning("cannot load the tokenizer of %s from %s: %s", model, directory, exc)
+            self._dirs[model] = None
+            self.counted_by[model] = "upstream"
+            return None
+        self._ready[model] = tok
+        self.counted_by[model] = "local"
+        if len(self._ready) > self._ready_max:
+            self._ready.popitem(last=False)
+        return tok
+
+    async def preload(self, models: list[str]) -> None:
+        """Load every served model's tokenizer once, before the first request needs it,
+        then compare its counts with the upstream's own /tokenize (the parity check)."""
+        for model in models:
+            tok = await self.tokenizer(model)
+            log.info(
+                "model %s: tokenizer %s",
+                model,
+                tok.source_dir if tok is not None else "not found locally; counting via upstream /tokenize",
+            )
+            if tok is not None and tok.piece_fallback:
+                log.info("model %s: counting whole prompts (no per-piece cache): %s", model, tok.piece_fallback)
+            if tok is not None and self._config.tokenizers.parity_check:
+                # vLLM's /tokenize renders the HF template even for gpt-oss, whose chats
+                # it renders with harmony: those probes are checked against usage instead.
+                by_tokenize = tok.family != "harmony"
+                result = await (self.parity_check(model, tok) if by_tokenize else self.parity_by_usage(model, tok))
+                trust = self.trust(model)
+                self._changed(trust, trust.probes(result, by_tokenize=by_tokenize))
+                if result is not None:
+                    for callback in self.on_parity:
+                        callback(model, result)
+
+    async def parity_check(self, model: str, tok: CountingModel) -> bool | None:
+        """Count a few built-in conversations locally and with the upstream's /tokenize.
+
+        True: every probe matched. False: a mismatch (logged as a warning naming
+        the model: a wrong tokenizer directory or chat template would make every
+        clamp wrong), which includes one side refusing a probe the other counts.
+        None: nothing could be compared (no usable /tokenize, not vLLM; or both
+        sides refused every probe).
+        """
+        mismatches = []
+        compared = 0
+        upstream = self._upstream(model)
+        for name, probe in PARITY_PROBES.items():
+            try:
+                local: int | None = await asyncio.to_thread(tok.count_chat, probe)
+            except CountError:
+                local = None      # the template cannot render this probe (e.g. no tool support)
+            except MediaNotCountable:
+                continue          # a model brimful counts no images for: the upstream counts those
+            try:
+                status, answer = await upstream.post_json(
+                    "/tokenize", {"model": model, "add_generation_prompt": True, **probe}
+                )
+            except errors.BrimfulError:
+                return None
+            if status == 404:
+                return None
+            theirs = answer.get("count") if status == 200 and isinstance(answer, dict) else None
+            if status >= 500 or (status == 200 and not isinstance(theirs, int)):
+                continue          # the upstream failed, not the probe: nothing learnt
+            if local is None and theirs is None:
+                continue          # both refuse it: they agree, but nothing was counted
+            compared += 1
+            if local != theirs:
+                shown = [("refused" if c is None else str(c)) for c in (local, theirs)]
+                mismatches.append(f"{name}: brimful {shown[0]}, upstream {shown[1]}")
+        if mismatches:
+            log.warning(
+                "model %s: brimful's token counts differ from the upstream's /tokenize (%s); check the "
+                "tokenizer directory %s and the chat template vLLM serves with",
+                model, "; ".join(mismatches), tok.source_dir,
+            )
+            return False
+        if compared == 0:
+            log.warning("model %s: no start-up probe could be compared with the upstream's /tokenize", model)
+            return None
+        log.info("model %s: token counts match the upstream's /tokenize (%d probes)", model, compared)
+        return True
+
+    async def parity_by_usage(self, model: str, tok: CountingModel) -> bool | None:
+        """The probes as one-token chat completions, their usage against brimful's count.
+
+        For models whose /tokenize does not render what the chat renders; costs
+        one prefill and one generated token per probe, once per model.
+        """
+        upstream = self._upstream(model)
+        mismatches = []
+        compared = 0
+        for name, probe in PARITY_PROBES.items():
+            try:
+                local: int | None = await asyncio.to_thread(tok.count_chat, probe)
+            except CountError:
+                local = None
+            except MediaNotCountable:
+                continue
+            try:
+                status, answer = await upstream.post_json(
+                    "/v1/chat/completions", {"model": model, "max_tokens": 1, **probe})
+            except errors.BrimfulError:
+                return None
+            usage = answer.get("usage") if status == 200 and isinstance(answer, dict) else None
+            theirs = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+            if status >= 500 or (status == 200 and not isinstance(theirs, int)):
+                continue
+            if local is None and theirs is None:
+                continue
+            compared += 1
+            if local != theirs:
+                mismatches.append(f"{name}: brimful {local}, upstream usage {theirs}")
+        if mismatches:
+            log.warning("model %s: brimful's token counts differ from the upstream's usage (%s)",
+                        model, "; ".join(mismatches))
+            return False
+        if compared == 0:
+            return None
+        log.info("model %s: token counts match the upstream's usage (%d probes)", model, compared)
+        return True
+
+    # -- counting -------------------------------------------------------------
+
+    async def count(self, model: str, surface: Surface, body: dict[str, Any], body_size: int,
+                    max_model_len: int | None = None) -> Count:
+        """The request's prompt tokens, one figure per prompt: locally, else by the upstream.
+
+        With `max_model_len`, a prompt over vLLM's character bound is refused
+        before it is encoded.
+        """
+        tok = await self.tokenizer(model)
+        trust = self.trust(model)
+        if tok is None:
+            counted = await self._count_upstream(model, surface, body)
+            return Count(counted, trust.exact, trust.margin, "upstream")
+        try:
+            local = await self._count_local(tok, surface, body, body_size, max_model_len)
+        except MediaNotCountable as exc:
+            return await self._count_media_upstream(model, surface, body, exc)
+        if trust.mode == "upstream":
+            try:
+                counted = await self._count_upstream(model, surface, body)
+            except errors.BrimfulError as exc:
+                if exc.status < 500:
+                    raise      # /tokenize refused the request: vLLM's chat would refuse it too
+                # /tokenize unavailable: the local count, held for what it is, not exact.
+                return Count(local, False, max(trust.max_under, 1), "local")
+            self._changed(trust, trust.shadow(sum(local), sum(counted)))
+            return Count(counted, True, 0, "upstream")
+        return Count(local, trust.exact, trust.margin, "local")
+
+    async def _count_media_upstream(self, model: str, surface: Surface, body: dict[str, Any],
+                                    exc: MediaNotCountable) -> Count:
+        """Media brimful cannot count: vLLM's /tokenize runs the model's multimodal
+        processor and is exact; if it cannot answer, the request goes uncounted (never a 400)."""
+        try:
+            return Count(await self._count_upstream(model, surface, body), True, 0, "upstream")
+        except errors.BrimfulError:
+            return Count([], False, 0, "local", uncounted=exc.reason)
+
+    async def _count_local(self, tok: CountingModel, surface: Surface, body: dict[str, Any],
+                           body_size: int, max_model_len: int | None) -> list[int]:
+        try:
+            if body_size > self._config.tokenizers.offload_above_bytes:
+                result = await self._count_long(tok, surface, body, body_size, max_model_len)
+            else:
+                result = surface.count(tok, body)
+        except CountError as exc:
+            raise errors.invalid_prompt(exc.message, getattr(exc, "param", None) or surface.prompt_param) from None
+        return [result] if isinstance(result, int) else list(result)
+
+    async def _count_long(self, tok: CountingModel, surface: Surface, body: dict[str, Any], body_size: int,
+                          max_model_len: int | None) -> int | list[int]:
+        """A long prompt, on the counting threads: the character bound, then the encode within the budget.
+
+        A prompt's text cannot be over the bound unless its body is at least
+        about half as long (a chat template adds little), so smaller bodies
+        skip rendering it twice.
+        """
+        pool = _long_prompt_pool()
+        factor = max_chars_per_token(tok)
+        bound = char_bound(max_model_len, factor, body) if max_model_len is not None and factor else None
+        trim = body_size > TRIM_ABOVE_BYTES
+        if bound is not None and max_model_len is not None and body_size * 2 > bound:
+            await _in_thread(pool, _check_and_trim, surface, tok, body, bound, max_model_len, trim)
+        weight = await self.budget.acquire(body_size * COUNT_BYTES_PER_BODY_BYTE)
+        done = pool.submit(_count_and_trim, surface, tok, body, trim)
+        # The budget is returned when the thread is done, not when this await
+        # ends: a client gone mid-count does not stop the encode.
+        loop = asyncio.get_running_loop()
+        done.add_done_callback(lambda _: loop.call_soon_threadsafe(self.budget.release, weight))
+        return await asyncio.wrap_future(done)
+
+    def _upstream(self, model: str) -> Upstream:
+        backend = self._backends.for_model(model) or self._backends.default
+        return backend.upstream
+
+    async def _count_upstream(self, model: str, surface: Surface, body: dict[str, Any]) -> list[int]:
+        """Ask the upstream for the count: vLLM's /tokenize (exact; it does not enforce max_model_len)
+        or the surface's own counting route."""
+        upstream = self._upstream(model)
+        counts: list[int] = []
+        try:
+            calls = surface.tokenize_calls(model, body)
+        except CountError as exc:
+            raise errors.invalid_prompt(exc.message, exc.param or surface.prompt_param) from None
+        for call in calls:
+            if isinstance(call, int):
+                counts.append(call)
+                continue
+            status, answer = await upstream.post_json(call.path, call.body)
+            if status == 200 and isinstance(answer, dict) and isinstance(answer.get(call.field), int):
+                counts.append(answer[call.field])
+                continue
+            message = _message_of(answer) or f"HTTP {status}"
+            if 400 <= status < 500:
+                raise errors.invalid_prompt(
+                    f"The upstream could not tokenize this request: {message}", surface.prompt_param
+                )
+            raise errors.upstream_not_ready(upstream.public_url, status, f"{call.path} failed: {message}")
+        return counts
+
+
+def _tool(name: str, description: str, strict: bool | None = None, **extra: Any) -> dict[str, Any]:
+    function: dict[str, Any] = {
+        "name": name,
+        "description": description,
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                       "additionalProperties": False},
+    }
+    if strict is not None:
+        function["strict"] = strict
+    return {"type": "function", "function": function, **extra}
+
+
+# A 27x29 PNG (data URL): a size that is not a multiple of any patch grid.
+_PROBE_IMAGE = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAABsAAAAdCAIAAADU74AfAAAAJ0lEQVR4nGPUqDjBQFXARF3jRk0cNXHU"
+                "xFETR00cNXHUxFETB62JACQeAaLILPZmAAAAAElFTkSuQmCC")
+
+# Built-in conversations for the start-up parity check: the shapes real traffic
+# has (a system prompt, tools as the Agents SDK and LlamaIndex send them, with
+# `strict` true and false and `defer_loading`, text parts, a tool round trip,
+# non-ASCII text, a developer message with reasoning in the history, an image
+# for the models whose images brimful counts, a system message that is not
+# first).  Where a template cannot render one, the upstream must refuse it too,
+# else it is a mismatch (parity_check).
+PARITY_PROBES: dict[str, dict[str, Any]] = {
+    "plain": {"messages": [{"role": "user", "content": "Hello! How are you today?"}]},
+    "system": {"messages": [{"role": "system", "content": "You are a careful assistant. Answer briefly."},
+                            {"role": "user", "content": "What is the capital of France?"}]},
+    "tools_strict": {
+        "messages": [{"role": "user", "content": "Weather in Seoul?"}],
+        "tools": [_tool("get_weather", "Current weather for a city", strict=True),
+                  _tool("get_forecast", "Forecast for a city", strict=False, defer_loading=True)],
+    },
+    "parts": {"messages": [
+        {"role": "system", "content": [{"type": "text", "text": "Be terse."}, {"type": "text", "text": "No lists."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Describe rain."}, {"type": "text", "text": "Briefly."}]},
+    ]},
+    "tool_loop": {
+        "messages": [
+            {"role": "user", "content": "Weather in Seoul?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": '{"city": "Seoul"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 21, "sky": "clear"}'},
+            {"role": "user", "content": "And tomorrow?"},
+        ],
+        "tools": [_tool("get_weather", "Current weather for a city", strict=True)],
+    },
+    "multi_turn": {
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "세종대왕이 한글을 만든 이유는? 🐶 漢字, café, naïve, e\u0301"},
+            {"role": "assistant", "content": "To make reading easy for everyone."},
+            {"role": "user", "content": "Thanks!"},
+        ]
+    },
+    "developer_reasoning": {"messages": [
+        {"role": "developer", "content": "Prefer metric units."},
+        {"role": "user", "content": "How far is a marathon?"},
+        {"role": "assistant", "content": "About 42 km.", "reasoning": "The marathon is 42.195 km."},
+        {"role": "user", "content": "In miles?"},
+    ]},
+    "image": {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is in this image?"},
+        {"type": "image_url", "image_url": {"url": _PROBE_IMAGE}},
+    ]}]},
+    "system_not_first": {"messages": [
+        {"role": "user", "content": "Hi."},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "system", "content": "From now on answer in French."},
+        {"role": "user", "content": "How are you?"},
+    ]},
+}
+
+
+def _count_and_trim(surface: Surface, tok: CountingModel, body: dict[str, Any], trim: bool) -> int | list[int]:
+    try:
+        return surface.count(tok, body)
+    finally:
+        if trim:
+            _trim_heap()
+
+
+def _check_and_trim(surface: Surface, tok: CountingModel, body: dict[str, Any], bound: int, max_model_len: int,
+                    trim: bool) -> None:
+    try:
+        check_char_bound(surface, tok, body, bound, max_model_len)
+    except BrimfulError:
+        if trim:
+            _trim_heap()            # the rendered text of a huge prompt, gone
+        raise
+
+
+async def _in_thread(pool: concurrent.futures.Executor, fn: Callable[..., Any], *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+
+def _message_of(answer: Any) -> str | None:
+    if isinstance(answer, dict):
+        err = answer.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return err["message"]
+        if isinstance(answer.get("message"), str):
+            return answer["message"]
+        if isinstance(answer.get("detail"), str):
+            return answer["detail"]
+    return None

@@ -1,0 +1,516 @@
+"""One admitted request, from the client's bytes to its length record.
+
+`AdmittedExchange.run()` reads as the flow it is:
+
+    prepare   read the body (bounded), parse it once, resolve the model and its
+              max_model_len, take a back-pressure slot (proxy.upstream.gate; counting
+              is work for the upstream's requests, so it waits its turn too),
+              count the prompt, decide (proxy.admitted.admission, pure), rewrite only
+              the limit fields the decision changes
+    forward   send, holding the slot to the last byte; if the upstream refuses
+              for length, retry once with the limit its own numbers allow
+              (proxy.upstream.explain.retry_limit, pure)
+    relay     the answer as it arrives: whole, or streamed event by event,
+              mapping upstream failures to explained errors
+    finish    latency, the drift warning, and the record to the recorder
+
+The exchange is the only writer of its `LengthRecord`.  What differs between
+API surfaces (where the prompt and the limit are, error and event shapes,
+usage) is asked of its `proxy.admitted.surfaces.Surface`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from proxy import errors
+from proxy.admitted import jsonbody
+from proxy.admitted.admission import Decision, RequestedLimit, decide_uncounted
+from proxy.admitted.answer import AnswerScanner
+from proxy.admitted.counting import PromptCounter
+from proxy.admitted.sse import EventStreamScanner
+from proxy.admitted.surfaces import Surface, Usage, parse_json_payload
+from proxy.asgi import (
+    ClientGone,
+    Headers,
+    Receive,
+    Scope,
+    Send,
+    is_shutdown_deadline,
+    path_qs,
+    read_body,
+    request_id,
+    send_chunk,
+    send_start,
+    send_whole,
+    until_disconnect,
+)
+from proxy.config import Config, Policy
+from proxy.errors import BrimfulError, ErrorCode
+from proxy.recording.record import Action, LengthRecord
+from proxy.recording.recorder import Recorder
+from proxy.sizing.lengths import plausible_usage
+from proxy.upstream.backends import Backend, Backends
+from proxy.upstream.client import DROP_REQUEST_ID, Response, forwardable
+from proxy.upstream.explain import explain_upstream_error, retry_limit
+from proxy.upstream.failure import parse_upstream_error
+
+log = logging.getLogger("brimful")
+
+MAX_ERROR_BODY = 1024 * 1024      # how much of an upstream error body is read
+# A non-streamed answer up to this size is read whole, checked and parsed; a
+# larger one is relayed as it arrives (`relay_large`), so its size never
+# becomes brimful's memory (a 500 MB answer peaked at 1,130 MiB when held).
+MAX_WHOLE_ANSWER = 1024 * 1024
+# brimful reads an admitted answer (usage, finish reasons), so it asks for it uncompressed.
+_DROP_ADMITTED = DROP_REQUEST_ID | {b"accept-encoding"}
+
+
+@dataclass
+class ExchangeServices:
+    """What every admitted exchange shares: made once by the app."""
+
+    config: Config
+    backends: Backends
+    counter: PromptCounter
+    recorder: Recorder
+    policy_for: Callable[[str | None], Policy]
+
+
+class AdmittedExchange:
+    def __init__(self, services: ExchangeServices, surface: Surface, scope: Scope, receive: Receive,
+                 send: Send) -> None:
+        self.services = services
+        self.surface = surface
+        self.scope = scope
+        self.receive = receive
+        self.send = send
+        self.started = time.perf_counter()
+        self.request_id = request_id(scope)
+        self.record = LengthRecord(ts=time.time(), model=None, endpoint=surface.name, request_id=self.request_id)
+        self.info: Headers = []            # the x-brimful-* headers every answer carries
+        # Set by prepare():
+        self.body = b""                    # the client's bytes
+        self.request: dict[str, Any] = {}  # ... parsed once
+        self.outgoing = b""                # what is sent upstream (the client's bytes unless rewritten)
+        self.changes: dict[str, Any] = {}  # the fields rewritten
+        self.limit_fields: list[str] = []  # the completion-limit fields a retry rewrites
+        self.strip_usage = False           # brimful asked for the stream's usage: remove it again
+        self.backend: Backend | None = None
+        self.holds_slot = False            # one of the backend's gate slots is taken
+        self.count_source: str | None = None   # how the prompt was counted: local | upstream | margin
+        self.uncounted: str | None = None      # why it could not be counted (media), if so
+        self.prompts = 1                       # prompts the upstream's usage sums (a batch's inputs)
+
+    async def run(self) -> None:
+        try:
+            try:
+                await self.prepare()
+            except ClientGone:
+                log.debug("client left before sending the whole body of %s", self.scope["path"])
+                return
+            except BrimfulError as err:
+                if not self.info:
+                    self.info = [(b"x-brimful-action", Action.REJECTED.encode()),
+                                 (b"x-request-id", self.request_id.encode())]
+                await self.answer_error(err, Action.REJECTED if err.status < 500 else Action.UPSTREAM_ERROR)
+                self.finish()
+                return
+            try:
+                if await until_disconnect(self.receive, self.forward_and_relay()):
+                    self.record.error_code = ErrorCode.CLIENT_DISCONNECTED
+            except asyncio.CancelledError as exc:
+                if not is_shutdown_deadline(exc):
+                    raise
+                # SIGTERM's drain deadline passed while this request waited for its answer.
+                await self.answer_shutdown()
+            self.finish()
+        finally:
+            if self.holds_slot:
+                assert self.backend is not None
+                self.backend.gate.release()
+
+    # -- prepare ----------------------------------------------------------------------
+
+    async def prepare(self) -> None:
+        services, surface, record = self.services, self.surface, self.record
+        self.body = await read_body(self.receive, services.config.server.max_body_bytes, self.scope)
+        request = self.request = jsonbody.parse_object(self.body)
+        record.stream = surface.is_stream(request)
+        record.n = surface.choices(request)
+        model, self.backend = await services.backends.resolve(request.get("model"))
+        record.model = model
+        await self.backend.gate.acquire()      # 503 upstream_busy when no slot frees in time
+        self.holds_slot = True
+        limit = surface.read_limit(request)
+        record.requested_max_tokens = limit.value
+        info = self.backend.registry.get(model)
+        max_model_len = record.max_model_len = info.max_model_len if info else None
+        decision = await self.decide(model, limit, max_model_len)
+        self.info = brimful_headers(record.prompt_tokens, max_model_len, decision, self.request_id,
+                                     self.count_source)
+        if self.uncounted is not None:
+            self.info.append((b"x-brimful-uncounted", self.uncounted.encode()))
+        record.action = decision.action
+        record.granted_max_tokens = decision.granted
+        if decision.error is not None:
+            raise decision.error
+        self.changes = dict(decision.rewrite or {})
+        self.limit_fields = list(decision.rewrite) if decision.rewrite else limit.fields_to_set()
+        self.strip_usage = (
+            record.stream and services.config.upstream.request_stream_usage
+            and surface.ask_for_usage(request, self.changes)
+        )
+        self.outgoing = jsonbody.with_fields(self.body, request, self.changes) if self.changes else self.body
+
+    async def decide(self, model: str, limit: RequestedLimit, max_model_len: int | None) -> Decision:
+        """Count the prompt and decide (the surface's rule, proxy.admitted.admission): pass, clamp, refuse, cut
+        pooling inputs, or forward uncounted."""
+        services, surface, record = self.services, self.surface, self.record
+        if max_model_len is None:
+            # No limit known (a config-less model whose card lacks one): relay untouched.
+            return Decision(Action.PASS, limit.value, limit.value)
+        stored = surface.uncounted(self.request)
+        if stored is not None:
+            # The prompt lives upstream (a stored conversation): nothing here can count it.
+            self.uncounted = stored
+            return decide_uncounted(limit, max_model_len)
+        count = await services.counter.count(model, surface, self.request, len(self.body), max_model_len)
+        if count.uncounted is not None:
+            self.uncounted = count.uncounted
+            return decide_uncounted(limit, max_model_len)
+        record.prompt_tokens = count.total
+        self.prompts = len(count.per_prompt)
+        self.count_source = count.source if count.exact else "margin"
+        decision = surface.decide(self.request, count.per_prompt, max_model_len, limit, services.policy_for(model),
+                                  model=model, count_exact=count.exact, drift_margin=count.margin)
+        if len(count.per_prompt) > 1:
+            record.longest_prompt_tokens = max(count.per_prompt)
+        if decision.counted is not None:    # the upstream will see the prompts cut to what it keeps
+            record.prompt_tokens = decision.counted
+            if record.longest_prompt_tokens is not None:
+                record.longest_prompt_tokens = min(record.longest_prompt_tokens, max_model_len)
+        return decision
+
+    # -- forward ------------------------------------------------------------------------
+
+    async def forward_and_relay(self) -> None:
+        response = await self.forward()
+        if response is not None:
+            await self.relay(response)
+
+    async def forward(self) -> Response | None:
+        """Send the request; at most one retry after a length refusal.  None: an error was answered."""
+        assert self.backend is not None
+        upstream = self.backend.upstream
+        record = self.record
+        headers = forwardable(self.scope["headers"], _DROP_ADMITTED)
+        headers.append((b"x-request-id", self.request_id.encode()))
+        retried = False
+        while True:
+            try:
+                response = await upstream.send("POST", path_qs(self.scope), headers, self.outgoing)
+                if response.status < 400:
+                    return response
+                raw = await upstream.read_body(response, MAX_ERROR_BODY)
+            except BrimfulError as broken:
+                await self.answer_error(broken, Action.UPSTREAM_ERROR)
+                return None
+            failure = parse_upstream_error(response.status, raw, response.headers.get("content-type"))
+            corrected = None if retried else retry_limit(
+                failure, prompt_tokens=record.prompt_tokens, max_model_len=record.max_model_len,
+                granted_max_tokens=record.granted_max_tokens,
+            )
+            if corrected is not None:
+                log.warning(
+                    "upstream rejected a clamped request of model %s for length; retrying with %d",
+                    record.model, corrected,
+                )
+                retried = True
+                self.retry_with(corrected)
+                continue
+            err = explain_upstream_error(
+                failure,
+                upstream=upstream.public_url,
+                prompt_tokens=record.prompt_tokens,
+                max_model_len=record.max_model_len,
+                requested_max_tokens=record.requested_max_tokens,
+                granted_max_tokens=record.granted_max_tokens,
+                prompt_param=self.surface.prompt_param,
+                max_tokens_param=self.limit_fields[0],
+            )
+            await self.answer_error(err, Action.UPSTREAM_ERROR)
+            return None
+
+    def retry_with(self, limit: int) -> None:
+        """The upstream counted more than brimful did: resend with the limit its numbers allow."""
+        record = self.record
+        record.length_retries += 1
+        record.granted_max_tokens = limit
+        record.action = Action.CLAMPED
+        self.services.recorder.count_length_retry(record.model)
+        self.changes = {**self.changes, **{name: limit for name in self.limit_fields}}
+        self.outgoing = jsonbody.with_fields(self.body, self.request, self.changes)
+        self.info = _replace_header(self.info, b"x-brimful-granted-max-tokens", limit)
+        self.info = _replace_header(self.info, b"x-brimful-action", Action.CLAMPED)
+
+    # -- relay ----------------------------------------------------------------------------
+
+    async def relay(self, response: Response) -> None:
+        assert self.backend is not None
+        headers = forwardable(response.raw_headers, DROP_REQUEST_ID) + self.info
+        content_type = response.headers.get("content-type") or ""
+        if content_type.startswith("text/event-stream"):
+            await self.relay_stream(response, headers)
+            return
+        try:
+            parts, whole = await self.read_answer(response)
+        except BrimfulError as err:
+            await self.answer_error(err, Action.UPSTREAM_ERROR)
+            return
+        if not whole:
+            await self.relay_large(response, headers, parts)
+            return
+        payload = parts[0] if len(parts) == 1 else b"".join(parts)
+        data = parse_json_payload(payload)
+        if data is None and (not content_type or "json" in content_type):
+            # A 200 whose JSON is cut short (`{"id": "x", "choices": [`) is no answer: say so.
+            what = "an empty body" if not payload.strip() else "a body that is not complete JSON"
+            invalid = errors.upstream_invalid_answer(self.backend.upstream.public_url, response.status,
+                                                     len(payload), what)
+            await self.answer_error(invalid, Action.UPSTREAM_ERROR)
+            return
+        self.record.status = response.status
+        await send_whole(self.send, response.status, payload, headers)
+        usage = Usage()
+        self.surface.read_usage(data, usage)
+        self.take_usage(usage)
+
+    async def read_answer(self, response: Response) -> tuple[list[bytes], bool]:
+        """The answer's body: whole (True), or the first chunks past MAX_WHOLE_ANSWER (False)."""
+        assert self.backend is not None
+        parts: list[bytes] = []
+        size = 0
+        try:
+            while chunk := await response.next_chunk():
+                parts.append(chunk)
+                size += len(chunk)
+                if size > MAX_WHOLE_ANSWER:
+                    return parts, False
+        except BaseException as exc:
+            response.close()
+            mapped = self.backend.upstream.map_exception(exc, phase="reading the response body")
+            if mapped is exc:
+                raise
+            raise mapped from exc
+        response.release()
+        return parts, True
+
+    async def relay_large(self, response: Response, headers: Headers, parts: list[bytes]) -> None:
+        """A large non-streamed answer, relayed as it arrives (proxy.admitted.answer scans it on the way).
+
+        The latest chunk is held back until the next one comes: an answer whose
+        end turns out incomplete (cut short, the upstream gone) is then cut
+        before its last bytes, which the client sees as a broken response, never
+        as a complete success.
+        """
+        assert self.backend is not None
+        upstream, record, send = self.backend.upstream, self.record, self.send
+        record.status = response.status
+        length = response.headers.get("content-length")
+        if length is not None:
+            headers = [*headers, (b"content-length", length.encode("latin-1"))]
+        await send_start(send, response.status, headers)
+        scanner = AnswerScanner()
+        held = b"".join(parts)
+        scanner.feed(held)
+        size = len(held)
+        failure: BrimfulError | None = None
+        try:
+            while chunk := await response.next_chunk():
+                scanner.feed(chunk)
+                size += len(chunk)
+                await send_chunk(send, held)
+                held = chunk
+        except asyncio.CancelledError:
+            response.close()
+            raise
+        except Exception as exc:
+            mapped = upstream.map_exception(exc, phase="reading the response body")
+            failure = mapped if isinstance(mapped, BrimfulError) else errors.upstream_broken(
+                upstream.public_url, f"{type(exc).__name__}: {exc}")
+            response.close()
+        finally:
+            response.release()
+        if failure is None and not scanner.complete:
+            failure = errors.upstream_invalid_answer(upstream.public_url, response.status, size,
+                                                     "a large body that is not complete JSON")
+        if failure is not None:
+            # Nothing can be added to a JSON body already under way: leave it unfinished.
+            log.warning("model %s: a large answer broke off mid-way (%s); the client's response is cut",
+                        record.model, failure.code)
+            record.action = Action.UPSTREAM_ERROR
+            record.error_code = failure.code
+            return
+        await send_chunk(send, held, more=False)
+        usage = Usage()
+        reasons = [{"finish_reason": reason} for reason in scanner.finish_reasons]
+        self.surface.read_usage({"usage": scanner.usage(), "choices": reasons}, usage)
+        self.take_usage(usage)
+
+    async def relay_stream(self, response: Response, headers: Headers) -> None:
+        """Relay SSE bytes as they arrive; a failure after the start becomes an error event.
+
+        With `strip_usage` (brimful asked for the usage chunk the client did
+        not), bytes are relayed per complete event so that one event can be
+        dropped; nothing waits longer than the end of the event it is in.
+        """
+        assert self.backend is not None
+        upstream, record, send = self.backend.upstream, self.record, self.send
+        record.status = response.status
+        await send_start(send, response.status, headers)
+        scanner = EventStreamScanner(self.surface)
+        failure: BrimfulError | None = None
+        try:
+            try:
+                while chunk := await response.next_chunk():
+                    if record.ttfb_ms is None:
+                        record.ttfb_ms = (time.perf_counter() - self.started) * 1000
+                    if self.strip_usage:
+                        chunk = scanner.drop_usage_events(chunk)
+                        if not chunk:
+                            continue
+                    else:
+                        scanner.feed(chunk)
+                    await send_chunk(send, chunk)
+            except asyncio.CancelledError as exc:
+                response.close()
+                if not is_shutdown_deadline(exc):
+                    raise
+                # SIGTERM's drain deadline passed with this stream still open: end it
+                # with an error event instead of a cut that could look complete.
+                failure = errors.shutting_down(self.services.config.server.shutdown_timeout)
+            except Exception as exc:
+                mapped = upstream.map_exception(exc, phase="streaming the response")
+                failure = mapped if isinstance(mapped, BrimfulError) else errors.upstream_broken(
+                    upstream.public_url, f"{type(exc).__name__}: {exc}"
+                )
+            finally:
+                response.release()
+            ended = scanner.done or (scanner.failed and self.surface.error_ends_stream)
+            if failure is None and not ended:
+                failure = errors.upstream_broken(
+                    upstream.public_url, f"the stream ended without its final {self.surface.stream_end_event}"
+                )
+            tail = scanner.leftover() if self.strip_usage else b""
+            if failure is not None:
+                record.action = Action.UPSTREAM_ERROR
+                record.error_code = failure.code
+                tail = (b"\n\n" if not scanner.at_boundary else b"") + self.surface.error_event(
+                    failure, scanner.last_data)
+            await send_chunk(send, tail, more=False)
+        finally:
+            self.take_usage(scanner.usage)
+            if scanner.failed:
+                # vLLM's own error event: the client got it as sent; the record says the
+                # request failed upstream (not with the upstream's code, which would make
+                # the error_code label set unbounded).
+                record.action = Action.UPSTREAM_ERROR
+                if record.error_code is None:
+                    record.error_code = ErrorCode.UPSTREAM_STREAM_ERROR
+
+    # -- answers and the record ---------------------------------------------------------------
+
+    async def answer_error(self, err: BrimfulError, action: Action) -> None:
+        """The error in the surface's shape; the record and x-brimful-action say what happened."""
+        record = self.record
+        if action == Action.UPSTREAM_ERROR and err.status >= 500 and self.backend is not None:
+            # The operator's view: which upstream, and the transport's own cause (never the
+            # upstream's message, which may quote the prompt).
+            log.warning("upstream %s (%s): %s answered %d%s", self.backend.name, self.backend.upstream.base_url,
+                        err.code, err.status, f" ({err.details['cause']})" if "cause" in err.details else "")
+        record.action = action
+        record.status = err.status
+        if record.error_code is None:
+            record.error_code = err.code
+        self.info = _replace_header(self.info, b"x-brimful-action", action)
+        await send_whole(self.send, err.status, self.surface.error_body(err), err.response_headers(self.info))
+
+    async def answer_shutdown(self) -> None:
+        """The drain deadline cut the request: a 503 if nothing was sent yet, else only the record."""
+        err = errors.shutting_down(self.services.config.server.shutdown_timeout)
+        if self.record.status == 0:
+            await self.answer_error(err, Action.UPSTREAM_ERROR)
+            return
+        self.record.action = Action.UPSTREAM_ERROR
+        self.record.error_code = err.code
+
+    def take_usage(self, usage: Usage) -> None:
+        """The upstream's usage into the record, where it can be true (proxy.sizing.lengths.plausible_usage)."""
+        record = self.record
+        prompt, completion = plausible_usage(usage.prompt_tokens, usage.completion_tokens, record.max_model_len,
+                                             record.n, self.prompts)
+        if (prompt, completion) != (usage.prompt_tokens, usage.completion_tokens):
+            _warn_implausible(record.model, usage, record.max_model_len)
+        if prompt is not None:
+            record.upstream_prompt_tokens = prompt
+        if completion is not None:
+            record.completion_tokens = completion
+        record.finish_reasons.extend(usage.finish_reasons)
+
+    def finish(self) -> None:
+        record = self.record
+        record.latency_ms = (time.perf_counter() - self.started) * 1000
+        if (self.surface.compares_usage and record.model is not None and record.prompt_tokens is not None
+                and record.upstream_prompt_tokens is not None):
+            if record.prompt_tokens != record.upstream_prompt_tokens:
+                log.warning(
+                    "prompt-token drift on model %s: brimful counted %d, the upstream reported %d",
+                    record.model, record.prompt_tokens, record.upstream_prompt_tokens,
+                )
+            self.services.counter.answered(record.model, record.prompt_tokens, record.upstream_prompt_tokens)
+        try:
+            self.services.recorder.record(record)
+        except Exception:  # recording must never fail a request
+            log.exception("could not record a request's length figures")
+
+
+_IMPLAUSIBLE_WARNED: set[str | None] = set()
+
+
+def _warn_implausible(model: str | None, usage: Usage, max_model_len: int | None) -> None:
+    """Once per model: an upstream whose usage cannot be true is worth one line, not one per request."""
+    if model in _IMPLAUSIBLE_WARNED:
+        return
+    _IMPLAUSIBLE_WARNED.add(model)
+    log.warning("model %s: the upstream reported usage prompt_tokens=%s, completion_tokens=%s, which cannot be "
+                "true (max_model_len %s); such counts are left out of the records", model,
+                str(usage.prompt_tokens)[:24], str(usage.completion_tokens)[:24], max_model_len)
+
+
+def brimful_headers(prompt: int | None, max_model_len: int | None, d: Decision, request_id: str,
+                     count_source: str | None = None) -> Headers:
+    """The x-brimful-* headers that tell the client what brimful did, and on which numbers."""
+    headers = [(b"x-brimful-action", d.action.encode()), (b"x-request-id", request_id.encode())]
+    if prompt is not None:
+        headers.append((b"x-brimful-prompt-tokens", str(prompt).encode()))
+    if count_source is not None:
+        headers.append((b"x-brimful-count", count_source.encode()))
+    if d.margin:
+        headers.append((b"x-brimful-margin-tokens", str(d.margin).encode()))
+    if max_model_len is not None:
+        headers.append((b"x-brimful-max-model-len", str(max_model_len).encode()))
+    if d.requested is not None:
+        headers.append((b"x-brimful-requested-max-tokens", str(d.requested).encode()))
+    if d.granted is not None:
+        headers.append((b"x-brimful-granted-max-tokens", str(d.granted).encode()))
+    return headers
+
+
+def _replace_header(headers: Headers, name: bytes, value: object) -> Headers:
+    return [(k, v) for k, v in headers if k != name] + [(name, str(value).encode())]

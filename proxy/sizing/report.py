@@ -1,0 +1,421 @@
+"""Length report: percentiles of real traffic → a `max_model_len` recommendation.
+
+Reads the JSONL files `proxy.recording.lengthlog` writes (one `LengthRecord` per line,
+see `proxy.recording.record`), possibly several (one per replica), and summarises them
+per model.  Memory stays bounded whatever the file size: a record is reduced
+to a few integers at once and each length distribution is an exact histogram
+(value → count).  Token counts are small integers with many repeats, so the
+histogram is exact — no sketch, no sampling — and its size is the number of
+distinct lengths, not the number of requests.
+
+The definitions of prompt, completion, total and sequence length and of the
+percentiles are `proxy.sizing.lengths`'; the histogram is `proxy.sizing.histogram`'s.
+
+Two views of the same records:
+
+* **served**: what each request got.  Requests without usage (rejected,
+  upstream errors, streams without `include_usage`) count for the shares and
+  the prompt distribution but not for completion / total / sequence, and a
+  clamped request counts with the length it was cut to.  These lengths are
+  censored at the current `max_model_len`: their percentile can never rise
+  above it (`served_recommendation`, kept for comparison).
+* **demand**: what each request asked for, refused and clamped requests
+  included (`proxy.sizing.demand`: prompt + the completion limit asked, or prompt +
+  what was generated when nothing was asked).  The recommendation is its
+  percentile in whole blocks, bounded by the model's own context and by what
+  the KV cache holds when those are given, with the share of past demand the
+  current and the recommended values refuse or clamp; rejections are broken
+  down by reason.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import IO, Any, NamedTuple
+
+from proxy.sizing import demand as dm
+from proxy.sizing.histogram import Histogram, percentile_key
+from proxy.sizing.lengths import (
+    BLOCK_SIZE,
+    MAX_PLAUSIBLE_TOKENS,
+    UNKNOWN_MODEL,
+    effective_prompt_tokens,
+    percentile,
+    round_to_blocks,
+    round_up,
+    sequence_tokens,
+    total_tokens,
+)
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    percentile: float
+    value: float              # the percentile of sequence lengths
+    max_model_len: int        # rounded up to the block size
+    block_size: int
+    clamped_count: int        # past requests longer than max_model_len
+    clamped_fraction: float
+
+
+
+def recommend_max_model_len(lengths: Histogram, p: float = 99.0, block_size: int = BLOCK_SIZE) -> Recommendation | None:
+    """max_model_len = p-th percentile of sequence lengths, rounded up to whole blocks."""
+    if lengths.n == 0:
+        return None
+    value = lengths.percentile(p)
+    mml = round_to_blocks(value, block_size)
+    assert mml is not None
+    above = lengths.count_above(mml)
+    return Recommendation(p, value, mml, block_size, above, above / lengths.n)
+
+
+# ---------------------------------------------------------------------------
+# records
+
+
+class MalformedRecord(ValueError):
+    pass
+
+
+class Lengths(NamedTuple):
+    """The numbers of one record the report needs (a tuple: made a million times)."""
+
+    model: str
+    ts: float
+    action: str
+    prompt: int | None
+    completion: int | None
+    total: int | None
+    sequence: int | None
+    finished_length: bool | None   # None: no finish reasons recorded
+    n: int
+    endpoint: str = "chat"
+
+
+def _opt_int(rec: Mapping[str, Any], key: str) -> int | None:
+    v = rec.get(key)
+    if v is None:
+        return None
+    if type(v) is not int or not 0 <= v <= MAX_PLAUSIBLE_TOKENS:
+        raise MalformedRecord(f"{key} is not a plausible token count")
+    return v
+
+
+def _lenient_int(rec: Mapping[str, Any], key: str) -> int | None:
+    """A non-negative integer field, else None (as `proxy.sizing.demand` reads records)."""
+    v = rec.get(key)
+    return v if type(v) is int and v >= 0 else None
+
+
+def record_lengths(rec: Any) -> Lengths:
+    """Reduce one decoded JSON line to `Lengths` (see the module docstring)."""
+    if not isinstance(rec, dict):
+        raise MalformedRecord("not a JSON object")
+    ts = rec.get("ts")
+    if type(ts) not in (int, float):
+        raise MalformedRecord("ts is not a number")
+    model = rec.get("model")
+    if model is None:
+        model = UNKNOWN_MODEL
+    elif not isinstance(model, str):
+        raise MalformedRecord("model is not a string")
+    n = rec.get("n", 1)
+    if n is None:
+        n = 1
+    if type(n) is not int or n < 1:
+        raise MalformedRecord("n is not a positive integer")
+    upstream_prompt = _opt_int(rec, "upstream_prompt_tokens")
+    # brimful's own count is read (and checked) only where the upstream reported none.
+    prompt = effective_prompt_tokens(
+        _opt_int(rec, "prompt_tokens") if upstream_prompt is None else None, upstream_prompt
+    )
+    completion = _opt_int(rec, "completion_tokens")
+    action = rec.get("action", "pass")
+    if not isinstance(action, str):
+        raise MalformedRecord("action is not a string")
+    reasons = rec.get("finish_reasons") or []
+    if not isinstance(reasons, list):
+        raise MalformedRecord("finish_reasons is not a list")
+    total = total_tokens(prompt, completion)
+    longest = _opt_int(rec, "longest_prompt_tokens")
+    granted = _opt_int(rec, "granted_max_tokens") if n > 1 or longest is not None else None
+    sequence = sequence_tokens(prompt, completion, n, granted, longest)
+    assert isinstance(ts, (int, float))
+    endpoint = rec.get("endpoint", "chat")
+    if not isinstance(endpoint, str):
+        raise MalformedRecord("endpoint is not a string")
+    return Lengths(model, float(ts), action, prompt, completion, total, sequence,
+                   ("length" in reasons) if reasons else None, n, endpoint)
+
+
+# ---------------------------------------------------------------------------
+# aggregation
+
+
+@dataclass
+class ModelStats:
+    model: str
+    requests: int = 0
+    actions: dict[str, int] = field(default_factory=dict)
+    endpoints: dict[str, int] = field(default_factory=dict)
+    with_finish_reasons: int = 0
+    finished_length: int = 0
+    parallel_sampling: int = 0        # requests with n > 1
+    max_model_len_seen: dict[int, int] = field(default_factory=dict)
+    # value -> count; read them as `Histogram`s through the properties below
+    prompt_counts: dict[int, int] = field(default_factory=dict)
+    completion_counts: dict[int, int] = field(default_factory=dict)
+    total_counts: dict[int, int] = field(default_factory=dict)
+    sequence_counts: dict[int, int] = field(default_factory=dict)
+    demand: dm.DemandTally = field(default_factory=dm.DemandTally)
+    reasons: dict[str, int] = field(default_factory=dict)     # not served, by proxy.sizing.demand's reason
+
+    @property
+    def prompt(self) -> Histogram:
+        return Histogram.of_counts(self.prompt_counts)
+
+    @property
+    def completion(self) -> Histogram:
+        return Histogram.of_counts(self.completion_counts)
+
+    @property
+    def total(self) -> Histogram:
+        return Histogram.of_counts(self.total_counts)
+
+    @property
+    def sequence(self) -> Histogram:
+        return Histogram.of_counts(self.sequence_counts)
+
+    def add(self, r: Lengths, max_model_len: Any = None) -> None:
+        # Dict updates written out (not Histogram.add): this runs per record.
+        self.requests += 1
+        actions = self.actions
+        actions[r.action] = actions.get(r.action, 0) + 1
+        endpoints = self.endpoints
+        endpoints[r.endpoint] = endpoints.get(r.endpoint, 0) + 1
+        if r.finished_length is not None:
+            self.with_finish_reasons += 1
+            self.finished_length += r.finished_length
+        if r.n > 1:
+            self.parallel_sampling += 1
+        if type(max_model_len) is int:
+            seen = self.max_model_len_seen
+            seen[max_model_len] = seen.get(max_model_len, 0) + 1
+        if r.prompt is not None:
+            c = self.prompt_counts
+            c[r.prompt] = c.get(r.prompt, 0) + 1
+        if r.completion is not None:
+            c = self.completion_counts
+            c[r.completion] = c.get(r.completion, 0) + 1
+        if r.total is not None and r.sequence is not None:   # both known exactly when prompt and completion are
+            c = self.total_counts
+            c[r.total] = c.get(r.total, 0) + 1
+            c = self.sequence_counts
+            c[r.sequence] = c.get(r.sequence, 0) + 1
+
+    def add_demand(self, r: Lengths, rec: Mapping[str, Any]) -> None:
+        """`proxy.sizing.demand`'s demand and reason of one record, from the fields `record_lengths` checked."""
+        limit = _lenient_int(rec, "max_model_len")
+        if r.prompt is not None:
+            longest = _lenient_int(rec, "longest_prompt_tokens")
+            f = dm.demand_figures(r.prompt, r.n, _lenient_int(rec, "requested_max_tokens"), r.completion,
+                                  _lenient_int(rec, "granted_max_tokens"), bool(r.finished_length),
+                                  str(rec.get("endpoint")), longest)
+            self.demand.add_values(longest if longest is not None else r.prompt, f.sequence, f.kv_tokens,
+                                   f.lower_bound, limit)
+        status = rec.get("status")
+        reason = dm.reason_of(rec.get("error_code"), r.action, status if type(status) is int else None,
+                              _lenient_int(rec, "prompt_tokens"), limit)
+        if reason is not None:
+            self.reasons[reason] = self.reasons.get(reason, 0) + 1
+
+    def share(self, action: str) -> float:
+        return self.actions.get(action, 0) / self.requests if self.requests else 0.0
+
+
+@dataclass
+class ReadStats:
+    files: list[str] = field(default_factory=list)
+    lines: int = 0
+    records: int = 0
+    malformed: int = 0
+    filtered: int = 0          # valid records left out by --model / --since
+
+
+class ReportBuilder:
+    """Feed lines (from any number of files); read `stats` and `models` at the end."""
+
+    def __init__(self, model: str | None = None, since: float | None = None) -> None:
+        self.model = model
+        self.since = since
+        self.stats = ReadStats()
+        self.models: dict[str, ModelStats] = {}
+
+    def add_line(self, line: bytes | str) -> None:
+        if line.isspace() or not line:
+            return   # blank lines are not records
+        self.stats.lines += 1
+        try:
+            rec = json.loads(line)
+            r = record_lengths(rec)
+        except (ValueError, RecursionError):   # JSONDecodeError and MalformedRecord are ValueErrors
+            self.stats.malformed += 1
+            return
+        if (self.model is not None and r.model != self.model) or (self.since is not None and r.ts < self.since):
+            self.stats.filtered += 1
+            return
+        self.stats.records += 1
+        stats = self.models.get(r.model)
+        if stats is None:
+            stats = self.models[r.model] = ModelStats(r.model)
+        stats.add(r, rec.get("max_model_len"))
+        stats.add_demand(r, rec)
+
+    def add_file(self, path: str, progress: Callable[[str, int], None] | None = None) -> None:
+        self.stats.files.append(path)
+        with _open(path) as f:
+            for i, line in enumerate(f, 1):
+                self.add_line(line)
+                if progress is not None and i % 100_000 == 0:
+                    progress(path, i)
+
+
+def _open(path: str) -> IO[bytes]:
+    if path == "-":
+        return sys.stdin.buffer
+    if path.endswith(".gz"):
+        return gzip.open(path, "rb")  # type: ignore[return-value]  # typeshed: a GzipFile is no IO[bytes]
+    return open(path, "rb")
+
+
+# ---------------------------------------------------------------------------
+# time filter
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_since(text: str, now: float) -> float:
+    """--since: '24h' / '30m' / '7d' (relative to now), unix seconds, or an ISO time.
+
+    An ISO time without a zone is read as UTC, because the records' `ts` are
+    unix times and the report must not depend on the machine's zone.
+    """
+    s = text.strip()
+    if len(s) >= 2 and s[-1].lower() in _UNITS:
+        try:
+            return now - float(s[:-1]) * _UNITS[s[-1].lower()]
+        except ValueError:
+            pass
+    try:
+        return float(s)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"cannot read --since {text!r}: use 24h, 7d, unix seconds or an ISO time") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+# ---------------------------------------------------------------------------
+# result
+
+
+def model_report(stats: ModelStats, p: float = 99.0, block_size: int = BLOCK_SIZE, *,
+                 model_bound: int | None = None, kv_bound: int | None = None,
+                 min_completion: int = 1) -> dict[str, Any]:
+    """Everything the report prints for one model, as plain data (JSON-ready).
+
+    `model_bound` / `kv_bound` cap the recommendation (`proxy.sizing.demand.recommend_from_demand`).
+    """
+    extra = (p,)
+    prompt, completion, total, sequence = stats.prompt, stats.completion, stats.total, stats.sequence
+    served = recommend_max_model_len(sequence, p, block_size)
+    current = max(stats.max_model_len_seen, key=stats.max_model_len_seen.__getitem__) \
+        if stats.max_model_len_seen else None
+    tally = stats.demand
+    rec = dm.recommend_from_demand(tally, p, block_size, model_bound=model_bound, kv_bound=kv_bound,
+                                   current=current, min_completion=min_completion)
+    beyond = sum(c for v, c in tally.sequence.items() if current is not None and v > current)
+    return {
+        "model": stats.model,
+        "requests": stats.requests,
+        "completed": total.n,
+        "actions": dict(sorted(stats.actions.items())),
+        "endpoints": dict(sorted(stats.endpoints.items(), key=lambda e: (-e[1], e[0]))),
+        "clamped_share": stats.share("clamped"),
+        "rejected_share": stats.share("rejected"),
+        "upstream_error_share": stats.share("upstream_error"),
+        "rejections": dict(sorted(stats.reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "length_finish_share": (stats.finished_length / stats.with_finish_reasons
+                                if stats.with_finish_reasons else None),
+        "parallel_sampling_requests": stats.parallel_sampling,
+        "max_model_len_current": current,
+        "prompt_tokens": prompt.summary(extra),
+        "completion_tokens": completion.summary(extra),
+        "total_tokens": total.summary(extra),
+        "sequence_tokens": sequence.summary(extra),
+        "demand_tokens": tally.sequence_histogram.summary(extra),
+        "demand_kv_tokens": tally.kv_histogram.summary(extra),
+        "demand_lower_bounds": tally.lower_bounds,
+        "beyond_max_model_len": beyond,
+        "recommendation": None if rec is None else rec.to_dict(),
+        "served_recommendation": None if served is None else {
+            "percentile": served.percentile,
+            "sequence_tokens_at_percentile": served.value,
+            "max_model_len": served.max_model_len,
+            "block_size": served.block_size,
+            "would_clamp": served.clamped_count,
+            "would_clamp_fraction": served.clamped_fraction,
+        },
+    }
+
+
+class Progress:
+    """'\\r<file>: N lines' on stderr, only when stderr is a terminal."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = self.stream.isatty()
+        self.started = time.monotonic()
+
+    def __call__(self, path: str, lines: int) -> None:
+        if self.enabled:
+            self.stream.write(f"\r{path}: {lines:,} lines ({time.monotonic() - self.started:.1f} s)")
+            self.stream.flush()
+
+    def done(self) -> None:
+        if self.enabled:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+def build_report(paths: Sequence[str], model: str | None = None, since: float | None = None,
+                 progress: Callable[[str, int], None] | None = None) -> ReportBuilder:
+    builder = ReportBuilder(model=model, since=since)
+    for path in paths:
+        builder.add_file(path, progress)
+    return builder
+
+
+def iter_models(builder: ReportBuilder) -> Iterator[ModelStats]:
+    """Models by request count, busiest first (ties by name)."""
+    return iter(sorted(builder.models.values(), key=lambda s: (-s.requests, s.model)))
+
+
+__all__ = [
+    "Histogram", "Lengths", "MalformedRecord", "ModelStats", "Progress", "ReadStats",
+    "Recommendation", "ReportBuilder", "build_report", "iter_models", "model_report",
+    "parse_since", "percentile", "percentile_key", "recommend_max_model_len",
+    "record_lengths", "round_up",
+]

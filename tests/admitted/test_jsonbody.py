@@ -1,0 +1,87 @@
+"""proxy.admitted.jsonbody: the layout of exactly the objects json.loads reads; rewrites touch only the fields set."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.admitted.jsonbody import layout, rewrite
+
+json_scalars = st.none() | st.booleans() | st.integers(-(10**20), 10**20) | st.floats(allow_nan=False) | st.text()
+json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=4)
+                           | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+keys = st.sampled_from(["max_tokens", "max_completion_tokens", "stream_options", "model", "messages", "n", "é"])
+
+
+def values_at(body: bytes) -> dict | None:
+    """The object the layout describes: each key's last occurrence parsed from its span."""
+    lay = layout(body)
+    if lay is None:
+        return None
+    return {key: json.loads(lay.text[spans[-1][0]:spans[-1][1]]) for key, spans in lay.values.items()}
+
+
+def object_or_none(body: bytes) -> dict | None:
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) and json.detect_encoding(body) == "utf-8" else None
+
+
+@pytest.mark.parametrize("body", [
+    b'{"model":"m","max_tokens":5}', b' \n{ "a" : 1 , "b" : [1, {"c": "}"}] } \r\n', b"{}", b"{ }",
+    b'{"a":1,"a":2}', b'{"x":"\\u00e9\\ud83d\\ude00","y":NaN,"z":-Infinity}', "{\"k\":\"한국어 😀\"}".encode(),
+    b"[1,2]", b'"text"', b"3", b"null", b"", b"   ", b"{", b'{"a":1,}', b'{"a" 1}', b'{"a":1}x', b"{a:1}",
+    b'{"a":tru}', b"\xef\xbb\xbf{}", "{\"a\":1}".encode("utf-16"), b'{"a":"\x01"}', b'{"a":1}{"b":2}',
+    b'{"bad":"\\ud800"}', b"\xff\xfe\x00", b"[" * 100_000 + b"]" * 100_000,
+])
+def test_a_layout_exactly_for_the_utf8_objects_json_loads_reads(body: bytes) -> None:
+    assert values_at(body) == object_or_none(body)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text(max_size=8) | keys, json_values, max_size=6), st.data())
+def test_random_objects_parse_like_json_loads_and_rewrite_only_what_is_set(obj: dict, data: st.DataObject) -> None:
+    separators = data.draw(st.sampled_from([(",", ":"), (", ", ": "), (" ,\n", " :\t")]))
+    body = json.dumps(obj, ensure_ascii=data.draw(st.booleans()), separators=separators).encode()
+    parsed = json.loads(body)
+    assert values_at(body) == parsed
+    lay = layout(body)
+    assert lay is not None
+    fields = data.draw(st.dictionaries(keys, json_values, max_size=3))
+    out = rewrite(body, lay, fields)
+    assert json.loads(out) == {**parsed, **fields}
+    if not fields:
+        assert out == body
+    # Every key the rewrite does not set keeps its value's text exactly.
+    out_layout = layout(out)
+    assert out_layout is not None
+    for key in parsed.keys() - fields.keys():
+        before = [lay.text[s:e] for s, e in lay.values[key]]
+        after = [out_layout.text[s:e] for s, e in out_layout.values[key]]
+        assert after == before
+
+
+def test_rewrite_keeps_the_clients_bytes_and_replaces_every_duplicate() -> None:
+    body = '{ "model" : "m",\n  "max_tokens": 99999, "note": "é\\u00e9", "max_tokens" : 65535 }'.encode()
+    lay = layout(body)
+    assert lay is not None and not lay.ascii
+    out = rewrite(body, lay, {"max_tokens": 100, "stream_options": {"include_usage": True}})
+    assert out == ('{ "model" : "m",\n  "max_tokens": 100, "note": "é\\u00e9", "max_tokens" : 100 '
+                   ',"stream_options":{"include_usage":true}}').encode()
+
+
+def test_rewrite_of_an_empty_object_adds_members_without_a_leading_comma() -> None:
+    body = b"{ }"
+    lay = layout(body)
+    assert lay is not None
+    assert rewrite(body, lay, {"max_tokens": 7, "n": 1}) == b'{ "max_tokens":7,"n":1}'
+
+
+def test_bodies_the_walk_does_not_take_get_no_layout() -> None:
+    assert layout("{\"a\":1}".encode("utf-16")) is None      # json.loads reads UTF-16; it is re-serialised
+    assert layout(b"[1]") is None

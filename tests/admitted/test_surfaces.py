@@ -1,0 +1,457 @@
+"""The Responses, Messages and pooling surfaces through proxy.admitted.exchange, in-process (no sockets).
+
+The upstream is `tests.support.transport.MockTransport` answering with the
+shapes a real vLLM 0.32 sends (tests/data/vllm032_surfaces/); each test checks
+what the upstream received, what the client got, and the one length record.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.app import BrimfulApp
+from tests.support.stack import MODEL, ListRecorder, call_app, make_config
+from tests.support.transport import MockResponse, MockTransport, SentRequest
+from tokenizer_cache import load_model_tokenizer
+
+MML = 2048
+
+
+@pytest.fixture(scope="module")
+def qwen3(qwen3_dir: Path) -> Any:
+    return load_model_tokenizer(qwen3_dir)
+
+
+class Upstream:
+    """/v1/models plus one queue of answers per path (a callable answer gets the request)."""
+
+    def __init__(self, **answers: list[Any]) -> None:
+        self.answers = {"/" + path.replace("__", "/"): list(queue) for path, queue in answers.items()}
+        self.transport = MockTransport(self.handle)
+
+    def handle(self, sent: SentRequest) -> MockResponse:
+        if sent.path == "/v1/models":
+            return MockResponse.json({"object": "list", "data": [
+                {"id": MODEL, "object": "model", "max_model_len": MML}]})
+        queue = self.answers.get(sent.path)
+        if not queue:
+            return MockResponse.json({"detail": "Not Found"}, status=404)
+        answer = queue.pop(0)
+        return answer(sent) if callable(answer) else answer
+
+    def sent(self, path: str) -> list[SentRequest]:
+        return [s for s in self.transport.sent if s.path == path]
+
+
+def app_for(upstream: Upstream, tokenizer_dir: Path | None, **policy: Any) -> tuple[BrimfulApp, ListRecorder]:
+    recorder = ListRecorder()
+    config = make_config("http://upstream.test", tokenizer_dir, policy=policy)
+    return BrimfulApp(config, recorder, transport_for=lambda url: upstream.transport), recorder
+
+
+def body(**fields: Any) -> bytes:
+    return json.dumps({"model": MODEL, **fields}).encode()
+
+
+def sse(*events: tuple[str, dict[str, Any]]) -> MockResponse:
+    chunks = [f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode() for name, data in events]
+    return MockResponse(200, [("content-type", "text/event-stream; charset=utf-8")], chunks)
+
+
+def sse_events(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for block in raw.decode().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.split("\n") if ": " in line)
+        if "data" in lines:
+            out.append((lines.get("event", ""), json.loads(lines["data"])))
+    return out
+
+
+WORDS_2100 = " ".join(["hello"] * 2100)
+
+
+# ---------------------------------------------------------------------------
+# Responses
+# ---------------------------------------------------------------------------
+
+def response_object(prompt: int, output: int, status: str = "incomplete") -> dict[str, Any]:
+    return {"id": "resp_1", "object": "response", "model": MODEL, "status": status,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "output": [], "usage": {"input_tokens": prompt, "output_tokens": output,
+                                    "total_tokens": prompt + output}}
+
+
+async def test_responses_max_output_tokens_is_clamped_and_recorded(qwen3_dir: Path, qwen3: Any) -> None:
+    prompt = qwen3.count_responses({"input": "Hello!"})
+    upstream = Upstream(v1__responses=[lambda s: MockResponse.json(response_object(prompt, 5))])
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/responses", body(input="Hello!", max_output_tokens=65535))
+
+    assert answer.status == 200
+    assert upstream.sent("/v1/responses")[0].json()["max_output_tokens"] == MML - prompt
+    assert (answer.headers["x-brimful-action"], answer.headers["x-brimful-prompt-tokens"]) == ("clamped", str(prompt))
+    [rec] = recorder.records
+    assert (rec.endpoint, rec.action, rec.prompt_tokens, rec.upstream_prompt_tokens) == (
+        "responses", "clamped", prompt, prompt)
+    assert (rec.requested_max_tokens, rec.granted_max_tokens, rec.completion_tokens) == (65535, MML - prompt, 5)
+    assert rec.finish_reasons == ["length"]
+
+
+async def test_a_responses_prompt_that_cannot_fit_is_refused_in_openais_envelope(qwen3_dir: Path) -> None:
+    upstream = Upstream()
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/responses", body(input=WORDS_2100, max_output_tokens=4))
+
+    assert answer.status == 400 and upstream.sent("/v1/responses") == []
+    error = json.loads(answer.body)["error"]
+    assert (error["code"], error["param"], error["brimful"]["prompt_tokens"]) == (
+        "context_length_exceeded", "input", 2108)
+    assert recorder.records[0].action == "rejected"
+
+
+async def test_a_responses_stream_is_relayed_and_its_completed_event_read(qwen3_dir: Path, qwen3: Any) -> None:
+    prompt = qwen3.count_responses({"input": "Hello!"})
+    stream = sse(
+        ("response.created", {"response": {**response_object(prompt, 0, "in_progress"), "usage": None},
+                              "sequence_number": 0, "type": "response.created"}),
+        ("response.output_text.delta", {"delta": "hi", "sequence_number": 1, "type": "response.output_text.delta"}),
+        ("response.completed", {"response": response_object(prompt, 1), "sequence_number": 2,
+                                "type": "response.completed"}))
+    upstream = Upstream(v1__responses=[stream])
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/responses", body(input="Hello!", max_output_tokens=3, stream=True))
+
+    assert [name for name, _ in sse_events(answer.body)] == [
+        "response.created", "response.output_text.delta", "response.completed"]
+    assert len(answer.chunks) >= 3           # relayed as the events arrived, not gathered
+    [rec] = recorder.records
+    assert (rec.stream, rec.action, rec.upstream_prompt_tokens, rec.completion_tokens, rec.finish_reasons) == (
+        True, "pass", prompt, 1, ["length"])
+
+
+async def test_a_responses_stream_that_breaks_off_ends_with_an_error_event(qwen3_dir: Path) -> None:
+    """vLLM 0.32 closes a Responses stream without a terminal event when its engine dies (capture x02)."""
+    stream = sse(("response.created", {"sequence_number": 0, "type": "response.created"}),
+                 ("response.output_text.delta", {"delta": "hi", "sequence_number": 4,
+                                                 "type": "response.output_text.delta"}))
+    upstream = Upstream(v1__responses=[stream])
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/responses", body(input="Hello!", max_output_tokens=3, stream=True))
+
+    name, last = sse_events(answer.body)[-1]
+    assert name == "error" and last["type"] == "error" and last["sequence_number"] == 5
+    assert last["code"] == "upstream_connection_error" and "'response.completed' event" in last["message"]
+    assert last["error"]["message"] == last["message"]        # what the openai client raises APIError with
+    [rec] = recorder.records
+    assert (rec.action, rec.error_code) == ("upstream_error", "upstream_connection_error")
+
+
+async def test_a_stored_conversation_is_forwarded_uncounted(qwen3_dir: Path) -> None:
+    upstream = Upstream(v1__responses=[MockResponse.json(response_object(40, 3))])
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/responses", body(input=WORDS_2100, previous_response_id="resp_0",
+                                                               max_output_tokens=65535))
+
+    assert answer.status == 200
+    assert upstream.sent("/v1/responses")[0].json()["max_output_tokens"] == MML   # vLLM refuses > max_model_len
+    assert answer.headers["x-brimful-action"] == "uncounted"
+    assert answer.headers["x-brimful-uncounted"] == "previous_response_id"
+    assert "x-brimful-prompt-tokens" not in answer.headers
+    [rec] = recorder.records
+    assert (rec.action, rec.prompt_tokens, rec.upstream_prompt_tokens, rec.granted_max_tokens) == (
+        "uncounted", None, 40, MML)
+
+
+async def test_responses_are_counted_by_the_upstreams_tokenize_without_a_local_tokenizer(qwen3: Any) -> None:
+    prompt = qwen3.count_responses({"input": [{"type": "message", "role": "user",
+                                               "content": [{"type": "input_text", "text": "Hello!"}]}]})
+    upstream = Upstream(tokenize=[lambda s: MockResponse.json({"count": qwen3.count_chat(s.json()),
+                                                               "max_model_len": MML, "tokens": []})],
+                        v1__responses=[MockResponse.json(response_object(prompt, 3))])
+    app, recorder = app_for(upstream, None)
+
+    answer = await call_app(app, "POST", "/v1/responses", body(
+        input=[{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hello!"}]}],
+        max_output_tokens=65535))
+
+    assert answer.status == 200 and answer.headers["x-brimful-count"] == "upstream"
+    tokenize = upstream.sent("/tokenize")[0].json()
+    assert tokenize["messages"][0]["content"] == [{"type": "text", "text": "Hello!"}]
+    assert tokenize["add_special_tokens"] is True
+    assert recorder.records[0].prompt_tokens == prompt
+
+
+# ---------------------------------------------------------------------------
+# Anthropic Messages
+# ---------------------------------------------------------------------------
+
+def message_object(prompt: int, output: int) -> dict[str, Any]:
+    return {"id": "chatcmpl-1", "type": "message", "role": "assistant", "content": [{"type": "text", "text": "x"}],
+            "model": MODEL, "stop_reason": "max_tokens", "usage": {"input_tokens": prompt, "output_tokens": output}}
+
+
+MESSAGE = [{"role": "user", "content": "Hello!"}]
+
+
+async def test_messages_max_tokens_is_clamped_and_recorded(qwen3_dir: Path, qwen3: Any) -> None:
+    prompt = qwen3.count_messages({"messages": MESSAGE})
+    upstream = Upstream(v1__messages=[MockResponse.json(message_object(prompt, 4))])
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/messages", body(messages=MESSAGE, max_tokens=65535))
+
+    assert answer.status == 200 and answer.headers["x-brimful-action"] == "clamped"
+    assert upstream.sent("/v1/messages")[0].json()["max_tokens"] == MML - prompt
+    [rec] = recorder.records
+    assert (rec.endpoint, rec.prompt_tokens, rec.upstream_prompt_tokens, rec.completion_tokens) == (
+        "messages", prompt, prompt, 4)
+    assert (rec.granted_max_tokens, rec.finish_reasons) == (MML - prompt, ["length"])
+
+
+async def test_a_messages_refusal_is_in_anthropics_envelope(qwen3_dir: Path) -> None:
+    upstream = Upstream()
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/messages", body(
+        messages=[{"role": "user", "content": WORDS_2100}], max_tokens=4))
+
+    assert answer.status == 400
+    error = json.loads(answer.body)
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert "2108 tokens" in error["error"]["message"]
+    assert error["error"]["brimful"] == {"code": "context_length_exceeded", "param": "messages",
+                                          "prompt_tokens": 2108, "max_model_len": MML, "tokens_to_remove": 61}
+    assert recorder.records[0].action == "rejected"
+
+
+async def test_an_unauthorized_messages_request_is_refused_in_anthropics_envelope(qwen3_dir: Path) -> None:
+    upstream = Upstream()
+    recorder = ListRecorder()
+    config = make_config("http://upstream.test", qwen3_dir)
+    config.server.api_keys = ["secret"]
+    app = BrimfulApp(config, recorder, transport_for=lambda url: upstream.transport)
+
+    answer = await call_app(app, "POST", "/v1/messages", body(messages=MESSAGE, max_tokens=4))
+
+    assert answer.status == 401
+    assert json.loads(answer.body)["error"]["type"] == "authentication_error"
+
+
+def messages_stream(prompt: int, output: int, *, end: bool = True) -> MockResponse:
+    events = [
+        ("message_start", {"type": "message_start", "message": {
+            "id": "m", "type": "message", "role": "assistant", "content": [], "model": MODEL,
+            "usage": {"input_tokens": prompt, "output_tokens": 0}}}),
+        ("content_block_start", {"type": "content_block_start", "content_block": {"type": "text", "text": ""},
+                                 "index": 0}),
+        ("content_block_delta", {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "x"},
+                                 "index": 0}),
+    ]
+    if end:
+        events += [("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                   ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "max_tokens"},
+                                      "usage": {"input_tokens": prompt, "output_tokens": output}}),
+                   ("message_stop", {"type": "message_stop"})]
+    return sse(*events)
+
+
+async def test_a_messages_stream_is_relayed_and_its_usage_read(qwen3_dir: Path, qwen3: Any) -> None:
+    prompt = qwen3.count_messages({"messages": MESSAGE})
+    upstream = Upstream(v1__messages=[messages_stream(prompt, 1)])
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/messages", body(messages=MESSAGE, max_tokens=1, stream=True))
+
+    assert [n for n, _ in sse_events(answer.body)][-1] == "message_stop"
+    [rec] = recorder.records
+    assert (rec.action, rec.upstream_prompt_tokens, rec.completion_tokens, rec.finish_reasons) == (
+        "pass", prompt, 1, ["length"])
+
+
+async def test_a_messages_stream_that_breaks_off_ends_with_anthropics_error_event(qwen3_dir: Path, qwen3: Any) -> None:
+    upstream = Upstream(v1__messages=[messages_stream(10, 0, end=False)])
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/messages", body(messages=MESSAGE, max_tokens=5, stream=True))
+
+    name, last = sse_events(answer.body)[-1]
+    assert name == "error" and last["type"] == "error" and last["error"]["type"] == "api_error"
+    assert "'message_stop' event" in last["error"]["message"]
+    [rec] = recorder.records
+    assert (rec.action, rec.error_code) == ("upstream_error", "upstream_connection_error")
+
+
+async def test_vllms_own_messages_error_event_is_relayed_and_recorded(qwen3_dir: Path) -> None:
+    """Capture x03: vLLM's Messages stream ends with `event: error` when its engine dies."""
+    failed = sse(("message_start", {"type": "message_start", "message": {"usage": {"input_tokens": 10}}}),
+                 ("error", {"type": "error", "error": {"type": "internal_error", "message": "engine died"}}))
+    upstream = Upstream(v1__messages=[failed])
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/messages", body(messages=MESSAGE, max_tokens=5, stream=True))
+
+    assert b"engine died" in answer.body and answer.body.count(b"event: error") == 1
+    [rec] = recorder.records
+    assert (rec.action, rec.error_code) == ("upstream_error", "upstream_stream_error")
+
+
+async def test_count_tokens_is_answered_by_brimful_without_the_upstream(qwen3_dir: Path, qwen3: Any) -> None:
+    upstream = Upstream()
+    app, recorder = app_for(upstream, qwen3_dir)
+    long = [{"role": "user", "content": WORDS_2100}]
+
+    answer = await call_app(app, "POST", "/v1/messages/count_tokens", body(messages=long))
+
+    assert answer.status == 200
+    assert json.loads(answer.body) == {"input_tokens": 2108, "context_management": {"original_input_tokens": 2108}}
+    assert answer.headers["x-brimful-prompt-tokens"] == "2108"
+    # (the start-up parity probes' /tokenize may run in the background: they are not this request)
+    assert [s.path for s in upstream.transport.sent if s.path.startswith("/v1/messages")] == []
+    assert recorder.records == []                 # nothing was generated: no length record
+
+
+async def test_count_tokens_asks_vllms_own_route_without_a_local_tokenizer() -> None:
+    upstream = Upstream(v1__messages__count_tokens=[MockResponse.json({"input_tokens": 10})])
+    app, _ = app_for(upstream, None)
+
+    answer = await call_app(app, "POST", "/v1/messages/count_tokens", body(messages=MESSAGE, system="s"))
+
+    assert json.loads(answer.body)["input_tokens"] == 10 and answer.headers["x-brimful-count"] == "upstream"
+    assert upstream.sent("/v1/messages/count_tokens")[0].json() == {"model": MODEL, "messages": MESSAGE,
+                                                                     "system": "s"}
+
+
+async def test_count_tokens_errors_are_anthropic_shaped(qwen3_dir: Path) -> None:
+    app, _ = app_for(Upstream(), qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/messages/count_tokens", body(messages="not a list"))
+
+    assert answer.status == 400 and json.loads(answer.body)["error"]["type"] == "invalid_request_error"
+
+
+# ---------------------------------------------------------------------------
+# Pooling
+# ---------------------------------------------------------------------------
+
+def embeddings(prompt: int, n: int) -> MockResponse:
+    return MockResponse.json({"object": "list", "data": [{"index": i, "embedding": [0.1]} for i in range(n)],
+                              "usage": {"prompt_tokens": prompt, "total_tokens": prompt, "completion_tokens": 0}})
+
+
+async def test_embeddings_that_fit_pass_and_the_longest_input_is_recorded(qwen3_dir: Path) -> None:
+    upstream = Upstream(v1__embeddings=[embeddings(4, 2)])
+    app, recorder = app_for(upstream, qwen3_dir)
+    sent = body(input=["Hello there", "second one"])
+
+    answer = await call_app(app, "POST", "/v1/embeddings", sent)
+
+    assert answer.status == 200 and upstream.sent("/v1/embeddings")[0].body == sent
+    [rec] = recorder.records
+    assert (rec.endpoint, rec.action, rec.prompt_tokens, rec.longest_prompt_tokens, rec.upstream_prompt_tokens) == (
+        "embeddings", "pass", 4, 2, 4)
+
+
+async def test_an_input_longer_than_max_model_len_is_named(qwen3_dir: Path) -> None:
+    upstream = Upstream()
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/embeddings", body(input=["ok", WORDS_2100, " ".join(["hi"] * 2048)]))
+
+    assert answer.status == 400 and upstream.sent("/v1/embeddings") == []
+    error = json.loads(answer.body)["error"]
+    assert error["brimful"]["inputs"] == [{"index": 1, "prompt_tokens": 2100, "tokens_to_remove": 52}]
+    assert "input 1 of 'input' is 2100 tokens" in error["message"]
+    assert recorder.records[0].action == "rejected"
+
+
+async def test_the_clients_truncation_is_counted_as_vllm_applies_it(qwen3_dir: Path) -> None:
+    upstream = Upstream(v1__embeddings=[embeddings(2049, 2)])
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/embeddings", body(input=["ok", WORDS_2100], truncate_prompt_tokens=-1))
+
+    assert answer.status == 200 and "truncate_prompt_tokens" in upstream.sent("/v1/embeddings")[0].json()
+    [rec] = recorder.records
+    assert (rec.action, rec.prompt_tokens, rec.upstream_prompt_tokens) == ("pass", 2049, 2049)   # no drift
+
+
+async def test_the_operator_may_opt_into_truncation_and_it_is_flagged(qwen3_dir: Path) -> None:
+    upstream = Upstream(v1__embeddings=[embeddings(2049, 2)])
+    app, recorder = app_for(upstream, qwen3_dir, truncate_inputs=True)
+
+    answer = await call_app(app, "POST", "/v1/embeddings", body(input=["ok", WORDS_2100]))
+
+    assert answer.status == 200 and answer.headers["x-brimful-action"] == "truncated"
+    assert upstream.sent("/v1/embeddings")[0].json()["truncate_prompt_tokens"] == MML
+    [rec] = recorder.records
+    assert (rec.action, rec.prompt_tokens, rec.longest_prompt_tokens) == ("truncated", 2049, MML)
+
+
+async def test_score_counts_each_query_and_document(qwen3_dir: Path) -> None:
+    upstream = Upstream(score=[MockResponse.json({"data": [], "usage": {"prompt_tokens": 8, "total_tokens": 8}})])
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/score", body(queries="what is it", documents=["one doc",
+                                                                                        "another doc here"]))
+
+    assert answer.status == 200
+    assert recorder.records[0].prompt_tokens == 8 and recorder.records[0].endpoint == "score"
+
+
+async def test_rerank_refuses_a_document_that_cannot_fit(qwen3_dir: Path) -> None:
+    app, _ = app_for(Upstream(), qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/rerank", body(query="q", documents=["fine", WORDS_2100]))
+
+    error = json.loads(answer.body)["error"]
+    assert answer.status == 400 and error["param"] == "documents"
+    assert error["brimful"]["inputs"][0]["index"] == 2          # the query is input 0
+
+
+async def test_metrics_and_stats_name_each_surface(qwen3_dir: Path, qwen3: Any) -> None:
+    from proxy.recording.metrics import Metrics
+    from proxy.recording.recorder import Recorder
+
+    prompt = qwen3.count_messages({"messages": MESSAGE})
+    upstream = Upstream(v1__messages=[MockResponse.json(message_object(prompt, 4))],
+                        v1__responses=[MockResponse.json(response_object(prompt, 4))],
+                        v1__embeddings=[embeddings(2, 1)])
+    recorder = Recorder(Metrics())
+    app = BrimfulApp(make_config("http://upstream.test", qwen3_dir), recorder,
+                      transport_for=lambda url: upstream.transport)
+
+    await call_app(app, "POST", "/v1/messages", body(messages=MESSAGE, max_tokens=65535))
+    await call_app(app, "POST", "/v1/responses", body(input="Hello!", max_output_tokens=5))
+    await call_app(app, "POST", "/v1/embeddings", body(input="Hello there"))
+    await call_app(app, "POST", "/v1/responses", body(input="x", previous_response_id="resp_0"))
+
+    text = recorder.metrics.render()[0].decode()
+    for endpoint, action, status in (("messages", "clamped", 200), ("responses", "pass", 200),
+                                     ("embeddings", "pass", 200), ("responses", "upstream_error", 404)):
+        assert (f'brimful_requests_total{{action="{action}",endpoint="{endpoint}",model="{MODEL}",'
+                f'status="{status}"}} 1.0') in text
+    [stats] = recorder.stats()["models"]
+    assert stats["endpoints"] == {"responses": 2, "messages": 1, "embeddings": 1}
+
+
+async def test_a_responses_prompt_vllm_truncates_is_served(qwen3_dir: Path) -> None:
+    """truncation "auto": vLLM keeps max_model_len - 1 tokens of a prompt too long (never worse: no refusal)."""
+    upstream = Upstream(v1__responses=[MockResponse.json(response_object(MML - 1, 1))])
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/responses", body(input=WORDS_2100, truncation="auto",
+                                                               max_output_tokens=100))
+
+    assert answer.status == 200 and upstream.sent("/v1/responses")[0].json()["max_output_tokens"] == 1
+    [rec] = recorder.records
+    assert (rec.action, rec.prompt_tokens, rec.upstream_prompt_tokens, rec.granted_max_tokens) == (
+        "clamped", MML - 1, MML - 1, 1)

@@ -1,0 +1,210 @@
+"""The counting engine in use gives `tokenizers`' ids everywhere, or is not used.
+
+* Every shipped tokenizer selects the fast engine, and its ids equal
+  `tokenizers`' on every corpus request (rendered by brimful) and on a
+  randomised set (tests/support/textgen.py: 400 texts per tokenizer here, 2500 in the
+  slow tier), add_special_tokens off and on, whole and through the piece cache.
+* Tokenizers edited to use what the shipped ones lack either select it and
+  are identical too, or fall back to `tokenizers` with the reason: it cannot
+  load Metaspace, and the self-check catches its real ByteLevel
+  add_prefix_space difference.
+* A fast engine made to disagree falls back (logged once); one that raises
+  while counting hands that text to `tokenizers`; concurrent counts from
+  threads stay exact.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from tests.conftest import MODELS
+from tests.support.corpus import CASES
+from tests.support.textgen import random_texts
+from tests.support.tokenizer_variants import EXACT_VARIANTS, FALLBACK_VARIANTS
+from tokenizer_cache import (
+    CountError,
+    ModelTokenizer,
+    PieceCountCache,
+    load_model_tokenizer,
+)
+from tokenizer_cache._encoder import (
+    FASTOKENS,
+    REFERENCE,
+    FastokensEncoder,
+    ReferenceEncoder,
+    select_encoder,
+)
+
+pytest.importorskip("fastokens")
+
+MODEL_DIRS = sorted(d for d in MODELS.iterdir() if (d / "tokenizer.json").is_file())
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, ModelTokenizer]:
+    return {d.name: load_model_tokenizer(d) for d in MODEL_DIRS}
+
+
+def _assert_same_ids(model: ModelTokenizer, texts: list[str]) -> None:
+    engine = model._encoder
+    reference = ReferenceEncoder(model.tokenizer)
+    for text in texts:
+        for add_special_tokens in (False, True):
+            assert engine.ids(text, add_special_tokens) == reference.ids(text, add_special_tokens), repr(text[:80])
+            assert engine.count(text, add_special_tokens) == reference.count(text, add_special_tokens)
+
+
+def test_every_shipped_tokenizer_counts_with_the_fast_engine(models: dict[str, ModelTokenizer]):
+    assert {name: (m.engine, m.engine_fallback) for name, m in models.items()} == {
+        name: (FASTOKENS, None) for name in models
+    }
+
+
+@pytest.mark.parametrize("model_dir", MODEL_DIRS, ids=[d.name for d in MODEL_DIRS])
+def test_corpus_prompts_encode_identically(model_dir: Path, models: dict[str, ModelTokenizer]):
+    model = models[model_dir.name]
+    texts = []
+    for case in CASES:
+        if Path(case["model_dir"]).name != model_dir.name or case["expected_error"] is not None:
+            continue
+        if case["endpoint"] == "chat":
+            texts.append(model.render_chat(case["request"]))
+            assert model.count_chat(case["request"]) == case["expected_prompt_tokens"]
+        else:
+            prompt = case["request"]["prompt"]
+            texts += [p for p in (prompt if isinstance(prompt, list) else [prompt]) if isinstance(p, str)]
+    assert len(texts) >= 30
+    _assert_same_ids(model, texts)
+
+
+def _random_set(model_dir: Path, models: dict[str, ModelTokenizer], count: int) -> None:
+    model = models[model_dir.name]
+    texts = random_texts(model.tokenizer, count, seed=len(model_dir.name))
+    _assert_same_ids(model, texts)
+    # Through the piece cache, the engine counts the pieces: same totals as tokenizers' whole encode.
+    pieces = model.with_piece_cache(PieceCountCache())
+    assert pieces.piece_counter is not None and pieces.engine == FASTOKENS
+    for text in texts:
+        expected = len(model.tokenizer.encode(text, add_special_tokens=False))
+        assert pieces.count_text(text, add_special_tokens=False) == expected, repr(text[:80])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_dir", MODEL_DIRS, ids=[d.name for d in MODEL_DIRS])
+def test_random_texts_encode_identically(model_dir: Path, models: dict[str, ModelTokenizer]):
+    _random_set(model_dir, models, 400)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_dir", MODEL_DIRS, ids=[d.name for d in MODEL_DIRS])
+def test_many_random_texts_encode_identically(model_dir: Path, models: dict[str, ModelTokenizer]):
+    _random_set(model_dir, models, 2500)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", EXACT_VARIANTS)
+def test_edited_tokenizers_are_exact_or_fall_back(variant: str):
+    tokenizer = EXACT_VARIANTS[variant]()
+    choice = select_encoder(tokenizer, tokenizer.to_str())
+    if variant == "metaspace-always":
+        assert choice.encoder.name == REFERENCE and "cannot load" in (choice.fallback_reason or "")
+        return
+    if variant == "byte-level-add-prefix-space":
+        # fastokens really differs here ("\u180e>" among others); the self-check sees it.
+        assert choice.encoder.name == REFERENCE and "self-check" in (choice.fallback_reason or "")
+        fast = FastokensEncoder(tokenizer.to_str(), ReferenceEncoder(tokenizer), split_special_tokens=False)
+        assert fast.ids("\u180e>", False) != tokenizer.encode("\u180e>", add_special_tokens=False).ids
+        return
+    assert (choice.encoder.name, choice.fallback_reason) == (FASTOKENS, None)
+    reference = ReferenceEncoder(tokenizer)
+    for text in random_texts(tokenizer, 300, seed=len(variant)):
+        for add_special_tokens in (False, True):
+            assert choice.encoder.ids(text, add_special_tokens) == reference.ids(text, add_special_tokens), repr(text)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", [v for v in FALLBACK_VARIANTS if v != "bpe-dropout"])
+def test_tokenizers_the_piece_cache_refuses_are_exact_or_fall_back(variant: str):
+    tokenizer = FALLBACK_VARIANTS[variant][0]()
+    choice = select_encoder(tokenizer, tokenizer.to_str())
+    if variant == "metaspace-first":
+        assert choice.encoder.name == REFERENCE and "cannot load" in (choice.fallback_reason or "")
+        return
+    assert choice.encoder.name == FASTOKENS
+    reference = ReferenceEncoder(tokenizer)
+    for text in random_texts(tokenizer, 300, seed=len(variant)):
+        for add_special_tokens in (False, True):
+            assert choice.encoder.ids(text, add_special_tokens) == reference.ids(text, add_special_tokens), repr(text)
+
+
+def test_a_disagreeing_engine_falls_back_and_says_so_once(monkeypatch, caplog):
+    tokenizer = Tokenizer.from_file(str(MODELS / "Qwen--Qwen3-8B" / "tokenizer.json"))
+    real_ids = FastokensEncoder.ids
+
+    def off_by_one_on_hangul(self, text: str, add_special_tokens: bool) -> list[int]:
+        ids = real_ids(self, text, add_special_tokens)
+        return [*ids, 0] if "가" in text else ids
+
+    monkeypatch.setattr(FastokensEncoder, "ids", off_by_one_on_hangul)
+    with caplog.at_level(logging.WARNING, logger="brimful.tokenizer"):
+        choice = select_encoder(tokenizer, tokenizer.to_str(), source="qwen3-test")
+    assert choice.encoder.name == REFERENCE
+    assert "self-check" in (choice.fallback_reason or "") and "가" in (choice.fallback_reason or "")
+    warnings = [r for r in caplog.records if "qwen3-test" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_a_model_whose_engine_disagrees_counts_with_tokenizers(monkeypatch, fresh_loads):
+    monkeypatch.setattr(FastokensEncoder, "ids", lambda self, text, add: [])
+    # loaded afresh (the self-check runs at load); the disagreeing engine is dropped after the test
+    model = load_model_tokenizer(MODELS / "Qwen--Qwen3-8B", piece_cache=PieceCountCache())
+    assert model.engine == REFERENCE and "self-check" in (model.engine_fallback or "")
+    assert model.count_text("Hello world", add_special_tokens=False) == 2
+
+
+def test_engine_choice_can_be_forced():
+    model = load_model_tokenizer(MODELS / "microsoft--Phi-3-mini-4k-instruct", engine="tokenizers")
+    assert (model.engine, model.engine_fallback) == (REFERENCE, None)
+    with pytest.raises(ValueError):
+        load_model_tokenizer(MODELS / "microsoft--Phi-3-mini-4k-instruct", engine="nope")
+
+
+def test_a_text_the_engine_raises_on_is_counted_by_tokenizers(models: dict[str, ModelTokenizer], caplog):
+    model = models["Qwen--Qwen3-8B"]
+    encoder = model._encoder
+    assert isinstance(encoder, FastokensEncoder)
+
+    class Raising:
+        def encode(self, *args, **kwargs):
+            raise RuntimeError("regex resource limit")
+
+        def encode_batch(self, *args, **kwargs):
+            raise RuntimeError("regex resource limit")
+
+    broken = FastokensEncoder.__new__(FastokensEncoder)
+    broken.__dict__.update(encoder.__dict__, _tokenizer=Raising(), _failures=0)
+    with caplog.at_level(logging.WARNING, logger="brimful.tokenizer"):
+        assert broken.count("Hello world", False) == 2
+        assert broken.count_pieces(["Hello", " world"]) == [1, 1]
+    assert broken.failures == 2
+    assert model.with_encoder(broken).engine_failures == 2 and model.engine_failures == 0
+    assert len([r for r in caplog.records if "fastokens raised" in r.getMessage()]) == 1
+
+
+def test_counts_from_many_threads_stay_exact(models: dict[str, ModelTokenizer]):
+    model = models["deepseek-ai--DeepSeek-V3.1"]
+    texts = random_texts(model.tokenizer, 300, seed=5)
+    expected = [len(model.tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        got = list(pool.map(lambda t: model.count_text(t, add_special_tokens=False), texts * 4))
+    assert got == expected * 4
+
+
+def test_errors_stay_count_errors(models: dict[str, ModelTokenizer]):
+    with pytest.raises(CountError):
+        models["Qwen--Qwen3-8B"].count_chat({"messages": []})

@@ -1,0 +1,130 @@
+"""proxy.workers.pages: with several workers, any of them answers /metrics, /stats, /ready and /live for all.
+
+Two BrimfulApps in one event loop stand for two workers (each with its own
+recorder and its own Unix socket); what a worker recorded is fed to its
+recorder directly.  tests/workers/test_supervisor.py runs the real `--workers 2`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.app import BrimfulApp
+from proxy.config import UpstreamMetricsConfig
+from proxy.recording.metrics import Metrics
+from proxy.workers.siblings import Siblings, SiblingUnavailable, WorkerSlot
+from tests.support.fakevllm import FakeVLLM
+from tests.support.stack import call_app, make_config
+from tests.workers.test_shard import records
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeVLLM]:
+    with FakeVLLM() as fake:
+        yield fake
+
+
+async def started(fake: FakeVLLM, directory: Path, count: int = 2, **config_kw) -> list[BrimfulApp]:
+    apps = []
+    for index in range(count):
+        config = make_config(fake.base_url, None, **config_kw)
+        config.upstream_metrics = UpstreamMetricsConfig(enabled=True, interval_s=3600)
+        app = BrimfulApp(config, worker=WorkerSlot(index, count, directory))
+        await app.startup()
+        apps.append(app)
+    return apps
+
+
+async def stopped(apps: list[BrimfulApp]) -> None:
+    for app in apps:
+        await app.shutdown()
+
+
+def metric_samples(body: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(body.decode()) for s in f.samples
+            if not s.name.endswith("_created")}
+
+
+async def test_every_worker_answers_for_all(fake: FakeVLLM, tmp_path: Path) -> None:
+    apps = await started(fake, tmp_path)
+    try:
+        one = Metrics()
+        for i, rec in enumerate(records(200, start=time.time() - 60)):
+            apps[i % 2].recorder.record(rec)
+            one.observe(rec)
+        pages = {path: [await call_app(app, "GET", path) for app in apps]
+                 for path in ("/stats", "/metrics", "/ready", "/live")}
+    finally:
+        await stopped(apps)
+    stats = [json.loads(a.body) for a in pages["/stats"]]
+    for document in stats:
+        document.pop("generated_at")
+    assert [a.status for a in pages["/stats"]] == [200, 200]
+    assert stats[0] == stats[1]                                  # the second worker relayed to the primary
+    assert sum(m["count"] for m in stats[0]["models"]) == 200
+    assert [(w["index"], w["answered"], w["records"]) for w in stats[0]["workers"]] == [(0, True, 100),
+                                                                                       (1, True, 100)]
+    metrics = [metric_samples(a.body) for a in pages["/metrics"]]
+    assert metrics[0] == metrics[1]
+    expected = metric_samples(one.render()[0])
+    assert {k: v for k, v in metrics[0].items() if k in expected} == expected
+    ready = [json.loads(a.body) for a in pages["/ready"]]
+    assert [w["index"] for w in ready[0]["workers"]] == [0, 1] and ready[0]["missing"] == ready[1]["missing"]
+    assert [json.loads(a.body)["workers"] for a in pages["/live"]] == [
+        [{"index": 0, "live": True}, {"index": 1, "live": True}]] * 2
+
+
+async def test_only_the_primary_scrapes_the_upstream(fake: FakeVLLM, tmp_path: Path) -> None:
+    apps = await started(fake, tmp_path)
+    await stopped(apps)
+    assert [list(app.sizing.scrapers) for app in apps] == [["default"], []]
+
+
+async def test_a_sibling_that_does_not_answer(fake: FakeVLLM, tmp_path: Path) -> None:
+    apps = await started(fake, tmp_path)
+    try:
+        apps[0].recorder.record(records(1, start=time.time())[0])
+        await apps[1].workers.siblings.stop()                   # worker 1 gone (crashed, restarting)
+        metrics = await call_app(apps[0], "GET", "/metrics")
+        stats = json.loads((await call_app(apps[0], "GET", "/stats")).body)
+        live = await call_app(apps[0], "GET", "/live")
+        ready = json.loads((await call_app(apps[0], "GET", "/ready")).body)
+        await apps[0].workers.siblings.stop()                   # the primary gone: worker 1 cannot relay
+        relayed = await call_app(apps[1], "GET", "/stats")
+    finally:
+        await stopped(apps)
+    assert metrics.status == 503 and b"worker 1 did not answer" in metrics.body   # never counters gone backwards
+    assert [(w["index"], w["answered"]) for w in stats["workers"]] == [(0, True), (1, False)]
+    assert stats["models"][0]["count"] == 1
+    assert live.status == 503
+    assert ready["ready"] is False and any("worker 1 did not answer" in m for m in ready["missing"])
+    assert relayed.status == 503 and "worker 0 did not answer" in json.loads(relayed.body)["error"]["message"]
+
+
+async def test_siblings_ask_and_answer(tmp_path: Path) -> None:
+    async def echo(question: dict) -> dict:
+        if question.get("boom"):
+            raise RuntimeError("no")
+        return {"seen": question}
+
+    first = Siblings(WorkerSlot(0, 3, tmp_path), echo)
+    second = Siblings(WorkerSlot(1, 3, tmp_path), echo)
+    await first.start()
+    await second.start()
+    try:
+        assert await first.ask(1, {"op": "x"}, 5) == {"seen": {"op": "x"}}
+        answers = await first.ask_others({"op": "y"}, 5)
+        with pytest.raises(SiblingUnavailable, match="worker 1 did not answer: RuntimeError: no"):
+            await first.ask(1, {"boom": True}, 5)
+    finally:
+        await first.stop()
+        await second.stop()
+    assert answers[1] == {"seen": {"op": "y"}}
+    assert isinstance(answers[2], SiblingUnavailable)            # worker 2 never started

@@ -1,0 +1,172 @@
+"""`brimful serve --workers 2`: one port, two processes, pages that add up, one scrape, a clean SIGTERM.
+
+Each request below opens its own connection, so the kernel's SO_REUSEPORT hash
+spreads them over both workers (the chance that 60 land on one is 2^-59);
+/stats' "workers" section shows that both served.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.utils import floatToGoString
+
+from proxy.recording.metrics import DEFAULT_TOKEN_BUCKETS
+from proxy.recording.stats import summarize
+from tests.e2e.test_lifecycle import _assert_complete, _refuses_connections
+from tests.recording.test_live_sizing import metrics_text
+from tests.support.fakevllm import FakeVLLM
+from tests.support.process import BrimfulProcess, wait_until
+from tests.support.stack import CHAT, MODEL, fake_counter
+from tokenizer_cache import load_model_tokenizer
+
+pytestmark = pytest.mark.slow
+
+
+def get(base_url: str, path: str) -> httpx.Response:
+    """A GET on a connection of its own (so it may reach either worker)."""
+    with httpx.Client(base_url=base_url, timeout=30) as http:
+        return http.get(path)
+
+
+def workers(base_url: str) -> list[dict[str, Any]]:
+    return list(get(base_url, "/stats").json()["workers"])
+
+
+def all_ready(base_url: str) -> bool:
+    response = get(base_url, "/ready")
+    return response.status_code == 200 and len(response.json()["workers"]) == 2
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples if not s.name.endswith("_created")}
+
+
+def two_workers(upstream: str, tmp_path: Path, qwen3_dir: Path, extra_toml: str = "") -> BrimfulProcess:
+    brimful = BrimfulProcess(upstream, tmp_path, qwen3_dir, extra_toml=extra_toml, extra_args=["--workers", "2"])
+    assert wait_until(lambda: all_ready(brimful.base_url), timeout=60), "\n".join(brimful.lines[-30:])
+    return brimful
+
+
+def test_two_workers_serve_one_port_and_every_page_adds_up(qwen3_dir: Path, tmp_path: Path) -> None:
+    log = tmp_path / "lengths.jsonl"
+    toml = (f'[length_log]\npath = "{log}"\n\n[upstream_metrics]\nenabled = true\ninterval_s = 3600\n')
+    with FakeVLLM(max_model_len=4096, count_prompt=fake_counter(load_model_tokenizer(qwen3_dir))) as fake:
+        fake.metrics_text = metrics_text(0.25, 0, 1, 0)
+        brimful = two_workers(fake.base_url, tmp_path, qwen3_dir, toml)
+        try:
+            prompts, ids, clamped = [], set(), 0
+            for i in range(60):
+                body = {"model": MODEL, "messages": [{"role": "user", "content": "word " * (i * 7 + 1)}],
+                        "max_tokens": 65535 if i % 3 == 0 else 5}
+                with httpx.Client(base_url=brimful.base_url, timeout=30) as http:
+                    response = http.post(CHAT, json=body)
+                assert response.status_code == 200, response.text
+                prompts.append(int(response.headers["x-brimful-prompt-tokens"]))
+                ids.add(response.headers["x-request-id"])
+                clamped += response.headers["x-brimful-action"] == "clamped"
+            assert wait_until(lambda: sum(w["records"] for w in workers(brimful.base_url)) == 60, timeout=10)
+            stats = get(brimful.base_url, "/stats").json()
+            pages = [get(brimful.base_url, "/metrics") for _ in range(8)]       # some through each worker
+            assert wait_until(lambda: len(log.read_text().splitlines()) == 60, timeout=10)
+            scrapes = [r for r in fake.requests if r.path == "/metrics"]
+        finally:
+            assert brimful.stop() == 0
+
+    # Both workers served, and /stats says what one process serving everything would say.
+    assert [w["index"] for w in stats["workers"]] == [0, 1]
+    assert all(w["answered"] and w["records"] > 0 for w in stats["workers"]), stats["workers"]
+    [model] = stats["models"]
+    assert (model["count"], model["clamped"]) == (60, clamped)
+    assert model["prompt_tokens"] == summarize(prompts)
+
+    # /metrics: the same page from either worker, with exact sums and buckets.
+    assert {p.status_code for p in pages} == {200}
+    metrics = samples(pages[0].text)
+    assert all(samples(p.text) == metrics for p in pages)
+    assert sum(v for (name, _), v in metrics.items() if name == "brimful_requests_total") == 60
+    hist = {dict(labels)["le"]: v for (name, labels), v in metrics.items() if name == "brimful_prompt_tokens_bucket"}
+    assert hist == {**{floatToGoString(b): sum(p <= b for p in prompts) for b in DEFAULT_TOKEN_BUCKETS}, "+Inf": 60}
+    assert metrics[("brimful_prompt_tokens_sum", (("model", MODEL),))] == sum(prompts)
+    assert metrics[("brimful_length_records_total", (("outcome", "written"),))] == 60
+    # The upstream's /metrics was scraped by the primary alone, and shown once.
+    assert len(scrapes) == 1
+    assert metrics[("brimful_upstream_metrics_up", (("upstream", "default"),))] == 1
+
+    # One length log, whole lines from both workers.
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert {line["request_id"] for line in lines} == ids
+    assert sorted(line["prompt_tokens"] for line in lines) == sorted(prompts)
+
+
+def test_sigterm_drains_every_worker_and_exits_0(qwen3_dir: Path, tmp_path: Path) -> None:
+    with FakeVLLM(tokens_per_second=10) as fake:
+        brimful = two_workers(fake.base_url, tmp_path, qwen3_dir)
+        pids = [w["pid"] for w in workers(brimful.base_url)]
+        bodies: list[bytes] = []
+        threads: list[threading.Thread] = []
+        try:
+            # Streams of 4 s, each on its own connection, until both workers hold one.
+            while len(threads) < 20:
+                first = threading.Event()
+
+                def run(first: threading.Event = first) -> None:
+                    body = {"model": MODEL, "messages": [{"role": "user", "content": "s"}], "max_tokens": 40,
+                            "stream": True}
+                    with httpx.Client(base_url=brimful.base_url, timeout=60) as http, \
+                            http.stream("POST", CHAT, json=body) as response:
+                        chunks = response.iter_raw()
+                        data = next(chunks)
+                        first.set()
+                        bodies.append(data + b"".join(chunks))
+
+                threads.append(threading.Thread(target=run))
+                threads[-1].start()
+                assert first.wait(30)
+                if all(w["in_flight"] > 0 for w in workers(brimful.base_url)):
+                    break
+            assert all(w["in_flight"] > 0 for w in workers(brimful.base_url))
+            brimful.proc.send_signal(signal.SIGTERM)
+            assert wait_until(lambda: _refuses_connections(brimful.port), timeout=10), "still accepting"
+            for t in threads:
+                t.join(60)
+            code = brimful.proc.wait(30)
+        finally:
+            brimful.stop(signal.SIGKILL)
+    assert code == 0
+    assert len(bodies) == len(threads)
+    for body in bodies:
+        _assert_complete(body, 40)
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists(), f"worker {pid} outlived the supervisor"
+
+
+def test_a_worker_that_dies_is_replaced(qwen3_dir: Path, tmp_path: Path) -> None:
+    with FakeVLLM() as fake:
+        brimful = two_workers(fake.base_url, tmp_path, qwen3_dir)
+        try:
+            before = {w["index"]: w["pid"] for w in workers(brimful.base_url)}
+            os.kill(before[1], signal.SIGKILL)
+
+            def replaced() -> bool:
+                now = {w["index"]: w.get("pid") for w in workers(brimful.base_url)}
+                return now[0] == before[0] and now[1] not in (None, before[1])
+
+            assert wait_until(replaced, timeout=60)
+            assert wait_until(lambda: all_ready(brimful.base_url), timeout=60)
+            for _ in range(10):
+                body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+                with httpx.Client(base_url=brimful.base_url, timeout=30) as http:
+                    assert http.post(CHAT, json=body).status_code == 200
+        finally:
+            assert brimful.stop() == 0
+    assert any("worker 1" in line and "starting a new one" in line for line in brimful.lines)
