@@ -25,7 +25,6 @@ from proxy.config import Config, LengthLogConfig, ModelConfig, UpstreamConfig
 from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread
 from tests.support.stack import fake_counter
-from tokenizer_cache import load_model_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -44,11 +43,6 @@ def block_after(marker: str) -> list[str]:
 
 def documented_headers(block: list[str]) -> dict[str, str]:
     return dict(line.split(": ", 1) for line in block if re.match(r"^x-brimful-[a-z-]+: ", line))
-
-
-@pytest.fixture(scope="module")
-def qwen3(qwen3_dir):
-    return load_model_tokenizer(qwen3_dir)
 
 
 @pytest.fixture(scope="module")

@@ -617,13 +617,6 @@ def _folder_signature(source_dir: pathlib.Path) -> tuple[tuple[str, int, int], .
     return tuple(signature)
 
 
-def forget_loaded() -> None:
-    """Drop the shared loaded folders and tokenizers (tests that change how loading behaves)."""
-    with _loaded_lock:
-        _loaded.clear()
-        _engines.clear()
-
-
 def _kept(table: OrderedDict[_K, _V], key: _K, build: Callable[[], _V]) -> _V:
     """`table[key]`, built (outside the lock) when missing; past `_LOADED_MAX` entries the least recently used go."""
     with _loaded_lock:

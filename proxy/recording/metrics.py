@@ -113,7 +113,7 @@ def record_prompt_tokens(rec: LengthRecord) -> int | None:
     return effective_prompt_tokens(rec.prompt_tokens, rec.upstream_prompt_tokens)
 
 
-def brimful_tokens(rec: LengthRecord) -> int | None:
+def spare_context_tokens(rec: LengthRecord) -> int | None:
     """Context room the request reserved but could never use: max_model_len − prompt − granted.
 
     None when no completion limit was forwarded: vLLM then allows the whole
@@ -177,8 +177,8 @@ class Metrics:
         self.requested_max_tokens = hist(
             "brimful_requested_max_tokens",
             "Completion limit the client asked for (max_tokens / max_completion_tokens).")
-        self.brimful_tokens = hist(
-            "brimful_brimful_tokens",
+        self.spare_context_tokens = hist(
+            "brimful_spare_context_tokens",
             "max_model_len - prompt - granted completion limit: context reserved but unusable.")
         # Not "brimful_prompt_token_drift": a counter owns its base name, and
         # brimful_prompt_token_drift_total below needs it.  The buckets go
@@ -269,9 +269,9 @@ class Metrics:
             self.total_tokens.observe(model, total)
         if rec.requested_max_tokens is not None:
             self.requested_max_tokens.observe(model, rec.requested_max_tokens)
-        unused = brimful_tokens(rec)
+        unused = spare_context_tokens(rec)
         if unused is not None:
-            self.brimful_tokens.observe(model, unused)
+            self.spare_context_tokens.observe(model, unused)
 
         removed = clamped_tokens(rec)
         if removed:

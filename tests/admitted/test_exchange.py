@@ -60,11 +60,6 @@ class Upstream:
         return [s for s in self.transport.sent if s.path == CHAT]
 
 
-@pytest.fixture(scope="module")
-def qwen3(qwen3_dir: Path) -> Any:
-    return load_model_tokenizer(qwen3_dir)
-
-
 def app_for(upstream: Upstream, qwen3_dir: Path, **policy: Any) -> tuple[BrimfulApp, ListRecorder]:
     recorder = ListRecorder()
     config = make_config("http://upstream.test", qwen3_dir, policy=policy)

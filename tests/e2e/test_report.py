@@ -22,14 +22,8 @@ from proxy.app import BrimfulApp
 from proxy.config import Config, LengthLogConfig, ModelConfig, UpstreamConfig
 from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread
-from tokenizer_cache import load_model_tokenizer
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa"]
-
-
-@pytest.fixture(scope="module")
-def qwen3(qwen3_dir):
-    return load_model_tokenizer(qwen3_dir)
 
 
 def test_report_percentiles_match_numpy_on_proxied_traffic(tmp_path, qwen3, qwen3_dir) -> None:
