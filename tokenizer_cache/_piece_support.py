@@ -78,7 +78,7 @@ def _state(component: Any) -> Any:
     return json.loads(component.__getstate__())
 
 
-def _walk(node: Any, children_key: str) -> Iterable[dict]:
+def _walk(node: Any, children_key: str) -> Iterable[dict[str, Any]]:
     yield node
     for child in node.get(children_key) or ():
         yield from _walk(child, children_key)

@@ -673,10 +673,10 @@ async def _in_thread(pool: concurrent.futures.Executor, fn: Callable[..., Any], 
 def _message_of(answer: Any) -> str | None:
     if isinstance(answer, dict):
         err = answer.get("error")
-        if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return err["message"]
-        if isinstance(answer.get("message"), str):
-            return answer["message"]
-        if isinstance(answer.get("detail"), str):
-            return answer["detail"]
+        if isinstance(err, dict) and isinstance(message := err.get("message"), str):
+            return message
+        if isinstance(message := answer.get("message"), str):
+            return message
+        if isinstance(detail := answer.get("detail"), str):
+            return detail
     return None

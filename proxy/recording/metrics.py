@@ -373,7 +373,7 @@ class TokenHistogram(Collector):
         self.name = name
         self.documentation = documentation
         self.bounds = tuple(sorted(float(b) for b in bounds if b != float("inf")))
-        self._les = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
+        self._les = [str(floatToGoString(b)) for b in self.bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
         self._with_sum = not self.bounds or self.bounds[0] >= 0
         self._counts: dict[str, list[int]] = {}
         self._sums: dict[str, float] = {}
