@@ -19,7 +19,7 @@ peaked at 5.5 GiB.  Three rules bound it:
 * a prompt vLLM would refuse by its character bound (`char_bound`) is
   refused before anything is encoded, in vLLM's words;
 * long prompts are encoded within `tokenizers.count_memory_bytes`
-  (`proxy.upstream.gate.MemoryBudget`, weighed at COUNT_BYTES_PER_BODY_BYTE per body
+  (`proxy.upstream.gate.CountingBudget`, weighed at COUNT_BYTES_PER_BODY_BYTE per body
   byte); the excess waits up to `upstream.queue_timeout`, then gets 503;
 * after a count above TRIM_ABOVE_BYTES the freed heap is handed back to the
   OS (`malloc_trim`): without it 4.1 GiB stayed resident 80 s after the count.
@@ -49,7 +49,7 @@ from proxy.config import Config
 from proxy.errors import BrimfulError
 from proxy.upstream.backends import Backends
 from proxy.upstream.client import Upstream
-from proxy.upstream.gate import MemoryBudget
+from proxy.upstream.gate import CountingBudget
 from proxy.upstream.models import ModelInfo
 from tokenizer_cache import (
     ChatCountCache,
@@ -262,7 +262,7 @@ class PromptCounter:
         # changes, so a refresh does not make a known model "pending" again
         # (GET /ready reads it).
         self.counted_by: dict[str, str] = {}
-        self.budget = MemoryBudget(config.tokenizers.count_memory_bytes, config.upstream.queue_timeout,
+        self.budget = CountingBudget(config.tokenizers.count_memory_bytes, config.upstream.queue_timeout,
                                    _counting_busy)
 
     # -- where each model's tokenizer is -------------------------------------

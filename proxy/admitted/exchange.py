@@ -56,7 +56,7 @@ from proxy.recording.record import Action, LengthRecord
 from proxy.recording.recorder import Recorder
 from proxy.sizing.lengths import plausible_usage
 from proxy.upstream.backends import Backend, Backends
-from proxy.upstream.client import DROP_REQUEST_ID, Response, forwardable
+from proxy.upstream.client import DROP_REQUEST_ID, UpstreamResponse, forwardable
 from proxy.upstream.explain import explain_upstream_error, retry_limit
 from proxy.upstream.failure import parse_upstream_error
 
@@ -204,7 +204,7 @@ class AdmittedExchange:
         if response is not None:
             await self.relay(response)
 
-    async def forward(self) -> Response | None:
+    async def forward(self) -> UpstreamResponse | None:
         """Send the request; at most one retry after a length refusal.  None: an error was answered."""
         assert self.backend is not None
         upstream = self.backend.upstream
@@ -261,7 +261,7 @@ class AdmittedExchange:
 
     # -- relay ----------------------------------------------------------------------------
 
-    async def relay(self, response: Response) -> None:
+    async def relay(self, response: UpstreamResponse) -> None:
         assert self.backend is not None
         headers = forwardable(response.raw_headers, DROP_REQUEST_ID) + self.info
         content_type = response.headers.get("content-type") or ""
@@ -291,7 +291,7 @@ class AdmittedExchange:
         self.surface.read_usage(data, usage)
         self.take_usage(usage)
 
-    async def read_answer(self, response: Response) -> tuple[list[bytes], bool]:
+    async def read_answer(self, response: UpstreamResponse) -> tuple[list[bytes], bool]:
         """The answer's body: whole (True), or the first chunks past MAX_WHOLE_ANSWER (False)."""
         assert self.backend is not None
         parts: list[bytes] = []
@@ -311,7 +311,7 @@ class AdmittedExchange:
         response.release()
         return parts, True
 
-    async def relay_large(self, response: Response, headers: Headers, parts: list[bytes]) -> None:
+    async def relay_large(self, response: UpstreamResponse, headers: Headers, parts: list[bytes]) -> None:
         """A large non-streamed answer, relayed as it arrives (proxy.admitted.answer scans it on the way).
 
         The latest chunk is held back until the next one comes: an answer whose
@@ -363,7 +363,7 @@ class AdmittedExchange:
         self.surface.read_usage({"usage": scanner.usage(), "choices": reasons}, usage)
         self.take_usage(usage)
 
-    async def relay_stream(self, response: Response, headers: Headers) -> None:
+    async def relay_stream(self, response: UpstreamResponse, headers: Headers) -> None:
         """Relay SSE bytes as they arrive; a failure after the start becomes an error event.
 
         With `strip_usage` (brimful asked for the usage chunk the client did

@@ -468,7 +468,9 @@ def lookup_preset(name: str) -> Preset:
 
 
 @dataclass(frozen=True)
-class MemoryBudget:
+class GpuMemoryBudget:
+    """One GPU's memory as vLLM splits it: × utilization, − weights, − activations = the KV cache."""
+
     gpu_memory_bytes: int
     utilization: float
     usable_bytes: int          # gpu memory × utilization (floored to a byte)
@@ -488,7 +490,7 @@ def weights_bytes(params: int, bytes_per_param: int = 2) -> int:
 
 
 def kv_memory(gpu_memory_bytes: int, utilization: float, weights: int,
-              activations: int = DEFAULT_ACTIVATION_BYTES) -> MemoryBudget:
+              activations: int = DEFAULT_ACTIVATION_BYTES) -> GpuMemoryBudget:
     """KV memory = GPU memory × utilization − weights − activations.
 
     The product is computed in decimal from the utilization's shortest repr
@@ -498,7 +500,7 @@ def kv_memory(gpu_memory_bytes: int, utilization: float, weights: int,
     if not 0 < utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization}")
     usable = int(Decimal(gpu_memory_bytes) * Decimal(repr(utilization)))
-    return MemoryBudget(
+    return GpuMemoryBudget(
         gpu_memory_bytes=gpu_memory_bytes, utilization=utilization, usable_bytes=usable,
         weights_bytes=weights, activation_bytes=activations,
         kv_memory_bytes=usable - weights - activations,
@@ -629,7 +631,7 @@ class PlanInputs:
 @dataclass(frozen=True)
 class Plan:
     inputs: PlanInputs
-    memory: MemoryBudget
+    memory: GpuMemoryBudget
     kv_tokens: int
     kv_blocks: int
     slots_per_request: int
