@@ -77,10 +77,11 @@ class CharBoundExceeded(CountError):
 
 
 def char_bound(
-    max_model_len: int | None, chars_per_token: int, truncate_prompt_tokens: int | None = None
+    max_model_len: int | None, chars_per_token: int, truncate_prompt_tokens: object = None
 ) -> int | None:
     """The most characters a prompt may have, or None when vLLM does not refuse by characters
-    (no context length, or the request asks for truncation)."""
+    (no context length, or the request sets `truncate_prompt_tokens`, whatever its value: vLLM
+    then truncates instead)."""
     if max_model_len is None or truncate_prompt_tokens is not None:
         return None
     return max_model_len * chars_per_token
