@@ -9,7 +9,7 @@
               the limit fields the decision changes
     forward   send, holding the slot to the last byte; if the upstream refuses
               for length, retry once with the limit its own numbers allow
-              (proxy.upstream.explain.retry_limit, pure)
+              (proxy.admitted.admission.retry_limit, pure)
     relay     the answer as it arrives: whole, or streamed event by event,
               mapping upstream failures to explained errors
     finish    latency, the drift warning, and the record to the recorder
@@ -30,7 +30,7 @@ from typing import Any
 
 from proxy import errors
 from proxy.admitted import jsonbody
-from proxy.admitted.admission import Decision, RequestedLimit, decide_uncounted
+from proxy.admitted.admission import Decision, RequestedLimit, decide_uncounted, retry_limit
 from proxy.admitted.answer import AnswerScanner
 from proxy.admitted.counting import PromptCounter
 from proxy.admitted.sse import EventStreamScanner
@@ -57,7 +57,7 @@ from proxy.recording.recorder import Recorder
 from proxy.sizing.lengths import plausible_usage
 from proxy.upstream.backends import Backend, Backends
 from proxy.upstream.client import DROP_REQUEST_ID, UpstreamResponse, forwardable
-from proxy.upstream.explain import explain_upstream_error, retry_limit
+from proxy.upstream.explain import explain_upstream_error
 from proxy.upstream.failure import parse_upstream_error
 
 log = logging.getLogger("brimful")

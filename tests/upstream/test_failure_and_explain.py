@@ -10,8 +10,9 @@ from typing import Any
 import openai
 import pytest
 
+from proxy.admitted.admission import corrected_max_tokens
 from proxy.errors import BrimfulError
-from proxy.upstream.explain import corrected_max_tokens, explain_upstream_error
+from proxy.upstream.explain import explain_upstream_error
 from proxy.upstream.failure import (
     KINDS,
     MAX_PARSE_BYTES,
