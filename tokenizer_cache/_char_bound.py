@@ -95,7 +95,7 @@ def check_chars(chars: int, bound: int | None, max_model_len: int | None) -> Non
 
 def char_bound_message(chars: int, max_chars: int, max_model_len: int) -> str:
     """vLLM 0.32's text, with the " (parameter=…, value=…)" its error adds
-    (shared/vllm/captures/c09d_chat_over_char_bound.json)."""
+    (capture c09d_chat_over_char_bound.json, quoted in docs/vllm-behaviour.md)."""
     return (
         f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
         f"contains {chars} characters (more than {max_chars} characters, which is the upper bound "

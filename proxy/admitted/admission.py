@@ -6,7 +6,7 @@ Output: a `Decision` saying what to forward (which completion-limit fields to
 rewrite, and to what) or which error to answer with.  No I/O and no globals,
 so every branch is a cheap unit test (tests/admitted/test_admission.py).
 
-The rule that shapes every branch (README "Never worse than vLLM alone"): a
+The rule that shapes every branch (docs/surfaces.md, "Clamping"): a
 request vLLM would serve is served, with at least as many completion tokens as
 vLLM would allow (vLLM 0.32 clamps prompt + limit > max_model_len to the
 room itself; older versions refuse it); a request vLLM would refuse for length

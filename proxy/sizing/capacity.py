@@ -6,7 +6,7 @@ length report (`brimful report`) share one tested implementation.  The only
 I/O is `load_model_config(path)`.
 
 The formulas and the worked examples come from the source article (seed 000,
-summarised in DESIGN.md §1):
+summarised in docs/vllm-behaviour.md, "KV-cache capacity"):
 
 * KV bytes per token = 2 (K and V) × layers × KV heads × head_dim × dtype bytes.
 * KV memory = GPU memory × gpu_memory_utilization − weights − activations.
@@ -49,7 +49,7 @@ DEFAULT_ACTIVATION_BYTES = 4 * GIB  # the article's activations + CUDA graphs al
 DEFAULT_BLOCK_SIZE = 16
 
 # vLLM v1 start-up error (vllm/v1/core/kv_cache_utils.py, as printed by a real
-# vLLM 0.32.0 in shared/vllm/captures/f1_kv_cache_too_small.txt; GPU builds
+# vLLM 0.32.0, capture f1_kv_cache_too_small.txt in docs/vllm-behaviour.md; GPU builds
 # omit the "(which also controls CPU memory on the CPU backend)" aside).
 VLLM_STARTUP_ERROR = (
     "To serve at least one request with the model's max seq len ({max_model_len}), "
@@ -588,7 +588,7 @@ def startup_check(max_model_len: int, kv_memory_bytes: int, bytes_per_token: int
     """vLLM refuses to start when one request of max_model_len tokens does not
     fit the KV cache; it allocates whole blocks, so the need is
     ceil(max_model_len ÷ block) blocks.  Message text from
-    shared/vllm/captures/f1_kv_cache_too_small.txt (vLLM 0.32.0).
+    a real vLLM 0.32.0 (docs/vllm-behaviour.md, "Lengths on vLLM 0.32.0").
     """
     available = max(0, kv_memory_bytes)
     needed = slots_per_request(max_model_len, block_size) * bytes_per_token

@@ -1,10 +1,10 @@
 """One upstream server: send a request, get a streaming response, failures explained.
 
 `Upstream` is the seam between brimful's logic and how bytes travel
-(STYLE.md, HTTPX's transports): it takes any `Transport`.  The default one is
-`proxy.upstream.http1.Pool`, a lean HTTP/1.1 client on httptools' parser: DESIGN.md
-measured httpx's pool at 4.8 ms of CPU per request at 64 connections, and
-aiohttp's session, though ~20x cheaper, was still ~17-21 % of brimful's CPU
+(HTTPX's transports; docs/architecture.md): it takes any `Transport`.  The
+default one is `proxy.upstream.http1.Pool`, a lean HTTP/1.1 client on
+httptools' parser: httpx's pool was measured at 4.8 ms of CPU per request at
+64 connections, and aiohttp's session, though ~20x cheaper, was still ~17-21 % of brimful's CPU
 per request (py-spy); see bench/ for the figures.  Tests pass an in-memory
 transport instead (tests/support/transport.py).  Every transport failure
 leaves here as a `BrimfulError` from `proxy.errors`.

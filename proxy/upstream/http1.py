@@ -4,8 +4,8 @@ Why not aiohttp (or httpx)?  brimful's whole job per request is cheap
 (parse, count, admit, rewrite), so the client's own bookkeeping was the
 largest single cost left: py-spy put ~17-21 % of brimful's CPU in
 `aiohttp.ClientSession._request` (URL objects, header multidicts, timers,
-traces, cookie jar), and DESIGN.md measured httpx's pool at 4.8 ms per
-request at 64 connections.  This client does only what a reverse proxy to
+traces, cookie jar), and httpx's pool was measured at 4.8 ms per request at
+64 connections (docs/architecture.md).  This client does only what a reverse proxy to
 a known server needs: one request at a time per keep-alive connection,
 bytes relayed as they arrive, and timeouts and failures reported precisely
 enough to say 502 or 504 and why.  httptools (llhttp) already parses

@@ -61,7 +61,7 @@ def parse(status: int, body: bytes, ctype: str | None = "application/json") -> U
 
 
 # ---------------------------------------------------------------------------
-# Every wording in shared/vllm/error_texts.md, with concrete numbers
+# Every wording of docs/vllm-behaviour.md "Upstream error texts", with concrete numbers
 # ---------------------------------------------------------------------------
 
 SUFFIX = " (parameter=input_tokens, value={n})"
