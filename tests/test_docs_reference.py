@@ -3,8 +3,10 @@
 The configuration table names every key `proxy.config` reads and nothing else; the metrics table every
 family brimful exports; the header table every `x-brimful-*` header the code sends; each `BRIMFUL_*`
 variable is one brimful reads; each inline `brimful …` command parses with brimful's own argument
-parser; the architecture page shows the layers `tests/test_layout.py` asserts; every relative link and
-anchor resolves; the README stays a README (≤ 250 lines, the two command markers .ci/run reads).
+parser; every file, test and bench option named exists; the README's test tiers are pytest commands
+over registered markers; the architecture page shows the layers `tests/test_layout.py` asserts and
+every module; every relative link and anchor resolves; the README stays a README (≤ 250 lines, the
+two command markers .ci/run reads).
 """
 
 from __future__ import annotations
@@ -238,3 +240,67 @@ def test_the_architecture_page_shows_the_layers_the_layout_test_asserts() -> Non
     for module in (ROOT / "tokenizer_cache").glob("_*.py"):
         if module.stem != "__init__":
             assert f"`{module.stem}`" in page, f"tokenizer_cache/{module.name} is not on the map"
+
+
+# ----------------------------------------------------------------- files, tests and bench commands named
+
+def spans() -> list[str]:
+    return [span for text in DOCS.values() for span in re.findall(r"`([^`\n]+)`", prose(text))]
+
+
+REPO_PATH = re.compile(r"(?<![\w./-])((?:proxy|tokenizer_cache|tests|bench|deploy|config|docs)/[\w./-]*)")
+
+
+def test_every_file_named_exists() -> None:
+    named = {m.rstrip("/.") for span in spans() for m in REPO_PATH.findall(span)}
+    assert len(named) >= 40
+    assert sorted(p for p in named if not (ROOT / p).exists()) == []
+
+
+def test_every_test_named_exists() -> None:
+    names = {span for span in spans() if re.fullmatch(r"test_\w+", span)}
+    source = "\n".join(p.read_text() for p in (ROOT / "tests").rglob("test_*.py"))
+    assert names and all(f"def {name}(" in source for name in names), names
+
+
+def test_bench_commands_name_real_options() -> None:
+    """`bench/run.sh --rounds 3 --only workers` and the like: every option and mode word is one the
+    script reads (the benchmarks are run by hand, their figures in docs/performance.md)."""
+    commands = [span for span in spans() if re.match(r"bench/\w+\.(py|sh) ", span)]
+    commands += re.findall(r"run with `(--[\w-]+)`", DOCS["docs/performance.md"])
+    assert len(commands) >= 8
+    for command in commands:
+        script = command.split()[0] if command.startswith("bench/") else "bench/run.sh"
+        source = (ROOT / script).read_text()
+        for forwarded in re.findall(r'"\$here/(\w+\.py)"', source):      # run.sh execs proxy_bench.py
+            source += (ROOT / "bench" / forwarded).read_text()
+        words = command.split()[1:] if command.startswith("bench/") else [command]
+        for word in words:
+            for part in word.split("|"):
+                if part.startswith("--") or part.isalpha():
+                    assert part in source, f"`{command}`: {script} knows no {part}"
+                elif not re.fullmatch(r"[\d.]+|[\w,-]+", part):
+                    raise AssertionError(f"`{command}`: unexpected {part}")
+        if "--only" in words:
+            for scenario in words[words.index("--only") + 1].split(","):
+                assert scenario in source, f"`{command}`: no scenario {scenario}"
+
+
+def test_the_test_tiers_are_pytest_commands_over_registered_markers() -> None:
+    """The README's tier table: each command is the venv's pytest, its -m expression names only markers
+    pyproject.toml registers, `-n` comes with pytest-xdist, and "all" is what the test command runs."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    registered = {m.split(":", 1)[0] for m in project["tool"]["pytest"]["ini_options"]["markers"]}
+    rows = dict(re.findall(r"^\| (\w+) \| `([^`]+)` \|", DOCS["README.md"], re.M))
+    assert set(rows) == {"fast", "slow", "all"}
+    for tier, command in rows.items():
+        argv = shlex.split(command)
+        assert argv[:3] == [".venv/bin/python", "-m", "pytest"], tier
+        if "-m" in argv[3:]:
+            expression = argv[argv.index("-m", 3) + 1]
+            assert set(re.findall(r"\w+", expression)) - {"not", "and", "or"} <= registered, tier
+        if "-n" in argv:
+            assert any(d.startswith("pytest-xdist") for d in project["project"]["optional-dependencies"]["test"])
+    assert DOCS["README.md"].count(rows["all"]) >= 2          # the tier "all" is the test command's pytest
