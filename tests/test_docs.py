@@ -420,28 +420,42 @@ def test_workers_example(tmp_path, qwen3, qwen3_dir) -> None:
     assert response.status_code == 200 and response.headers["x-brimful-action"] == "clamped"
 
 
-def test_kubectl_log_pipeline_reports_the_records_only(tmp_path, qwen3, qwen3_dir) -> None:
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory, qwen3, qwen3_dir) -> list[str]:
+    """Three length records as brimful writes them (a pass, a clamp, a pass), for the report pipelines."""
+    from tests.support.traffic import record_traffic
+
+    log_path = tmp_path_factory.mktemp("recorded") / "lengths.jsonl"
+    record_traffic(log_path, qwen3, qwen3_dir, [(40, 16), (90, 65535), (12, 4)], model=MODEL)
+    return log_path.read_text().splitlines()
+
+
+def brimful_on_path(tmp_path: Path) -> dict[str, str]:
+    """The environment of a shell with `brimful` on the PATH, as after `. .venv/bin/activate`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "brimful").write_text(f'#!/bin/sh\nexec {sys.executable} -m proxy.cli "$@"\n')
+    (bin_dir / "brimful").chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
+
+
+def test_kubectl_log_pipeline_reports_the_records_only(tmp_path, recorded) -> None:
     """docs/deployment.md's `… | grep '^{"ts":[0-9]' | brimful report -` over a container's interleaved output:
     the report of the records alone, nothing counted as malformed."""
     import logging
 
     from proxy.logs import JsonFormatter
-    from tests.support.traffic import record_traffic
 
     shown = " ".join(block("\nkubectl -n ai logs -l app.kubernetes.io/instance=brimful")).replace("\\ ", "")
     pipeline = shown.split(" | ", 1)[1]
     assert pipeline == """grep '^{"ts":[0-9]' | brimful report -"""
     log_path = tmp_path / "lengths.jsonl"
-    record_traffic(log_path, qwen3, qwen3_dir, [(40, 16), (90, 65535), (12, 4)], model=MODEL)
-    records = log_path.read_text().splitlines()
+    log_path.write_text("\n".join(recorded) + "\n")
+    records = recorded
     json_log = JsonFormatter().format(logging.LogRecord("brimful.models", logging.INFO, "", 0, "hi", None, None))
     mixed = [records[0], "2026-12-02 01:50:00,123 INFO brimful.app: started", records[1], json_log, records[2]]
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "brimful").write_text(f'#!/bin/sh\nexec {sys.executable} -m proxy.cli "$@"\n')
-    (bin_dir / "brimful").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(["bash", "-euo", "pipefail", "-c", pipeline], input="\n".join(mixed) + "\n", env=env,
+    out = subprocess.run(["bash", "-euo", "pipefail", "-c", pipeline], input="\n".join(mixed) + "\n",
+                         env=brimful_on_path(tmp_path),
                          capture_output=True, text=True, check=True).stdout
     assert out.startswith("3 records from 1 file(s) (3 lines; 0 malformed and skipped")
     assert out.split("\n", 1)[1] == report_output_text(str(log_path)).split("\n", 1)[1]
@@ -452,24 +466,17 @@ def report_output_text(*argv: str) -> str:
                           capture_output=True, text=True, check=True).stdout
 
 
-def test_volume_report_example_merges_every_pods_file(tmp_path, qwen3, qwen3_dir) -> None:
+def test_volume_report_example_merges_every_pods_file(tmp_path, recorded) -> None:
     """docs/deployment.md's `kubectl exec … -- sh -c 'brimful report /var/lib/brimful/*.jsonl'`, the inner
     command run over two pods' files (the chart's volume mode writes /var/lib/brimful/<pod>.jsonl)."""
-    from tests.support.traffic import record_traffic
-
     [line] = block("\nkubectl -n ai exec deploy/brimful -c brimful -- sh -c")
     inner = re.search(r"sh -c '(.*)'$", line).group(1)
     assert inner == "brimful report /var/lib/brimful/*.jsonl"
     folder = tmp_path / "lengths"
     folder.mkdir()
-    for pod, mix in (("brimful-a", [(40, 16)]), ("brimful-b", [(90, 65535), (12, 4)])):
-        record_traffic(folder / f"{pod}.jsonl", qwen3, qwen3_dir, mix, model=MODEL)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "brimful").write_text(f'#!/bin/sh\nexec {sys.executable} -m proxy.cli "$@"\n')
-    (bin_dir / "brimful").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(["sh", "-c", inner.replace("/var/lib/brimful", str(folder))], env=env,
+    (folder / "brimful-a.jsonl").write_text(recorded[0] + "\n")
+    (folder / "brimful-b.jsonl").write_text("\n".join(recorded[1:]) + "\n")
+    out = subprocess.run(["sh", "-c", inner.replace("/var/lib/brimful", str(folder))], env=brimful_on_path(tmp_path),
                          capture_output=True, text=True, check=True).stdout
     assert out.startswith("3 records from 2 file(s) (3 lines; 0 malformed and skipped")
 
