@@ -308,6 +308,10 @@ def install_checkout(tmp_path: Path) -> Path:
                           capture_output=True, text=True, check=True).stdout.strip()
     deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     (Path(site) / "_parent_dependencies.pth").write_text("\n".join(sorted(deps)) + "\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import proxy; print(proxy.__file__)"], env=env,
+                           cwd=tmp_path, capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(where).is_relative_to(site), where          # the installed copy, not a checkout
     return venv / "bin"
 
 
