@@ -292,8 +292,11 @@ def install_checkout(tmp_path: Path) -> Path:
     import sysconfig
 
     src = tmp_path / "src"
-    tracked = subprocess.run(["git", "ls-files", "-z", "pyproject.toml", "README.md", "proxy", "tokenizer_cache"],
-                             cwd=ROOT, capture_output=True, text=True, check=True).stdout.split("\0")
+    listed = subprocess.run(["git", "ls-files", "-z", "pyproject.toml", "README.md", "proxy", "tokenizer_cache"],
+                            cwd=ROOT, capture_output=True, text=True, check=False)
+    tracked = listed.stdout.split("\0") if listed.returncode == 0 else [   # not a git checkout: the tree
+        str(p.relative_to(ROOT)) for top in ("proxy", "tokenizer_cache") for p in (ROOT / top).rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts] + ["pyproject.toml", "README.md"]
     for name in filter(None, tracked):
         (src / name).parent.mkdir(parents=True, exist_ok=True)
         (src / name).write_bytes((ROOT / name).read_bytes())
