@@ -77,6 +77,11 @@ def add_capacity_arguments(parser: argparse.ArgumentParser, *, required: bool = 
     g.add_argument("--chunked-local-attn-with-hybrid-kv-cache", action="store_true",
                    help="as VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1: keep the hybrid manager for "
                         "chunked local attention (Llama 4)")
+    g.add_argument("--mamba-ssm-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="vLLM's flag for linear-attention state (auto = the model dtype, or Qwen3.5's "
+                        "mamba_ssm_dtype; vLLM's CPU backend forces float32 on AVX-512-BF16 machines)")
+    g.add_argument("--mamba-cache-mode", default="align", choices=["align", "none"],
+                   help="vLLM's flag: align (its default with prefix caching) keeps 2 state pages per request")
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                    help="vLLM's async scheduling (default on, as on GPUs; off on vLLM's CPU backend): two "
                         "batches in flight, which sliding-window layers hold beyond their window")
@@ -118,6 +123,8 @@ def spec_from_args(args: argparse.Namespace) -> DeploymentSpec:
         hybrid_kv_cache_manager=_inverted(getattr(args, "disable_hybrid_kv_cache_manager", None)),
         chunked_local_hybrid=getattr(args, "chunked_local_attn_with_hybrid_kv_cache", False),
         async_scheduling=getattr(args, "async_scheduling", True),
+        mamba_ssm_cache_dtype=getattr(args, "mamba_ssm_cache_dtype", "auto"),
+        mamba_cache_mode=getattr(args, "mamba_cache_mode", "align"),
     )
 
 

@@ -34,7 +34,15 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from proxy.sizing.kv_groups import KvGroups, LayerSpec, group_layers, kv_cache_size_tokens, max_concurrency, startup_fit
+from proxy.sizing.kv_groups import (
+    KvGroups,
+    LayerSpec,
+    group_layers,
+    hybrid_attention_block_size,
+    kv_cache_size_tokens,
+    max_concurrency,
+    startup_fit,
+)
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -301,6 +309,8 @@ class KvLayout:
     # Every layer as vLLM sees it: ("full" | "sliding" | "chunked" | "linear", window or chunk);
     # empty means every layer is full attention.
     layer_kinds: tuple[LayerKind, ...] = ()
+    # Gated DeltaNet (Qwen3-Next, Qwen3.5) linear layers: their fixed state per GPU (0: not modelled)
+    linear_state_bytes: int = 0
 
     @property
     def local_layers(self) -> int:
@@ -312,15 +322,27 @@ class KvLayout:
         """One attention layer's bytes per token (K+V, or the MLA latent)."""
         return self.elements_per_layer * self.dtype_bytes
 
-    def kv_groups(self, block_size: int, hybrid_manager: bool = True) -> KvGroups:
+    def kv_groups(self, block_size: int, hybrid_manager: bool = True, mamba_cache_mode: str = "align") -> KvGroups:
         """vLLM's KV-cache groups for this layout at this block size (see `proxy.sizing.kv_groups`).
 
-        Linear-attention layers are left out (their state is not modelled, see the note).
+        Gated DeltaNet layers are Mamba specs: the attention block grows until a page holds their
+        state, which is padded to the page, and a request holds 2 pages in mamba_cache_mode "align"
+        (vLLM's default with prefix caching), 1 in "none".  Other linear layers are left out (their
+        state is not modelled, see the note).
         """
         kinds = self.layer_kinds or tuple(("full", None) for _ in range(self.kv_layers))
-        specs = [LayerSpec("full" if kind == "full" else kind, block_size,  # type: ignore[arg-type]
-                           self.layer_bytes_per_token, window)
-                 for kind, window in kinds if kind != "linear"]
+        per_token = self.layer_bytes_per_token
+        state = self.linear_state_bytes
+        if state:
+            block_size = hybrid_attention_block_size(block_size, per_token, state)
+        specs: list[LayerSpec] = []
+        for kind, window in kinds:
+            if kind == "linear":
+                if state:
+                    specs.append(LayerSpec("mamba", block_size, 0, None, state, block_size * per_token,
+                                           2 if mamba_cache_mode == "align" else 1))
+            else:
+                specs.append(LayerSpec(kind, block_size, per_token, window))  # type: ignore[arg-type]
         return group_layers(specs, hybrid_manager)
 
 
@@ -400,7 +422,36 @@ def valid_tensor_parallel_sizes(config: Mapping[str, Any], up_to: int = 8) -> li
     return sizes
 
 
-def kv_layout(config: Mapping[str, Any], kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1) -> KvLayout:
+def gated_delta_net_state_bytes(config: Mapping[str, Any], tensor_parallel_size: int = 1,
+                                mamba_ssm_cache_dtype: str = "auto") -> int:
+    """One Gated DeltaNet layer's state per GPU (`MambaStateShapeCalculator.gated_delta_net_state_shape`),
+    0 when the config has no such layers.
+
+    conv: (k_dim × k_heads × 2 + v_dim × v_heads) ÷ TP × (conv kernel − 1), in the model dtype;
+    recurrent: v_heads ÷ TP × v_dim × k_dim, in `mamba_ssm_cache_dtype` — "auto" is the model dtype,
+    or Qwen3.5's `mamba_ssm_dtype` (`Qwen3_5ForConditionalGenerationConfig`).  vLLM's CPU backend on an
+    AVX-512-BF16 machine forces float32 (vllm/platforms/cpu.py).
+    """
+    cfg = text_config(config)
+    names = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+             "linear_conv_kernel_dim")
+    if any(not isinstance(cfg.get(n), int) for n in names):
+        return 0
+    k_heads, v_heads, k_dim, v_dim, kernel = (int(cfg[n]) for n in names)
+    conv_dim = k_dim * k_heads * 2 + v_dim * v_heads
+    if conv_dim % tensor_parallel_size or v_heads % tensor_parallel_size:
+        raise TensorParallelError(f"{v_heads} is not divisible by {tensor_parallel_size}")
+    model_bytes = dtype_bytes("auto", config)
+    ssm = mamba_ssm_cache_dtype
+    if ssm == "auto":
+        ssm = str(cfg.get("mamba_ssm_dtype") or "auto")
+    ssm_bytes = model_bytes if ssm == "auto" else dtype_bytes(ssm)
+    conv = conv_dim // tensor_parallel_size * (kernel - 1) * model_bytes
+    return conv + v_heads // tensor_parallel_size * v_dim * k_dim * ssm_bytes
+
+
+def kv_layout(config: Mapping[str, Any], kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1,
+              mamba_ssm_cache_dtype: str = "auto") -> KvLayout:
     """Per-token KV-cache size of a HF `config.json`, as vLLM allocates it.
 
     * MHA/GQA: 2 × KV layers × `num_key_value_heads` (default
@@ -462,7 +513,14 @@ def kv_layout(config: Mapping[str, Any], kv_cache_dtype: str = "auto", tensor_pa
     linear = sum(kind == "linear" for kind, _ in kinds)
     kv_layers = num_layers - linear
     notes: list[str] = []
-    if linear:
+    state = gated_delta_net_state_bytes(config, tensor_parallel_size, mamba_ssm_cache_dtype) if linear else 0
+    if state:
+        notes.append(
+            f"hybrid: {kv_layers} of {num_layers} layers are full attention and counted per token; the {linear} "
+            f"Gated DeltaNet layers keep a fixed state of {state:,} B each per request, which vLLM pads to one "
+            "attention page (it enlarges the attention block size to fit it)"
+        )
+    elif linear:
         notes.append(
             f"hybrid: {kv_layers} of {num_layers} layers are full attention and counted per token; "
             f"the {linear} linear-attention layers keep a fixed per-sequence state "
@@ -493,7 +551,7 @@ def kv_layout(config: Mapping[str, Any], kv_cache_dtype: str = "auto", tensor_pa
         bytes_per_token=kv_layers * elements * nbytes,
         kv_heads=per_gpu, head_dim=head_dim, notes=tuple(notes),
         tensor_parallel_size=tensor_parallel_size, kv_heads_total=kv_heads,
-        layer_kinds=tuple(kinds) if local or linear else (),
+        layer_kinds=tuple(kinds) if local or linear else (), linear_state_bytes=state,
     )
 
 
@@ -777,8 +835,8 @@ def _kv_figures(inputs: PlanInputs, kv_memory_bytes: int) -> tuple[int, int, int
     """(KV tokens, pool blocks, blocks per request, slots per request, vLLM's tokens, vLLM's concurrency).
 
     With only full attention KV tokens are the article's floor(memory ÷ bytes per
-    token); with sliding or chunked layers a token count depends on the length,
-    so it is vLLM's own figure at max_model_len (or at tokens_per_request).
+    token); with sliding, chunked or linear layers a token count depends on the
+    length, so it is vLLM's own figure at max_model_len (or at tokens_per_request).
     """
     groups, in_flight = inputs.groups(), inputs.in_flight()
     blocks = groups.num_blocks(kv_memory_bytes)
@@ -787,8 +845,7 @@ def _kv_figures(inputs: PlanInputs, kv_memory_bytes: int) -> tuple[int, int, int
     if inputs.max_model_len is not None:
         vllm_conc = max_concurrency(blocks, groups, inputs.max_model_len, in_flight)
         vllm_tokens = kv_cache_size_tokens(blocks, groups, inputs.max_model_len, in_flight)
-    local = any(g.spec.kind in ("sliding", "chunked") for g in groups.groups)
-    if local:
+    if len(groups.groups) > 1 or groups.groups[0].spec.kind != "full":
         length = inputs.max_model_len or inputs.tokens_per_request
         tokens = kv_cache_size_tokens(blocks, groups, length, in_flight)
         slots = per_request * groups.block_size

@@ -66,6 +66,9 @@ class DeploymentSpec:
     chunked_local_hybrid: bool = False
     # vLLM's --async-scheduling: on by default on GPUs (two batches in flight), off on the CPU backend
     async_scheduling: bool = True
+    # vLLM's --mamba-ssm-cache-dtype and --mamba-cache-mode ("align" is its default with prefix caching)
+    mamba_ssm_cache_dtype: str = "auto"
+    mamba_cache_mode: str = "align"
 
 
 @dataclass(frozen=True)
@@ -137,8 +140,8 @@ def hybrid_kv_cache_manager(spec: DeploymentSpec) -> bool:
 def resolve(spec: DeploymentSpec) -> Hardware:
     """Per-GPU layout and weights; TensorParallelError / UnsupportedConfigError / ValueError otherwise."""
     tp = spec.tensor_parallel_size
-    layout = cap.kv_layout(spec.config, spec.kv_cache_dtype, tp)
-    groups = layout.kv_groups(spec.block_size, hybrid_kv_cache_manager(spec))
+    layout = cap.kv_layout(spec.config, spec.kv_cache_dtype, tp, spec.mamba_ssm_cache_dtype)
+    groups = layout.kv_groups(spec.block_size, hybrid_kv_cache_manager(spec), spec.mamba_cache_mode)
     estimate: WeightsEstimate | None = None
     if spec.weights_memory_bytes is not None:
         total = spec.weights_memory_bytes

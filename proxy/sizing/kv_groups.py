@@ -61,6 +61,7 @@ class LayerSpec:
     window: int | None = None         # sliding_window, or attention_chunk_size for "chunked"
     state_bytes: int = 0              # Mamba: the fixed per-sequence state
     page_size_padded: int | None = None
+    state_blocks: int = 1             # Mamba: pages per request (2 in mamba_cache_mode "align")
 
     @property
     def page_bytes(self) -> int:
@@ -72,7 +73,7 @@ class LayerSpec:
     def blocks_per_request(self, max_model_len: int, in_flight_tokens: int) -> int:
         """ceil(max_memory_usage_bytes ÷ page_size_bytes) for a request of max_model_len tokens."""
         if self.kind == "mamba":
-            return 1
+            return self.state_blocks
         if self.kind == "sliding":
             assert self.window is not None
             return _cdiv(min(self.window - 1 + in_flight_tokens, max_model_len), self.block_size) + 1
@@ -112,6 +113,12 @@ class KvGroups:
     def num_blocks(self, memory_bytes: int) -> int:
         """Blocks the pool gets from this memory (`available_memory // bytes_per_block`)."""
         return max(0, memory_bytes) // self.bytes_per_block
+
+
+def hybrid_attention_block_size(block_size: int, attention_bytes_per_token: int, state_bytes: int) -> int:
+    """`Platform._align_hybrid_block_size` (vllm/platforms/interface.py): the attention block grows in
+    steps of block_size until one attention page holds a Mamba state; the state is padded to that page."""
+    return block_size * max(1, _cdiv(state_bytes, block_size * attention_bytes_per_token))
 
 
 def _promote_local_layers(specs: Sequence[LayerSpec]) -> tuple[list[LayerSpec], bool]:
