@@ -8,7 +8,7 @@ tests/realvllm/kv_layouts.py.  `plan` is given the same config and options
 activations, vLLM's CPU block size, async scheduling off as on the CPU
 backend) and must give the same two figures — the token count exactly, the
 concurrency to vLLM's two printed decimals and to the whole request.
-tests/test_kv_layouts_real_vllm.py checks the same cases live.
+tests/commands/test_plan_layouts_real_vllm.py checks the same cases live.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from proxy import plan_cli
+from proxy.commands import plan as plan_cli
 from tests.realvllm.kv_layouts import CAPTURES, CASES, LayoutCase, parse_log_line
 
 LAYOUTS = json.loads(CAPTURES.read_text())["cases"]

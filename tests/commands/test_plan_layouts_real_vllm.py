@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.commands.test_plan_layouts import LAYOUTS, plan_figures
 from tests.realvllm.fixture import MODE_ENV, QWEN3_TOKENIZER_DIR, parse_mode
 from tests.realvllm.kv_layouts import CASES, vllm_kv_figures, write_model
 from tests.realvllm.venv import SetupError, ensure_vllm_venv
-from tests.test_kv_layouts import LAYOUTS, plan_figures
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.slow]
 

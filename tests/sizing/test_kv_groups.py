@@ -1,7 +1,7 @@
 """vLLM 0.32's KV-cache manager, formula by formula (vllm/v1/core/kv_cache_utils.py, kv_cache_interface.py).
 
 Every expected figure is worked out by hand from vLLM's source in the comment
-beside it; tests/test_kv_layouts.py checks the whole chain against what a real
+beside it; tests/commands/test_plan_layouts.py checks the whole chain against what a real
 vLLM logged.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from proxy import capacity as cap
-from proxy.deploy import DeploymentSpec, hybrid_kv_cache_manager, resolve
-from proxy.kv_groups import (
+from proxy.sizing import capacity as cap
+from proxy.sizing.deploy import DeploymentSpec, hybrid_kv_cache_manager, resolve
+from proxy.sizing.kv_groups import (
     LayerSpec,
     group_layers,
     kv_cache_size_tokens,
