@@ -215,3 +215,18 @@ def test_plan_concurrency_counts_the_window_not_the_whole_request():
     assert plan.kv_blocks == 2048 and plan.blocks_per_request == 291 and plan.concurrent_requests == 7
     assert plan.vllm_kv_cache_tokens == int(2048 / 291 * 32_768)
     assert plan.startup is not None and plan.startup.fits
+
+
+def test_a_running_sliding_window_pool_matches_its_plan_to_the_block():
+    # vLLM's pool for the 5 : 1 tiny model on 64 MiB: 2,048 blocks of 128 (one 32,768 B page per block,
+    # tests/data/vllm032_cpu/kv_layouts.json "mixed-gemma3"); per token over all six layers it would be 341
+    from proxy.sizing.live import given_memory_plan
+    from proxy.sizing.vllm_metrics import CacheConfigInfo, cross_check
+
+    cache = CacheConfigInfo("0", 2048, 128, "auto", None, 64 << 20, 169_466, 20.69)
+    layout = cap.kv_layout(dict(BASE, model_type="gemma3_text", sliding_window=256))
+    plan = given_memory_plan(cache, layout.bytes_per_token, layout)
+    assert plan is not None and plan.kv_blocks == 2048
+    x = cross_check(cache, plan)
+    assert x.planned_tokens == x.actual_tokens == 2048 * 128 and x.difference_tokens == 0
+    assert x.actual_kv_bytes == 64 << 20
