@@ -230,3 +230,38 @@ def test_a_running_sliding_window_pool_matches_its_plan_to_the_block():
     x = cross_check(cache, plan)
     assert x.planned_tokens == x.actual_tokens == 2048 * 128 and x.difference_tokens == 0
     assert x.actual_kv_bytes == 64 << 20
+
+
+QWEN3_NEXT_80B = {  # Qwen/Qwen3-Next-80B-A3B-Instruct config.json (the fields that size its caches)
+    "model_type": "qwen3_next", "num_hidden_layers": 48, "hidden_size": 2048, "num_attention_heads": 16,
+    "num_key_value_heads": 2, "head_dim": 256, "full_attention_interval": 4, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4, "torch_dtype": "bfloat16",
+}
+
+
+def test_gated_delta_net_state_and_the_enlarged_attention_block():
+    # conv (128·16·2 + 128·32) × 3 × 2 B = 49,152; recurrent 32 × 128 × 128 × 2 B = 1,048,576
+    assert cap.gated_delta_net_state_bytes(QWEN3_NEXT_80B) == 1_097_728
+    assert cap.gated_delta_net_state_bytes(QWEN3_NEXT_80B, mamba_ssm_cache_dtype="float32") == 49_152 + 2_097_152
+    assert cap.gated_delta_net_state_bytes(QWEN3_NEXT_80B, tensor_parallel_size=2) == 1_097_728 // 2
+    # the attention page of one token is 2 heads × 256 × (K+V) × 2 B = 2,048 B: 16 × ceil(1,097,728 ÷ 32,768)
+    # = 544 tokens ("Setting attention block size to 544 tokens"), the state padded by 1.49 %
+    layout = cap.kv_layout(QWEN3_NEXT_80B)
+    groups = layout.kv_groups(16)
+    assert groups.block_size == 544
+    assert [g.spec.kind for g in groups.groups] == ["mamba"] * 3 + ["full"]      # 36 : 12 → groups of 12
+    assert all(len(g.layers) == 12 for g in groups.groups)
+    assert groups.bytes_per_block == 12 * 544 * 2048
+    assert f"{(544 * 2048 - 1_097_728) / 1_097_728:.2%}" == "1.49%"
+    # a request of 32,768 tokens: ceil(32768 ÷ 544) = 61 full blocks + 3 groups × 2 state pages (align)
+    assert groups.blocks_per_request(32_768, 8192) == 61 + 6
+    assert layout.kv_groups(16, mamba_cache_mode="none").blocks_per_request(32_768, 8192) == 61 + 3
+
+
+def test_other_linear_layers_stay_an_upper_bound():
+    # no Gated DeltaNet fields: the linear layers are left out, as before, with the note
+    config = dict(BASE, layer_types=["linear_attention"] * 3 + ["full_attention"] * 3)
+    layout = cap.kv_layout(config)
+    assert layout.linear_state_bytes == 0 and layout.kv_groups(16).groups[0].layers == (0, 1, 2)
+    assert "upper bound" in layout.notes[0]
