@@ -450,6 +450,37 @@ def gated_delta_net_state_bytes(config: Mapping[str, Any], tensor_parallel_size:
     return conv + v_heads // tensor_parallel_size * v_dim * k_dim * ssm_bytes
 
 
+def _layout_notes(kinds: list[LayerKind], state: int) -> list[str]:
+    """What the per-token figure leaves out: linear layers' state, local layers' window."""
+    num_layers = len(kinds)
+    linear = sum(kind == "linear" for kind, _ in kinds)
+    kv_layers = num_layers - linear
+    notes: list[str] = []
+    if state:
+        notes.append(
+            f"hybrid: {kv_layers} of {num_layers} layers are full attention and counted per token; the {linear} "
+            f"Gated DeltaNet layers keep a fixed state of {state:,} B each per request, which vLLM pads to one "
+            "attention page (it enlarges the attention block size to fit it)"
+        )
+    elif linear:
+        notes.append(
+            f"hybrid: {kv_layers} of {num_layers} layers are full attention and counted per token; "
+            f"the {linear} linear-attention layers keep a fixed per-sequence state "
+            "that is not included (and vLLM enlarges the block size to match it), so concurrency "
+            "is an upper bound"
+        )
+    local = [(kind, window) for kind, window in kinds if kind in ("sliding", "chunked")]
+    if local:
+        windows = sorted({w for _, w in local if w is not None})
+        what = "chunked local attention (chunk" if local[0][0] == "chunked" else "sliding window (window"
+        notes.append(
+            f"{len(local)} of {num_layers} layers use {what} {', '.join(f'{w:,}' for w in windows)} tokens): "
+            "a request holds at most the window plus the tokens in flight there, so KV per token counts "
+            "every layer but tokens and concurrency come from vLLM's KV-cache groups"
+        )
+    return notes
+
+
 def kv_layout(config: Mapping[str, Any], kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1,
               mamba_ssm_cache_dtype: str = "auto") -> KvLayout:
     """Per-token KV-cache size of a HF `config.json`, as vLLM allocates it.
@@ -512,30 +543,9 @@ def kv_layout(config: Mapping[str, Any], kv_cache_dtype: str = "auto", tensor_pa
     kinds = _layer_kinds(cfg, num_layers)
     linear = sum(kind == "linear" for kind, _ in kinds)
     kv_layers = num_layers - linear
-    notes: list[str] = []
     state = gated_delta_net_state_bytes(config, tensor_parallel_size, mamba_ssm_cache_dtype) if linear else 0
-    if state:
-        notes.append(
-            f"hybrid: {kv_layers} of {num_layers} layers are full attention and counted per token; the {linear} "
-            f"Gated DeltaNet layers keep a fixed state of {state:,} B each per request, which vLLM pads to one "
-            "attention page (it enlarges the attention block size to fit it)"
-        )
-    elif linear:
-        notes.append(
-            f"hybrid: {kv_layers} of {num_layers} layers are full attention and counted per token; "
-            f"the {linear} linear-attention layers keep a fixed per-sequence state "
-            "that is not included (and vLLM enlarges the block size to match it), so concurrency "
-            "is an upper bound"
-        )
-    local = [(kind, window) for kind, window in kinds if kind in ("sliding", "chunked")]
-    if local:
-        windows = sorted({w for _, w in local if w is not None})
-        what = "chunked local attention (chunk" if local[0][0] == "chunked" else "sliding window (window"
-        notes.append(
-            f"{len(local)} of {num_layers} layers use {what} {', '.join(f'{w:,}' for w in windows)} tokens): "
-            "a request holds at most the window plus the tokens in flight there, so KV per token counts "
-            "every layer but tokens and concurrency come from vLLM's KV-cache groups"
-        )
+    notes = _layout_notes(kinds, state)
+    local = [kind for kind, _ in kinds if kind in ("sliding", "chunked")]
     attention = "hybrid" if kv_layers < num_layers else ("mha" if kv_heads == heads else "gqa")
     per_gpu = kv_heads
     if split is not None:
