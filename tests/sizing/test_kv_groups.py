@@ -7,6 +7,8 @@ vLLM logged.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from proxy.sizing import capacity as cap
@@ -19,7 +21,9 @@ from proxy.sizing.kv_groups import (
     max_concurrency,
     startup_fit,
 )
+from proxy.sizing.vllm_metrics import parse_vllm_metrics
 
+DATA = Path(__file__).resolve().parents[1] / "data" / "vllm032_cpu"
 FULL = LayerSpec("full", 128, 256)                   # 2 KV heads × 32 × (K+V) × bf16 = 256 B per token
 SLIDING = LayerSpec("sliding", 128, 256, window=256)
 
@@ -36,6 +40,10 @@ def test_one_group_when_every_layer_is_full_attention():
     assert blocks == 1024
     assert max_concurrency(blocks, groups, 2048, 2048) == 64.0
     assert kv_cache_size_tokens(blocks, groups, 2048, 2048) == 131_072
+    served = parse_vllm_metrics((DATA / "fixture_server.txt").read_text()).cache_for("0")
+    assert served is not None
+    figures = (served.num_gpu_blocks, served.kv_cache_max_concurrency, served.kv_cache_size_tokens)
+    assert figures == (1024, 64.0, 131_072)
 
 
 def test_kv_cache_size_depends_on_max_model_len_through_whole_blocks():
