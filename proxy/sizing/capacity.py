@@ -195,6 +195,9 @@ _DEFAULT_WINDOW = {"mistral": 4096, "ministral": 4096, "gemma2": 4096, "gemma3_t
 # `sliding_window_pattern`, default 6; Cohere 2 `sliding_window_pattern`, default 4).
 _DEFAULT_PATTERN = {"gemma2": 2, "gpt_oss": 2, "gemma3_text": 6, "gemma3": 6, "cohere2": 4}
 
+# vLLM models whose attention reads only the model-wide CacheConfig.sliding_window, never layer_types
+_WINDOW_FROM_CACHE_CONFIG = {"qwen2_moe", "qwen3_moe", "mixtral"}
+
 LayerKind = tuple[str, int | None]   # ("full" | "sliding" | "chunked" | "linear", window or chunk)
 
 
@@ -228,9 +231,12 @@ def _declared_layer_types(cfg: Mapping[str, Any], num_layers: int, window: int |
         if not isinstance(pattern, int) or pattern <= 0:
             raise UnsupportedConfigError(f"config.json 'sliding_window_pattern' is invalid: {pattern!r}")
         return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
-    if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and window is not None:
+    if model_type in ("qwen2", "qwen3") and window is not None:
         start = cfg.get("max_window_layers", 28)
         return ["sliding_attention" if i >= start else "full_attention" for i in range(num_layers)]
+    if model_type == "qwen2_moe" and window is not None:
+        start = cfg.get("max_window_layers", 28)
+        return ["sliding_attention" if (i + 1) % 2 and i < start else "full_attention" for i in range(num_layers)]
     if model_type in ("llama4_text", "llama4") and cfg.get("attention_chunk_size"):
         nope = cfg.get("no_rope_layers") or [int((i + 1) % cfg.get("no_rope_layer_interval", 4) != 0)
                                              for i in range(num_layers)]
@@ -268,6 +274,11 @@ def _layer_kinds(cfg: Mapping[str, Any], num_layers: int) -> list[LayerKind]:
         return [("sliding", window) if window is not None else ("full", None) for _ in range(num_layers)]
     if cfg.get("model_type") == "gpt_oss":
         types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
+    if window is not None and cfg.get("model_type") in ("cohere2", "cohere2_moe"):
+        window += 1   # vLLM's Cohere 2 layers see sliding_window + 1 tokens (models/commandr.py)
+    if cfg.get("model_type") in _WINDOW_FROM_CACHE_CONFIG and not all(t in _SLIDING for t in types):
+        # these vLLM models take no per-layer window: mixed layer_types leave CacheConfig.sliding_window unset
+        return [("full", None) for _ in range(num_layers)]
     kinds: list[LayerKind] = []
     for t in types:
         if t in _FULL:
@@ -282,7 +293,7 @@ def _layer_kinds(cfg: Mapping[str, Any], num_layers: int) -> list[LayerKind]:
         else:
             raise UnsupportedConfigError(f"config.json 'layer_types' has unknown layer type {t!r}")
     sliding = sum(kind == "sliding" for kind, _ in kinds)
-    if str(cfg.get("model_type")).startswith(("qwen2", "qwen3")) and 0 < sliding < num_layers:
+    if cfg.get("model_type") in ("qwen2", "qwen3") and 0 < sliding < num_layers:
         raise UnsupportedConfigError(
             f"vLLM refuses this config: {sliding} of {num_layers} layers slide (max_window_layers "
             f"{cfg.get('max_window_layers')!r}), and its Qwen2 model asserts \"Sliding window for some but all "

@@ -273,3 +273,18 @@ def test_other_linear_layers_stay_an_upper_bound():
     layout = cap.kv_layout(config)
     assert layout.linear_state_bytes == 0 and layout.kv_groups(16).groups[0].layers == (0, 1, 2)
     assert "upper bound" in layout.notes[0]
+
+
+def test_models_whose_vllm_layers_take_only_the_model_wide_window():
+    # Qwen2-MoE: transformers interleaves layer_types, but vLLM's qwen2_moe.py reads only
+    # CacheConfig.sliding_window, which mixed layer_types leave unset: every layer is full attention
+    config = dict(BASE, model_type="qwen2_moe", sliding_window=4096, use_sliding_window=True, max_window_layers=6)
+    assert cap.kv_layout(config).layer_kinds == ()
+    # Qwen3-MoE has no layer_types at all: the window is on every layer
+    assert _kinds(dict(BASE, model_type="qwen3_moe", sliding_window=4096, use_sliding_window=True)) == ["sliding"] * 6
+
+
+def test_cohere2_layers_see_one_token_more_than_the_window():
+    # vLLM's commandr.py passes sliding_window + 1; Cohere2Config's default pattern is 4
+    layout = cap.kv_layout(dict(BASE, model_type="cohere2", num_hidden_layers=8, sliding_window=4096))
+    assert layout.layer_kinds == ((("sliding", 4097),) * 3 + (("full", None),)) * 2
