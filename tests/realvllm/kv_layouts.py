@@ -94,6 +94,17 @@ CASES: tuple[LayoutCase, ...] = (
                                     query_pre_attn_scalar=32, hidden_activation="gelu_pytorch_tanh",
                                     rope_theta=1_000_000.0, rope_local_base_freq=10_000.0),
                4096, 1024),
+    # gpt-oss: sliding (window 128) on even layers, full on odd, attention sinks: two groups of two
+    LayoutCase("mixed-gpt-oss", dict(_BASE, architectures=["GptOssForCausalLM"], model_type="gpt_oss",
+                                     num_hidden_layers=4, sliding_window=128,
+                                     layer_types=["sliding_attention", "full_attention"] * 2, num_local_experts=4,
+                                     num_experts_per_tok=2, experts_per_token=2, intermediate_size=64,
+                                     swiglu_limit=7.0, attention_bias=True, router_aux_loss_coef=0.9,
+                                     rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                                                      "beta_slow": 1.0, "truncate": False,
+                                                      "original_max_position_embeddings": 4096,
+                                                      "rope_theta": 150_000.0}),
+               4096, 1024),
     # Qwen3-Next: 3 Gated DeltaNet layers : 1 full attention; vLLM's CPU backend keeps the recurrent
     # state in float32 on this (AVX-512-BF16) machine and uses mamba_cache_mode "align"
     LayoutCase("linear-hybrid", dict(_BASE, architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next",
