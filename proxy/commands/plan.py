@@ -288,7 +288,8 @@ def _kv_rows(plan: cap.Plan) -> list[tuple[str, str]]:
     else:
         rows.append(("KV tokens", f"{_n(plan.kv_tokens)}  (vLLM allocates {_n(plan.kv_blocks)} blocks of "
                                   f"{block} = {_n(plan.kv_blocks * block)} tokens)"))
-    if plan.vllm_kv_cache_tokens is not None and plan.vllm_max_concurrency is not None:
+    starts = plan.startup is not None and plan.startup.fits
+    if starts and plan.vllm_kv_cache_tokens is not None and plan.vllm_max_concurrency is not None:
         rows.append(("vLLM logs", f"KV cache size: {_n(plan.vllm_kv_cache_tokens)} tokens, Maximum concurrency "
                                   f"for {_n(inp.max_model_len or 0)} tokens per request: "
                                   f"{plan.vllm_max_concurrency:.2f}x"))
