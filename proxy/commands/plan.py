@@ -281,8 +281,9 @@ def _kv_rows(plan: cap.Plan) -> list[tuple[str, str]]:
     block = groups.block_size
     local = any(g.spec.kind in ("sliding", "chunked") for g in groups.groups)
     rows: list[tuple[str, str]] = []
-    if len(groups.groups) > 1 or local:
+    if len(groups.groups) > 1 or local or groups.promoted:
         rows.append(("KV cache groups", _group_text(groups)))
+    if len(groups.groups) > 1 or local:
         rows.append(("KV tokens", f"{_n(plan.kv_tokens)} at {_n(inp.max_model_len or inp.tokens_per_request)} "
                                   f"tokens per request  (vLLM allocates {_n(plan.kv_blocks)} blocks)"))
     else:

@@ -486,8 +486,9 @@ def _layout_notes(kinds: list[LayerKind], state: int) -> list[str]:
         what = "chunked local attention (chunk" if local[0][0] == "chunked" else "sliding window (window"
         notes.append(
             f"{len(local)} of {num_layers} layers use {what} {', '.join(f'{w:,}' for w in windows)} tokens): "
-            "a request holds at most the window plus the tokens in flight there, so KV per token counts "
-            "every layer but tokens and concurrency come from vLLM's KV-cache groups"
+            "with vLLM's hybrid KV-cache manager a request holds at most the window plus the tokens in flight "
+            "there (without it, every token), so KV per token counts every layer but tokens and concurrency "
+            "come from vLLM's KV-cache groups"
         )
     return notes
 

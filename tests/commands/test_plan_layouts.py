@@ -59,3 +59,18 @@ def test_plan_equals_vllms_own_figures(capsys, tmp_path, c):
     # to the request: the requests of max_model_len that fit at once
     assert out["concurrent_at_max_model_len"] == int(float(captured["max_concurrency"]))
     assert out["concurrent_at_max_model_len"] == out["kv_blocks"] // out["blocks_per_request"]
+
+
+def test_the_table_prints_vllms_line_and_the_groups(capsys, tmp_path):
+    c = next(c for c in CASES if c.name == "mixed-padded")
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps(c.config))
+    assert plan_cli.main(["--model-config", str(config), "--gpu-memory", str(c.kv_cache_memory_bytes),
+                          "--gpu-memory-utilization", "1", "--weights-memory", "0", "--activation-memory", "0",
+                          "--block-size", "128", "--no-async-scheduling", "--max-model-len", str(c.max_model_len),
+                          "--max-num-batched-tokens", str(c.max_num_batched_tokens)]) == 0
+    out = capsys.readouterr().out
+    # vLLM's own words, less the device name it starts with ("CPU")
+    assert f"vLLM logs                {LAYOUTS[c.name]['line'].removeprefix('CPU ')}" in out
+    assert ("KV cache groups          2 group(s) (1 × sliding window 512, 1 × full) of up to 4 layer(s), "
+            "one pool block = 131,072 B; 1 padding layer(s)") in out
