@@ -302,44 +302,58 @@ def _kv_rows(plan: cap.Plan) -> list[tuple[str, str]]:
 
 def format_plan(hw: Hardware, plan: cap.Plan, a: Assessment | None = None) -> str:
     """Aligned 'label  value' lines; units spelled out (GiB = 2^30, GB = 10^9); no negative figure."""
-    lay, mem, inp = hw.layout, plan.memory, plan.inputs
-    rows: list[tuple[str, str]] = []
-    tp = hw.tensor_parallel_size
+    rows = [*_model_rows(hw), *_memory_rows(hw, plan), *_kv_rows(plan), *_concurrency_rows(hw, plan),
+            *_startup_rows(hw, plan, a), *_margin_rows(plan)]
+    width = max(len(label) for label, _ in rows)
+    return "\n".join([f"{label:<{width}}  {value}" for label, value in rows] + _notes(hw, plan, a))
+
+
+def _model_rows(hw: Hardware) -> list[tuple[str, str]]:
+    lay, tp = hw.layout, hw.tensor_parallel_size
     per_gpu = " per GPU" if tp > 1 else ""
     if lay.attention == "mla":
         shape = f"mla: {lay.kv_layers} layers × {lay.elements_per_layer}-element latent × {lay.dtype_bytes} B"
     else:
         shape = (f"{lay.attention}: 2 × {lay.kv_layers} layers × {lay.kv_heads} KV heads{per_gpu} × "
                  f"head_dim {lay.head_dim} × {lay.dtype_bytes} B")
-    rows.append(("model", f"{hw.model_label}  [{shape}]"))
+    rows = [("model", f"{hw.model_label}  [{shape}]")]
     if tp > 1:
         heads = (f"{lay.kv_heads_total} → {lay.kv_heads} KV heads per GPU" if lay.kv_heads_total
                  else "latent on every GPU")
         rows.append(("tensor parallel", f"{tp} GPUs per replica: 1/{tp} of the weights and {heads}"))
     rows.append((f"KV per token{per_gpu}", f"{_n(lay.bytes_per_token)} B = {lay.bytes_per_token / cap.KIB:g} KiB"))
-    rows.append(("GPU memory", f"{cap.format_both(mem.gpu_memory_bytes)}  [{hw.gpu_label}]"))
-    rows.append(("× utilization", f"{mem.utilization:g} → {cap.format_both(mem.usable_bytes)}"))
-    w = hw.weights
+    return rows
+
+
+def _memory_rows(hw: Hardware, plan: cap.Plan) -> list[tuple[str, str]]:
+    """GPU memory × utilization − weights − activations = the KV cache."""
+    mem, tp, w = plan.memory, hw.tensor_parallel_size, hw.weights
+    rows = [("GPU memory", f"{cap.format_both(mem.gpu_memory_bytes)}  [{hw.gpu_label}]"),
+            ("× utilization", f"{mem.utilization:g} → {cap.format_both(mem.usable_bytes)}")]
     how = ""
     if w is not None:
         how = f"  [{w.scheme.detail}"
         if w.kept_params:
             how += f"; {_n(w.kept_params)} embedding params at {w.kept_bytes_per_param} B"
         how += f"; {_n(w.params)} params" + (f" ÷ TP {tp}" if tp > 1 else "") + "]"
-    rows.append((f"− weights{per_gpu}", cap.format_both(mem.weights_bytes) + how))
+    rows.append((f"− weights{' per GPU' if tp > 1 else ''}", cap.format_both(mem.weights_bytes) + how))
     rows.append(("− activations", cap.format_both(mem.activation_bytes)))
     if mem.kv_memory_bytes > 0:
         rows.append(("= KV memory", cap.format_both(mem.kv_memory_bytes)))
     else:
         rows.append(("= KV memory", f"none: short by {cap.format_both(mem.shortfall_bytes)}"))
-    rows.extend(_kv_rows(plan))
+    return rows
+
+
+def _concurrency_rows(hw: Hardware, plan: cap.Plan) -> list[tuple[str, str]]:
+    inp, tp = plan.inputs, hw.tensor_parallel_size
     conc = f"{_n(plan.concurrent_requests)} (memory bound)"
     if inp.max_num_seqs is not None:
         if plan.limited_by == "max_num_seqs":
             conc += f"; vLLM runs at most max_num_seqs = {_n(inp.max_num_seqs)} at once"
         else:
             conc += f"; max_num_seqs {_n(inp.max_num_seqs)} does not bind"
-    rows.append(("concurrent requests", conc))
+    rows = [("concurrent requests", conc)]
     if plan.gpus_for_target is not None or inp.target_concurrency is not None:
         gpus = "none fit on one replica" if plan.gpus_for_target is None else f"{_n(plan.gpus_for_target)} GPU(s)"
         if plan.gpus_for_target is not None and tp > 1:
@@ -348,6 +362,12 @@ def format_plan(hw: Hardware, plan: cap.Plan, a: Assessment | None = None) -> st
     if plan.monthly_cost_usd is not None:
         rows.append(("monthly cost", f"${plan.monthly_cost_usd:,.2f}  ({plan.gpus_for_target} × "
                                      f"${inp.gpu_hourly_usd:g}/h × {cap.HOURS_PER_MONTH} h)"))
+    return rows
+
+
+def _startup_rows(hw: Hardware, plan: cap.Plan, a: Assessment | None) -> list[tuple[str, str]]:
+    """Whether vLLM starts with this max_model_len, the model's own bound, the scheduler's limits."""
+    inp, rows = plan.inputs, []
     if plan.startup is not None:
         s = plan.startup
         source = f" ({a.max_model_len_source})" if a is not None and a.max_model_len_source != "given" else ""
@@ -371,7 +391,12 @@ def format_plan(hw: Hardware, plan: cap.Plan, a: Assessment | None = None) -> st
         rows.append(("scheduler", f"max_num_seqs {_n(sc.max_num_seqs)}, max_num_batched_tokens "
                                   f"{_n(sc.max_num_batched_tokens)}, chunked prefill "
                                   f"{'on' if sc.chunked_prefill else 'off'}{why}"))
-    step = plan.utilization_step
+    return rows
+
+
+def _margin_rows(plan: cap.Plan) -> list[tuple[str, str]]:
+    """What one more step of utilization buys, and what the last block wastes."""
+    mem, inp, step, rows = plan.memory, plan.inputs, plan.utilization_step, []
     if mem.kv_memory_bytes > 0:
         rows.append((f"+{step.step:g} utilization", f"+{step.bytes / cap.GIB:.2f} GiB "
                      f"({cap.format_bytes(step.bytes, binary=False)}) = +{_n(step.tokens)} tokens"))
@@ -379,25 +404,18 @@ def format_plan(hw: Hardware, plan: cap.Plan, a: Assessment | None = None) -> st
     share = 100 * waste / inp.tokens_per_request
     rows.append(("mean last-block waste",
                  f"{waste:g} tokens per request ({share:.2f}% of {_n(inp.tokens_per_request)})"))
-    width = max(len(label) for label, _ in rows)
-    lines = [f"{label:<{width}}  {value}" for label, value in rows]
-    for note in lay.notes:
-        lines.append(f"note: {note}")
-    if w is not None:
-        for note in w.notes:
-            lines.append(f"note: {note}")
-    if hw.context is not None:
-        for note in hw.context.notes:
-            lines.append(f"note: {note}")
-    if a is not None and a.scheduler is not None:
-        for note in a.scheduler.notes:
-            lines.append(f"note: {note}")
-    for warning in plan.warnings:
-        lines.append(f"WARNING: {warning}")
-    if plan.startup is not None and not plan.startup.fits and mem.kv_memory_bytes > 0:
+    return rows
+
+
+def _notes(hw: Hardware, plan: cap.Plan, a: Assessment | None) -> list[str]:
+    notes = [*hw.layout.notes, *(hw.weights.notes if hw.weights is not None else ()),
+             *(hw.context.notes if hw.context is not None else ()),
+             *(a.scheduler.notes if a is not None and a.scheduler is not None else ())]
+    lines = [f"note: {note}" for note in notes] + [f"WARNING: {warning}" for warning in plan.warnings]
+    if plan.startup is not None and not plan.startup.fits and plan.memory.kv_memory_bytes > 0:
         lines.append(f"vLLM would fail with: {plan.startup.message}")
         lines.append(f"fix: {plan.startup.fix}")
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
