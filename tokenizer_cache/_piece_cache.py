@@ -5,6 +5,10 @@ the tokenizer's identity (see `_piece_count`), so one table serves all models
 without mixing them up and holds no text: memory per entry is fixed whatever
 the piece's length (about 140-170 bytes; bench/multiturn_bench.py measures it).
 
+Beside it, `prefixes` (`PrefixCounts`): digests of long texts' prefixes at
+proven cuts and their counts (`_prefix_count`), a quarter as many entries,
+about 250 bytes each (16,384 by default: ~4 MiB).
+
 Lookups and inserts come in batches (all pieces of one prompt) under one lock
 acquisition, and the lock is never held while encoding: the proxy counts
 large prompts in worker threads, and a miss in one must not stall the others.
@@ -18,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 DEFAULT_MAX_ENTRIES = 65_536
-# Prefix entries per piece entry: a turn adds a few prefixes but dozens of pieces.
+# Piece entries per prefix entry: a turn adds a few prefixes but dozens of pieces.
 PREFIX_ENTRIES_PER_PIECE = 4
 
 
@@ -52,8 +56,10 @@ class PrefixCounts:
         self.hits = 0
         self.misses = 0
 
-    def longest(self, keys: Sequence[bytes], offsets: Sequence[int]) -> int:
-        """The index of the last key found whose stored length is its offset, or -1."""
+    def longest(self, keys: Sequence[bytes], offsets: Sequence[int]) -> tuple[int, int]:
+        """(index, tokens) of the last key found whose stored length is its offset, or (-1, 0).
+
+        One lock acquisition: the entry cannot be evicted between finding it and reading it."""
         with self._lock:
             entries = self._entries
             for i in range(len(keys) - 1, -1, -1):
@@ -61,13 +67,9 @@ class PrefixCounts:
                 if found is not None and found[0] == offsets[i]:
                     entries.move_to_end(keys[i])
                     self.hits += 1
-                    return i
+                    return i, found[1]
             self.misses += 1
-            return -1
-
-    def tokens(self, key: bytes) -> int:
-        with self._lock:
-            return self._entries[key][1]
+            return -1, 0
 
     def put_many(self, items: Iterable[tuple[bytes, int, int]]) -> None:
         with self._lock:

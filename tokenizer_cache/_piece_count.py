@@ -153,9 +153,8 @@ class PieceCounter:
             keys.append(hasher.copy().digest()[:16])
             start = offset
         prefixes = self._cache.prefixes
-        hit = prefixes.longest(keys, offsets)
+        hit, reused = prefixes.longest(keys, offsets)
         base = offsets[hit] if hit >= 0 else 0
-        reused = prefixes.tokens(keys[hit]) if hit >= 0 else 0
         bounds = offsets[hit + 1 :]
         # Each segment between cuts counts alone (`_prefix_count`): the sum is the text's count.
         segments = self._count_texts([raw[a:b].decode("utf-8", "surrogatepass")
