@@ -142,6 +142,13 @@ class PieceCounter:
                 return None
         raw = text.encode("utf-8", "surrogatepass")
         offsets = cut_offsets(raw, anchor.encode("utf-8"))
+        if len(offsets) < 2:
+            # The first long text may not have been a chat: a text that hardly has this
+            # anchor picks the one it has most of (the old prefixes stay valid, just unused).
+            better = choose_anchor(text, self._cuts or [], self._splitter.raw_contents(text))
+            if better is not None and better != anchor:
+                anchor = self._anchor = better
+                offsets = cut_offsets(raw, anchor.encode("utf-8"))
         if not offsets:
             return None
         view = memoryview(raw)

@@ -219,3 +219,16 @@ def test_a_text_changed_before_a_cut_is_not_taken_from_the_prefix(qwen3: Any) ->
     edited["messages"][1]["content"] = edited["messages"][1]["content"] + " one more word"
     assert incremental.count_chat(edited) == qwen3.count_chat(edited) != first
     assert incremental.count_chat(body) == first
+
+
+def test_a_first_text_that_is_no_chat_does_not_fix_the_anchor(qwen3: Any) -> None:
+    """A completion prompt with two <|endoftext|> seen first; then chats, which pick their turn marker."""
+    cache = PieceCountCache()
+    incremental = qwen3.with_piece_cache(cache)
+    counter = incremental.piece_counter
+    text = "plain text<|endoftext|>more text<|endoftext|>end"
+    assert incremental.count_text(text, add_special_tokens=True) == qwen3.count_text(text, add_special_tokens=True)
+    assert counter._anchor == "<|endoftext|>"
+    bodies = growing_chat(random.Random(8), tool_messages=False)
+    assert _counts(incremental, bodies) == _counts(qwen3, bodies)
+    assert counter._anchor in ("<|im_start|>", "<|im_end|>") and cache.prefixes.hits > 0
