@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -325,6 +326,10 @@ class Metrics:
             lookups="Prompt pieces looked up in the count cache: a hit skips encoding that piece.",
             evictions="Pieces dropped from the full count cache.",
             entries="Pieces in the count cache."))
+        self.registry.register(_CountCacheCollector(
+            lambda: _PrefixStats.of(stats()), "prefix_cache",
+            lookups="Long prompts looked up by their prefixes at proven cuts: a hit counts that prefix whole.",
+            entries="Prompt prefixes in the prefix table beside the piece cache."))
 
     def attach_chat_cache(self, stats: Callable[[], Any]) -> None:
         """Export the chat-count cache's hits, misses and size."""
@@ -423,6 +428,19 @@ class _LengthLogCollector(Collector):
 
     def describe(self) -> Iterator[CounterMetricFamily]:
         yield CounterMetricFamily("brimful_length_records", "", labels=["outcome"])
+
+
+@dataclass(frozen=True)
+class _PrefixStats:
+    """The prefix table's figures of a `PieceCacheStats`, named as `_CountCacheCollector` reads them."""
+
+    hits: int
+    misses: int
+    entries: int
+
+    @classmethod
+    def of(cls, stats: Any) -> _PrefixStats:
+        return cls(stats.prefix_hits, stats.prefix_misses, stats.prefix_entries)
 
 
 class _CountCacheCollector(Collector):
