@@ -103,3 +103,17 @@ def test_json_log_lines_carry_extra_fields() -> None:
     record.request_id = "abc"
     line = json.loads(JsonFormatter().format(record))
     assert line["message"] == "drift on m" and line["level"] == "warning" and line["request_id"] == "abc"
+
+
+def test_the_floor_is_set_per_surface_and_per_model(tmp_path: Path) -> None:
+    path = tmp_path / "floor.toml"
+    path.write_text('[policy]\nmin_completion_tokens_by_surface = { messages = 2000, chat = 500 }\n'
+                    '[models."agent"]\nmin_completion_tokens_by_surface = { messages = 4000 }\n'
+                    'upstream_clamps_overflow = false\n')
+    config = load_config(path, env={})
+    assert (config.policy_for("other").floor("messages"), config.policy_for("other").floor("chat")) == (2000, 500)
+    agent = config.policy_for("agent")
+    assert (agent.floor("messages"), agent.floor("chat"), agent.upstream_clamps_overflow) == (4000, 1, False)
+    path.write_text("[policy]\nmin_completion_tokens_by_surface = { messages = 0 }\n")
+    with pytest.raises(ConfigError, match="min_completion_tokens"):
+        load_config(path, env={})

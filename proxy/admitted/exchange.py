@@ -243,6 +243,7 @@ class AdmittedExchange:
                 granted_max_tokens=record.granted_max_tokens,
                 prompt_param=self.surface.prompt_param,
                 max_tokens_param=self.limit_fields[0],
+                surface=self.surface.name,
             )
             await self.answer_error(err, Action.UPSTREAM_ERROR)
             return None
