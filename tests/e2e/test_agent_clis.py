@@ -131,3 +131,35 @@ def test_codex_recognises_brimfuls_refusal_as_its_context_window_running_out(sta
     through = agent_cli.run_codex(stack.base_url + "/v1", MODEL, PROMPT)
     assert "Codex ran out of room in the model's context window" in through.stdout
     assert stack.recorder is not None and stack.recorder.records[-1].error_code == "context_length_exceeded"
+
+
+def test_claude_code_session_goes_on_without_a_refusal_when_it_asks_for_trimming(stack_for: Any) -> None:
+    """ANTHROPIC_CUSTOM_HEADERS sends x-brimful-trim: the oldest tool rounds go instead of a refusal."""
+    need("claude")
+    stack, script = claude_session(stack_for, 26752, 6)
+    run = agent_cli.run_claude(stack.base_url, MODEL, PROMPT, args=("--allowedTools", "Bash"),
+                               extra_env={"ANTHROPIC_CUSTOM_HEADERS": "x-brimful-trim: oldest"}).json()
+    assert (run["is_error"], run["result"], script.made) == (False, "Done.", 6)
+    assert stack.recorder is not None
+    records = stack.recorder.records
+    assert not [r for r in records if r.action == "rejected"]
+    trimmed = [r for r in records if r.action == "trimmed"]
+    assert trimmed and all((r.trimmed_messages or 0) >= 2 and (r.trimmed_tokens or 0) > 0 for r in trimmed)
+    assert all(r.upstream_prompt_tokens == r.prompt_tokens for r in records)    # counted exactly after trimming
+    assert all((r.granted_max_tokens or 0) >= 3000 for r in trimmed)              # with the floor
+
+
+def test_codex_session_completes_when_its_provider_asks_for_trimming(stack_for: Any) -> None:
+    """Codex sends no max_output_tokens; its provider's http_headers carry x-brimful-trim."""
+    need("codex")
+    script = codex_loop(6)
+    stack = stack_for(16384, script)
+    run = agent_cli.run_codex(stack.base_url + "/v1", MODEL, PROMPT, headers={"x-brimful-trim": "oldest"})
+    assert run.returncode == 0, run.stdout[-2000:]
+    assert '"type":"agent_message","text":"Done."' in run.stdout and script.made == 6
+    assert stack.recorder is not None
+    records = stack.recorder.records
+    assert not [r for r in records if r.action == "rejected"]
+    trimmed = [r for r in records if r.action == "trimmed"]
+    assert trimmed and all(r.upstream_prompt_tokens == r.prompt_tokens for r in records)
+    assert all(r.prompt_tokens is not None and r.prompt_tokens < 16384 for r in trimmed)

@@ -71,7 +71,7 @@ def run_claude(base_url: str, model: str, prompt: str, *, timeout: float = 240,
 
 
 def run_codex(base_url: str, model: str, prompt: str, *, timeout: float = 240,
-              context_window: int | None = None) -> Run:
+              context_window: int | None = None, headers: dict[str, str] | None = None) -> Run:
     """`codex exec --skip-git-repo-check PROMPT` with a provider whose base_url is `base_url` (…/v1)."""
     binary = cli("codex")
     assert binary is not None, "Codex is not installed"
@@ -84,7 +84,8 @@ def run_codex(base_url: str, model: str, prompt: str, *, timeout: float = 240,
             f'model = "{model}"\nmodel_provider = "brimful"\n{window}'
             "[model_providers.brimful]\n"
             f'name = "brimful"\nbase_url = "{base_url}"\nwire_api = "responses"\nenv_key = "BRIMFUL_TEST_KEY"\n'
-            "request_max_retries = 0\nstream_max_retries = 0\n")
+            "request_max_retries = 0\nstream_max_retries = 0\n"
+            + "".join(f'http_headers.{name} = "{value}"\n' for name, value in (headers or {}).items()))
         env = {**_base_env(home), "CODEX_HOME": str(codex_home), "BRIMFUL_TEST_KEY": "dummy", "RUST_LOG": "error"}
         done = subprocess.run([str(binary), "exec", "--skip-git-repo-check", "--json", prompt], cwd=work, env=env,
                               capture_output=True, text=True, timeout=timeout, check=False,
