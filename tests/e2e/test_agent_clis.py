@@ -50,7 +50,8 @@ class ShellLoop:
 
     def __call__(self, surface: str, body: dict[str, Any]) -> Reply:
         self.requests.append(body)
-        offered = [t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)]
+        offered = [t.get("name") or (t.get("function") or {}).get("name")
+                   for t in body.get("tools") or [] if isinstance(t, dict)]
         if self.tool in offered and self.made < self.calls:
             self.made += 1
             return Reply("Running it.", [(self.tool, self.arguments)])
@@ -163,3 +164,25 @@ def test_codex_session_completes_when_its_provider_asks_for_trimming(stack_for: 
     trimmed = [r for r in records if r.action == "trimmed"]
     assert trimmed and all(r.upstream_prompt_tokens == r.prompt_tokens for r in records)
     assert all(r.prompt_tokens is not None and r.prompt_tokens < 16384 for r in trimmed)
+
+
+def test_ai_sdk_tool_loop_through_brimful_refuses_in_openais_words_or_goes_on_when_trimming(stack_for: Any) -> None:
+    """The AI SDK (`generateText` with a tool, @ai-sdk/openai-compatible: chat completions) asks
+    maxOutputTokens 16,384 of an 8,192 model: vLLM alone refuses its first step. Through brimful
+    the steps are clamped until the prompt itself no longer fits, then its APICallError carries
+    `code: context_length_exceeded`; asking for trimming, the loop runs to its end."""
+    need("ai")
+    script = ShellLoop("shell", {"cmd": "seq 1 600"}, 6)
+    stack = stack_for(8192, script)
+    direct = agent_cli.run_ai_sdk(stack.fake.base_url + "/v1", MODEL, 16384)
+    assert (direct["error"], direct["code"], direct["toolCalls"]) == ("AI_APICallError", 400, 0)
+    script.made = 0
+    refused = agent_cli.run_ai_sdk(stack.base_url + "/v1", MODEL, 16384)
+    assert (refused["error"], refused["statusCode"], refused["code"]) == ("AI_APICallError", 400,
+                                                                         "context_length_exceeded")
+    assert refused["toolCalls"] >= 3
+    script.made = 0
+    trimmed = agent_cli.run_ai_sdk(stack.base_url + "/v1", MODEL, 16384, trim="oldest")
+    assert (trimmed["text"], trimmed["toolCalls"]) == ("Done.", 6)
+    assert stack.recorder is not None
+    assert any(r.action == "trimmed" for r in stack.recorder.records)

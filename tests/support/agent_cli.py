@@ -93,5 +93,25 @@ def run_codex(base_url: str, model: str, prompt: str, *, timeout: float = 240,
     return Run(done.returncode, done.stdout, done.stderr)
 
 
+AI_SDK_AGENT = Path(__file__).resolve().parents[1] / "clients" / "ai_sdk_agent.cjs"
+
+
+def run_ai_sdk(base_url: str, model: str, max_output_tokens: int, *, trim: str | None = None,
+               timeout: float = 120) -> dict[str, Any]:
+    """tests/clients/ai_sdk_agent.cjs: the AI SDK's tool loop over @ai-sdk/openai-compatible (…/v1)."""
+    node = shutil.which("node")
+    assert node is not None, "node is not installed"
+    done = subprocess.run([node, str(AI_SDK_AGENT), str(npm_dir()), base_url, model,
+                           str(max_output_tokens), *([trim] if trim else [])],
+                          capture_output=True, text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "NO_PROXY": "127.0.0.1,localhost"})
+    return Run(done.returncode, done.stdout, done.stderr).json()
+
+
 def have(name: str) -> bool:
+    """`claude`, `codex`, or `ai` (the AI SDK with @ai-sdk/openai-compatible)."""
+    if name == "ai":
+        modules = npm_dir() / "node_modules"
+        return all((modules / p / "package.json").exists() for p in ("ai", "@ai-sdk/openai-compatible", "zod")) \
+            and shutil.which("node") is not None
     return cli(name) is not None and shutil.which("node") is not None
