@@ -359,6 +359,7 @@ def prompt_too_long(
             "prompt_tokens": prompt_tokens,
             "max_model_len": max_model_len,
             "tokens_to_remove": cut,
+            **({"min_completion_tokens": min_completion} if min_completion > 1 else {}),
         },
         too_long=(prompt_tokens, max_model_len - min_completion),
     )
