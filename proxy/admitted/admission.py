@@ -141,11 +141,7 @@ def read_requested_limit(body: Mapping[str, Any], fields: tuple[str, ...], defau
 
 
 def decide(
-    prompt_tokens: list[int],
-    max_model_len: int,
-    requested: RequestedLimit,
-    policy: Policy,
-    *,
+    prompt_tokens: list[int], max_model_len: int, requested: RequestedLimit, policy: Policy, *,
     model: str,
     prompt_param: str,
     implicit_max_tokens: int | None = None,
@@ -161,8 +157,7 @@ def decide(
     `count_exact` says the count is known to be the upstream's (verified, or
     never contradicted); when it is not, brimful refuses nothing on its own
     count and holds back `drift_margin` tokens, the drift it has seen.
-    `floor` is the surface's minimum completion (default `policy.min_completion_tokens`), at most
-    an eighth of max_model_len.
+    `floor`: the surface's minimum completion (default `policy.min_completion_tokens`).
     """
     least = completion_floor(policy.min_completion_tokens if floor is None else floor, max_model_len)
     longest = max(prompt_tokens)
@@ -173,12 +168,11 @@ def decide(
     target = effective
     if target is not None and policy.max_tokens_ceiling is not None:
         target = min(target, policy.max_tokens_ceiling)
-
     if longest >= max_model_len:
         if count_exact:
             # To be served after cutting: the floor where vLLM would refuse a sliver, else one token.
-            refuses = effective is not None and _upstream_refuses(effective, source, max_model_len, policy)
-            needs = min(least, max_model_len) if refuses else 1
+            needs = least if effective is not None and _upstream_refuses(effective, source, max_model_len,
+                                                                         policy) else 1
             return Decision(Action.REJECTED, asked, error=errors.prompt_too_long(
                 longest, max_model_len, model, prompt_param, needs))
         # The count may be off, so the upstream judges; a limit above max_model_len,
