@@ -33,7 +33,6 @@ from tests.support.servers import free_port, serve_in_thread
 from tests.support.stack import ListRecorder, Stack
 from tests.support.stack import make_config as shared_make_config
 from tests.support.stack import running_stack as shared_running_stack
-from tokenizer_cache import load_model_tokenizer
 
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "Hello!"}]
@@ -54,11 +53,6 @@ def make_config(upstream: str, tokenizer_dir: Path | None, *, timeout: float = S
 def running_stack(tokenizer_dir: Path | None, *, timeout: float = STALL_TIMEOUT, max_body_bytes: int = MAX_BODY,
                   **kw: Any) -> contextlib.AbstractContextManager[Stack]:
     return shared_running_stack(tokenizer_dir, timeout=timeout, max_body_bytes=max_body_bytes, **kw)
-
-
-@pytest.fixture(scope="module")
-def qwen3(qwen3_dir: Path):
-    return load_model_tokenizer(qwen3_dir)
 
 
 @pytest.fixture(scope="module")
