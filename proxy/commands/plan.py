@@ -19,6 +19,7 @@ from typing import Any
 from proxy.sizing import capacity as cap
 from proxy.sizing.deploy import Assessment, DeploymentSpec, Hardware, assess, resolve
 from proxy.sizing.gpus import lookup_gpu
+from proxy.sizing.kv_groups import KvGroups
 from proxy.sizing.weights import WEIGHT_DTYPES
 
 __all__ = ["Hardware", "add_capacity_arguments", "capacity_from_args", "main", "register", "run", "spec_from_args"]
@@ -69,7 +70,21 @@ def add_capacity_arguments(parser: argparse.ArgumentParser, *, required: bool = 
     g.add_argument("--max-num-seqs", type=_positive_int, metavar="N",
                    help="vLLM's --max-num-seqs (default: vLLM's for the GPU, 1024 on H100, 256 on A100/L4)")
     g.add_argument("--block-size", type=_positive_int, default=cap.DEFAULT_BLOCK_SIZE,
-                   help="vLLM KV block size in tokens (default 16)")
+                   help="vLLM KV block size in tokens (default 16; vLLM's CPU backend uses 128, and 16 for MLA)")
+    g.add_argument("--disable-hybrid-kv-cache-manager", action=argparse.BooleanOptionalAction, default=None,
+                   help="vLLM's flag: allocate sliding-window and chunked layers as full attention (default: "
+                        "vLLM's choice, on only for chunked local attention)")
+    g.add_argument("--chunked-local-attn-with-hybrid-kv-cache", action="store_true",
+                   help="as VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1: keep the hybrid manager for "
+                        "chunked local attention (Llama 4)")
+    g.add_argument("--mamba-ssm-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="vLLM's flag for linear-attention state (auto = the model dtype, or Qwen3.5's "
+                        "mamba_ssm_dtype; vLLM's CPU backend forces float32 on AVX-512-BF16 machines)")
+    g.add_argument("--mamba-cache-mode", default="align", choices=["align", "none"],
+                   help="vLLM's flag: align (its default with prefix caching) keeps 2 state pages per request")
+    g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                   help="vLLM's async scheduling (default on, as on GPUs; off on vLLM's CPU backend): two "
+                        "batches in flight, which sliding-window layers hold beyond their window")
     g.add_argument("--target-concurrency", type=_positive_int, metavar="C",
                    help="concurrent requests to serve: prints the GPUs needed")
     g.add_argument("--gpu-hourly-cost", type=float, metavar="USD", help="price of one GPU per hour")
@@ -105,7 +120,16 @@ def spec_from_args(args: argparse.Namespace) -> DeploymentSpec:
         max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None),
         enable_chunked_prefill=getattr(args, "enable_chunked_prefill", True),
         target_concurrency=args.target_concurrency, gpu_hourly_usd=args.gpu_hourly_cost,
+        hybrid_kv_cache_manager=_inverted(getattr(args, "disable_hybrid_kv_cache_manager", None)),
+        chunked_local_hybrid=getattr(args, "chunked_local_attn_with_hybrid_kv_cache", False),
+        async_scheduling=getattr(args, "async_scheduling", True),
+        mamba_ssm_cache_dtype=getattr(args, "mamba_ssm_cache_dtype", "auto"),
+        mamba_cache_mode=getattr(args, "mamba_cache_mode", "align"),
     )
+
+
+def _inverted(flag: bool | None) -> bool | None:
+    return None if flag is None else not flag
 
 
 def capacity_from_args(args: argparse.Namespace) -> Hardware:
@@ -231,6 +255,51 @@ def format_assessment(a: Assessment) -> str:
     return "\n".join(lines).rstrip("\n")
 
 
+def _group_text(groups: KvGroups) -> str:
+    """'6 groups (5 × sliding window 256, 1 × full) of 1 layer, one pool block = 32,768 B'."""
+    kinds: dict[str, int] = {}
+    for g in groups.groups:
+        spec = g.spec
+        name = {"sliding": "sliding window", "chunked": "chunked local"}.get(spec.kind, spec.kind)
+        if spec.window is not None:
+            name += f" {spec.window:,}"
+        kinds[name] = kinds.get(name, 0) + 1
+    widest = max(len(g.layers) for g in groups.groups)
+    text = (f"{len(groups.groups)} group(s) ({', '.join(f'{n} × {k}' for k, n in kinds.items())}) of up to "
+            f"{widest} layer(s), one pool block = {_n(groups.bytes_per_block)} B")
+    if groups.padding_layers:
+        text += f"; {groups.padding_layers} padding layer(s)"
+    if groups.promoted:
+        text += "; hybrid manager off: local layers allocated as full attention"
+    return text
+
+
+def _kv_rows(plan: cap.Plan) -> list[tuple[str, str]]:
+    """KV tokens, vLLM's groups and start-up figures, and what one request takes."""
+    inp = plan.inputs
+    groups = inp.groups()
+    block = groups.block_size
+    local = any(g.spec.kind in ("sliding", "chunked") for g in groups.groups)
+    rows: list[tuple[str, str]] = []
+    if len(groups.groups) > 1 or local or groups.promoted:
+        rows.append(("KV cache groups", _group_text(groups)))
+    if len(groups.groups) > 1 or local:
+        rows.append(("KV tokens", f"{_n(plan.kv_tokens)} at {_n(inp.max_model_len or inp.tokens_per_request)} "
+                                  f"tokens per request  (vLLM allocates {_n(plan.kv_blocks)} blocks)"))
+    else:
+        rows.append(("KV tokens", f"{_n(plan.kv_tokens)}  (vLLM allocates {_n(plan.kv_blocks)} blocks of "
+                                  f"{block} = {_n(plan.kv_blocks * block)} tokens)"))
+    starts = plan.startup is not None and plan.startup.fits
+    if starts and plan.vllm_kv_cache_tokens is not None and plan.vllm_max_concurrency is not None:
+        rows.append(("vLLM logs", f"KV cache size: {_n(plan.vllm_kv_cache_tokens)} tokens, Maximum concurrency "
+                                  f"for {_n(inp.max_model_len or 0)} tokens per request: "
+                                  f"{plan.vllm_max_concurrency:.2f}x"))
+    slots = "" if local or len(groups.groups) > 1 else f" = {_n(plan.slots_per_request)} slots"
+    rows.append(("per request", f"{_n(inp.tokens_per_request)} tokens → {_n(plan.blocks_per_request)} blocks "
+                                f"({cap.format_bytes(plan.blocks_per_request * groups.bytes_per_block)}){slots}"))
+    return rows
+
+
 def format_plan(hw: Hardware, plan: cap.Plan, a: Assessment | None = None) -> str:
     """Aligned 'label  value' lines; units spelled out (GiB = 2^30, GB = 10^9); no negative figure."""
     lay, mem, inp = hw.layout, plan.memory, plan.inputs
@@ -263,11 +332,7 @@ def format_plan(hw: Hardware, plan: cap.Plan, a: Assessment | None = None) -> st
         rows.append(("= KV memory", cap.format_both(mem.kv_memory_bytes)))
     else:
         rows.append(("= KV memory", f"none: short by {cap.format_both(mem.shortfall_bytes)}"))
-    rows.append(("KV tokens", f"{_n(plan.kv_tokens)}  (vLLM allocates {_n(plan.kv_blocks)} blocks of "
-                              f"{inp.block_size} = {_n(plan.kv_blocks * inp.block_size)} tokens)"))
-    rows.append(("per request", f"{_n(inp.tokens_per_request)} tokens → {_n(plan.slots_per_request)} slots "
-                                f"({plan.slots_per_request // inp.block_size} blocks, "
-                                f"{cap.format_bytes(plan.slots_per_request * lay.bytes_per_token)})"))
+    rows.extend(_kv_rows(plan))
     conc = f"{_n(plan.concurrent_requests)} (memory bound)"
     if inp.max_num_seqs is not None:
         if plan.limited_by == "max_num_seqs":

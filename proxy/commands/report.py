@@ -188,8 +188,9 @@ def run(args: argparse.Namespace) -> int:
     context = _context(config)
     plan_kv = None
     if hw is not None:
-        probe = cap.make_plan(hw.inputs(1, None))
-        plan_kv = probe.kv_blocks * probe.inputs.block_size
+        # the longest length vLLM would start with: whole blocks, less the pool's null block
+        probe = cap.make_plan(hw.inputs(1, 1))
+        plan_kv = probe.startup.estimated_max_model_len if probe.startup is not None else None
     models = []
     for stats in rep.iter_models(builder):
         # the KV bound: the pool of the vLLM that serves this model, else the plan's

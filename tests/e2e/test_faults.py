@@ -413,7 +413,9 @@ def test_model_discovery_has_its_own_short_timeout_and_message(qwen3_dir: Path) 
     """A hung /v1/models at start-up used the 900 s generation timeout and a 504 about 'a long generation'."""
     hold = threading.Event()
     with FakeVLLM() as fake:
-        fake.fail_next.append(FaultSpec(kind="respond", status=200, gate=hold, path="/v1/models"))
+        # Every /v1/models request is held, not only the first: brimful's own start-up fetch may
+        # time out and retry before the client's request arrives (a slow machine).
+        fake.fail_next.extend([FaultSpec(kind="respond", status=200, gate=hold, path="/v1/models")] * 100)
         config = make_config(fake.base_url, qwen3_dir, timeout=30.0)
         config.upstream.models_timeout = 0.3
         try:
@@ -423,6 +425,7 @@ def test_model_discovery_has_its_own_short_timeout_and_message(qwen3_dir: Path) 
                 with pytest.raises(openai.APIStatusError) as info:
                     client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=4)
                 elapsed = time.monotonic() - started
+                fake.fail_next.clear()
                 hold.set()
                 assert client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=4).usage
         finally:
