@@ -103,3 +103,33 @@ def test_json_log_lines_carry_extra_fields() -> None:
     record.request_id = "abc"
     line = json.loads(JsonFormatter().format(record))
     assert line["message"] == "drift on m" and line["level"] == "warning" and line["request_id"] == "abc"
+
+
+def test_the_floor_is_set_per_surface_and_per_model(tmp_path: Path) -> None:
+    path = tmp_path / "floor.toml"
+    path.write_text('[policy]\nmin_completion_tokens_by_surface = { messages = 2000, chat = 500 }\n'
+                    '[models."agent"]\nmin_completion_tokens_by_surface = { messages = 4000 }\n'
+                    'upstream_clamps_overflow = false\n')
+    config = load_config(path, env={})
+    assert (config.policy_for("other").floor("messages"), config.policy_for("other").floor("chat")) == (2000, 500)
+    agent = config.policy_for("agent")
+    assert (agent.floor("messages"), agent.floor("chat"), agent.upstream_clamps_overflow) == (4000, 1, False)
+    path.write_text("[policy]\nmin_completion_tokens_by_surface = { messages = 0 }\n")
+    with pytest.raises(ConfigError, match="min_completion_tokens"):
+        load_config(path, env={})
+
+
+def test_the_agents_page_configuration_loads(tmp_path: Path) -> None:
+    """docs/agents.md's configuration examples load, and mean what the page says."""
+    from tests.support.docs import BLOCKS
+
+    blocks = [b.text for b in BLOCKS if b.doc == "docs/agents.md" and b.info == "toml"]
+    assert len(blocks) == 2
+    path = tmp_path / "agents.toml"
+    path.write_text(blocks[0])
+    config = load_config(path, env={})
+    assert config.policy.floor("messages") == 3000 and config.policy.upstream_clamps_overflow
+    agent = config.policy_for("my-agent-model")
+    assert (agent.floor("messages"), agent.floor("chat"), agent.floor("responses")) == (3000, 1500, 1)
+    path.write_text(blocks[1])
+    assert load_config(path, env={}).policy_for("my-agent-model").trim == "oldest"

@@ -523,6 +523,9 @@ RUN_BY: dict[str, str] = {
     "\ndocker build -t registry.example.com/brimful":
         "deploy/test_helm.py::test_the_documented_install_renders_what_the_docs_say",
     "seriesQuery: 'brimful_in_flight_requests": "deploy/test_helm.py::test_the_documented_adapter_rule_feeds_the_hpa",
+    "\nmin_completion_tokens_by_surface = { messages = 3000 }":
+        "test_config.py::test_the_agents_page_configuration_loads",
+    '\ntrim = "oldest"': "test_config.py::test_the_agents_page_configuration_loads",
 }
 
 

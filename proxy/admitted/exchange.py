@@ -27,14 +27,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy import errors
-from proxy.admitted import jsonbody
-from proxy.admitted.admission import Decision, decide_uncounted, retry_limit
+from proxy.admitted import jsonbody, trimming
+from proxy.admitted.admission import Decision, completion_floor, decide_uncounted, retry_limit
 from proxy.admitted.answer import AnswerScanner
-from proxy.admitted.counting import PromptCounter
+from proxy.admitted.counting import Count, PromptCounter
 from proxy.admitted.request import AdmittedRequest, Counted, Outcome, length_record
 from proxy.admitted.sse import EventStreamScanner
 from proxy.admitted.surfaces import Surface, Usage, parse_json_payload
@@ -107,6 +107,9 @@ class AdmittedExchange:
         self.changes: dict[str, Any] = {}  # the fields rewritten
         self.limit_fields: list[str] = []  # the completion-limit fields a retry rewrites
         self.strip_usage = False           # brimful asked for the stream's usage: remove it again
+        self.trim_changes: dict[str, Any] = {}  # the conversation (and Responses' truncation) as trimmed
+        self.truncation_auto = False           # Responses' truncation "auto", done here
+        self.trimmed: tuple[int, int] | None = None   # (messages, tokens) dropped
         self.backend: Backend | None = None
         self.holds_slot = False            # one of the backend's gate slots is taken
         # Set as the request is forwarded and answered:
@@ -157,9 +160,14 @@ class AdmittedExchange:
                                      counted.source)
         if counted.uncounted is not None:
             self.info.append((b"x-brimful-uncounted", counted.uncounted.encode()))
+        if counted.trimmed_messages:
+            self.info += [(b"x-brimful-trimmed-messages", str(counted.trimmed_messages).encode()),
+                          (b"x-brimful-trimmed-tokens", str(counted.trimmed_tokens).encode())]
         if decision.error is not None:
             raise decision.error
-        self.changes = dict(decision.rewrite or {})
+        assert self.request is not None
+        request = self.request      # its fields as trimmed, if they were
+        self.changes = {**self.trim_changes, **(decision.rewrite or {})}
         self.limit_fields = list(decision.rewrite) if decision.rewrite else request.limit.fields_to_set()
         self.strip_usage = (
             request.stream and services.config.upstream.request_stream_usage
@@ -178,13 +186,22 @@ class AdmittedExchange:
             # The prompt lives upstream (a stored conversation): nothing here can count it.
             self.counted = Counted(uncounted=request.stored)
             return decide_uncounted(limit, max_model_len)
-        count = await services.counter.count(model, surface, request.fields, len(request.body), max_model_len)
+        policy = services.policy_for(model)
+        strategy = self.trim_strategy(request, policy)
+        # A conversation to trim may be over vLLM's character bound until it is trimmed.
+        count = await services.counter.count(model, surface, request.fields, len(request.body),
+                                             None if strategy else max_model_len)
         if count.uncounted is not None:
             self.counted = Counted(uncounted=count.uncounted)
             return decide_uncounted(limit, max_model_len)
+        if strategy is not None:
+            count = await self.trim(request, model, strategy, count, policy, max_model_len)
+            request = self.request = replace(request, fields={**request.fields, **self.trim_changes})
         decision = surface.decide(request.fields, count.per_prompt, max_model_len, limit,
-                                  services.policy_for(model), model=model, count_exact=count.exact,
+                                  policy, model=model, count_exact=count.exact,
                                   drift_margin=count.margin)
+        if self.trimmed is not None and decision.error is None:
+            decision = replace(decision, action=Action.TRIMMED)
         longest = max(count.per_prompt) if len(count.per_prompt) > 1 else None
         if decision.counted is not None and longest is not None:
             longest = min(longest, max_model_len)   # the upstream will see the prompts cut to what it keeps
@@ -192,8 +209,74 @@ class AdmittedExchange:
             prompt_tokens=decision.counted if decision.counted is not None else count.total,
             longest_prompt_tokens=longest, prompts=len(count.per_prompt),
             source=count.source if count.exact else "margin",
+            trimmed_messages=self.trimmed[0] if self.trimmed else None,
+            trimmed_tokens=self.trimmed[1] if self.trimmed else None,
         )
         return decision
+
+    def trim_strategy(self, request: AdmittedRequest, policy: Policy) -> trimming.Strategy | None:
+        """The trimming asked for: the x-brimful-trim header, else the model's `trim`, else
+        Responses' own `truncation: "auto"` (OpenAI's: whole items from the start)."""
+        if self.surface.name not in ("chat", "messages", "responses"):
+            return None
+        header = next((v for k, v in self.scope["headers"] if k == trimming.HEADER), None)
+        try:
+            strategy = trimming.requested_strategy(header, policy.trim)
+        except ValueError:
+            raise errors.invalid_field("x-brimful-trim", "must be oldest, middle or off",
+                                       header.decode("latin-1") if header else None) from None
+        if strategy is None and self.surface.name == "responses" and request.fields.get("truncation") == "auto":
+            self.truncation_auto = True
+            return "oldest"
+        return strategy
+
+    async def trim(self, request: AdmittedRequest, model: str, strategy: trimming.Strategy, count: Count,
+                   policy: Policy, max_model_len: int) -> Count:
+        """Drop the fewest whole turns that make the prompt fit with its completion (at least the
+        floor), each candidate counted exactly; the count of what is forwarded (`trim_changes`
+        holds the fields to rewrite)."""
+        limit = request.limit.value
+        needed = completion_floor(policy.floor(self.surface.name), max_model_len)
+        needed = min(limit, needed) if limit is not None else needed
+        if not count.exact or len(count.per_prompt) != 1:
+            return count
+        plan = trimming.plan(self.surface.name, request.fields, strategy, keep_first_user=not self.truncation_auto)
+        if count.total + needed > max_model_len and plan is not None:
+            found = await self.fewest_drops(request, model, plan, needed, max_model_len)
+            if found is not None:
+                k, kept, after = found
+                self.trimmed = (plan.items_dropped(k), count.total - after.total)
+                self.trim_changes[plan.field] = kept
+                count = after
+        if self.truncation_auto and count.total + needed <= max_model_len:
+            # brimful made it fit (or it did): vLLM's token cut would split messages, and harmony
+            # models (gpt-oss) answer 400 for it.
+            self.trim_changes["truncation"] = "disabled"
+        return count
+
+    async def fewest_drops(self, request: AdmittedRequest, model: str, plan: trimming.Plan, needed: int,
+                           max_model_len: int) -> tuple[int, list[Any], Count] | None:
+        """Binary search for the fewest units (in the plan's order) whose dropping fits: dropping
+        more never adds tokens. None when dropping every droppable unit is still too long."""
+        counter, surface, items = self.services.counter, self.surface, request.fields[plan.field]
+
+        async def attempt(k: int) -> tuple[list[Any], Count]:
+            kept = plan.without(items, k)
+            return kept, await counter.count(model, surface, {**request.fields, plan.field: kept}, len(request.body))
+
+        lo, hi = 1, len(plan.order)
+        kept, counted = await attempt(hi)
+        if counted.total + needed > max_model_len:
+            return None
+        best = (hi, kept, counted)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            kept, counted = await attempt(mid)
+            if counted.total + needed <= max_model_len:
+                hi, best = mid, (mid, kept, counted)
+            else:
+                lo = mid + 1
+        return best
 
     # -- forward ------------------------------------------------------------------------
 
@@ -240,6 +323,7 @@ class AdmittedExchange:
                 granted_max_tokens=self.granted_max_tokens,
                 prompt_param=self.surface.prompt_param,
                 max_tokens_param=self.limit_fields[0],
+                surface=self.surface.name,
             )
             await self.answer_error(err, Action.UPSTREAM_ERROR)
             return None

@@ -375,6 +375,7 @@ ERROR_CODE_REASONS: dict[str, Reason] = {
     ErrorCode.UPSTREAM_ERROR: "upstream_failure",
     ErrorCode.UPSTREAM_STREAM_ERROR: "upstream_failure",
     ErrorCode.UPSTREAM_INVALID_RESPONSE: "upstream_failure",
+    ErrorCode.UPSTREAM_INVALID_OUTPUT: "upstream_failure",
     ErrorCode.COUNTING_BUSY: "upstream_failure",      # brimful's own back-pressure, like upstream_busy
     # Answered by proxy.serving.server before any app code: never in a record, listed for completeness.
     ErrorCode.INVALID_HTTP_REQUEST: "bad_request",
