@@ -62,11 +62,12 @@ class NeedFigures(NamedTuple):
 
 
 def need_figures(prompt: int, n: int, requested: int | None, generated: int | None, granted: int | None,
-                 finish_reasons: list[str] | None, endpoint: str, longest: int | None = None) -> NeedFigures:
+                 finish_reasons: list[str] | None, endpoint: str, longest: int | None = None,
+                 max_model_len: int | None = None) -> NeedFigures:
     """The need of a request with these (already valid) fields: the rules of the module docstring.
 
     `generated` None means nothing was served (refused, failed, a stream without usage): unknown.
-    Without finish reasons a completion that reached its limit counts as cut.
+    Without finish reasons a completion that reached its limit, or the window (`max_model_len`), counts as cut.
     """
     single = longest if longest is not None else prompt
     asked = requested if requested is not None and requested > 0 else IMPLICIT_MAX_TOKENS.get(endpoint)
@@ -74,10 +75,13 @@ def need_figures(prompt: int, n: int, requested: int | None, generated: int | No
     if generated is None:
         return NeedFigures("unknown", single, single + 1, upper)
     per_choice = generated if n == 1 and longest is None else min(generated, granted or generated)
-    limit = granted if granted is not None else asked
-    cut = ("length" in finish_reasons) if finish_reasons else (limit is not None and per_choice >= limit)
     value = single + per_choice
-    if not cut or (asked is not None and limit is not None and limit >= asked):
+    if finish_reasons:
+        cut = "length" in finish_reasons
+    else:
+        limit = granted if granted is not None else asked
+        cut = (limit is not None and per_choice >= limit) or (max_model_len is not None and value >= max_model_len)
+    if not cut or (asked is not None and per_choice >= asked):
         return NeedFigures("exact", single, value, value)   # stopped by itself, or at its own limit
     return NeedFigures("cut", single, value, upper)
 
@@ -249,9 +253,34 @@ class NeedModel:
         high = plain_quantile(high_counts, unbounded, p) if high_counts else None
         return Quantile(p, estimate, beyond, low, high)
 
+    def summary(self, extra: Iterable[float] = ()) -> dict[str, float | int | None]:
+        """The report's table row: count, p50/p90/p95/p99 (+ extra) of the estimate, the largest value seen."""
+        from proxy.sizing.histogram import STANDARD_PERCENTILES, percentile_key
+
+        out: dict[str, float | int | None] = {"count": round(self.tally.n), "mean": None}
+        for p in sorted(set(STANDARD_PERCENTILES) | set(extra)):
+            q = self.quantile(p) if self.tally.n > 0 else None
+            out[percentile_key(p)] = None if q is None else q.value
+        seen = [*self.events, *self.censored]
+        out["max"] = max(seen) if seen else None
+        return out
+
     def survival(self, x: float) -> float:
         """The estimated share of requests needing more than x tokens."""
         return survival_at(self.steps, x)
+
+    def clipped_mean(self, limit: int) -> float:
+        """The estimated mean of min(need, limit): what a request holds of the KV cache under `limit`.
+
+        The share the estimate leaves beyond its last event (censored past it) counts at `limit`.
+        """
+        mean, before = 0.0, 1.0
+        for t, s in self.steps:
+            if t > limit:
+                break
+            mean += (before - s) * t
+            before = s
+        return mean + before * limit
 
 
 def completion_quantiles(tally: NeedTally) -> list[int]:
@@ -409,3 +438,22 @@ def recommend_from_need(
         candidates=list(by_len.values()), reason=head + tail,
     )
 
+
+
+def _int(rec: Mapping[str, Any], key: str) -> int | None:
+    value = rec.get(key)
+    return value if type(value) is int and value >= 0 else None
+
+
+def record_need(rec: Mapping[str, Any]) -> NeedFigures | None:
+    """The need of one length record (a `LengthRecord.to_dict()`); None without a prompt count."""
+    upstream = _int(rec, "upstream_prompt_tokens")
+    prompt = upstream if upstream is not None else _int(rec, "prompt_tokens")
+    if prompt is None:
+        return None
+    n = rec.get("n")
+    reasons = rec.get("finish_reasons")
+    return need_figures(prompt, n if type(n) is int and n >= 1 else 1, _int(rec, "requested_max_tokens"),
+                        _int(rec, "completion_tokens"), _int(rec, "granted_max_tokens"),
+                        [str(r) for r in reasons] if isinstance(reasons, list) else None,
+                        str(rec.get("endpoint")), _int(rec, "longest_prompt_tokens"), _int(rec, "max_model_len"))

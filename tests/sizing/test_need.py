@@ -44,6 +44,13 @@ def test_without_finish_reasons_reaching_the_limit_counts_as_cut():
     assert fig(requested=4096, generated=300, granted=832).kind == "exact"
 
 
+def test_length_before_the_ask_was_the_window_not_the_client():
+    # asked 3,000, vLLM's window left 548: cut, whether or not the finish reason was recorded
+    assert fig(prompt=1500, requested=3000, generated=548, reasons=["length"]) == ("cut", 1500, 2048, 4500)
+    assert nd.need_figures(1500, 1, 3000, 548, None, None, "chat", None, 2048).kind == "cut"
+    assert nd.need_figures(1500, 1, 3000, 300, None, None, "chat", None, 2048).kind == "exact"
+
+
 def test_refused_needed_at_least_one_token_more_than_its_prompt():
     assert fig(prompt=2600) == ("unknown", 2600, 2601, None)
     assert fig(prompt=2600, requested=100) == ("unknown", 2600, 2601, 2700)
