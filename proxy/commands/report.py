@@ -30,6 +30,7 @@ from typing import Any
 from proxy.commands.plan import Hardware, add_capacity_arguments, capacity_from_args
 from proxy.sizing import capacity as cap
 from proxy.sizing import need as nd
+from proxy.sizing import pools as pl
 from proxy.sizing import report as rep
 from proxy.sizing import vllm_metrics as vm
 from proxy.sizing.live import UpstreamSection, UpstreamView, upstream_section
@@ -61,6 +62,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--upstream", action="append", default=[], metavar="URL",
                    help="a running vLLM (e.g. http://127.0.0.1:8000): read its /metrics once, compare its KV pool "
                         "with the plan, cap the recommendation at it; repeatable")
+    p.add_argument("--target-rate", type=float, default=None, metavar="REQ_PER_S",
+                   help="requests per second the pools must serve (default: the rate in the records)")
     add_capacity_arguments(p, required=False)
     p.set_defaults(func=run)
 
@@ -102,6 +105,25 @@ def capacity_for(hw: Hardware, model: dict[str, Any], need: nd.NeedModel) -> dic
         "vllm_startup_error": startup.message,
         "notes": list(hw.layout.notes),
     }
+
+
+def pools_for(stats: rep.ModelStats, m: dict[str, Any], kv_tokens: int, kv_source: str | None,
+              args: argparse.Namespace, hw: Hardware | None) -> dict[str, Any] | None:
+    """The one-pool answer and the short/long split beside it (`proxy.sizing.pools`), for the target rate."""
+    rate = args.target_rate if args.target_rate is not None else stats.observed_rate
+    if rate is None or rate <= 0:
+        return None
+    rec = m["recommendation"]
+    need = stats.need.model()
+    long_len = rec["max_model_len"]
+    outcome = nd.outcome_at(need, stats.demand, long_len)
+    cap_ = pl.Capacity(kv_tokens, args.block_size, hw.tensor_parallel_size if hw is not None else 1,
+                       args.max_num_seqs)
+    advice = pl.advise_split(stats.routes, need, outcome, long_len, cap_, rate)
+    if advice is None:
+        return None
+    return {**advice.to_dict(), "kv_source": kv_source,
+            "rate_source": "--target-rate" if args.target_rate is not None else "the records"}
 
 
 def metrics_url(url: str) -> str:
@@ -204,6 +226,8 @@ def run(args: argparse.Namespace) -> int:
         m["kv_bound_source"] = kv_source
         if hw is not None:
             m["capacity"] = capacity_for(hw, m, stats.need.model())
+        if kv_bound is not None and m["recommendation"] is not None:
+            m["pools"] = pools_for(stats, m, kv_bound, kv_source, args, hw)
         models.append(m)
     by_name = {m["model"]: m for m in models}
     st = builder.stats
@@ -307,6 +331,37 @@ def _model_lines(m: dict[str, Any], p: float, cols: list[str]) -> list[str]:
                          f"{c['vllm_startup_error']}")
         for note in c["notes"]:
             lines.append(f"  note: {note}")
+    if m.get("pools"):
+        lines.extend(_pool_lines(m["pools"]))
+    return lines
+
+
+def _pool_line(label: str, pool: dict[str, Any]) -> str:
+    replicas = "none: one replica cannot hold a request this long" if pool["replicas"] is None else (
+        f"{pool['replicas']:,} replica(s), {pool['gpus']:,} GPU(s)")
+    latency = "-" if pool["mean_latency_s"] is None else f"{pool['mean_latency_s']:.2f} s"
+    worst = "none" if pool["replicas_worst"] is None else (
+        f"{pool['replicas_worst']:,} replica(s), {pool['gpus_worst']:,} GPU(s)")
+    return (f"    {label:<11}max_model_len {pool['max_model_len']:>7,}: {_pct(pool['share']):>6} of requests, "
+            f"{pool['concurrency_needed']:,.1f} at once needed (mean latency {latency}); at the mean "
+            f"{pool['mean_kv_tokens']:,} KV tokens {pool['concurrent_per_replica']:,} per replica → {replicas}; "
+            f"at the worst case {pool['guaranteed_per_replica']:,} per replica → {worst}")
+
+
+def _pool_lines(pools: dict[str, Any]) -> list[str]:
+    """One pool against two pools routed by length (prompt + the ask; no ask → the long pool)."""
+    lines = [f"  pools for {pools['rate']:,.2f} requests/s (rate from {pools['rate_source']}), each replica "
+             f"{pools['gpus_per_replica']} GPU(s) with {pools['kv_tokens_per_replica']:,} KV tokens "
+             f"({pools['kv_source']}):", _pool_line("one pool", pools["one_pool"])]
+    if pools["short"] is None:
+        lines.append("    two pools: no split by length needs fewer GPUs (routing sends every request that asks no "
+                     "limit, or more than the short window, to the long pool)")
+    else:
+        lines.append(_pool_line("short pool", pools["short"]))
+        lines.append(_pool_line("long pool", pools["long"]))
+    o = pools["outcome"]
+    lines.append(f"    either way {_pct(o['refused_share'])} refused, {_pct(o['cut_share'])} cut short: the long "
+                 "pool's window, which every request may fall back to")
     return lines
 
 

@@ -44,6 +44,7 @@ from typing import IO, Any, NamedTuple
 
 from proxy.sizing import demand as dm
 from proxy.sizing import need as nd
+from proxy.sizing import pools as pl
 from proxy.sizing.histogram import Histogram, percentile_key
 from proxy.sizing.lengths import (
     BLOCK_SIZE,
@@ -180,6 +181,9 @@ class ModelStats:
     sequence_counts: dict[int, int] = field(default_factory=dict)
     demand: dm.DemandTally = field(default_factory=dm.DemandTally)
     need: nd.NeedTally = field(default_factory=nd.NeedTally)
+    routes: pl.RouteTally = field(default_factory=pl.RouteTally)
+    first_ts: float | None = None
+    last_ts: float | None = None
     reasons: dict[str, int] = field(default_factory=dict)     # not served, by proxy.sizing.demand's reason
 
     @property
@@ -236,10 +240,19 @@ class ModelStats:
             self.demand.add_values(longest if longest is not None else r.prompt, f.sequence, f.kv_tokens,
                                    f.lower_bound, limit)
             reasons = rec.get("finish_reasons")
-            self.need.add(nd.need_figures(r.prompt, r.n, _lenient_int(rec, "requested_max_tokens"), r.completion,
-                                          _lenient_int(rec, "granted_max_tokens"),
-                                          reasons if isinstance(reasons, list) else None,
-                                          str(rec.get("endpoint")), longest, limit))
+            asked = _lenient_int(rec, "requested_max_tokens")
+            need = nd.need_figures(r.prompt, r.n, asked, r.completion, _lenient_int(rec, "granted_max_tokens"),
+                                   reasons if isinstance(reasons, list) else None, str(rec.get("endpoint")),
+                                   longest, limit)
+            self.need.add(need)
+            latency = rec.get("latency_ms")
+            seconds = latency / 1000 if isinstance(latency, (int, float)) and latency >= 0 else None
+            self.routes.add(pl.route_key(need.prompt, asked), None if need.kind == "unknown" else need.value,
+                            need.prompt, seconds)
+        if self.first_ts is None or r.ts < self.first_ts:
+            self.first_ts = r.ts
+        if self.last_ts is None or r.ts > self.last_ts:
+            self.last_ts = r.ts
         status = rec.get("status")
         reason = dm.reason_of(rec.get("error_code"), r.action, status if type(status) is int else None,
                               _lenient_int(rec, "prompt_tokens"), limit)
@@ -248,6 +261,13 @@ class ModelStats:
 
     def share(self, action: str) -> float:
         return self.actions.get(action, 0) / self.requests if self.requests else 0.0
+
+    @property
+    def observed_rate(self) -> float | None:
+        """Requests per second over the records' span (None: one instant)."""
+        if self.first_ts is None or self.last_ts is None or self.last_ts <= self.first_ts:
+            return None
+        return self.requests / (self.last_ts - self.first_ts)
 
 
 @dataclass
