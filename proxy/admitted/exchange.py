@@ -54,11 +54,12 @@ from proxy.config import Config, Policy
 from proxy.errors import BrimfulError, ErrorCode
 from proxy.recording.record import Action, LengthRecord
 from proxy.recording.recorder import Recorder
-from proxy.sizing.lengths import plausible_usage
+from proxy.sizing.lengths import IMPLICIT_MAX_TOKENS, plausible_usage
 from proxy.upstream.backends import Backend, Backends
-from proxy.upstream.client import DROP_REQUEST_ID, Response, forwardable
+from proxy.upstream.client import DROP_REQUEST_ID, Response, Upstream, forwardable
 from proxy.upstream.explain import explain_upstream_error, retry_limit
 from proxy.upstream.failure import parse_upstream_error
+from proxy.upstream.pools import choose_pool
 
 log = logging.getLogger("brimful")
 
@@ -69,6 +70,8 @@ MAX_ERROR_BODY = 1024 * 1024      # how much of an upstream error body is read
 MAX_WHOLE_ANSWER = 1024 * 1024
 # brimful reads an admitted answer (usage, finish reasons), so it asks for it uncompressed.
 _DROP_ADMITTED = DROP_REQUEST_ID | {b"accept-encoding"}
+# An upstream's refusals for length (proxy.upstream.failure): a larger pool may take the request.
+_LENGTH_KINDS = frozenset({"context_length", "prompt_too_long"})
 
 
 @dataclass
@@ -103,6 +106,8 @@ class AdmittedExchange:
         self.strip_usage = False           # brimful asked for the stream's usage: remove it again
         self.backend: Backend | None = None
         self.holds_slot = False            # one of the backend's gate slots is taken
+        self.pools: list[tuple[Backend, int]] = []   # the model's pools by window (proxy.upstream.pools)
+        self.pool = 0                      # the index in pools of self.backend
         self.count_source: str | None = None   # how the prompt was counted: local | upstream | margin
         self.uncounted: str | None = None      # why it could not be counted (media), if so
         self.prompts = 1                       # prompts the upstream's usage sums (a batch's inputs)
@@ -145,13 +150,19 @@ class AdmittedExchange:
         record.n = surface.choices(request)
         model, self.backend = await services.backends.resolve(request.get("model"))
         record.model = model
-        await self.backend.gate.acquire()      # 503 upstream_busy when no slot frees in time
-        self.holds_slot = True
         limit = surface.read_limit(request)
         record.requested_max_tokens = limit.value
-        info = self.backend.registry.get(model)
-        max_model_len = record.max_model_len = info.max_model_len if info else None
-        decision = await self.decide(model, limit, max_model_len)
+        self.pools = services.backends.pools(model)
+        max_model_len: int | None
+        if self.pools:
+            decision = await self.route(model, limit)
+            max_model_len = record.max_model_len
+        else:
+            await self.backend.gate.acquire()      # 503 upstream_busy when no slot frees in time
+            self.holds_slot = True
+            info = self.backend.registry.get(model)
+            max_model_len = record.max_model_len = info.max_model_len if info else None
+            decision = await self.decide(model, limit, max_model_len)
         self.info = brimful_headers(record.prompt_tokens, max_model_len, decision, self.request_id,
                                      self.count_source)
         if self.uncounted is not None:
@@ -167,6 +178,22 @@ class AdmittedExchange:
             and surface.ask_for_usage(request, self.changes)
         )
         self.outgoing = jsonbody.with_fields(self.body, request, self.changes) if self.changes else self.body
+
+    async def route(self, model: str, limit: RequestedLimit) -> Decision:
+        """Pools: decide against the longest window, then take a slot of the smallest pool that holds it."""
+        record = self.record
+        self.backend, longest = self.pools[-1]
+        record.max_model_len = longest
+        decision = await self.decide(model, limit, longest)
+        prompt = record.longest_prompt_tokens if record.longest_prompt_tokens is not None else record.prompt_tokens
+        # nothing set: the surface's implicit limit (vLLM's 16 on /v1/completions), else the whole room
+        granted = decision.granted if decision.granted is not None else IMPLICIT_MAX_TOKENS.get(record.endpoint)
+        self.pool = choose_pool([w for _, w in self.pools], prompt if decision.error is None else None, granted)
+        self.backend, window = self.pools[self.pool]
+        self.services.recorder.count_pool_route(model, self.backend.name, window)
+        await self.backend.gate.acquire()
+        self.holds_slot = True
+        return decision
 
     async def decide(self, model: str, limit: RequestedLimit, max_model_len: int | None) -> Decision:
         """Count the prompt and decide (the surface's rule, proxy.admitted.admission): pass, clamp, refuse, cut
@@ -222,6 +249,9 @@ class AdmittedExchange:
                 await self.answer_error(broken, Action.UPSTREAM_ERROR)
                 return None
             failure = parse_upstream_error(response.status, raw, response.headers.get("content-type"))
+            if failure.kind in _LENGTH_KINDS and self.pool < len(self.pools) - 1:
+                upstream = await self.fall_back()
+                continue
             corrected = None if retried else retry_limit(
                 failure, prompt_tokens=record.prompt_tokens, max_model_len=record.max_model_len,
                 granted_max_tokens=record.granted_max_tokens,
@@ -246,6 +276,21 @@ class AdmittedExchange:
             )
             await self.answer_error(err, Action.UPSTREAM_ERROR)
             return None
+
+    async def fall_back(self) -> Upstream:
+        """The pool refused for length: move the request (and its gate slot) to the next larger pool."""
+        assert self.backend is not None and self.record.model is not None
+        before = self.backend
+        before.gate.release()
+        self.holds_slot = False
+        self.pool += 1
+        self.backend, window = self.pools[self.pool]
+        log.info("pool %s refused a request of model %s for length; trying pool %s (max_model_len %d)",
+                 before.name, self.record.model, self.backend.name, window)
+        self.services.recorder.count_pool_fallback(self.record.model, before.name, self.backend.name)
+        await self.backend.gate.acquire()
+        self.holds_slot = True
+        return self.backend.upstream
 
     def retry_with(self, limit: int) -> None:
         """The upstream counted more than brimful did: resend with the limit its numbers allow."""
