@@ -103,3 +103,15 @@ def test_json_log_lines_carry_extra_fields() -> None:
     record.request_id = "abc"
     line = json.loads(JsonFormatter().format(record))
     assert line["message"] == "drift on m" and line["level"] == "warning" and line["request_id"] == "abc"
+
+
+def test_upstream_flag_given_twice_makes_a_second_upstream(tmp_path: Path) -> None:
+    from proxy.cli import build_parser, serve_overrides
+
+    args = build_parser().parse_args(["serve", "--upstream", "http://a:8000", "--upstream", "http://b:8000"])
+    config = load_config(None, env={}, overrides=serve_overrides(args))
+    assert config.upstream.url == "http://a:8000"
+    assert [(u.name, u.url) for u in config.upstreams] == [("upstream-2", "http://b:8000")]
+    one = load_config(None, env={}, overrides=serve_overrides(build_parser().parse_args(
+        ["serve", "--upstream", "http://a:8000"])))
+    assert one.upstreams == []
