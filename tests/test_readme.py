@@ -33,13 +33,15 @@ MODEL = "Qwen/Qwen3-8B"       # the README's examples use a real model name
 
 
 def block_after(marker: str) -> list[str]:
-    """Lines of the first fenced block that starts with a line containing `marker`."""
-    lines = README.splitlines()
-    for i, line in enumerate(lines):
-        if line.startswith("```") and i + 1 < len(lines) and marker in lines[i + 1]:
-            end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
-            return lines[i + 1:end]
-    raise AssertionError(f"no README block starting with {marker!r}")
+    """Lines of the first fenced block that starts with a line containing `marker`: in the pages of docs/
+    (where the README's long sections move) first, then in the README."""
+    for text in [*(p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))), README]:
+        lines = text.splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith("```") and i + 1 < len(lines) and marker in lines[i + 1]:
+                end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+                return lines[i + 1:end]
+    raise AssertionError(f"no README or docs/ block starting with {marker!r}")
 
 
 def documented_headers(block: list[str]) -> dict[str, str]:

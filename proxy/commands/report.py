@@ -63,7 +63,8 @@ def register(subparsers: Any) -> None:
                    help="a running vLLM (e.g. http://127.0.0.1:8000): read its /metrics once, compare its KV pool "
                         "with the plan, cap the recommendation at it; repeatable")
     p.add_argument("--target-rate", type=float, default=None, metavar="REQ_PER_S",
-                   help="requests per second the pools must serve (default: the rate in the records)")
+                   help="requests per second to size one pool and two pools routed by length for (needs the KV "
+                        "cache: --upstream URL or the GPU options)")
     add_capacity_arguments(p, required=False)
     p.set_defaults(func=run)
 
@@ -110,7 +111,7 @@ def capacity_for(hw: Hardware, model: dict[str, Any], need: nd.NeedModel) -> dic
 def pools_for(stats: rep.ModelStats, m: dict[str, Any], kv_tokens: int, kv_source: str | None,
               args: argparse.Namespace, hw: Hardware | None) -> dict[str, Any] | None:
     """The one-pool answer and the short/long split beside it (`proxy.sizing.pools`), for the target rate."""
-    rate = args.target_rate if args.target_rate is not None else stats.observed_rate
+    rate = args.target_rate
     if rate is None or rate <= 0:
         return None
     rec = m["recommendation"]
@@ -122,8 +123,7 @@ def pools_for(stats: rep.ModelStats, m: dict[str, Any], kv_tokens: int, kv_sourc
     advice = pl.advise_split(stats.routes, need, outcome, long_len, cap_, rate)
     if advice is None:
         return None
-    return {**advice.to_dict(), "kv_source": kv_source,
-            "rate_source": "--target-rate" if args.target_rate is not None else "the records"}
+    return {**advice.to_dict(), "kv_source": kv_source}
 
 
 def metrics_url(url: str) -> str:
@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
         m["kv_bound_source"] = kv_source
         if hw is not None:
             m["capacity"] = capacity_for(hw, m, stats.need.model())
-        if kv_bound is not None and m["recommendation"] is not None:
+        if kv_bound is not None and m["recommendation"] is not None and args.target_rate:
             m["pools"] = pools_for(stats, m, kv_bound, kv_source, args, hw)
         models.append(m)
     by_name = {m["model"]: m for m in models}
@@ -350,7 +350,7 @@ def _pool_line(label: str, pool: dict[str, Any]) -> str:
 
 def _pool_lines(pools: dict[str, Any]) -> list[str]:
     """One pool against two pools routed by length (prompt + the ask; no ask → the long pool)."""
-    lines = [f"  pools for {pools['rate']:,.2f} requests/s (rate from {pools['rate_source']}), each replica "
+    lines = [f"  pools for {pools['rate']:,.2f} requests/s (--target-rate), each replica "
              f"{pools['gpus_per_replica']} GPU(s) with {pools['kv_tokens_per_replica']:,} KV tokens "
              f"({pools['kv_source']}):", _pool_line("one pool", pools["one_pool"])]
     if pools["short"] is None:

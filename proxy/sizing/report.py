@@ -182,8 +182,6 @@ class ModelStats:
     demand: dm.DemandTally = field(default_factory=dm.DemandTally)
     need: nd.NeedTally = field(default_factory=nd.NeedTally)
     routes: pl.RouteTally = field(default_factory=pl.RouteTally)
-    first_ts: float | None = None
-    last_ts: float | None = None
     reasons: dict[str, int] = field(default_factory=dict)     # not served, by proxy.sizing.demand's reason
 
     @property
@@ -249,10 +247,6 @@ class ModelStats:
             seconds = latency / 1000 if isinstance(latency, (int, float)) and latency >= 0 else None
             self.routes.add(pl.route_key(need.prompt, asked), None if need.kind == "unknown" else need.value,
                             need.prompt, seconds)
-        if self.first_ts is None or r.ts < self.first_ts:
-            self.first_ts = r.ts
-        if self.last_ts is None or r.ts > self.last_ts:
-            self.last_ts = r.ts
         status = rec.get("status")
         reason = dm.reason_of(rec.get("error_code"), r.action, status if type(status) is int else None,
                               _lenient_int(rec, "prompt_tokens"), limit)
@@ -261,13 +255,6 @@ class ModelStats:
 
     def share(self, action: str) -> float:
         return self.actions.get(action, 0) / self.requests if self.requests else 0.0
-
-    @property
-    def observed_rate(self) -> float | None:
-        """Requests per second over the records' span (None: one instant)."""
-        if self.first_ts is None or self.last_ts is None or self.last_ts <= self.first_ts:
-            return None
-        return self.requests / (self.last_ts - self.first_ts)
 
 
 @dataclass

@@ -98,4 +98,4 @@ def test_per_pool_metrics(pools) -> None:
     # the fallback test moved one request from the short pool to the long one
     assert f'brimful_pool_fallbacks_total{{from_upstream="default",model="{MODEL}",to_upstream="long"}} 1.0' in text
     for line in text.splitlines():
-        assert short.base_url not in line and long.base_url not in line or line.startswith("#")
+        assert (short.base_url not in line and long.base_url not in line) or line.startswith("#")

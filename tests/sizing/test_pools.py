@@ -78,11 +78,11 @@ def test_report_prints_one_pool_and_the_split(tmp_path, capsys):
     assert report_cli.main([*argv, "--format", "json"]) == 0
     m = json.loads(capsys.readouterr().out)["models"][0]
     pools = m["pools"]
-    assert pools["rate"] == 40 and pools["rate_source"] == "--target-rate"
+    assert pools["rate"] == 40
     assert pools["one_pool"]["max_model_len"] == m["recommendation"]["max_model_len"] == 30208
     assert pools["short"]["max_model_len"] < 30208 and pools["short"]["share"] == pytest.approx(0.8)
     assert pools["short"]["gpus_worst"] + pools["long"]["gpus_worst"] < pools["one_pool"]["gpus_worst"]
     assert report_cli.main(argv) == 0
     text = capsys.readouterr().out
-    assert "  pools for 40.00 requests/s (rate from --target-rate)" in text
+    assert "  pools for 40.00 requests/s (--target-rate)" in text
     assert "    short pool max_model_len " in text and "    long pool  max_model_len  30,208" in text

@@ -575,8 +575,8 @@ def brimful_exposition() -> dict[str, set[str]]:
     """Every sample name brimful's /metrics exposes, with its label names.
 
     Built from a real `Metrics` after records that touch every metric (pass,
-    clamp, rejection, upstream length error, drift, retry, pool route and fallback, 401, unknown limit, parity, length log), so a
-    renamed metric in proxy/recording/metrics.py breaks the dashboard test here.
+    clamp, rejection, upstream length error, drift, retry, pool route and fallback, 401, unknown limit,
+    parity, length log), so a renamed metric in proxy/recording/metrics.py breaks the dashboard test here.
     """
     metrics = Metrics()
     metrics.attach_lengthlog(LengthLogStats())
