@@ -28,6 +28,7 @@ from tests.support.servers import serve_in_thread
 from tests.support.stack import started_up
 
 pytestmark = pytest.mark.realvllm
+START_TIMEOUT_S = 900.0
 
 
 @dataclass
@@ -52,9 +53,11 @@ def pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoPools]:
     with contextlib.ExitStack() as stack:
         try:
             python, model_dir, _ = prepare(log_dir)
+            # one after the other, each given time: the machine's cores are shared
             short = stack.enter_context(running_server(python, model_dir, log_dir / "short.log",
-                                                       extra_args=("--max-model-len", "1024")))
-            long = stack.enter_context(running_server(python, model_dir, log_dir / "long.log"))
+                                                       timeout=START_TIMEOUT_S, max_model_len=1024))
+            long = stack.enter_context(running_server(python, model_dir, log_dir / "long.log",
+                                                      timeout=START_TIMEOUT_S))
         except SetupError as error:
             if mode == "require":
                 raise
