@@ -163,8 +163,8 @@ class NeedTally:
         for f in figures:
             self.add(f)
 
-    def add(self, f: NeedFigures) -> None:
-        self.add_values(f.kind, f.prompt, f.value, f.upper)
+    def add(self, f: NeedFigures, count: float = 1) -> None:
+        self.add_values(f.kind, f.prompt, f.value, f.upper, count)
 
     def add_values(self, kind: Kind, prompt: int, value: int, upper: int | None, count: float = 1) -> None:
         """One need (or `count` alike): the aggregate any reader of the records can feed."""

@@ -232,21 +232,21 @@ class ModelStats:
         limit = _lenient_int(rec, "max_model_len")
         if r.prompt is not None:
             longest = _lenient_int(rec, "longest_prompt_tokens")
-            f = dm.demand_figures(r.prompt, r.n, _lenient_int(rec, "requested_max_tokens"), r.completion,
-                                  _lenient_int(rec, "granted_max_tokens"), bool(r.finished_length),
-                                  str(rec.get("endpoint")), longest)
+            asked = _lenient_int(rec, "requested_max_tokens")
+            granted = _lenient_int(rec, "granted_max_tokens")
+            endpoint = str(rec.get("endpoint"))
+            f = dm.demand_figures(r.prompt, r.n, asked, r.completion, granted, bool(r.finished_length), endpoint,
+                                  longest)
             self.demand.add_values(longest if longest is not None else r.prompt, f.sequence, f.kv_tokens,
                                    f.lower_bound, limit)
             reasons = rec.get("finish_reasons")
-            asked = _lenient_int(rec, "requested_max_tokens")
-            need = nd.need_figures(r.prompt, r.n, asked, r.completion, _lenient_int(rec, "granted_max_tokens"),
-                                   reasons if isinstance(reasons, list) else None, str(rec.get("endpoint")),
-                                   longest, limit)
-            self.need.add(need)
+            kind, prompt, value, upper = nd.need_figures(r.prompt, r.n, asked, r.completion, granted,
+                                                         reasons if isinstance(reasons, list) else None, endpoint,
+                                                         longest, limit)
+            self.need.add_values(kind, prompt, value, upper)
             latency = rec.get("latency_ms")
             seconds = latency / 1000 if isinstance(latency, (int, float)) and latency >= 0 else None
-            self.routes.add(pl.route_key(need.prompt, asked), None if need.kind == "unknown" else need.value,
-                            need.prompt, seconds)
+            self.routes.add(pl.route_key(prompt, asked), None if kind == "unknown" else value, prompt, seconds)
         status = rec.get("status")
         reason = dm.reason_of(rec.get("error_code"), r.action, status if type(status) is int else None,
                               _lenient_int(rec, "prompt_tokens"), limit)
