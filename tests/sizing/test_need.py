@@ -222,3 +222,25 @@ def test_issue16_scenario_still_rises_above_the_current_limit():
     # at 2,048 the 20 censored at 2,032 are cut by the estimate; at their least need (2,032) they were not
     assert (rec.current.cut, rec.current.cut_low, rec.current.cut_high) == (pytest.approx(20), 0, 20)
     assert rec.imputed == 18 and rec.cut == 20
+
+
+def test_counts_fed_in_groups_give_the_same_estimate_as_records_one_by_one():
+    """An aggregator (a SQL GROUP BY) may feed each distinct need once with its count."""
+    rng = random.Random(7)
+    figures = [fig(prompt=rng.choice([100, 900, 3000]), requested=rng.choice([None, 64, 4096]),
+                   generated=rng.choice([None, 20, 64, 700]), granted=rng.choice([None, 64, 700]),
+                   reasons=rng.choice([["stop"], ["length"], None])) for _ in range(2000)]
+    one_by_one = nd.NeedTally(figures)
+    grouped = nd.NeedTally()
+    counts: dict[nd.NeedFigures, int] = {}
+    for f in figures:
+        counts[f] = counts.get(f, 0) + 1
+    for f, c in counts.items():
+        grouped.add(f, c)
+    halves = nd.NeedTally(figures[:1000])
+    halves.merge(nd.NeedTally(figures[1000:]))
+    for tally in (grouped, halves):
+        assert (tally.exact, tally.completions, tally.cut, tally.unknown) == (
+            one_by_one.exact, one_by_one.completions, one_by_one.cut, one_by_one.unknown)
+        for p in (50, 90, 99):
+            assert tally.model().quantile(p) == one_by_one.model().quantile(p)
