@@ -1,13 +1,15 @@
-"""`brimful report`: per-model length percentiles, demand, and a `max_model_len` that would serve it.
+"""`brimful report`: per-model length percentiles, need, and a `max_model_len` that would serve it.
 
 Definitions (percentiles, total vs. sequence length, n > 1, served vs.
-demanded) are in `proxy.sizing.report` and `proxy.sizing.demand`.  The recommendation is a
-percentile of demand, capped at the model's own context when `--model-config`
+asked vs. needed) are in `proxy.sizing.report`, `proxy.sizing.demand` and `proxy.sizing.need`.
+The recommendation is the estimated percentile of need (censored data: cut and
+refused requests bounded, not guessed), capped at the model's own context when `--model-config`
 / `--preset` gives its `config.json` (`proxy.sizing.model_context`) and at what the KV
 cache holds: the running vLLM's pool with `--upstream URL`, else the plan's
 with the GPU options of `brimful plan`.  With those GPU options it also prints
 what the recommendation buys on that GPU: KV tokens, concurrent requests at the
-mean and p95 of demanded KV tokens, and GPUs for `--target-concurrency`.
+mean and p95 of the need, and GPUs for `--target-concurrency`; with `--target-rate`
+one pool against two pools routed by length (`proxy.sizing.pools`).
 
 `--upstream URL` reads that vLLM's `/metrics` once and prints, per model it
 serves, its real KV pool against the plan for the configuration (the
