@@ -250,7 +250,11 @@ class AdmittedExchange:
                 return None
             failure = parse_upstream_error(response.status, raw, response.headers.get("content-type"))
             if failure.kind in _LENGTH_KINDS and self.pool < len(self.pools) - 1:
-                upstream = await self.fall_back()
+                try:
+                    upstream = await self.fall_back()
+                except BrimfulError as busy:      # the larger pool's gate: 503 upstream_busy
+                    await self.answer_error(busy, Action.UPSTREAM_ERROR)
+                    return None
                 continue
             corrected = None if retried else retry_limit(
                 failure, prompt_tokens=record.prompt_tokens, max_model_len=record.max_model_len,
