@@ -267,7 +267,11 @@ def load_config(
         _set_dotted(config, dotted, raw, from_text=True, source="environment variable BRIMFUL_"
                     + dotted.replace(".", "_").upper())
     for dotted, value in (overrides or {}).items():
-        if value is not None:
+        if dotted == "upstreams" and value:
+            # --upstream given more than once: the later ones are more upstreams, after the file's
+            config.upstreams.extend(UpstreamEntry(name=f"upstream-{len(config.upstreams) + 2}", url=str(url))
+                                    for url in value)
+        elif value is not None and dotted != "upstreams":
             _set_dotted(config, dotted, value, from_text=False, source=f"flag for {dotted}")
     _check_semantics(config)
     return config

@@ -133,3 +133,27 @@ def test_the_agents_page_configuration_loads(tmp_path: Path) -> None:
     assert (agent.floor("messages"), agent.floor("chat"), agent.floor("responses")) == (3000, 1500, 1)
     path.write_text(blocks[1])
     assert load_config(path, env={}).policy_for("my-agent-model").trim == "oldest"
+def test_upstream_flag_given_twice_makes_a_second_upstream() -> None:
+    """docs/pools.md's `brimful serve --upstream A --upstream B`."""
+    from proxy.cli import build_parser, serve_overrides
+    from tests.support.docs import block
+
+    [command] = block("\nbrimful serve --upstream http://127.0.0.1:8001 --upstream")
+    args = build_parser().parse_args(command.split()[1:])
+    config = load_config(None, env={}, overrides=serve_overrides(args))
+    assert config.upstream.url == "http://127.0.0.1:8001"
+    assert [(u.name, u.url) for u in config.upstreams] == [("upstream-2", "http://127.0.0.1:8002")]
+    one = load_config(None, env={}, overrides=serve_overrides(build_parser().parse_args(
+        ["serve", "--upstream", "http://a:8000"])))
+    assert one.upstreams == []
+
+
+def test_the_documented_pools_are_two_upstreams(tmp_path: Path) -> None:
+    """docs/pools.md's configuration: [upstream] and one [[upstreams]] entry named "long"."""
+    from tests.support.docs import block
+
+    path = tmp_path / "brimful.toml"
+    path.write_text("\n".join(block('\n[[upstreams]]\nname = "long"')) + "\n")
+    config = load_config(path, env={})
+    assert config.upstream.url == "http://vllm-short:8000"
+    assert [(u.name, u.url) for u in config.upstreams] == [("long", "http://vllm-long:8000")]

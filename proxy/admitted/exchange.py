@@ -57,11 +57,12 @@ from proxy.config import Config, Policy
 from proxy.errors import BrimfulError, ErrorCode
 from proxy.recording.record import Action
 from proxy.recording.recorder import Recorder
-from proxy.sizing.lengths import plausible_usage
+from proxy.sizing.lengths import IMPLICIT_MAX_TOKENS, plausible_usage
 from proxy.upstream.backends import Backend, Backends
-from proxy.upstream.client import DROP_REQUEST_ID, UpstreamResponse, forwardable
+from proxy.upstream.client import DROP_REQUEST_ID, Upstream, UpstreamResponse, forwardable
 from proxy.upstream.explain import explain_upstream_error
 from proxy.upstream.failure import parse_upstream_error
+from proxy.upstream.pools import choose_pool
 
 log = logging.getLogger("brimful")
 
@@ -72,6 +73,8 @@ MAX_ERROR_BODY = 1024 * 1024      # how much of an upstream error body is read
 MAX_WHOLE_ANSWER = 1024 * 1024
 # brimful reads an admitted answer (usage, finish reasons), so it asks for it uncompressed.
 _DROP_ADMITTED = DROP_REQUEST_ID | {b"accept-encoding"}
+# An upstream's refusals for length (proxy.upstream.failure): a larger pool may take the request.
+_LENGTH_KINDS = frozenset({"context_length", "prompt_too_long"})
 
 
 @dataclass
@@ -112,6 +115,8 @@ class AdmittedExchange:
         self.trimmed: tuple[int, int] | None = None   # (messages, tokens) dropped
         self.backend: Backend | None = None
         self.holds_slot = False            # one of the backend's gate slots is taken
+        self.pools: list[tuple[Backend, int]] = []   # the model's pools by window (proxy.upstream.pools)
+        self.pool = 0                      # the index in pools of self.backend
         # Set as the request is forwarded and answered:
         self.outcome = Outcome()
 
@@ -150,11 +155,15 @@ class AdmittedExchange:
         body = await read_body(self.receive, services.config.server.max_body_bytes, self.scope)
         request = self.request = surface.read(body, jsonbody.parse_object(body))
         self.model, self.backend = await services.backends.resolve(request.fields.get("model"))
-        await self.backend.gate.acquire()      # 503 upstream_busy when no slot frees in time
-        self.holds_slot = True
-        info = self.backend.registry.get(self.model)
-        self.max_model_len = info.max_model_len if info else None
-        decision = self.decision = await self.decide(request, self.model, self.max_model_len)
+        self.pools = services.backends.pools(self.model)
+        if self.pools:
+            decision = self.decision = await self.route(request, self.model)
+        else:
+            await self.backend.gate.acquire()      # 503 upstream_busy when no slot frees in time
+            self.holds_slot = True
+            info = self.backend.registry.get(self.model)
+            self.max_model_len = info.max_model_len if info else None
+            decision = self.decision = await self.decide(request, self.model, self.max_model_len)
         counted = self.counted
         self.info = brimful_headers(counted.prompt_tokens, self.max_model_len, decision, self.request_id,
                                      counted.source)
@@ -174,6 +183,22 @@ class AdmittedExchange:
             and surface.ask_for_usage(request.fields, self.changes)
         )
         self.outgoing = jsonbody.with_fields(body, request.fields, self.changes) if self.changes else body
+
+    async def route(self, request: AdmittedRequest, model: str) -> Decision:
+        """Pools: decide against the longest window, then take a slot of the smallest pool that holds it."""
+        self.backend, longest = self.pools[-1]
+        self.max_model_len = longest
+        decision = await self.decide(request, model, longest)
+        counted = self.counted
+        prompt = counted.longest_prompt_tokens if counted.longest_prompt_tokens is not None else counted.prompt_tokens
+        # nothing set: the surface's implicit limit (vLLM's 16 on /v1/completions), else the whole room
+        granted = decision.granted if decision.granted is not None else IMPLICIT_MAX_TOKENS.get(self.surface.name)
+        self.pool = choose_pool([w for _, w in self.pools], prompt if decision.error is None else None, granted)
+        self.backend, window = self.pools[self.pool]
+        self.services.recorder.count_pool_route(model, self.backend.name, window)
+        await self.backend.gate.acquire()
+        self.holds_slot = True
+        return decision
 
     async def decide(self, request: AdmittedRequest, model: str, max_model_len: int | None) -> Decision:
         """Count the prompt and decide (the surface's rule, proxy.admitted.admission): pass, clamp, refuse, cut
@@ -302,6 +327,13 @@ class AdmittedExchange:
                 await self.answer_error(broken, Action.UPSTREAM_ERROR)
                 return None
             failure = parse_upstream_error(response.status, raw, response.headers.get("content-type"))
+            if failure.kind in _LENGTH_KINDS and self.pool < len(self.pools) - 1:
+                try:
+                    upstream = await self.fall_back()
+                except BrimfulError as busy:      # the larger pool's gate: 503 upstream_busy
+                    await self.answer_error(busy, Action.UPSTREAM_ERROR)
+                    return None
+                continue
             corrected = None if retried else retry_limit(
                 failure, prompt_tokens=self.counted.prompt_tokens, max_model_len=self.max_model_len,
                 granted_max_tokens=self.granted_max_tokens,
@@ -334,6 +366,21 @@ class AdmittedExchange:
         if self.outcome.granted_max_tokens is not None:
             return self.outcome.granted_max_tokens
         return self.decision.granted if self.decision is not None else None
+
+    async def fall_back(self) -> Upstream:
+        """The pool refused for length: move the request (and its gate slot) to the next larger pool."""
+        assert self.backend is not None and self.model is not None
+        before = self.backend
+        before.gate.release()
+        self.holds_slot = False
+        self.pool += 1
+        self.backend, window = self.pools[self.pool]
+        log.info("pool %s refused a request of model %s for length; trying pool %s (max_model_len %d)",
+                 before.name, self.model, self.backend.name, window)
+        self.services.recorder.count_pool_fallback(self.model, before.name, self.backend.name)
+        await self.backend.gate.acquire()
+        self.holds_slot = True
+        return self.backend.upstream
 
     def retry_with(self, limit: int) -> None:
         """The upstream counted more than brimful did: resend with the limit its numbers allow."""

@@ -227,6 +227,17 @@ class Metrics:
             "Requests re-sent with a smaller completion limit after an upstream length error.",
             ["model"], registry=self.registry,
         )
+        self.pool_requests = Counter(
+            "brimful_pool_requests_total",
+            "Requests sent to each pool of a model served with several max_model_len (proxy.upstream.pools), "
+            "by the pool's upstream name and window.",
+            ["model", "upstream", "max_model_len"], registry=self.registry,
+        )
+        self.pool_fallbacks = Counter(
+            "brimful_pool_fallbacks_total",
+            "Requests a pool refused for length and brimful moved to the next larger pool.",
+            ["model", "from_upstream", "to_upstream"], registry=self.registry,
+        )
 
     def _register_gauges(self) -> None:
         self.tokenizer_parity = Gauge(
@@ -318,6 +329,13 @@ class Metrics:
     def count_length_retry(self, model: str | None) -> None:
         """The app retried a request after an upstream length error (not visible in a record)."""
         self._inc(self.length_retries, (self.model_label(model),))
+
+    def count_pool_route(self, model: str, upstream: str, max_model_len: int) -> None:
+        """A request routed to the pool `upstream` (a configured name, never an address)."""
+        self._inc(self.pool_requests, (self.model_label(model), upstream, str(max_model_len)))
+
+    def count_pool_fallback(self, model: str, from_upstream: str, to_upstream: str) -> None:
+        self._inc(self.pool_fallbacks, (self.model_label(model), from_upstream, to_upstream))
 
     def attach_piece_cache(self, stats: Callable[[], Any]) -> None:
         """Export the per-piece count cache's hits, misses, evictions and size."""
