@@ -526,32 +526,11 @@ def kv_layout(config: Mapping[str, Any], kv_cache_dtype: str = "auto", tensor_pa
     split = tensor_parallel_split(config, tensor_parallel_size) if tensor_parallel_size != 1 else None
 
     if cfg.get("kv_lora_rank") is not None and cfg.get("qk_rope_head_dim") is not None:
-        if cfg.get("index_topk") is not None:
-            raise UnsupportedConfigError(
-                "config.json field 'index_topk' (DeepSeek sparse attention) adds an indexer "
-                "cache and a different fp8 layout (656 bytes per token per layer); not modelled"
-            )
-        latent = _int_field(cfg, "kv_lora_rank") + _int_field(cfg, "qk_rope_head_dim")
-        return KvLayout(
-            attention="mla", num_layers=num_layers, kv_layers=num_layers,
-            elements_per_layer=latent, dtype_bytes=nbytes,
-            bytes_per_token=num_layers * latent * nbytes,
-            notes=(f"MLA: one latent of kv_lora_rank + qk_rope_head_dim = {latent} elements "
-                   "per token per layer" + (", on every GPU" if split else ""),),
-            tensor_parallel_size=tensor_parallel_size,
-        )
+        return _mla_layout(cfg, num_layers, nbytes, tensor_parallel_size, on_every_gpu=split is not None)
 
     heads = _int_field(cfg, "num_attention_heads")
     kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim")
-    if head_dim is None:
-        hidden = _int_field(cfg, "hidden_size")
-        if hidden % heads:
-            raise UnsupportedConfigError(
-                f"config.json has no 'head_dim' and hidden_size {hidden} is not a multiple of "
-                f"num_attention_heads {heads}"
-            )
-        head_dim = hidden // heads
+    head_dim = _head_dim(cfg, heads)
     kinds = _layer_kinds(cfg, num_layers)
     linear = sum(kind == "linear" for kind, _ in kinds)
     kv_layers = num_layers - linear
@@ -575,6 +554,39 @@ def kv_layout(config: Mapping[str, Any], kv_cache_dtype: str = "auto", tensor_pa
         tensor_parallel_size=tensor_parallel_size, kv_heads_total=kv_heads,
         layer_kinds=tuple(kinds) if local or linear else (), linear_state_bytes=state,
     )
+
+
+def _mla_layout(cfg: Mapping[str, Any], num_layers: int, nbytes: int, tensor_parallel_size: int,
+                on_every_gpu: bool) -> KvLayout:
+    """DeepSeek-style MLA: one latent of kv_lora_rank + qk_rope_head_dim elements per token per layer."""
+    if cfg.get("index_topk") is not None:
+        raise UnsupportedConfigError(
+            "config.json field 'index_topk' (DeepSeek sparse attention) adds an indexer "
+            "cache and a different fp8 layout (656 bytes per token per layer); not modelled"
+        )
+    latent = _int_field(cfg, "kv_lora_rank") + _int_field(cfg, "qk_rope_head_dim")
+    return KvLayout(
+        attention="mla", num_layers=num_layers, kv_layers=num_layers,
+        elements_per_layer=latent, dtype_bytes=nbytes,
+        bytes_per_token=num_layers * latent * nbytes,
+        notes=(f"MLA: one latent of kv_lora_rank + qk_rope_head_dim = {latent} elements "
+               "per token per layer" + (", on every GPU" if on_every_gpu else ""),),
+        tensor_parallel_size=tensor_parallel_size,
+    )
+
+
+def _head_dim(cfg: Mapping[str, Any], heads: int) -> Any:
+    """`head_dim`, else hidden_size ÷ num_attention_heads (refused when it does not divide)."""
+    head_dim = cfg.get("head_dim")
+    if head_dim is None:
+        hidden = _int_field(cfg, "hidden_size")
+        if hidden % heads:
+            raise UnsupportedConfigError(
+                f"config.json has no 'head_dim' and hidden_size {hidden} is not a multiple of "
+                f"num_attention_heads {heads}"
+            )
+        head_dim = hidden // heads
+    return head_dim
 
 
 def kv_bytes_per_token(config: Mapping[str, Any], kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1) -> int:
