@@ -106,6 +106,7 @@ class AdmittedExchange:
         self.count_source: str | None = None   # how the prompt was counted: local | upstream | margin
         self.uncounted: str | None = None      # why it could not be counted (media), if so
         self.prompts = 1                       # prompts the upstream's usage sums (a batch's inputs)
+        self.trusted_usage = False             # the answer's usage may move the model's count trust
 
     async def run(self) -> None:
         try:
@@ -191,6 +192,9 @@ class AdmittedExchange:
                                   model=model, count_exact=count.exact, drift_margin=count.margin)
         if len(count.per_prompt) > 1:
             record.longest_prompt_tokens = max(count.per_prompt)
+        # Only an answer whose usage must equal this count (nothing cut, by the client or by
+        # brimful) is a witness of the count's trust, which every client's requests share.
+        self.trusted_usage = decision.counted is None and surface.usage_must_match(self.request)
         if decision.counted is not None:    # the upstream will see the prompts cut to what it keeps
             record.prompt_tokens = decision.counted
             if record.longest_prompt_tokens is not None:
@@ -466,7 +470,7 @@ class AdmittedExchange:
     def finish(self) -> None:
         record = self.record
         record.latency_ms = (time.perf_counter() - self.started) * 1000
-        if (self.surface.compares_usage and record.model is not None and record.prompt_tokens is not None
+        if (self.trusted_usage and record.model is not None and record.prompt_tokens is not None
                 and record.upstream_prompt_tokens is not None):
             if record.prompt_tokens != record.upstream_prompt_tokens:
                 log.warning(

@@ -36,7 +36,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from proxy.admitted.admission import Decision, RequestedLimit, decide, decide_inputs, read_requested_limit
+from proxy.admitted.admission import (
+    Decision,
+    RequestedLimit,
+    decide,
+    decide_inputs,
+    lax_int,
+    read_requested_limit,
+)
 from proxy.config import Policy
 from proxy.errors import BrimfulError
 from proxy.recording.record import Action
@@ -131,6 +138,19 @@ class Surface:
         """Add what makes a stream report its usage, if it lacks it; True when added (see `is_usage_only`)."""
         return False
 
+    def usage_must_match(self, body: Mapping[str, Any]) -> bool:
+        """The upstream's usage must equal brimful's count of this request if the count is right.
+
+        Only such answers may move a model's count trust (proxy.admitted.trust): a
+        client asking vLLM to cut its prompt (truncation) gets usage that differs
+        for reasons of its own, and no client may change how others are counted.
+        """
+        return self.compares_usage and not self.client_truncates(body)
+
+    def client_truncates(self, body: Mapping[str, Any]) -> bool:
+        """The request asks vLLM to cut the prompt to a length (then counted as cut)."""
+        return False
+
     # -- the answer ----------------------------------------------------------------
 
     def error_body(self, err: BrimfulError) -> bytes:
@@ -204,7 +224,57 @@ class OpenAIStreamUsage:
         )
 
 
-class ChatSurface(OpenAIStreamUsage, Surface):
+_INT64_MAX = 2 ** 63 - 1
+
+
+def truncation_keep(value: Any, max_model_len: int, output_limit: bool) -> int | None:
+    """The prompt tokens vLLM 0.32 keeps for `truncate_prompt_tokens` = `value` on chat and
+    completions (renderers/params.py `_truncation_slice`): N keeps N, -1 keeps max_model_len
+    less one when an output limit is set (`max_truncation_tokens`); None: no truncation.
+
+    Raises ValueError for a value vLLM itself refuses (not an int in -1..2**63-1 by
+    pydantic's lax rules, or above max_model_len: "cannot be greater than max_model_len").
+    """
+    if value is None:
+        return None
+    keep = lax_int(value)
+    if not -1 <= keep <= _INT64_MAX or keep > max_model_len:
+        raise ValueError("vLLM refuses this truncate_prompt_tokens")
+    if keep == -1:
+        return max_model_len - 1 if output_limit else max_model_len
+    return keep
+
+
+class TruncatedPrompt(Surface):
+    """`truncate_prompt_tokens` on chat and completions: vLLM keeps that many tokens of each
+    prompt (the last N or the first N, by `truncation_side`: the count is the same) instead of
+    refusing a long one, so brimful decides on the prompt vLLM keeps."""
+
+    def client_truncates(self, body: Mapping[str, Any]) -> bool:
+        return body.get("truncate_prompt_tokens") is not None
+
+    def output_limit(self, request: Mapping[str, Any], limit: RequestedLimit, policy: Policy) -> bool:
+        """vLLM's `max_output_tokens` is non-zero: a limit is sent (or brimful's default fills one)."""
+        return limit.value is not None or policy.default_max_tokens is not None
+
+    def decide(self, request: Mapping[str, Any], prompt_tokens: list[int], max_model_len: int,
+               limit: RequestedLimit, policy: Policy, *, model: str, count_exact: bool,
+               drift_margin: int) -> Decision:
+        try:
+            keep = truncation_keep(request.get("truncate_prompt_tokens"), max_model_len,
+                                   self.output_limit(request, limit, policy))
+        except ValueError:
+            return Decision(Action.PASS, limit.value, limit.value)   # vLLM answers its own 400
+        if keep is None:
+            return super().decide(request, prompt_tokens, max_model_len, limit, policy, model=model,
+                                  count_exact=count_exact, drift_margin=drift_margin)
+        kept = [min(n, keep) for n in prompt_tokens]
+        decision = super().decide(request, kept, max_model_len, limit, policy, model=model,
+                                  count_exact=count_exact, drift_margin=drift_margin)
+        return replace(decision, counted=sum(kept)) if kept != prompt_tokens else decision
+
+
+class ChatSurface(TruncatedPrompt, OpenAIStreamUsage, Surface):
     name = "chat"
     path = "/v1/chat/completions"
     prompt_param = "messages"
@@ -221,7 +291,7 @@ class ChatSurface(OpenAIStreamUsage, Surface):
         return [UpstreamCount(_chat_tokenize_body(model, body))]
 
 
-class CompletionsSurface(OpenAIStreamUsage, Surface):
+class CompletionsSurface(TruncatedPrompt, OpenAIStreamUsage, Surface):
     name = "completions"
     path = "/v1/completions"
     prompt_param = "prompt"
@@ -230,6 +300,11 @@ class CompletionsSurface(OpenAIStreamUsage, Surface):
     # (vllm/entrypoints/openai/completion/protocol.py: `max_tokens: int | None = 16`;
     # captures/c18_completions_string_no_max_tokens.json).
     implicit_max_tokens = IMPLICIT_MAX_TOKENS["completions"]
+
+    def output_limit(self, request: Mapping[str, Any], limit: RequestedLimit, policy: Policy) -> bool:
+        """`max_tokens` defaults to 16 in vLLM's completions model: only an explicit null is none."""
+        return not ("max_tokens" in request and request["max_tokens"] is None) or (
+            policy.default_max_tokens is not None)
 
     def count(self, tokenizer: CountingModel, body: dict[str, Any]) -> int | list[int]:
         return tokenizer.count_completion(body)
@@ -297,6 +372,9 @@ class ResponsesSurface(Surface):
 
     def uncounted(self, body: Mapping[str, Any]) -> str | None:
         return "previous_response_id" if body.get("previous_response_id") is not None else None
+
+    def client_truncates(self, body: Mapping[str, Any]) -> bool:
+        return "truncation" in body and body.get("truncation") != "disabled"
 
     def count(self, tokenizer: CountingModel, body: dict[str, Any]) -> int | list[int]:
         return count_responses(tokenizer, body)
@@ -472,6 +550,9 @@ class PoolingSurface(Surface):
     prompt_param = "input"
     implicit_max_tokens = 0          # nothing is generated: a sequence is its prompt (IMPLICIT_MAX_TOKENS)
     truncate_field = "truncate_prompt_tokens"
+
+    def client_truncates(self, body: Mapping[str, Any]) -> bool:
+        return body.get(self.truncate_field) is not None
 
     def inputs(self, body: Mapping[str, Any]) -> list[Input]:
         """What is embedded, one entry per vLLM prompt."""
