@@ -56,7 +56,7 @@ from proxy.recording.record import Action, LengthRecord
 from proxy.recording.recorder import Recorder
 from proxy.sizing.lengths import plausible_usage
 from proxy.upstream.backends import Backend, Backends
-from proxy.upstream.client import DROP_REQUEST_ID, Response, forwardable
+from proxy.upstream.client import DROP_REQUEST_ID, Response, client_headers, forwardable
 from proxy.upstream.explain import explain_upstream_error, retry_limit
 from proxy.upstream.failure import parse_upstream_error
 
@@ -267,7 +267,8 @@ class AdmittedExchange:
 
     async def relay(self, response: Response) -> None:
         assert self.backend is not None
-        headers = forwardable(response.raw_headers, DROP_REQUEST_ID) + self.info
+        headers = client_headers(forwardable(response.raw_headers, DROP_REQUEST_ID),
+                                 self.backend.upstream.base_url) + self.info
         content_type = response.headers.get("content-type") or ""
         if content_type.startswith("text/event-stream"):
             await self.relay_stream(response, headers)

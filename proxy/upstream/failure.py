@@ -342,8 +342,8 @@ _RULES: tuple[_Rule, ...] = (
     # "max_tokens=2049cannot be greater than max_model_len=max_total_tokens=2048"; a limit
     # field only (max_*), not "truncate_prompt_tokens=4097 cannot be greater than ...".
     _rule("vllm_max_tokens_gt_len", "max_tokens_too_large", "vllm",
-          r"(?<![a-z_])(?P<P>max_[a-z_]{1,36})\s?=\s?(?P<M>\d[\d,]{0,20})\s{0,3}cannot be greater than [a-z_]{1,40}\s?=\s?"
-          r"(?:[a-z_]{1,40}\s?=\s?)?" + _g("L")),
+          r"(?<![a-z_])(?P<P>max_[a-z_]{1,36})\s?=\s?(?P<M>\d[\d,]{0,20})\s{0,3}"
+          r"cannot be greater than [a-z_]{1,40}\s?=\s?(?:[a-z_]{1,40}\s?=\s?)?" + _g("L")),
     # earlier renderer (params.py @1aa021e / 017638d).
     _rule("vllm_renderer_early", "context_length", "vllm",
           r"You passed " + _g("n") + r" input tokens and requested " + _g("M") + r" output tokens\.\s*However, "

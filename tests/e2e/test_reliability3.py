@@ -145,3 +145,43 @@ def test_limit_strings_pydantic_accepts_are_served(stack: Stack, path: str, valu
     assert direct.status_code == 200
     assert through.status_code == 200, through.text
     assert through.headers["x-brimful-requested-max-tokens"] == "10"
+
+
+# -- item 3: a trailing-slash redirect names brimful, never the upstream -------------------------
+
+SLASHED = {  # vLLM's routes that a client may call with a trailing slash, and a body each serves
+    "/v1/chat/completions/": {"model": "tiny-qwen", "messages": HELLO, "max_tokens": 99999},
+    "/v1/completions/": {"model": "tiny-qwen", "prompt": "Hello", "max_tokens": 99999},
+    "/v1/responses/": {"model": "tiny-qwen", "input": "Hello", "max_output_tokens": 99999},
+    "/v1/messages/": {"model": "tiny-qwen", "messages": HELLO, "max_tokens": 99999},
+    "/v1/messages/count_tokens/": {"model": "tiny-qwen", "messages": HELLO},
+    "/v1/embeddings/": {"model": "tiny-qwen", "input": "Hello"},
+}
+
+
+@pytest.mark.parametrize("path", list(SLASHED))
+def test_a_trailing_slash_redirect_points_at_brimful(stack: Stack, path: str) -> None:
+    direct = httpx.post(stack.fake.base_url + path, json=SLASHED[path], timeout=10)
+    assert direct.status_code == 307                         # what vLLM answers (Starlette redirect_slashes)
+    through = stack.http.post(path, json=SLASHED[path])
+    assert through.status_code == 307
+    assert through.headers["location"] == path.rstrip("/")   # a reference to brimful, no upstream address
+    assert f"127.0.0.1:{stack.fake.port}" not in through.text + str(through.headers)
+
+
+@pytest.mark.parametrize("path", [p for p in SLASHED if "max_tokens" in str(SLASHED[p]) or "max_output" in str(
+    SLASHED[p])])
+def test_a_client_following_the_redirect_is_admitted(stack: Stack, path: str) -> None:
+    with httpx.Client(base_url=stack.base_url, follow_redirects=True, timeout=10) as client:
+        answer = client.post(path, json=SLASHED[path])
+    assert answer.status_code == 200, answer.text
+    assert [str(r.url) for r in answer.history] == [stack.base_url + path]
+    assert answer.headers["x-brimful-action"] == "clamped"      # admitted: 99999 did not reach vLLM
+    sent = [r for r in stack.fake.requests if r.path == path.rstrip("/")][-1].json
+    assert 99999 not in sent.values()
+
+
+def test_the_openai_sdk_following_the_redirect_is_admitted(stack: Stack) -> None:
+    answer = stack.client.post("/chat/completions/", cast_to=httpx.Response, body=SLASHED["/v1/chat/completions/"])
+    assert answer.status_code == 200
+    assert answer.headers["x-brimful-action"] == "clamped"

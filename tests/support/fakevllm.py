@@ -1559,6 +1559,14 @@ class FakeVLLM:
                 return
 
         allowed = _ROUTES.get(path)
+        if allowed is None and path != "/":
+            # Starlette's redirect_slashes (vLLM 0.32 keeps FastAPI's default): a path that
+            # matches a route once its trailing slashes are off (or one is added) gets a 307,
+            # whatever the method, to a URL built from the request's Host header.
+            other = path.rstrip("/") if path.endswith("/") else path + "/"
+            if other in _ROUTES:
+                target = f"http://{request.headers.get('host', '')}{other}" + (f"?{split.query}" if split.query else "")
+                return self._send(conn, record, 307, b"", None, {"location": target})
         if allowed is None:
             return self._send(conn, record, 404, _NOT_FOUND, _JSON)
         if request.method != allowed:
