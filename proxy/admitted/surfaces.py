@@ -715,5 +715,5 @@ def parse_json_payload(payload: bytes) -> Any:
     """A JSON answer or event, or None when it is not JSON (it is then relayed, not read)."""
     try:
         return json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):     # nested past the interpreter's limit: not read either
         return None

@@ -185,3 +185,29 @@ def test_the_openai_sdk_following_the_redirect_is_admitted(stack: Stack) -> None
     answer = stack.client.post("/chat/completions/", cast_to=httpx.Response, body=SLASHED["/v1/chat/completions/"])
     assert answer.status_code == 200
     assert answer.headers["x-brimful-action"] == "clamped"
+
+
+# -- item 2: tool-call arguments nested past the recursion limit: a 400, never a 500 ----------
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def test_deeply_nested_chat_tool_arguments_are_a_400(stack: Stack) -> None:
+    messages = [{"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": _nested(2000)}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    answer = stack.http.post("/v1/chat/completions", json={"model": "tiny-qwen", "messages": messages,
+                                                           "max_tokens": 5})
+    assert answer.status_code == 400, answer.text
+    assert "nested too deeply" in answer.json()["error"]["message"]
+
+
+def test_deeply_nested_responses_function_call_arguments_are_a_400(stack: Stack) -> None:
+    items = [{"type": "message", "role": "user", "content": "Weather?"},
+             {"type": "function_call", "call_id": "c1", "name": "f", "arguments": _nested(100_000)},
+             {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]
+    answer = stack.http.post("/v1/responses", json={"model": "tiny-qwen", "input": items, "max_output_tokens": 5})
+    assert answer.status_code == 400, answer.text
+    assert "nested too deeply" in answer.json()["error"]["message"]
