@@ -31,6 +31,7 @@ import asyncio
 import concurrent.futures
 import ctypes
 import ctypes.util
+import functools
 import json
 import logging
 import os
@@ -105,6 +106,8 @@ def _long_prompt_pool() -> concurrent.futures.ThreadPoolExecutor:
 # RSS an encode costs per byte of request body: the top of the measured
 # 95-240 MiB per MB, rounded up, so the budget is not overrun by symbol-dense text.
 COUNT_BYTES_PER_BODY_BYTE = 256
+# A count of many inputs (embeddings) goes in slices of at most this share of the budget each.
+SLICES_PER_BUDGET = 8
 # Counts (and refusals) of larger bodies give their freed heap back: malloc_trim
 # took 1.7 ms after a 250 KB prompt, 10.6 ms after 4 MB, on the counting thread.
 TRIM_ABOVE_BYTES = 128 * 1024
@@ -486,6 +489,8 @@ class PromptCounter:
         if tok is None:
             counted = await self._count_upstream(model, surface, body)
             return Count(counted, trust.exact, trust.margin, "upstream")
+        if max_model_len is not None and surface.operator_truncates(self._config.policy_for(model)):
+            max_model_len = None        # brimful has vLLM truncate instead: no character bound
         try:
             local = await self._count_local(tok, surface, body, body_size, max_model_len)
         except MediaNotCountable as exc:
@@ -536,8 +541,27 @@ class PromptCounter:
         trim = body_size > TRIM_ABOVE_BYTES
         if bound is not None and max_model_len is not None and body_size * 2 > bound:
             await _in_thread(pool, _check_and_trim, surface, tok, body, bound, max_model_len, trim)
-        weight = await self.budget.acquire(body_size * COUNT_BYTES_PER_BODY_BYTE)
-        done = pool.submit(_count_and_trim, surface, tok, body, trim)
+        slices = surface.count_slices(body, self.slice_bytes)
+        if slices is None:
+            return await self._count_within_budget(body_size, functools.partial(surface.count, tok, body), trim)
+        # Many inputs: one slice at a time, each taking its own share of the budget, so one
+        # request of 10^6 inputs never holds the whole budget while others wait (issue 25).
+        counts: list[int] = []
+        for piece in slices:
+            counts.extend(await self._count_within_budget(piece.size, functools.partial(piece.count, tok), False))
+        if trim:
+            await _in_thread(pool, _trim_heap)
+        return counts
+
+    @property
+    def slice_bytes(self) -> int:
+        """The request bytes one slice of a many-input count stands for: an eighth of the budget."""
+        return max(4096, self.budget.limit // (COUNT_BYTES_PER_BODY_BYTE * SLICES_PER_BUDGET))
+
+    async def _count_within_budget(self, size: int, count: Callable[[], Any], trim: bool) -> Any:
+        """`count()` on a counting thread, holding `size` bytes of request's worth of the budget."""
+        weight = await self.budget.acquire(size * COUNT_BYTES_PER_BODY_BYTE)
+        done = _long_prompt_pool().submit(_call_and_trim, count, trim)
         # The budget is returned when the thread is done, not when this await
         # ends: a client gone mid-count does not stop the encode.
         loop = asyncio.get_running_loop()
@@ -648,9 +672,9 @@ PARITY_PROBES: dict[str, dict[str, Any]] = {
 }
 
 
-def _count_and_trim(surface: Surface, tok: CountingModel, body: dict[str, Any], trim: bool) -> int | list[int]:
+def _call_and_trim(count: Callable[[], Any], trim: bool) -> Any:
     try:
-        return surface.count(tok, body)
+        return count()
     finally:
         if trim:
             _trim_heap()

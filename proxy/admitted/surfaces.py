@@ -30,9 +30,10 @@ Finish reasons are recorded in OpenAI's words whatever the surface
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -70,6 +71,14 @@ class UpstreamCount:
 
 # An upstream count request, or a prompt already counted (token ids count as they are).
 TokenizeCall = UpstreamCount | int
+
+
+@dataclass(frozen=True)
+class CountSlice:
+    """Some of a request's prompts: counted by `count` (on a counting thread), about `size` bytes."""
+
+    count: Callable[[CountingModel], list[int]]
+    size: int
 
 
 @dataclass
@@ -133,6 +142,15 @@ class Surface:
     def prompt_texts(self, tokenizer: CountingModel, body: dict[str, Any]) -> list[str]:
         """The texts vLLM holds to its character bound before encoding (none: no check)."""
         return []
+
+    def operator_truncates(self, policy: Policy) -> bool:
+        """brimful itself makes vLLM truncate what is too long (then no character bound applies)."""
+        return False
+
+    def count_slices(self, body: dict[str, Any], slice_bytes: int) -> list[CountSlice] | None:
+        """The count cut into pieces of about `slice_bytes` of request each, counted one after
+        another, each within its own share of the counting budget; None: one piece."""
+        return None
 
     def ask_for_usage(self, body: Mapping[str, Any], changes: dict[str, Any]) -> bool:
         """Add what makes a stream report its usage, if it lacks it; True when added (see `is_usage_only`)."""
@@ -536,6 +554,26 @@ def _add_special_tokens(body: Mapping[str, Any], default: bool) -> bool:
     return value if isinstance(value, bool) else default
 
 
+def _input_bytes(item: Input) -> int:
+    """About the request bytes an input took (what the counting budget weighs): a text its
+    characters, token ids a few bytes each, a conversation its texts.  Iterative: a body
+    may nest as deep as json.loads allows, deeper than Python recursion does."""
+    total = 0
+    pending = [item]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, str):
+            total += len(value) + 3
+        elif isinstance(value, list) and value and isinstance(value[0], int):
+            total += 4 * len(value) + 2
+        elif isinstance(value, (list, dict)):
+            pending.extend(value.values() if isinstance(value, dict) else value)
+            total += 2
+        else:
+            total += 8
+    return total
+
+
 class PoolingSurface(Surface):
     """The pooling routes vLLM serves for an embedding model: every input must fit max_model_len.
 
@@ -554,6 +592,9 @@ class PoolingSurface(Surface):
     def client_truncates(self, body: Mapping[str, Any]) -> bool:
         return body.get(self.truncate_field) is not None
 
+    def operator_truncates(self, policy: Policy) -> bool:
+        return policy.truncate_inputs
+
     def inputs(self, body: Mapping[str, Any]) -> list[Input]:
         """What is embedded, one entry per vLLM prompt."""
         raise NotImplementedError
@@ -566,16 +607,56 @@ class PoolingSurface(Surface):
         return max_model_len if limit == -1 else limit
 
     def count(self, tokenizer: CountingModel, body: dict[str, Any]) -> int | list[int]:
-        counts = []
-        for item in self.inputs(body):
+        return self.count_items(tokenizer, body, self.inputs(body))
+
+    def count_items(self, tokenizer: CountingModel, body: Mapping[str, Any], items: list[Input]) -> list[int]:
+        """The counts of `items` (some of the inputs), in order; runs of texts are encoded as one
+        batch (one call for 10^6 one-character inputs, not 10^6 calls)."""
+        counts: list[int] = []
+        texts: list[Any] = []
+        special = _add_special_tokens(body, True)
+
+        def flush() -> None:
+            if texts:
+                counts.extend(tokenizer.count_completion({"prompt": list(texts), "add_special_tokens": special}))
+                texts.clear()
+
+        for item in items:
+            if isinstance(item, str):
+                texts.append(item)
+                continue
+            flush()
             if isinstance(item, dict):
                 counts.append(tokenizer.count_chat(item))
             elif isinstance(item, list):
                 counts.append(len(item))
             else:
-                counts.extend(tokenizer.count_completion(
-                    {"prompt": item, "add_special_tokens": _add_special_tokens(body, True)}))
+                counts.extend(tokenizer.count_completion({"prompt": item, "add_special_tokens": special}))
+        flush()
         return counts
+
+    def count_slices(self, body: dict[str, Any], slice_bytes: int) -> list[CountSlice] | None:
+        """Many inputs are counted in slices of about `slice_bytes` each (by their own sizes, so
+        one long input among short ones weighs what it is), one long input on its own."""
+        items = self.inputs(body)
+        if len(items) < 2:
+            return None
+        sizes = [_input_bytes(item) for item in items]
+        if sum(sizes) <= slice_bytes:
+            return None
+        slices: list[CountSlice] = []
+        start, held = 0, 0
+        for end, size in enumerate([*sizes, 0]):
+            if end == len(items) or (held and held + size > slice_bytes):
+                slices.append(CountSlice(functools.partial(self.count_items, body=body, items=items[start:end]),
+                                         held))
+                start, held = end, 0
+            held += size
+        return slices
+
+    def prompt_texts(self, tokenizer: CountingModel, body: dict[str, Any]) -> list[str]:
+        """Every text input is held to vLLM's character bound on its own (TokenizeParams per prompt)."""
+        return [item for item in self.inputs(body) if isinstance(item, str)]
 
     def tokenize_calls(self, model: str, body: Mapping[str, Any]) -> list[TokenizeCall]:
         calls: list[TokenizeCall] = []
@@ -658,6 +739,10 @@ class ScoreSurface(PoolingSurface):
     aliases: tuple[str, ...] = ("/v1/score",)
     compares_usage = False
     prompt_param = "documents"
+
+    def prompt_texts(self, tokenizer: CountingModel, body: dict[str, Any]) -> list[str]:
+        """None held to the bound here: a cross-encoder renders pairs, and per-side limits truncate."""
+        return []
     _PAIRS = (("queries", "documents"), ("queries", "items"), ("text_1", "text_2"), ("data_1", "data_2"))
 
     def _sides(self, body: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
