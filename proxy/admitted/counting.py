@@ -106,6 +106,10 @@ def _long_prompt_pool() -> concurrent.futures.ThreadPoolExecutor:
 # RSS an encode costs per byte of request body: the top of the measured
 # 95-240 MiB per MB, rounded up, so the budget is not overrun by symbol-dense text.
 COUNT_BYTES_PER_BODY_BYTE = 256
+# RSS the character-bound check costs per body byte: the conversation prepared for the
+# template (+184 MiB for a 33 MB body of 10^6 empty messages, the render stopped at 4x the
+# bound), doubled.
+RENDER_BYTES_PER_BODY_BYTE = 16
 # A count of many inputs (embeddings) goes in slices of at most this share of the budget each.
 SLICES_PER_BUDGET = 8
 # Counts (and refusals) of larger bodies give their freed heap back: malloc_trim
@@ -194,12 +198,19 @@ def char_bound(max_model_len: int, chars_per_token: int, body: dict[str, Any]) -
     return max_model_len * chars_per_token
 
 
+# Prompt lengths are measured exactly up to this many times the bound, so the refusal says
+# vLLM's numbers; past it the render stops and the refusal says "at least".
+EXACT_CHARS_FACTOR = 4
+
+
 def check_char_bound(surface: Surface, tok: CountingModel, body: dict[str, Any], bound: int,
                      max_model_len: int) -> None:
     """Refuse, as vLLM would, a prompt text longer than `bound` characters (before encoding it)."""
-    for text in surface.prompt_texts(tok, body):
-        if len(text) > bound:
-            raise errors.prompt_over_char_bound(len(text), bound, max_model_len, surface.prompt_param)
+    cap = bound * EXACT_CHARS_FACTOR
+    for chars in surface.prompt_lengths(tok, body, cap):
+        if chars > bound:
+            raise errors.prompt_over_char_bound(chars, bound, max_model_len, surface.prompt_param,
+                                                at_least=chars > cap)
 
 
 def _counting_busy(limit: int, waited: float) -> BrimfulError:
@@ -540,15 +551,20 @@ class PromptCounter:
         bound = char_bound(max_model_len, factor, body) if max_model_len is not None and factor else None
         trim = body_size > TRIM_ABOVE_BYTES
         if bound is not None and max_model_len is not None and body_size * 2 > bound:
-            await _in_thread(pool, _check_and_trim, surface, tok, body, bound, max_model_len, trim)
+            # Within the budget too: preparing 10^6 messages for the render costs memory by the body.
+            await self._count_within_budget(
+                body_size * RENDER_BYTES_PER_BODY_BYTE,
+                functools.partial(_check_and_trim, surface, tok, body, bound, max_model_len, trim), False)
         slices = surface.count_slices(body, self.slice_bytes)
         if slices is None:
-            return await self._count_within_budget(body_size, functools.partial(surface.count, tok, body), trim)
+            return await self._count_within_budget(body_size * COUNT_BYTES_PER_BODY_BYTE,
+                                                   functools.partial(surface.count, tok, body), trim)
         # Many inputs: one slice at a time, each taking its own share of the budget, so one
         # request of 10^6 inputs never holds the whole budget while others wait (issue 25).
         counts: list[int] = []
         for piece in slices:
-            counts.extend(await self._count_within_budget(piece.size, functools.partial(piece.count, tok), False))
+            counts.extend(await self._count_within_budget(piece.size * COUNT_BYTES_PER_BODY_BYTE,
+                                                          functools.partial(piece.count, tok), False))
         if trim:
             await _in_thread(pool, _trim_heap)
         return counts
@@ -558,9 +574,9 @@ class PromptCounter:
         """The request bytes one slice of a many-input count stands for: an eighth of the budget."""
         return max(4096, self.budget.limit // (COUNT_BYTES_PER_BODY_BYTE * SLICES_PER_BUDGET))
 
-    async def _count_within_budget(self, size: int, count: Callable[[], Any], trim: bool) -> Any:
-        """`count()` on a counting thread, holding `size` bytes of request's worth of the budget."""
-        weight = await self.budget.acquire(size * COUNT_BYTES_PER_BODY_BYTE)
+    async def _count_within_budget(self, weight: int, count: Callable[[], Any], trim: bool) -> Any:
+        """`count()` on a counting thread, holding `weight` bytes of the budget while it runs."""
+        weight = await self.budget.acquire(weight)
         done = _long_prompt_pool().submit(_call_and_trim, count, trim)
         # The budget is returned when the thread is done, not when this await
         # ends: a client gone mid-count does not stop the encode.

@@ -143,6 +143,11 @@ class Surface:
         """The texts vLLM holds to its character bound before encoding (none: no check)."""
         return []
 
+    def prompt_lengths(self, tokenizer: CountingModel, body: dict[str, Any], cap: int) -> list[int]:
+        """The lengths of `prompt_texts`, each exact up to `cap` (above it: some length past `cap`,
+        the render stopped there: a conversation's text is never built whole only to be refused)."""
+        return [len(text) for text in self.prompt_texts(tokenizer, body)]
+
     def operator_truncates(self, policy: Policy) -> bool:
         """brimful itself makes vLLM truncate what is too long (then no character bound applies)."""
         return False
@@ -305,6 +310,11 @@ class ChatSurface(TruncatedPrompt, OpenAIStreamUsage, Surface):
     def prompt_texts(self, tokenizer: CountingModel, body: dict[str, Any]) -> list[str]:
         return [tokenizer.render_chat(body)]          # the rendered conversation is one text
 
+    def prompt_lengths(self, tokenizer: CountingModel, body: dict[str, Any], cap: int) -> list[int]:
+        if isinstance(tokenizer, ModelTokenizer):
+            return [tokenizer.render_chat_length(body, cap)]
+        return super().prompt_lengths(tokenizer, body, cap)
+
     def tokenize_calls(self, model: str, body: Mapping[str, Any]) -> list[TokenizeCall]:
         return [UpstreamCount(_chat_tokenize_body(model, body))]
 
@@ -405,6 +415,12 @@ class ResponsesSurface(Surface):
             return []
         return [model.render_chat(model.responses_chat(body))]
 
+    def prompt_lengths(self, tokenizer: CountingModel, body: dict[str, Any], cap: int) -> list[int]:
+        model = _template_model(tokenizer)
+        if model is None or body.get("truncation", "disabled") != "disabled":
+            return []
+        return [model.render_chat_length(model.responses_chat(body), cap)]
+
     def decide(self, request: Mapping[str, Any], prompt_tokens: list[int], max_model_len: int,
                limit: RequestedLimit, policy: Policy, *, model: str, count_exact: bool,
                drift_margin: int) -> Decision:
@@ -486,6 +502,10 @@ class MessagesSurface(Surface):
         """The converted chat's text, as vLLM renders and checks it (none without a chat template)."""
         model = _template_model(tokenizer)
         return [] if model is None else [model.render_chat(model.messages_chat(body))]
+
+    def prompt_lengths(self, tokenizer: CountingModel, body: dict[str, Any], cap: int) -> list[int]:
+        model = _template_model(tokenizer)
+        return [] if model is None else [model.render_chat_length(model.messages_chat(body), cap)]
 
     def tokenize_calls(self, model: str, body: Mapping[str, Any]) -> list[TokenizeCall]:
         request = {"model": model, **{k: body[k] for k in _MESSAGES_COUNT_KEYS if k in body}}

@@ -88,3 +88,38 @@ def test_slices_weigh_their_own_inputs_and_count_as_the_whole(qwen3: ModelTokeni
     assert all(s.size <= 8192 for s in slices[1:])
     assert [n for s in slices for n in s.count(qwen3)] == EMBEDDINGS.count(qwen3, body)
     assert EMBEDDINGS.count_slices({"input": ["a", "b"]}, 8192) is None
+
+
+# -- item 5: the character-bound render is budgeted and stops past the bound --------------------
+
+def test_the_rendered_length_stops_past_the_cap(qwen3: ModelTokenizer) -> None:
+    small = {"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]}
+    assert qwen3.render_chat_length(small, 10_000) == len(qwen3.render_chat(small))
+    many = {"messages": [{"role": "user", "content": ""}] * 20_000}
+    measured = qwen3.render_chat_length(many, 1000)
+    assert 1000 < measured < 2000 < len(qwen3.render_chat(many))
+
+
+async def test_a_conversation_over_the_bound_is_refused_within_the_budget(qwen3_dir: Path) -> None:
+    config = make_config("http://upstream.test", qwen3_dir)
+    config.tokenizers.parity_check = False
+    transport = MockTransport(_answer)
+    app = BrimfulApp(config, ListRecorder(), transport_for=lambda url: transport)
+    taken: list[int] = []
+    acquire = app.counter.budget.acquire
+
+    async def recording(weight: int) -> int:
+        taken.append(weight)
+        return await acquire(weight)
+
+    app.counter.budget.acquire = recording  # type: ignore[method-assign]
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": ""}] * 200_000}).encode()
+    await app.startup()
+    try:
+        answer = await call_app(app, "POST", CHAT, body)
+    finally:
+        await app.shutdown()
+    error = json.loads(answer.body)["error"]
+    assert answer.status == 400 and "your prompt contains at least" in error["message"]
+    assert taken and taken[0] >= len(body) * 16          # the render's memory was weighed first
+    assert [r.path for r in transport.sent if r.path == CHAT] == []
