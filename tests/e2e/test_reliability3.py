@@ -211,3 +211,24 @@ def test_deeply_nested_responses_function_call_arguments_are_a_400(stack: Stack)
     answer = stack.http.post("/v1/responses", json={"model": "tiny-qwen", "input": items, "max_output_tokens": 5})
     assert answer.status_code == 400, answer.text
     assert "nested too deeply" in answer.json()["error"]["message"]
+
+
+# -- degraded: an unpaired surrogate in a field nothing tokenizes ---------------------------------
+
+@pytest.mark.parametrize("max_tokens", [5, 99999])       # forwarded as sent, and rewritten (clamped)
+def test_a_lone_surrogate_in_user_is_served_as_vllm_serves_it(stack: Stack, max_tokens: int) -> None:
+    raw = (b'{"model": "tiny-qwen", "messages": [{"role": "user", "content": "Hello!"}], '
+           b'"user": "a\\ud800b", "max_tokens": %d}' % max_tokens)
+    headers = {"content-type": "application/json"}
+    through = stack.http.post("/v1/chat/completions", content=raw, headers=headers)
+    assert through.status_code == 200, through.text[:300]
+    if max_tokens == 5:                                   # vLLM itself refuses 99999 (> max_model_len)
+        direct = httpx.post(stack.fake.base_url + "/v1/chat/completions", content=raw, headers=headers, timeout=10)
+        assert direct.status_code == 200
+    assert [r for r in stack.fake.requests if r.path == "/v1/chat/completions"][-1].json["user"] == "a\ud800b"
+
+
+def test_a_lone_surrogate_in_the_prompt_is_still_refused(stack: Stack) -> None:
+    raw = b'{"model": "tiny-qwen", "messages": [{"role": "user", "content": "a\\ud800b"}], "max_tokens": 5}'
+    through = stack.http.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+    assert through.status_code == 400 and "surrogate" in through.json()["error"]["message"]

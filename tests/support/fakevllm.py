@@ -118,6 +118,8 @@ class FaultSpec:
                            `data: {"error": ...}` and `data: [DONE]` (vLLM's mid-stream error)
       "huge"               a 200 chat completion whose content is `size` bytes, written a
                            MiB at a time (never held whole by the fake)
+      "long_line"          a 200 chat stream whose one content event is `size` bytes on a single
+                           line, then the usage chunk and [DONE]
     `delay` seconds are waited before anything is sent; `gate` (a threading.Event)
     is waited for first, so a test can hold a request without sleeping.
     `trickle` (kind "respond"): send the headers and the first half of the body,
@@ -1623,6 +1625,9 @@ class FakeVLLM:
         if fault.kind == "huge":
             await self._huge(conn, record, fault.size)
             return True
+        if fault.kind == "long_line":
+            await self._long_line(conn, record, fault.size)
+            return True
         if fault.kind in ("close_mid_body", "reset_mid_body", "sse_error"):
             return False
         raise ValueError(f"unknown fault kind {fault.kind!r}")
@@ -1642,6 +1647,28 @@ class FakeVLLM:
             left -= len(piece)
             await conn.drain()
         conn.write(tail)
+        with self._cond:
+            record.finished_at = time.monotonic()
+            self._cond.notify_all()
+
+    async def _long_line(self, conn: _Connection, record: RecordedRequest, size: int) -> None:
+        """A chat stream whose one content event is `size` bytes on one line (written a MiB at a
+        time), then the usage chunk and [DONE]."""
+        record.status = 200
+        conn.start_stream(200, _SSE)
+        conn.write_chunk(b'data: {"id":"chatcmpl-long","object":"chat.completion.chunk","created":1,"model":"%s",'
+                         b'"choices":[{"index":0,"delta":{"content":"' % self.model.encode())
+        piece = b"lorem ip" * (1 << 17)
+        left = size
+        while left > 0:
+            conn.write_chunk(piece[:left])
+            left -= len(piece)
+            await conn.drain()
+        conn.write_chunk(b'"},"finish_reason":"length"}]}\n\n'
+                         b'data: {"id":"chatcmpl-long","object":"chat.completion.chunk","created":1,"model":"%s",'
+                         b'"choices":[],"usage":{"prompt_tokens":9,"total_tokens":10,"completion_tokens":1}}\n\n'
+                         b'data: [DONE]\n\n' % self.model.encode())
+        conn.end_stream()
         with self._cond:
             record.finished_at = time.monotonic()
             self._cond.notify_all()
