@@ -16,7 +16,7 @@ Phases (each measured the same way, 1 connection of small requests):
                 brimful's event loop in the small requests' path
 
 Prints p50/p99 of the small requests per phase, the ratio to "alone", and the
-long requests' own latency.  A benchmark, not a test: figures go to the README.
+long requests' own latency.  A benchmark, not a test: figures go to docs/performance.md.
 
     .venv/bin/python bench/long_prompt_bench.py [--small 400] [--long-concurrency 2] [--long-tokens 100000]
 """

@@ -54,9 +54,8 @@ def has_body(scope: Scope) -> bool:
 
 def path_qs(scope: Scope) -> str:
     """The request target as the client sent it (raw path + query)."""
-    path = scope.get("raw_path") or scope["path"].encode()
-    if isinstance(path, bytes):
-        path = path.decode("latin-1")
+    raw = scope.get("raw_path") or scope["path"].encode()
+    path = raw.decode("latin-1") if isinstance(raw, bytes) else str(raw)
     qs = scope.get("query_string") or b""
     return path + ("?" + qs.decode("latin-1") if qs else "")
 
@@ -64,7 +63,7 @@ def path_qs(scope: Scope) -> str:
 def header(scope: Scope, name: bytes) -> bytes | None:
     for key, value in scope["headers"]:
         if key == name:
-            return value
+            return bytes(value)
     return None
 
 

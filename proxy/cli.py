@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8100)")
     serve.add_argument("--workers", type=int, metavar="N",
-                       help="serving processes on the one port (default 1; README \"Workers\")")
+                       help="serving processes on the one port (default 1; docs/deployment.md, Workers)")
     serve.add_argument("--length-log", metavar="FILE",
                        help="append one JSON line of length figures per request to FILE ('-': standard output)")
     serve.add_argument(

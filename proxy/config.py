@@ -243,7 +243,7 @@ def load_config(
             raise ConfigError(f"configuration file {path} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"configuration file {path} is not valid TOML: {exc}") from None
-    config = _build(Config, data, "")
+    config: Config = _build(Config, data, "")
     for dotted, raw in _env_overrides(os.environ if env is None else env).items():
         _set_dotted(config, dotted, raw, from_text=True, source="environment variable BRIMFUL_"
                     + dotted.replace(".", "_").upper())

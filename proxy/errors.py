@@ -496,7 +496,7 @@ def upstream_busy(upstream: str | None, limit: int, waited: float) -> BrimfulErr
 
 
 def counting_busy(limit: int, waited: float) -> BrimfulError:
-    """Long prompts already fill the memory set aside for counting them (proxy.upstream.gate.MemoryBudget)."""
+    """Long prompts already fill the memory set aside for counting them (proxy.upstream.gate.CountingBudget)."""
     return BrimfulError(
         503,
         f"brimful is already counting as many long prompts as {limit >> 20} MiB of memory allows "

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tokenizer_cache import _model
+from tokenizer_cache import _model, load_model_tokenizer
 
 pytest_plugins = ["tests.realvllm.fixture", "tests.realvllm.vl_fixture"]
 
@@ -71,3 +71,9 @@ def shared_dir() -> Path:
 @pytest.fixture(scope="session")
 def qwen3_dir(shared_dir: Path) -> Path:
     return MODELS / "Qwen--Qwen3-8B"
+
+
+@pytest.fixture(scope="module")
+def qwen3(qwen3_dir: Path) -> Any:
+    """Qwen3-8B's real tokenizer and template, as brimful loads it (one load per module, as before)."""
+    return load_model_tokenizer(qwen3_dir)

@@ -24,7 +24,7 @@ Everything else lives in private modules; import from here.
 
 from ._anthropic import count_messages
 from ._cache import TokenizerCache
-from ._char_bound import CharBoundExceeded, char_bound_message
+from ._char_bound import CharBoundExceeded, char_bound, char_bound_message
 from ._chat_cache import DEFAULT_MAX_ENTRIES as DEFAULT_CHAT_CACHE_ENTRIES
 from ._chat_cache import ChatCacheStats, ChatCountCache
 from ._errors import CountError, MediaNotCountable
@@ -60,6 +60,7 @@ __all__ = [
     "PieceCounter",
     "PieceTally",
     "TokenizerCache",
+    "char_bound",
     "char_bound_message",
     "count_messages",
     "count_responses",

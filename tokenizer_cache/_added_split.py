@@ -35,6 +35,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 # Unicode White_Space (what Rust's regex `\s` matches), not Python's `\s`.
 WHITE_SPACE = (
@@ -58,14 +59,14 @@ class SplitToken:
 
 def _trie_pattern(contents: Iterable[str]) -> str:
     """A regex source matching the longest of `contents` at the leftmost position."""
-    trie: dict = {}
+    trie: dict[str, Any] = {}
     for content in contents:
         node = trie
         for char in content:
             node = node.setdefault(char, {})
         node[""] = True  # a token ends here
 
-    def emit(node: dict) -> str:
+    def emit(node: dict[str, Any]) -> str:
         ends_here = "" in node
         children = [(char, child) for char, child in node.items() if char != ""]
         if not children:

@@ -85,7 +85,7 @@ def detect_merge_inline_system(template_source: str | None) -> bool:
     return False
 
 
-def probe_disabled_thinking_effort(render_chat: Callable[[dict], str]) -> str:
+def probe_disabled_thinking_effort(render_chat: Callable[[dict[str, Any]], str]) -> str:
     """vLLM's `_probe_disabled_thinking_effort`: "none", unless rendering "none" fails or gives
     the prompt of an effort (the template ignores it), then "low"."""
     def prompt(effort: str) -> str | None:

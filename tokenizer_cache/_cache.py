@@ -68,7 +68,7 @@ class TokenizerCache:
         self._entries: OrderedDict[_Key, CountingModel] = OrderedDict()
         self._loading: dict[_Key, Future[CountingModel]] = {}
 
-    def get(self, directory: str | os.PathLike, tokenizer_mode: str = "auto") -> CountingModel:
+    def get(self, directory: str | os.PathLike[str], tokenizer_mode: str = "auto") -> CountingModel:
         key = (pathlib.Path(directory).expanduser().resolve(), check_tokenizer_mode(tokenizer_mode))
         with self._lock:
             cached = self._entries.get(key)
@@ -100,7 +100,7 @@ class TokenizerCache:
         pending.set_result(model)
         return model
 
-    def __contains__(self, directory: str | os.PathLike) -> bool:
+    def __contains__(self, directory: str | os.PathLike[str]) -> bool:
         path = pathlib.Path(directory).expanduser().resolve()
         with self._lock:
             return any(key[0] == path for key in self._entries)

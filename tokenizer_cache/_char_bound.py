@@ -77,10 +77,11 @@ class CharBoundExceeded(CountError):
 
 
 def char_bound(
-    max_model_len: int | None, chars_per_token: int, truncate_prompt_tokens: int | None = None
+    max_model_len: int | None, chars_per_token: int, truncate_prompt_tokens: object = None
 ) -> int | None:
     """The most characters a prompt may have, or None when vLLM does not refuse by characters
-    (no context length, or the request asks for truncation)."""
+    (no context length, or the request sets `truncate_prompt_tokens`, whatever its value: vLLM
+    then truncates instead)."""
     if max_model_len is None or truncate_prompt_tokens is not None:
         return None
     return max_model_len * chars_per_token
@@ -94,7 +95,7 @@ def check_chars(chars: int, bound: int | None, max_model_len: int | None) -> Non
 
 def char_bound_message(chars: int, max_chars: int, max_model_len: int) -> str:
     """vLLM 0.32's text, with the " (parameter=…, value=…)" its error adds
-    (shared/vllm/captures/c09d_chat_over_char_bound.json)."""
+    (capture c09d_chat_over_char_bound.json, quoted in docs/vllm-behaviour.md)."""
     return (
         f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
         f"contains {chars} characters (more than {max_chars} characters, which is the upper bound "

@@ -5,8 +5,8 @@ data out.  Each rule names where vLLM does the same thing (vLLM 0.32/0.33,
 vllm/entrypoints/chat_utils.py — `_parse_chat_message_content`,
 `_postprocess_messages` — the chat request model in
 vllm/entrypoints/openai/chat_completion/protocol.py, and
-vllm/renderers/hf.py `resolve_chat_template_kwargs`); the corpus README
-(shared/corpus/README.md) restates them.
+vllm/renderers/hf.py `resolve_chat_template_kwargs`); docs/vllm-behaviour.md
+("Chat and completions") restates them.
 
 A field of the wrong type raises `CountError` naming the field, never a bare
 Python exception: the proxy answers such a request with a 400 like vLLM does.

@@ -73,7 +73,7 @@ def check_tokenizer_mode(mode: str) -> TokenizerMode:
     return mode
 
 
-def detect_family(directory: str | os.PathLike, tokenizer_mode: str = "auto") -> Family:
+def detect_family(directory: str | os.PathLike[str], tokenizer_mode: str = "auto") -> Family:
     """The renderer vLLM uses for the model in `directory` under `tokenizer_mode`."""
     mode = check_tokenizer_mode(tokenizer_mode)
     path = pathlib.Path(directory)

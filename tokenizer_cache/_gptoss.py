@@ -22,7 +22,7 @@ class HarmonyTokenizer(ModelTokenizer):
     family = "harmony"
     harmony_options: HarmonyOptions = HarmonyOptions()
 
-    def tally_chat(self, body: dict, *, max_model_len: int | None = None) -> PieceTally:
+    def tally_chat(self, body: dict[str, Any], *, max_model_len: int | None = None) -> PieceTally:
         # vLLM's character bound holds for the prompt text (harmony renders to ids:
         # the bound is checked on their text, as the engine sees it).
         ids = self.chat_token_ids(body)
@@ -35,7 +35,7 @@ class HarmonyTokenizer(ModelTokenizer):
         """The prompt token ids vLLM builds for a /v1/chat/completions request."""
         return _harmony.render(_harmony.chat_messages(body, self.harmony_options))
 
-    def render_chat(self, body: dict) -> str:
+    def render_chat(self, body: dict[str, Any]) -> str:
         return _harmony.encoding().decode(self.chat_token_ids(body))
 
     def count_responses(self, body: Any) -> int:

@@ -28,7 +28,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from . import _chat
 from ._errors import CountError
@@ -223,7 +223,7 @@ def _check_message(message: Any, where: str) -> dict[str, Any]:
             arguments = function.get("arguments")
             if arguments is not None and not isinstance(arguments, str):
                 raise _chat._bad_type(f"{where}.tool_calls[{i}].function.arguments", "a string", arguments)
-    return message
+    return cast(dict[str, Any], message)
 
 
 def _tool_call_messages(calls: list[dict[str, Any]]) -> list[Message]:

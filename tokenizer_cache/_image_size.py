@@ -146,7 +146,7 @@ def _exif_orientation(exif: bytes) -> int | None:
             if kind == 4:  # LONG
                 return int(struct.unpack_from(order + "L", exif, value_at)[0])
             if kind == 1:  # BYTE
-                return exif[value_at]
+                return int(exif[value_at])
             return None
     except (struct.error, IndexError):
         return None

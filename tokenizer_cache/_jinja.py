@@ -35,7 +35,7 @@ class _GenerationBlock(jinja2.ext.Extension):
         return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
 
     def _render_body(self, caller: Any) -> str:
-        return caller()
+        return str(caller())
 
 
 def _raise_exception(message: Any) -> None:

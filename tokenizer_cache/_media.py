@@ -265,7 +265,7 @@ class Gemma3:
             crops_w = 1
         if min(math.ceil(width / crops_w), math.ceil(height / crops_h)) < min_crop:
             return 0
-        return crops_w * crops_h
+        return int(crops_w * crops_h)
 
     def replacement(self, crops: int) -> list[int]:
         """`get_image_repl`: the ids one image's boi token becomes."""
@@ -357,8 +357,8 @@ def _json(path: pathlib.Path) -> dict[str, Any] | None:
 def _image_processor_config(directory: pathlib.Path) -> dict[str, Any] | None:
     """transformers' order: processor_config.json's nested "image_processor", else preprocessor_config.json."""
     processor = _json(directory / "processor_config.json")
-    if processor is not None and isinstance(processor.get("image_processor"), dict):
-        return processor["image_processor"]
+    if processor is not None and isinstance(nested := processor.get("image_processor"), dict):
+        return nested
     return _json(directory / "preprocessor_config.json")
 
 

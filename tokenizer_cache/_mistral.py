@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 import pathlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from . import _chat, _completion
 from ._errors import CountError
@@ -70,7 +70,8 @@ class MistralTokenizer:
     family = "mistral"
     piece_fallback: str | None = "mistral-common encodes whole prompts"
 
-    def __init__(self, source_dir: pathlib.Path, file: pathlib.Path, mistral: MistralCommonTokenizer) -> None:
+    def __init__(self, source_dir: pathlib.Path, file: pathlib.Path,
+                 mistral: MistralCommonTokenizer[Any, Any, Any, Any, Any]) -> None:
         self.source_dir = source_dir
         self.tokenizer_file = file
         self._mistral = mistral
@@ -79,14 +80,14 @@ class MistralTokenizer:
 
     # -- chat -------------------------------------------------------------
 
-    def count_chat(self, body: dict) -> int:
+    def count_chat(self, body: dict[str, Any]) -> int:
         return len(self.chat_token_ids(body))
 
-    def tally_chat(self, body: dict) -> PieceTally:
+    def tally_chat(self, body: dict[str, Any]) -> PieceTally:
         tokens = self.count_chat(body)
         return PieceTally(tokens=tokens, pieces=1, added_tokens=0, encoded_pieces=1, encoded_tokens=tokens)
 
-    def render_chat(self, body: dict) -> str:
+    def render_chat(self, body: dict[str, Any]) -> str:
         from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
 
         return self._raw.decode(self.chat_token_ids(body), special_token_policy=SpecialTokenPolicy.KEEP)
@@ -111,7 +112,7 @@ class MistralTokenizer:
 
     # -- completions ------------------------------------------------------
 
-    def count_completion(self, body: dict) -> list[int]:
+    def count_completion(self, body: dict[str, Any]) -> list[int]:
         return _completion.count_prompts(body, lambda text, special: self.count_text(text, add_special_tokens=special))
 
     def count_text(self, text: str, *, add_special_tokens: bool) -> int:
@@ -226,7 +227,7 @@ def _message(message: Any, where: str) -> dict[str, Any]:
         if not isinstance(call_id, str):
             raise _chat._bad_type(f"{where}.tool_call_id", "a string", call_id)
         message["tool_call_id"] = call_id[-_TOOL_CALL_ID_CHARS:]
-    return message
+    return cast(dict[str, Any], message)
 
 
 def _adapt_message(message: dict[str, Any]) -> dict[str, Any]:

@@ -84,8 +84,8 @@ def _token_text(value: Any) -> str | None:
     """Special tokens appear as strings or as AddedToken dicts `{"content": ...}`."""
     if isinstance(value, str):
         return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
+    if isinstance(value, dict) and isinstance(content := value.get("content"), str):
+        return content
     return None
 
 
@@ -201,7 +201,7 @@ class ModelTokenizer:
 
     # -- public ----------------------------------------------------------
 
-    def count_chat(self, body: dict, *, max_model_len: int | None = None) -> int:
+    def count_chat(self, body: dict[str, Any], *, max_model_len: int | None = None) -> int:
         """Prompt tokens of a /v1/chat/completions request, media included.
 
         Raises CountError where vLLM would answer 400, MediaNotCountable where
@@ -212,7 +212,7 @@ class ModelTokenizer:
         """
         return self.tally_chat(body, max_model_len=max_model_len).tokens
 
-    def tally_chat(self, body: dict, *, max_model_len: int | None = None) -> PieceTally:
+    def tally_chat(self, body: dict[str, Any], *, max_model_len: int | None = None) -> PieceTally:
         """`count_chat` plus the work it took (how much was encoded rather than cached).
 
         A request without media whose template inputs were counted before
@@ -251,35 +251,35 @@ class ModelTokenizer:
         """The most characters vLLM lets a prompt have (None: it does not refuse by characters)."""
         return char_bound(max_model_len, self.max_chars_per_token, truncate_prompt_tokens)
 
-    def _char_bound(self, body: dict, max_model_len: int | None) -> int | None:
+    def _char_bound(self, body: dict[str, Any], max_model_len: int | None) -> int | None:
         if max_model_len is None:
             return None
         return self.char_bound(max_model_len, body.get("truncate_prompt_tokens"))
 
-    def render_chat(self, body: dict) -> str:
+    def render_chat(self, body: dict[str, Any]) -> str:
         """The prompt text vLLM would encode for this chat request (media as placeholders)."""
         return self._render(body)[0]
 
-    def render_chat_length(self, body: dict, cap: int) -> int:
+    def render_chat_length(self, body: dict[str, Any], cap: int) -> int:
         """`len(render_chat(body))`, or a length above `cap` once the render passes it (stopped there)."""
         template, variables, options, _ = self._prepare(body)
         return rendered_length(template.compiled, variables, continue_final_message=options.continue_final_message,
                                cap=cap)
 
-    def count_messages(self, body: dict) -> int:
+    def count_messages(self, body: dict[str, Any]) -> int:
         """Prompt tokens of an Anthropic /v1/messages (or count_tokens) request; raises CountError."""
         return self.count_chat(self.messages_chat(body))
 
-    def messages_chat(self, body: dict) -> dict:
+    def messages_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """The chat request vLLM converts a Messages request to (`_anthropic`)."""
         return _anthropic.to_chat_request(body, merge_inline_system=self.merges_inline_system,
                                           disabled_thinking_effort=self.disabled_thinking_effort)
 
-    def count_responses(self, body: dict) -> int:
+    def count_responses(self, body: dict[str, Any]) -> int:
         """Prompt tokens of a /v1/responses request; raises CountError."""
         return self.count_chat(self.responses_chat(body))
 
-    def responses_chat(self, body: dict) -> dict:
+    def responses_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """The chat request vLLM renders for a Responses request (`_responses`)."""
         return _responses.to_chat_request(body)
 
@@ -309,7 +309,7 @@ class ModelTokenizer:
         """The multimodal arithmetic this model counts images with ("qwen2_vl", "gemma3", ...)."""
         return self._media_model.family if self._media_model is not None else None
 
-    def count_completion(self, body: dict, *, max_model_len: int | None = None) -> list[int]:
+    def count_completion(self, body: dict[str, Any], *, max_model_len: int | None = None) -> list[int]:
         """Prompt tokens of a /v1/completions request, one figure per prompt.
 
         With `max_model_len`, each text prompt is held to vLLM's character
@@ -433,7 +433,7 @@ class ModelTokenizer:
 
     # -- internals -------------------------------------------------------
 
-    def _select_template(self, tools: list | None) -> ChatTemplate:
+    def _select_template(self, tools: list[Any] | None) -> ChatTemplate:
         """transformers' `get_chat_template`: "tool_use" when tools are given and
         such a template exists, else "default"."""
         if not self._templates:
@@ -479,7 +479,8 @@ class ModelTokenizer:
         )
         return template, variables, options, conversation.media
 
-    def _count_with_media(self, text: str, add_special_tokens: bool, media: list[MediaItem], body: dict) -> int:
+    def _count_with_media(self, text: str, add_special_tokens: bool, media: list[MediaItem],
+                          body: dict[str, Any]) -> int:
         """Encode the prompt to ids, then let the model's arithmetic expand each image.
 
         Media requests are counted whole, not piece by piece: the arithmetic
@@ -542,7 +543,7 @@ def _model_vocab_size(path: pathlib.Path) -> int | None:
 
 
 def load_model_tokenizer(
-    directory: str | os.PathLike,
+    directory: str | os.PathLike[str],
     *,
     piece_cache: PieceCountCache | None = None,
     tokenizer_mode: str = "auto",
@@ -621,13 +622,6 @@ def _folder_signature(source_dir: pathlib.Path) -> tuple[tuple[str, int, int], .
             continue
         signature.append((name, stat.st_size, stat.st_mtime_ns))
     return tuple(signature)
-
-
-def forget_loaded() -> None:
-    """Drop the shared loaded folders and tokenizers (tests that change how loading behaves)."""
-    with _loaded_lock:
-        _loaded.clear()
-        _engines.clear()
 
 
 def _kept(table: OrderedDict[_K, _V], key: _K, build: Callable[[], _V]) -> _V:

@@ -6,8 +6,8 @@ when every stage after the added-token split looks only at its own piece.
 From the `tokenizers` 0.23 source:
 
 * normalizers are functions of the piece they are given (Prepend adds its
-  prefix to every non-empty piece, not only the first: the corpus README's
-  Phi-3 notes show "▁" after each added token);
+  prefix to every non-empty piece, not only the first: the Phi-3 notes of
+  docs/vllm-behaviour.md show "▁" after each added token);
 * pre-tokenizers likewise, except `Metaspace` with `prepend_scheme: "first"`,
   which prepends only when the piece starts at offset 0 of the whole input
   (`metaspace.rs`, `normalized.offsets_original().0 == 0`); ByteLevel's
@@ -78,7 +78,7 @@ def _state(component: Any) -> Any:
     return json.loads(component.__getstate__())
 
 
-def _walk(node: Any, children_key: str) -> Iterable[dict]:
+def _walk(node: Any, children_key: str) -> Iterable[dict[str, Any]]:
     yield node
     for child in node.get(children_key) or ():
         yield from _walk(child, children_key)

@@ -11,7 +11,7 @@ import weakref
 from typing import Any
 
 import jinja2
-from jinja2.sandbox import SecurityError
+from jinja2.exceptions import SecurityError
 
 from ._errors import CountError
 

@@ -6,7 +6,7 @@ Output: a `Decision` saying what to forward (which completion-limit fields to
 rewrite, and to what) or which error to answer with.  No I/O and no globals,
 so every branch is a cheap unit test (tests/admitted/test_admission.py).
 
-The rule that shapes every branch (README "Never worse than vLLM alone"): a
+The rule that shapes every branch (docs/surfaces.md, "Clamping"): a
 request vLLM would serve is served, with at least as many completion tokens as
 vLLM would allow (vLLM 0.32 clamps prompt + limit > max_model_len to the
 room itself; older versions refuse it); a request vLLM would refuse for length
@@ -42,6 +42,7 @@ from proxy import errors
 from proxy.config import Policy
 from proxy.errors import BrimfulError
 from proxy.recording.record import Action
+from proxy.upstream.failure import UpstreamFailure, is_length_failure
 
 
 @dataclass(frozen=True)
@@ -304,3 +305,44 @@ def decide_inputs(
         counted = sum(min(n, max_model_len) for n in input_tokens)
         return Decision(Action.TRUNCATED, None, rewrite={truncate_field: max_model_len}, counted=counted)
     return Decision(Action.REJECTED, None, error=errors.inputs_too_long(too_long, max_model_len, model, prompt_param))
+
+
+# -- after an upstream length refusal: the one retry a drift allows -----------------------
+
+def corrected_max_tokens(f: UpstreamFailure, *, prompt_tokens: int | None = None,
+                         max_model_len: int | None = None) -> int | None:
+    """The completion limit to retry with, from the upstream's figures and brimful's.
+
+    The upstream's limit wins over brimful's (it is what it enforces); for the
+    prompt the larger of the two counts is used, since either may be the one
+    that is right and a retry that fails again helps nobody.  None when the
+    numbers needed are missing or nothing fits.
+    """
+    if not is_length_failure(f):
+        return None
+    limit = f.max_model_len if f.max_model_len is not None else max_model_len
+    counts = [c for c in (prompt_tokens, f.prompt_tokens) if c is not None]
+    room: int | None = None
+    if limit is not None and counts:
+        room = limit - max(counts)
+    if f.max_output_tokens is not None:
+        room = f.max_output_tokens if room is None else min(room, f.max_output_tokens)
+    if room is None or room < 1:
+        return None
+    return room
+
+
+def retry_limit(f: UpstreamFailure, *, prompt_tokens: int | None, max_model_len: int | None,
+                granted_max_tokens: int | None) -> int | None:
+    """The limit to retry a refused request with once, or None when no retry can help.
+
+    A retry is worth it only when the upstream refused for length, its own
+    numbers give a limit that fits, and that limit is below what was sent (the
+    upstream counted more than brimful did: a drift brimful did not foresee).
+    """
+    corrected = corrected_max_tokens(f, prompt_tokens=prompt_tokens, max_model_len=max_model_len)
+    if corrected is None:
+        return None
+    if granted_max_tokens is not None and corrected >= granted_max_tokens:
+        return None
+    return corrected

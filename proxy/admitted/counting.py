@@ -19,7 +19,7 @@ peaked at 5.5 GiB.  Three rules bound it:
 * a prompt vLLM would refuse by its character bound (`char_bound`) is
   refused before anything is encoded, in vLLM's words;
 * long prompts are encoded within `tokenizers.count_memory_bytes`
-  (`proxy.upstream.gate.MemoryBudget`, weighed at COUNT_BYTES_PER_BODY_BYTE per body
+  (`proxy.upstream.gate.CountingBudget`, weighed at COUNT_BYTES_PER_BODY_BYTE per body
   byte); the excess waits up to `upstream.queue_timeout`, then gets 503;
 * after a count above TRIM_ABOVE_BYTES the freed heap is handed back to the
   OS (`malloc_trim`): without it 4.1 GiB stayed resident 80 s after the count.
@@ -32,16 +32,14 @@ import concurrent.futures
 import ctypes
 import ctypes.util
 import functools
-import json
 import logging
 import os
 import threading
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from proxy import errors
 from proxy.admitted.surfaces import Surface
@@ -50,7 +48,7 @@ from proxy.config import Config
 from proxy.errors import BrimfulError
 from proxy.upstream.backends import Backends
 from proxy.upstream.client import Upstream
-from proxy.upstream.gate import MemoryBudget
+from proxy.upstream.gate import CountingBudget
 from proxy.upstream.models import ModelInfo
 from tokenizer_cache import (
     ChatCountCache,
@@ -62,8 +60,10 @@ from tokenizer_cache import (
     TokenizerCache,
     find_tokenizer_dir,
 )
+from tokenizer_cache import char_bound as tokenizer_char_bound
 
 log = logging.getLogger("brimful.counting")
+_T = TypeVar("_T")
 
 
 # Long prompts are counted on threads the OS runs only when the event loop does
@@ -134,68 +134,17 @@ def _trim_heap() -> None:
 
 # -- vLLM's character bound ------------------------------------------------------------
 
-_FACTORS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-
-
 def max_chars_per_token(tok: CountingModel) -> int | None:
-    """vLLM's factor: the longest token of the vocabulary, in characters; None where no bound applies.
-
-    vLLM 0.32 takes `max(len(tok) for tok in tokenizer.get_vocab())`
-    (vllm/tokenizers/hf.py) and holds text prompts to it.  The counter's own
-    `max_chars_per_token` is used when it has one (tokenizer_cache's
-    ModelTokenizer does); an HF tokenizer without it gets it computed here
-    over the same vocabulary (tokenizer.json with added tokens, plus what
-    tokenizer_config.json declares: a token too many can only raise the
-    bound).  Other families (harmony, mistral) are not held to a bound here:
-    skipping a check never refuses what vLLM would serve.
-    """
+    """vLLM's factor, the longest token of the vocabulary in characters (tokenizer_cache computes it
+    as vLLM 0.32 does); None where no bound applies: the harmony and mistral families are not held
+    to one here, and skipping a check never refuses what vLLM would serve."""
     own = getattr(tok, "max_chars_per_token", None)
-    if isinstance(own, int) and not isinstance(own, bool):
-        return own
-    if getattr(tok, "family", "hf") != "hf" or not hasattr(tok, "tokenizer"):
-        return None
-    found = _FACTORS.get(tok)
-    if found is None:
-        found = max((len(t) for t in tok.tokenizer.get_vocab(with_added_tokens=True)), default=0)
-        found = max([found, *map(len, _config_token_texts(tok.source_dir))])
-        _FACTORS[tok] = found
-    return found
-
-
-def _config_token_texts(directory: Path) -> list[str]:
-    try:
-        config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
-    if not isinstance(config, dict):
-        return []
-    values: list[Any] = []
-    decoder = config.get("added_tokens_decoder")
-    if isinstance(decoder, dict):
-        values += decoder.values()
-    values += [config.get(key) for key in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
-                                           "cls_token", "mask_token")]
-    for key in ("additional_special_tokens", "extra_special_tokens"):
-        more = config.get(key)
-        values += list(more.values()) if isinstance(more, dict) else more if isinstance(more, list) else []
-    texts = []
-    for value in values:
-        text = value.get("content") if isinstance(value, dict) else value
-        if isinstance(text, str):
-            texts.append(text)
-    return texts
+    return own if isinstance(own, int) and not isinstance(own, bool) else None
 
 
 def char_bound(max_model_len: int, chars_per_token: int, body: dict[str, Any]) -> int | None:
-    """The most characters vLLM 0.32 lets a prompt have, or None when it does not refuse by characters.
-
-    renderers/params.py `_text_len_check`: max_input_tokens (= max_model_len)
-    x max_chars_per_token, unless the request asks for truncate_prompt_tokens
-    (then vLLM truncates instead).  Pure.
-    """
-    if body.get("truncate_prompt_tokens") is not None:
-        return None
-    return max_model_len * chars_per_token
+    """The most characters vLLM 0.32 lets this request's prompt have (`tokenizer_cache.char_bound`)."""
+    return tokenizer_char_bound(max_model_len, chars_per_token, body.get("truncate_prompt_tokens"))
 
 
 # Prompt lengths are measured exactly up to this many times the bound, so the refusal says
@@ -276,7 +225,7 @@ class PromptCounter:
         # changes, so a refresh does not make a known model "pending" again
         # (GET /ready reads it).
         self.counted_by: dict[str, str] = {}
-        self.budget = MemoryBudget(config.tokenizers.count_memory_bytes, config.upstream.queue_timeout,
+        self.budget = CountingBudget(config.tokenizers.count_memory_bytes, config.upstream.queue_timeout,
                                    _counting_busy)
 
     # -- where each model's tokenizer is -------------------------------------
@@ -574,7 +523,7 @@ class PromptCounter:
         """The request bytes one slice of a many-input count stands for: an eighth of the budget."""
         return max(4096, self.budget.limit // (COUNT_BYTES_PER_BODY_BYTE * SLICES_PER_BUDGET))
 
-    async def _count_within_budget(self, weight: int, count: Callable[[], Any], trim: bool) -> Any:
+    async def _count_within_budget(self, weight: int, count: Callable[[], _T], trim: bool) -> _T:
         """`count()` on a counting thread, holding `weight` bytes of the budget while it runs."""
         weight = await self.budget.acquire(weight)
         done = _long_prompt_pool().submit(_call_and_trim, count, trim)
@@ -688,7 +637,7 @@ PARITY_PROBES: dict[str, dict[str, Any]] = {
 }
 
 
-def _call_and_trim(count: Callable[[], Any], trim: bool) -> Any:
+def _call_and_trim(count: Callable[[], _T], trim: bool) -> _T:
     try:
         return count()
     finally:
@@ -713,10 +662,10 @@ async def _in_thread(pool: concurrent.futures.Executor, fn: Callable[..., Any], 
 def _message_of(answer: Any) -> str | None:
     if isinstance(answer, dict):
         err = answer.get("error")
-        if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return err["message"]
-        if isinstance(answer.get("message"), str):
-            return answer["message"]
-        if isinstance(answer.get("detail"), str):
-            return answer["detail"]
+        if isinstance(err, dict) and isinstance(message := err.get("message"), str):
+            return message
+        if isinstance(message := answer.get("message"), str):
+            return message
+        if isinstance(detail := answer.get("detail"), str):
+            return detail
     return None

@@ -9,14 +9,16 @@
               the limit fields the decision changes
     forward   send, holding the slot to the last byte; if the upstream refuses
               for length, retry once with the limit its own numbers allow
-              (proxy.upstream.explain.retry_limit, pure)
+              (proxy.admitted.admission.retry_limit, pure)
     relay     the answer as it arrives: whole, or streamed event by event,
               mapping upstream failures to explained errors
     finish    latency, the drift warning, and the record to the recorder
 
-The exchange is the only writer of its `LengthRecord`.  What differs between
-API surfaces (where the prompt and the limit are, error and event shapes,
-usage) is asked of its `proxy.admitted.surfaces.Surface`.
+The request is read once by its surface into an `AdmittedRequest`; the count,
+the decision and the `Outcome` of forwarding it are values, and `finish` builds
+the one `LengthRecord` from them (`proxy.admitted.request.length_record`).
+What differs between API surfaces (where the prompt and the limit are, error
+and event shapes, usage) is asked of its `proxy.admitted.surfaces.Surface`.
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ from typing import Any
 
 from proxy import errors
 from proxy.admitted import jsonbody
-from proxy.admitted.admission import Decision, RequestedLimit, decide_uncounted
+from proxy.admitted.admission import Decision, decide_uncounted, retry_limit
 from proxy.admitted.answer import AnswerScanner
 from proxy.admitted.counting import PromptCounter
+from proxy.admitted.request import AdmittedRequest, Counted, Outcome, length_record
 from proxy.admitted.sse import EventStreamScanner
 from proxy.admitted.surfaces import Surface, Usage, parse_json_payload
 from proxy.asgi import (
@@ -52,12 +55,12 @@ from proxy.asgi import (
 )
 from proxy.config import Config, Policy
 from proxy.errors import BrimfulError, ErrorCode
-from proxy.recording.record import Action, LengthRecord
+from proxy.recording.record import Action
 from proxy.recording.recorder import Recorder
 from proxy.sizing.lengths import plausible_usage
 from proxy.upstream.backends import Backend, Backends
-from proxy.upstream.client import DROP_REQUEST_ID, Response, client_headers, forwardable
-from proxy.upstream.explain import explain_upstream_error, retry_limit
+from proxy.upstream.client import DROP_REQUEST_ID, UpstreamResponse, client_headers, forwardable
+from proxy.upstream.explain import explain_upstream_error
 from proxy.upstream.failure import parse_upstream_error
 
 log = logging.getLogger("brimful")
@@ -90,23 +93,24 @@ class AdmittedExchange:
         self.scope = scope
         self.receive = receive
         self.send = send
+        self.arrived = time.time()
         self.started = time.perf_counter()
         self.request_id = request_id(scope)
-        self.record = LengthRecord(ts=time.time(), model=None, endpoint=surface.name, request_id=self.request_id)
         self.info: Headers = []            # the x-brimful-* headers every answer carries
         # Set by prepare():
-        self.body = b""                    # the client's bytes
-        self.request: dict[str, Any] = {}  # ... parsed once
+        self.request: AdmittedRequest | None = None   # the request, read once by its surface
+        self.model: str | None = None                 # the served model it resolved to
+        self.max_model_len: int | None = None
+        self.counted = Counted()
+        self.decision: Decision | None = None
         self.outgoing = b""                # what is sent upstream (the client's bytes unless rewritten)
         self.changes: dict[str, Any] = {}  # the fields rewritten
         self.limit_fields: list[str] = []  # the completion-limit fields a retry rewrites
         self.strip_usage = False           # brimful asked for the stream's usage: remove it again
         self.backend: Backend | None = None
         self.holds_slot = False            # one of the backend's gate slots is taken
-        self.count_source: str | None = None   # how the prompt was counted: local | upstream | margin
-        self.uncounted: str | None = None      # why it could not be counted (media), if so
-        self.prompts = 1                       # prompts the upstream's usage sums (a batch's inputs)
-        self.trusted_usage = False             # the answer's usage may move the model's count trust
+        # Set as the request is forwarded and answered:
+        self.outcome = Outcome()
 
     async def run(self) -> None:
         try:
@@ -124,7 +128,7 @@ class AdmittedExchange:
                 return
             try:
                 if await until_disconnect(self.receive, self.forward_and_relay()):
-                    self.record.error_code = ErrorCode.CLIENT_DISCONNECTED
+                    self.outcome.error_code = ErrorCode.CLIENT_DISCONNECTED
             except asyncio.CancelledError as exc:
                 if not is_shutdown_deadline(exc):
                     raise
@@ -139,66 +143,59 @@ class AdmittedExchange:
     # -- prepare ----------------------------------------------------------------------
 
     async def prepare(self) -> None:
-        services, surface, record = self.services, self.surface, self.record
-        self.body = await read_body(self.receive, services.config.server.max_body_bytes, self.scope)
-        request = self.request = jsonbody.parse_object(self.body)
-        record.stream = surface.is_stream(request)
-        record.n = surface.choices(request)
-        model, self.backend = await services.backends.resolve(request.get("model"))
-        record.model = model
+        services, surface = self.services, self.surface
+        body = await read_body(self.receive, services.config.server.max_body_bytes, self.scope)
+        request = self.request = surface.read(body, jsonbody.parse_object(body))
+        self.model, self.backend = await services.backends.resolve(request.fields.get("model"))
         await self.backend.gate.acquire()      # 503 upstream_busy when no slot frees in time
         self.holds_slot = True
-        limit = surface.read_limit(request)
-        record.requested_max_tokens = limit.value
-        info = self.backend.registry.get(model)
-        max_model_len = record.max_model_len = info.max_model_len if info else None
-        decision = await self.decide(model, limit, max_model_len)
-        self.info = brimful_headers(record.prompt_tokens, max_model_len, decision, self.request_id,
-                                     self.count_source)
-        if self.uncounted is not None:
-            self.info.append((b"x-brimful-uncounted", self.uncounted.encode()))
-        record.action = decision.action
-        record.granted_max_tokens = decision.granted
+        info = self.backend.registry.get(self.model)
+        self.max_model_len = info.max_model_len if info else None
+        decision = self.decision = await self.decide(request, self.model, self.max_model_len)
+        counted = self.counted
+        self.info = brimful_headers(counted.prompt_tokens, self.max_model_len, decision, self.request_id,
+                                     counted.source)
+        if counted.uncounted is not None:
+            self.info.append((b"x-brimful-uncounted", counted.uncounted.encode()))
         if decision.error is not None:
             raise decision.error
         self.changes = dict(decision.rewrite or {})
-        self.limit_fields = list(decision.rewrite) if decision.rewrite else limit.fields_to_set()
+        self.limit_fields = list(decision.rewrite) if decision.rewrite else request.limit.fields_to_set()
         self.strip_usage = (
-            record.stream and services.config.upstream.request_stream_usage
-            and surface.ask_for_usage(request, self.changes)
+            request.stream and services.config.upstream.request_stream_usage
+            and surface.ask_for_usage(request.fields, self.changes)
         )
-        self.outgoing = jsonbody.with_fields(self.body, request, self.changes) if self.changes else self.body
+        self.outgoing = jsonbody.with_fields(body, request.fields, self.changes) if self.changes else body
 
-    async def decide(self, model: str, limit: RequestedLimit, max_model_len: int | None) -> Decision:
+    async def decide(self, request: AdmittedRequest, model: str, max_model_len: int | None) -> Decision:
         """Count the prompt and decide (the surface's rule, proxy.admitted.admission): pass, clamp, refuse, cut
         pooling inputs, or forward uncounted."""
-        services, surface, record = self.services, self.surface, self.record
+        services, surface, limit = self.services, self.surface, request.limit
         if max_model_len is None:
             # No limit known (a config-less model whose card lacks one): relay untouched.
             return Decision(Action.PASS, limit.value, limit.value)
-        stored = surface.uncounted(self.request)
-        if stored is not None:
+        if request.stored is not None:
             # The prompt lives upstream (a stored conversation): nothing here can count it.
-            self.uncounted = stored
+            self.counted = Counted(uncounted=request.stored)
             return decide_uncounted(limit, max_model_len)
-        count = await services.counter.count(model, surface, self.request, len(self.body), max_model_len)
+        count = await services.counter.count(model, surface, request.fields, len(request.body), max_model_len)
         if count.uncounted is not None:
-            self.uncounted = count.uncounted
+            self.counted = Counted(uncounted=count.uncounted)
             return decide_uncounted(limit, max_model_len)
-        record.prompt_tokens = count.total
-        self.prompts = len(count.per_prompt)
-        self.count_source = count.source if count.exact else "margin"
-        decision = surface.decide(self.request, count.per_prompt, max_model_len, limit, services.policy_for(model),
-                                  model=model, count_exact=count.exact, drift_margin=count.margin)
-        if len(count.per_prompt) > 1:
-            record.longest_prompt_tokens = max(count.per_prompt)
-        # Only an answer whose usage must equal this count (nothing cut, by the client or by
-        # brimful) is a witness of the count's trust, which every client's requests share.
-        self.trusted_usage = decision.counted is None and surface.usage_must_match(self.request)
-        if decision.counted is not None:    # the upstream will see the prompts cut to what it keeps
-            record.prompt_tokens = decision.counted
-            if record.longest_prompt_tokens is not None:
-                record.longest_prompt_tokens = min(record.longest_prompt_tokens, max_model_len)
+        decision = surface.decide(request.fields, count.per_prompt, max_model_len, limit,
+                                  services.policy_for(model), model=model, count_exact=count.exact,
+                                  drift_margin=count.margin)
+        longest = max(count.per_prompt) if len(count.per_prompt) > 1 else None
+        if decision.counted is not None and longest is not None:
+            longest = min(longest, max_model_len)   # the upstream will see the prompts cut to what it keeps
+        self.counted = Counted(
+            prompt_tokens=decision.counted if decision.counted is not None else count.total,
+            longest_prompt_tokens=longest, prompts=len(count.per_prompt),
+            source=count.source if count.exact else "margin",
+            # Only an answer whose usage must equal this count (nothing cut, by the client or
+            # by brimful) is a witness of the count's trust, which every client's requests share.
+            trusted_usage=decision.counted is None and surface.usage_must_match(request.fields),
+        )
         return decision
 
     # -- forward ------------------------------------------------------------------------
@@ -208,11 +205,10 @@ class AdmittedExchange:
         if response is not None:
             await self.relay(response)
 
-    async def forward(self) -> Response | None:
+    async def forward(self) -> UpstreamResponse | None:
         """Send the request; at most one retry after a length refusal.  None: an error was answered."""
         assert self.backend is not None
         upstream = self.backend.upstream
-        record = self.record
         headers = forwardable(self.scope["headers"], _DROP_ADMITTED)
         headers.append((b"x-request-id", self.request_id.encode()))
         retried = False
@@ -227,13 +223,13 @@ class AdmittedExchange:
                 return None
             failure = parse_upstream_error(response.status, raw, response.headers.get("content-type"))
             corrected = None if retried else retry_limit(
-                failure, prompt_tokens=record.prompt_tokens, max_model_len=record.max_model_len,
-                granted_max_tokens=record.granted_max_tokens,
+                failure, prompt_tokens=self.counted.prompt_tokens, max_model_len=self.max_model_len,
+                granted_max_tokens=self.granted_max_tokens,
             )
             if corrected is not None:
                 log.warning(
                     "upstream rejected a clamped request of model %s for length; retrying with %d",
-                    record.model, corrected,
+                    self.model, corrected,
                 )
                 retried = True
                 self.retry_with(corrected)
@@ -241,31 +237,39 @@ class AdmittedExchange:
             err = explain_upstream_error(
                 failure,
                 upstream=upstream.public_url,
-                prompt_tokens=record.prompt_tokens,
-                max_model_len=record.max_model_len,
-                requested_max_tokens=record.requested_max_tokens,
-                granted_max_tokens=record.granted_max_tokens,
+                prompt_tokens=self.counted.prompt_tokens,
+                max_model_len=self.max_model_len,
+                requested_max_tokens=self.request.limit.value if self.request else None,
+                granted_max_tokens=self.granted_max_tokens,
                 prompt_param=self.surface.prompt_param,
                 max_tokens_param=self.limit_fields[0],
             )
             await self.answer_error(err, Action.UPSTREAM_ERROR)
             return None
 
+    @property
+    def granted_max_tokens(self) -> int | None:
+        """The completion limit forwarded: the decision's, or the retry's."""
+        if self.outcome.granted_max_tokens is not None:
+            return self.outcome.granted_max_tokens
+        return self.decision.granted if self.decision is not None else None
+
     def retry_with(self, limit: int) -> None:
         """The upstream counted more than brimful did: resend with the limit its numbers allow."""
-        record = self.record
-        record.length_retries += 1
-        record.granted_max_tokens = limit
-        record.action = Action.CLAMPED
-        self.services.recorder.count_length_retry(record.model)
+        assert self.request is not None
+        outcome = self.outcome
+        outcome.length_retries += 1
+        outcome.granted_max_tokens = limit
+        outcome.action = Action.CLAMPED
+        self.services.recorder.count_length_retry(self.model)
         self.changes = {**self.changes, **{name: limit for name in self.limit_fields}}
-        self.outgoing = jsonbody.with_fields(self.body, self.request, self.changes)
+        self.outgoing = jsonbody.with_fields(self.request.body, self.request.fields, self.changes)
         self.info = _replace_header(self.info, b"x-brimful-granted-max-tokens", limit)
         self.info = _replace_header(self.info, b"x-brimful-action", Action.CLAMPED)
 
     # -- relay ----------------------------------------------------------------------------
 
-    async def relay(self, response: Response) -> None:
+    async def relay(self, response: UpstreamResponse) -> None:
         assert self.backend is not None
         headers = client_headers(forwardable(response.raw_headers, DROP_REQUEST_ID),
                                  self.backend.upstream.base_url) + self.info
@@ -290,13 +294,13 @@ class AdmittedExchange:
                                                      len(payload), what)
             await self.answer_error(invalid, Action.UPSTREAM_ERROR)
             return
-        self.record.status = response.status
+        self.outcome.status = response.status
         await send_whole(self.send, response.status, payload, headers)
         usage = Usage()
         self.surface.read_usage(data, usage)
         self.take_usage(usage)
 
-    async def read_answer(self, response: Response) -> tuple[list[bytes], bool]:
+    async def read_answer(self, response: UpstreamResponse) -> tuple[list[bytes], bool]:
         """The answer's body: whole (True), or the first chunks past MAX_WHOLE_ANSWER (False)."""
         assert self.backend is not None
         parts: list[bytes] = []
@@ -316,7 +320,7 @@ class AdmittedExchange:
         response.release()
         return parts, True
 
-    async def relay_large(self, response: Response, headers: Headers, parts: list[bytes]) -> None:
+    async def relay_large(self, response: UpstreamResponse, headers: Headers, parts: list[bytes]) -> None:
         """A large non-streamed answer, relayed as it arrives (proxy.admitted.answer scans it on the way).
 
         The latest chunk is held back until the next one comes: an answer whose
@@ -325,8 +329,8 @@ class AdmittedExchange:
         as a complete success.
         """
         assert self.backend is not None
-        upstream, record, send = self.backend.upstream, self.record, self.send
-        record.status = response.status
+        upstream, outcome, send = self.backend.upstream, self.outcome, self.send
+        outcome.status = response.status
         length = response.headers.get("content-length")
         if length is not None:
             headers = [*headers, (b"content-length", length.encode("latin-1"))]
@@ -358,9 +362,8 @@ class AdmittedExchange:
         if failure is not None:
             # Nothing can be added to a JSON body already under way: leave it unfinished.
             log.warning("model %s: a large answer broke off mid-way (%s); the client's response is cut",
-                        record.model, failure.code)
-            record.action = Action.UPSTREAM_ERROR
-            record.error_code = failure.code
+                        self.model, failure.code)
+            outcome.fail(Action.UPSTREAM_ERROR, failure.code)
             return
         await send_chunk(send, held, more=False)
         usage = Usage()
@@ -368,7 +371,7 @@ class AdmittedExchange:
         self.surface.read_usage({"usage": scanner.usage(), "choices": reasons}, usage)
         self.take_usage(usage)
 
-    async def relay_stream(self, response: Response, headers: Headers) -> None:
+    async def relay_stream(self, response: UpstreamResponse, headers: Headers) -> None:
         """Relay SSE bytes as they arrive; a failure after the start becomes an error event.
 
         With `strip_usage` (brimful asked for the usage chunk the client did
@@ -376,16 +379,16 @@ class AdmittedExchange:
         dropped; nothing waits longer than the end of the event it is in.
         """
         assert self.backend is not None
-        upstream, record, send = self.backend.upstream, self.record, self.send
-        record.status = response.status
+        upstream, outcome, send = self.backend.upstream, self.outcome, self.send
+        outcome.status = response.status
         await send_start(send, response.status, headers)
         scanner = EventStreamScanner(self.surface)
         failure: BrimfulError | None = None
         try:
             try:
                 while chunk := await response.next_chunk():
-                    if record.ttfb_ms is None:
-                        record.ttfb_ms = (time.perf_counter() - self.started) * 1000
+                    if outcome.ttfb_ms is None:
+                        outcome.ttfb_ms = (time.perf_counter() - self.started) * 1000
                     if self.strip_usage:
                         chunk = scanner.drop_usage_events(chunk)
                         if not chunk:
@@ -414,8 +417,7 @@ class AdmittedExchange:
                 )
             tail = scanner.leftover() if self.strip_usage else b""
             if failure is not None:
-                record.action = Action.UPSTREAM_ERROR
-                record.error_code = failure.code
+                outcome.fail(Action.UPSTREAM_ERROR, failure.code)
                 tail = (b"\n\n" if not scanner.at_boundary else b"") + self.surface.error_event(
                     failure, scanner.last_data)
             await send_chunk(send, tail, more=False)
@@ -425,53 +427,52 @@ class AdmittedExchange:
                 # vLLM's own error event: the client got it as sent; the record says the
                 # request failed upstream (not with the upstream's code, which would make
                 # the error_code label set unbounded).
-                record.action = Action.UPSTREAM_ERROR
-                if record.error_code is None:
-                    record.error_code = ErrorCode.UPSTREAM_STREAM_ERROR
+                outcome.fail(Action.UPSTREAM_ERROR, ErrorCode.UPSTREAM_STREAM_ERROR)
 
     # -- answers and the record ---------------------------------------------------------------
 
     async def answer_error(self, err: BrimfulError, action: Action) -> None:
         """The error in the surface's shape; the record and x-brimful-action say what happened."""
-        record = self.record
         if action == Action.UPSTREAM_ERROR and err.status >= 500 and self.backend is not None:
             # The operator's view: which upstream, and the transport's own cause (never the
             # upstream's message, which may quote the prompt).
             log.warning("upstream %s (%s): %s answered %d%s", self.backend.name, self.backend.upstream.base_url,
                         err.code, err.status, f" ({err.details['cause']})" if "cause" in err.details else "")
-        record.action = action
-        record.status = err.status
-        if record.error_code is None:
-            record.error_code = err.code
+        self.outcome.status = err.status
+        self.outcome.fail(action, err.code)
         self.info = _replace_header(self.info, b"x-brimful-action", action)
         await send_whole(self.send, err.status, self.surface.error_body(err), err.response_headers(self.info))
 
     async def answer_shutdown(self) -> None:
         """The drain deadline cut the request: a 503 if nothing was sent yet, else only the record."""
         err = errors.shutting_down(self.services.config.server.shutdown_timeout)
-        if self.record.status == 0:
+        if self.outcome.status == 0:
             await self.answer_error(err, Action.UPSTREAM_ERROR)
             return
-        self.record.action = Action.UPSTREAM_ERROR
-        self.record.error_code = err.code
+        self.outcome.action = Action.UPSTREAM_ERROR
+        self.outcome.error_code = err.code
 
     def take_usage(self, usage: Usage) -> None:
-        """The upstream's usage into the record, where it can be true (proxy.sizing.lengths.plausible_usage)."""
-        record = self.record
-        prompt, completion = plausible_usage(usage.prompt_tokens, usage.completion_tokens, record.max_model_len,
-                                             record.n, self.prompts)
+        """The upstream's usage into the outcome, where it can be true (proxy.sizing.lengths.plausible_usage)."""
+        outcome = self.outcome
+        n = self.request.n if self.request is not None else 1
+        prompt, completion = plausible_usage(usage.prompt_tokens, usage.completion_tokens, self.max_model_len,
+                                             n, self.counted.prompts)
         if (prompt, completion) != (usage.prompt_tokens, usage.completion_tokens):
-            _warn_implausible(record.model, usage, record.max_model_len)
+            _warn_implausible(self.model, usage, self.max_model_len)
         if prompt is not None:
-            record.upstream_prompt_tokens = prompt
+            outcome.upstream_prompt_tokens = prompt
         if completion is not None:
-            record.completion_tokens = completion
-        record.finish_reasons.extend(usage.finish_reasons)
+            outcome.completion_tokens = completion
+        outcome.finish_reasons.extend(usage.finish_reasons)
 
     def finish(self) -> None:
-        record = self.record
-        record.latency_ms = (time.perf_counter() - self.started) * 1000
-        if (self.trusted_usage and record.model is not None and record.prompt_tokens is not None
+        record = length_record(
+            ts=self.arrived, endpoint=self.surface.name, request_id=self.request_id, request=self.request,
+            model=self.model, max_model_len=self.max_model_len, decision=self.decision, counted=self.counted,
+            outcome=self.outcome, latency_ms=(time.perf_counter() - self.started) * 1000,
+        )
+        if (self.counted.trusted_usage and record.model is not None and record.prompt_tokens is not None
                 and record.upstream_prompt_tokens is not None):
             if record.prompt_tokens != record.upstream_prompt_tokens:
                 log.warning(

@@ -45,6 +45,7 @@ from proxy.admitted.admission import (
     lax_int,
     read_requested_limit,
 )
+from proxy.admitted.request import AdmittedRequest
 from proxy.config import Policy
 from proxy.errors import BrimfulError
 from proxy.recording.record import Action
@@ -105,6 +106,11 @@ class Surface:
     error_ends_stream = False                # an upstream error event is the stream's last (no [DONE] after)
 
     # -- the request -------------------------------------------------------------
+
+    def read(self, body: bytes, fields: dict[str, Any]) -> AdmittedRequest:
+        """The request as admission and the record see it, read once (400 for a limit vLLM refuses)."""
+        return AdmittedRequest(body, fields, stream=self.is_stream(fields), n=self.choices(fields),
+                               limit=self.read_limit(fields), stored=self.uncounted(fields))
 
     def read_limit(self, body: Mapping[str, Any]) -> RequestedLimit:
         """The completion limit the client sent, validated the way vLLM validates it (400 otherwise)."""

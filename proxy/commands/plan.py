@@ -341,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     register(sub)
     args = parser.parse_args(["plan", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
+    return int(args.func(args))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ mean and p95 of demanded KV tokens, and GPUs for `--target-concurrency`.
 serves, its real KV pool against the plan for the configuration (the
 difference explained), the concurrency the pool allows at the p95 of demand,
 and the "time to add capacity" signals one scrape can show, each with the
-action seed 000 recommends (`proxy.sizing.live`).
+action seed 000 recommends (`proxy.sizing.live`; docs/vllm-behaviour.md).
 """
 
 from __future__ import annotations
@@ -376,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     register(sub)
     args = parser.parse_args(["report", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
+    return int(args.func(args))
 
 
 if __name__ == "__main__":

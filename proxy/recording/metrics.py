@@ -113,7 +113,7 @@ def record_prompt_tokens(rec: LengthRecord) -> int | None:
     return effective_prompt_tokens(rec.prompt_tokens, rec.upstream_prompt_tokens)
 
 
-def brimful_tokens(rec: LengthRecord) -> int | None:
+def spare_context_tokens(rec: LengthRecord) -> int | None:
     """Context room the request reserved but could never use: max_model_len − prompt − granted.
 
     None when no completion limit was forwarded: vLLM then allows the whole
@@ -161,12 +161,17 @@ class Metrics:
         self.length_error_codes = frozenset(length_error_codes)
         self._models: set[str] = set()
         self._children: dict[tuple[Any, ...], Any] = {}   # (counter, *labels) → child: skips .labels()
+        self._register_histograms()
+        self._register_counters()
+        self._register_gauges()
 
-        def hist(name: str, doc: str, bounds: Sequence[float] = self.buckets) -> TokenHistogram:
-            h = TokenHistogram(name, doc, bounds)
-            self.registry.register(h)
-            return h
+    def _hist(self, name: str, doc: str, bounds: Sequence[float] | None = None) -> TokenHistogram:
+        h = TokenHistogram(name, doc, self.buckets if bounds is None else bounds)
+        self.registry.register(h)
+        return h
 
+    def _register_histograms(self) -> None:
+        hist = self._hist
         self.prompt_tokens = hist(
             "brimful_prompt_tokens",
             "Prompt tokens per request, counted with the model's tokenizer and chat template.")
@@ -177,8 +182,8 @@ class Metrics:
         self.requested_max_tokens = hist(
             "brimful_requested_max_tokens",
             "Completion limit the client asked for (max_tokens / max_completion_tokens).")
-        self.brimful_tokens = hist(
-            "brimful_brimful_tokens",
+        self.spare_context_tokens = hist(
+            "brimful_spare_context_tokens",
             "max_model_len - prompt - granted completion limit: context reserved but unusable.")
         # Not "brimful_prompt_token_drift": a counter owns its base name, and
         # brimful_prompt_token_drift_total below needs it.  The buckets go
@@ -186,6 +191,8 @@ class Metrics:
         self.prompt_token_drift = hist(
             "brimful_prompt_token_drift_tokens",
             "brimful's prompt token count minus the upstream's usage.prompt_tokens.", DRIFT_BUCKETS)
+
+    def _register_counters(self) -> None:
         self.requests = Counter(
             "brimful_requests_total", "Requests to the admitted routes by outcome.",
             ["model", "endpoint", "action", "status"], registry=self.registry,
@@ -208,6 +215,19 @@ class Metrics:
             "Requests whose prompt token count differed from the upstream's usage.prompt_tokens.",
             ["model"], registry=self.registry,
         )
+        self.unauthorized = Counter(
+            "brimful_unauthorized_requests_total",
+            "Requests refused for a missing or wrong API key, by route (admitted surface, pages, passthrough); "
+            "never length records.",
+            ["route"], registry=self.registry,
+        )
+        self.length_retries = Counter(
+            "brimful_length_retries_total",
+            "Requests re-sent with a smaller completion limit after an upstream length error.",
+            ["model"], registry=self.registry,
+        )
+
+    def _register_gauges(self) -> None:
         self.tokenizer_parity = Gauge(
             "brimful_tokenizer_parity",
             "1 when brimful's count matched the upstream's /tokenize on the start-up probes, 0 when not.",
@@ -224,17 +244,6 @@ class Metrics:
             "1 for a served model whose /v1/models card gives no usable max_model_len (missing, 0, negative, "
             "a string): its requests are not clamped unless upstream.fallback_max_model_len or a per-model "
             "max_model_len says otherwise; 0 once it gives one.",
-            ["model"], registry=self.registry,
-        )
-        self.unauthorized = Counter(
-            "brimful_unauthorized_requests_total",
-            "Requests refused for a missing or wrong API key, by route (admitted surface, pages, passthrough); "
-            "never length records.",
-            ["route"], registry=self.registry,
-        )
-        self.length_retries = Counter(
-            "brimful_length_retries_total",
-            "Requests re-sent with a smaller completion limit after an upstream length error.",
             ["model"], registry=self.registry,
         )
 
@@ -269,9 +278,9 @@ class Metrics:
             self.total_tokens.observe(model, total)
         if rec.requested_max_tokens is not None:
             self.requested_max_tokens.observe(model, rec.requested_max_tokens)
-        unused = brimful_tokens(rec)
+        unused = spare_context_tokens(rec)
         if unused is not None:
-            self.brimful_tokens.observe(model, unused)
+            self.spare_context_tokens.observe(model, unused)
 
         removed = clamped_tokens(rec)
         if removed:
@@ -364,7 +373,7 @@ class TokenHistogram(Collector):
         self.name = name
         self.documentation = documentation
         self.bounds = tuple(sorted(float(b) for b in bounds if b != float("inf")))
-        self._les = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
+        self._les = [str(floatToGoString(b)) for b in self.bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
         self._with_sum = not self.bounds or self.bounds[0] >= 0
         self._counts: dict[str, list[int]] = {}
         self._sums: dict[str, float] = {}

@@ -1,7 +1,8 @@
 """The per-request length record: numbers and labels only, never prompt or completion text.
 
-One `LengthRecord` is made for every request to an admitted surface, by its
-`proxy.admitted.exchange.AdmittedExchange`, the record's only writer.  It is written as
+One `LengthRecord` is made for every request to an admitted surface, once it is
+finished, from what was asked, counted, decided and answered
+(`proxy.admitted.request.length_record`); no field is written after.  It is written as
 one JSON line (see `proxy.recording.lengthlog`) and read back by `proxy.sizing.report`; the
 field names are that file format, so renaming one is a format change.
 """

@@ -34,7 +34,7 @@ from proxy.asgi import (
 )
 from proxy.errors import BrimfulError
 from proxy.upstream.backends import Backends
-from proxy.upstream.client import DROP_REQUEST_ID, Response, client_headers, forwardable
+from proxy.upstream.client import DROP_REQUEST_ID, UpstreamResponse, client_headers, forwardable
 
 log = logging.getLogger("brimful")
 
@@ -83,7 +83,7 @@ class Passthrough:
             return
         await until_disconnect(receive, self.relay(scope, send, response, rid, backend.upstream.base_url))
 
-    async def relay(self, scope: Scope, send: Send, response: Response, rid: str, base_url: str) -> None:
+    async def relay(self, scope: Scope, send: Send, response: UpstreamResponse, rid: str, base_url: str) -> None:
         out = client_headers(forwardable(response.raw_headers, DROP_REQUEST_ID), base_url)
         out.append((b"x-request-id", rid.encode()))
         if "content-length" in response.headers:

@@ -6,7 +6,7 @@ length report (`brimful report`) share one tested implementation.  The only
 I/O is `load_model_config(path)`.
 
 The formulas and the worked examples come from the source article (seed 000,
-summarised in DESIGN.md §1):
+summarised in docs/vllm-behaviour.md, "KV-cache capacity"):
 
 * KV bytes per token = 2 (K and V) × layers × KV heads × head_dim × dtype bytes.
 * KV memory = GPU memory × gpu_memory_utilization − weights − activations.
@@ -49,7 +49,7 @@ DEFAULT_ACTIVATION_BYTES = 4 * GIB  # the article's activations + CUDA graphs al
 DEFAULT_BLOCK_SIZE = 16
 
 # vLLM v1 start-up error (vllm/v1/core/kv_cache_utils.py, as printed by a real
-# vLLM 0.32.0 in shared/vllm/captures/f1_kv_cache_too_small.txt; GPU builds
+# vLLM 0.32.0, capture f1_kv_cache_too_small.txt in docs/vllm-behaviour.md; GPU builds
 # omit the "(which also controls CPU memory on the CPU backend)" aside).
 VLLM_STARTUP_ERROR = (
     "To serve at least one request with the model's max seq len ({max_model_len}), "
@@ -468,7 +468,9 @@ def lookup_preset(name: str) -> Preset:
 
 
 @dataclass(frozen=True)
-class MemoryBudget:
+class GpuMemoryBudget:
+    """One GPU's memory as vLLM splits it: × utilization, − weights, − activations = the KV cache."""
+
     gpu_memory_bytes: int
     utilization: float
     usable_bytes: int          # gpu memory × utilization (floored to a byte)
@@ -488,7 +490,7 @@ def weights_bytes(params: int, bytes_per_param: int = 2) -> int:
 
 
 def kv_memory(gpu_memory_bytes: int, utilization: float, weights: int,
-              activations: int = DEFAULT_ACTIVATION_BYTES) -> MemoryBudget:
+              activations: int = DEFAULT_ACTIVATION_BYTES) -> GpuMemoryBudget:
     """KV memory = GPU memory × utilization − weights − activations.
 
     The product is computed in decimal from the utilization's shortest repr
@@ -498,7 +500,7 @@ def kv_memory(gpu_memory_bytes: int, utilization: float, weights: int,
     if not 0 < utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization}")
     usable = int(Decimal(gpu_memory_bytes) * Decimal(repr(utilization)))
-    return MemoryBudget(
+    return GpuMemoryBudget(
         gpu_memory_bytes=gpu_memory_bytes, utilization=utilization, usable_bytes=usable,
         weights_bytes=weights, activation_bytes=activations,
         kv_memory_bytes=usable - weights - activations,
@@ -586,7 +588,7 @@ def startup_check(max_model_len: int, kv_memory_bytes: int, bytes_per_token: int
     """vLLM refuses to start when one request of max_model_len tokens does not
     fit the KV cache; it allocates whole blocks, so the need is
     ceil(max_model_len ÷ block) blocks.  Message text from
-    shared/vllm/captures/f1_kv_cache_too_small.txt (vLLM 0.32.0).
+    a real vLLM 0.32.0 (docs/vllm-behaviour.md, "Lengths on vLLM 0.32.0").
     """
     available = max(0, kv_memory_bytes)
     needed = slots_per_request(max_model_len, block_size) * bytes_per_token
@@ -629,7 +631,7 @@ class PlanInputs:
 @dataclass(frozen=True)
 class Plan:
     inputs: PlanInputs
-    memory: MemoryBudget
+    memory: GpuMemoryBudget
     kv_tokens: int
     kv_blocks: int
     slots_per_request: int

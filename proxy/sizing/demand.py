@@ -26,9 +26,10 @@ Definitions:
     implicit limit (vLLM's 16 on `/v1/completions`), else prompt + 1 — the
     least a request needs (vLLM refuses a prompt of max_model_len tokens), a
     lower bound.
-* **demanded KV tokens** (what the cache holds for it; seed 000: "프롬프트 1벌 +
-  출력 n벌"): prompt + n × the per-choice completion asked for, or prompt + the
-  completion tokens generated (usage already sums the choices).
+* **demanded KV tokens** (what the cache holds for it; seed 000, docs/vllm-behaviour.md:
+  "프롬프트 1벌 + 출력 n벌", one prompt plus n outputs): prompt + n × the
+  per-choice completion asked for, or prompt + the completion tokens generated
+  (usage already sums the choices).
 * **outcome at L** for a demand, with brimful in front of vLLM 0.32
   (`proxy.admitted.admission`, policy `clamp`): refused when prompt ≥ L, or when the
   sequence does not fit and the room L − prompt is below the minimum

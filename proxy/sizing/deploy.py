@@ -6,8 +6,8 @@ that moves memory); `resolve` turns it into per-GPU figures (`Hardware`);
 in the order vLLM would hit them, and — when something is wrong — evaluates
 the seed's remedies (fp8 KV cache, a shorter max_model_len, quantised
 weights, tensor parallelism; seed 000's "용량이 모자라면 fp8 KV → max_model_len
-조정 → 텐서 병렬" and "32B 이상을 GPU 한 장에: 가중치 양자화 또는 텐서 병렬 2장")
-with full figures for each.  Everything is pure: no I/O, no printing.
+조정 → 텐서 병렬" and "32B 이상을 GPU 한 장에: 가중치 양자화 또는 텐서 병렬 2장", in
+English in docs/vllm-behaviour.md) with full figures for each.  Everything is pure: no I/O, no printing.
 """
 
 from __future__ import annotations

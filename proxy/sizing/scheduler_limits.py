@@ -1,6 +1,7 @@
 """vLLM 0.32's per-step limits: `max_num_seqs`, `max_num_batched_tokens`, chunked prefill.
 
-They bound the work of one scheduler step, not a request's length (seed 004):
+They bound the work of one scheduler step, not a request's length (seed 004,
+docs/vllm-behaviour.md):
 a request beyond them waits, it is not refused.  `max_num_seqs` also caps
 how many sequences run at once, whatever the KV cache could hold.  Two rules
 stop vLLM at start-up (`SchedulerConfig.verify_max_model_len`,

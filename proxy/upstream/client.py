@@ -1,10 +1,10 @@
 """One upstream server: send a request, get a streaming response, failures explained.
 
 `Upstream` is the seam between brimful's logic and how bytes travel
-(STYLE.md, HTTPX's transports): it takes any `Transport`.  The default one is
-`proxy.upstream.http1.Pool`, a lean HTTP/1.1 client on httptools' parser: DESIGN.md
-measured httpx's pool at 4.8 ms of CPU per request at 64 connections, and
-aiohttp's session, though ~20x cheaper, was still ~17-21 % of brimful's CPU
+(HTTPX's transports; docs/architecture.md): it takes any `Transport`.  The
+default one is `proxy.upstream.http1.Pool`, a lean HTTP/1.1 client on
+httptools' parser: httpx's pool was measured at 4.8 ms of CPU per request at
+64 connections, and aiohttp's session, though ~20x cheaper, was still ~17-21 % of brimful's CPU
 per request (py-spy); see bench/ for the figures.  Tests pass an in-memory
 transport instead (tests/support/transport.py).  Every transport failure
 leaves here as a `BrimfulError` from `proxy.errors`.
@@ -21,8 +21,15 @@ from urllib.parse import SplitResult, urlsplit
 from proxy import errors
 from proxy.asgi import Headers
 from proxy.errors import BrimfulError, clip
-from proxy.upstream.http1 import Broken, ConnectError, ConnectTimeout, DeadlineExceeded, Pool, ReadTimeout
-from proxy.upstream.http1 import Headers as ResponseHeaders
+from proxy.upstream.http1 import (
+    Broken,
+    ConnectError,
+    ConnectTimeout,
+    DeadlineExceeded,
+    Pool,
+    ReadTimeout,
+    ResponseHeaders,
+)
 
 # RFC 9110 §7.6.1 hop-by-hop headers, plus the ones the HTTP layers recompute.
 HOP_BY_HOP = frozenset(
@@ -116,8 +123,8 @@ def client_headers(headers: Headers, base_url: str) -> Headers:
     return out
 
 
-class Response(Protocol):
-    """An upstream's answer: status and headers now, the body as it arrives (`proxy.upstream.http1.Response`)."""
+class UpstreamResponse(Protocol):
+    """An upstream's answer: status and headers now, the body as it arrives (`proxy.upstream.http1.Http1Response`)."""
 
     status: int
     raw_headers: Headers
@@ -135,7 +142,7 @@ class Transport(Protocol):
     async def request(
         self, method: str, path_qs: str, headers: Headers, body: Body, *, timeout: float, idle_timeout: float,
         deadline: float | None = None,
-    ) -> Response: ...
+    ) -> UpstreamResponse: ...
 
     async def close(self) -> None: ...
 
@@ -205,7 +212,7 @@ class Upstream:
         body: Body,
         *,
         timeout: float | None = None,
-    ) -> Response:
+    ) -> UpstreamResponse:
         """Send one request; the caller reads (or releases) the returned response.
 
         `path_qs` is always a path on the configured upstream: a request can
@@ -247,7 +254,7 @@ class Upstream:
             return errors.upstream_broken(self.public_url, clip(f"{type(exc).__name__}: {exc}", CAUSE_CHARS))
         return exc
 
-    async def read_body(self, response: Response, limit: int | None = None) -> bytes:
+    async def read_body(self, response: UpstreamResponse, limit: int | None = None) -> bytes:
         """Read a whole (non-streamed) body; transport failures become BrimfulError."""
         try:
             return await response.read(limit)

@@ -9,8 +9,8 @@ length/validation, 404 kept, 503 with Retry-After while the engine loads or
 after it died, 502 for other upstream faults) and keeps the upstream's own
 message and parsed numbers under `error.brimful` in the envelope.
 
-`retry_limit` decides whether one retry with a smaller completion limit can
-succeed, and with which limit.  All pure.
+Whether a smaller completion limit can fix the failure is admission's rule
+(`proxy.admitted.admission.retry_limit`).  Pure.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from proxy.errors import BrimfulError, ErrorCode, upstream_not_ready
-from proxy.upstream.failure import UpstreamFailure, is_length_failure
+from proxy.upstream.failure import UpstreamFailure
 
 _ENGINE_NAMES = {
     "vllm": "vLLM",
@@ -30,51 +30,6 @@ _ENGINE_NAMES = {
     "llama.cpp": "llama.cpp",
     "openai-like": "OpenAI-compatible server",
 }
-
-# ---------------------------------------------------------------------------
-# Retrying: which failures a smaller completion limit can fix
-# ---------------------------------------------------------------------------
-
-
-
-def corrected_max_tokens(f: UpstreamFailure, *, prompt_tokens: int | None = None,
-                         max_model_len: int | None = None) -> int | None:
-    """The completion limit to retry with, from the upstream's figures and brimful's.
-
-    The upstream's limit wins over brimful's (it is what it enforces); for the
-    prompt the larger of the two counts is used, since either may be the one
-    that is right and a retry that fails again helps nobody.  None when the
-    numbers needed are missing or nothing fits.
-    """
-    if not is_length_failure(f):
-        return None
-    limit = f.max_model_len if f.max_model_len is not None else max_model_len
-    counts = [c for c in (prompt_tokens, f.prompt_tokens) if c is not None]
-    room: int | None = None
-    if limit is not None and counts:
-        room = limit - max(counts)
-    if f.max_output_tokens is not None:
-        room = f.max_output_tokens if room is None else min(room, f.max_output_tokens)
-    if room is None or room < 1:
-        return None
-    return room
-
-
-def retry_limit(f: UpstreamFailure, *, prompt_tokens: int | None, max_model_len: int | None,
-                granted_max_tokens: int | None) -> int | None:
-    """The limit to retry a refused request with once, or None when no retry can help.
-
-    A retry is worth it only when the upstream refused for length, its own
-    numbers give a limit that fits, and that limit is below what was sent (the
-    upstream counted more than brimful did: a drift brimful did not foresee).
-    """
-    corrected = corrected_max_tokens(f, prompt_tokens=prompt_tokens, max_model_len=max_model_len)
-    if corrected is None:
-        return None
-    if granted_max_tokens is not None and corrected >= granted_max_tokens:
-        return None
-    return corrected
-
 
 # ---------------------------------------------------------------------------
 # Explaining: UpstreamFailure → BrimfulError the client sees

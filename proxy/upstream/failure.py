@@ -2,11 +2,12 @@
 
 vLLM, SGLang, TGI and llama.cpp each word a context-length rejection their own
 way, and vLLM alone has changed its wording half a dozen times (every known
-text is in `shared/vllm/error_texts.md`, the verbatim 0.32.0 responses in
-`shared/vllm/captures/`).  `parse_upstream_error(status, body, content_type)`
-turns any error body into one `UpstreamFailure` (kind + the numbers the text
-carries); it is pure and never raises, whatever the bytes: an unknown shape
-becomes kind "unparseable" with an excerpt.  `proxy.upstream.explain` turns
+text, with its source, is in docs/vllm-behaviour.md "Upstream error texts"; the
+verbatim 0.32.0 responses are the captures the fake vLLM replays).
+`parse_upstream_error(status, body, content_type)` turns any error body into
+one `UpstreamFailure` (kind + the numbers the text carries); it is pure and
+never raises, whatever the bytes: an unknown shape becomes kind "unparseable"
+with an excerpt.  `proxy.upstream.explain` turns
 the failure into the error the client sees.
 """
 

@@ -10,7 +10,7 @@ A cap in front lets the operator bound that queue instead: requests beyond
 A slot is held for the whole exchange, from counting the prompt to the
 relay of a stream's last byte: vLLM works on the request that long, and
 counting a long prompt is work done for it (its memory is bounded apart, by
-`MemoryBudget`).  The gate also counts
+`CountingBudget`).  The gate also counts
 what passes through it, capped or not (`in_flight`, `waiting`): /metrics
 exports both, and an autoscaler can scale on them.
 """
@@ -60,7 +60,7 @@ class UpstreamGate:
             self._free.release()
 
 
-class MemoryBudget:
+class CountingBudget:
     """At most `limit` bytes of estimated work at once, granted in arrival order.
 
     Work larger than the whole budget is granted alone, once nothing else

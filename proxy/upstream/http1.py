@@ -4,8 +4,8 @@ Why not aiohttp (or httpx)?  brimful's whole job per request is cheap
 (parse, count, admit, rewrite), so the client's own bookkeeping was the
 largest single cost left: py-spy put ~17-21 % of brimful's CPU in
 `aiohttp.ClientSession._request` (URL objects, header multidicts, timers,
-traces, cookie jar), and DESIGN.md measured httpx's pool at 4.8 ms per
-request at 64 connections.  This client does only what a reverse proxy to
+traces, cookie jar), and httpx's pool was measured at 4.8 ms per request at
+64 connections (docs/architecture.md).  This client does only what a reverse proxy to
 a known server needs: one request at a time per keep-alive connection,
 bytes relayed as they arrive, and timeouts and failures reported precisely
 enough to say 502 or 504 and why.  httptools (llhttp) already parses
@@ -60,7 +60,7 @@ class Broken(Exception):
     """The connection closed or sent something that is not HTTP/1.1 mid-exchange."""
 
 
-class Headers:
+class ResponseHeaders:
     """Case-insensitive read access to response headers (the first value of each name)."""
 
     __slots__ = ("_map",)
@@ -84,7 +84,7 @@ class Headers:
 class _Connection(asyncio.Protocol):
     """One keep-alive TCP connection carrying one exchange at a time.
 
-    The parser's callbacks fill this object; the reading side (`Response`)
+    The parser's callbacks fill this object; the reading side (`Http1Response`)
     waits on `_waiter`, which every event (headers, body, end, loss) wakes.
     """
 
@@ -199,7 +199,7 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = self.parser.should_keep_alive()
         self.complete = True
 
-    # -- for Response ----------------------------------------------------------------
+    # -- for Http1Response ----------------------------------------------------------------
 
     def _fail(self, exc: BaseException) -> None:
         if self.error is None:
@@ -265,7 +265,7 @@ def _expire_deadline(waiter: asyncio.Future[None]) -> None:
         waiter.set_exception(DeadlineExceeded())
 
 
-class Response:
+class Http1Response:
     """The answer to one request: status and headers now, body as it arrives.
 
     Read it with `next_chunk()` or `read()`, then call `release()` (the
@@ -278,7 +278,7 @@ class Response:
         self._conn: _Connection | None = conn
         self.status = conn.status
         self.raw_headers = conn.raw_headers
-        self.headers = Headers(conn.raw_headers)
+        self.headers = ResponseHeaders(conn.raw_headers)
         self._idle_timeout = idle_timeout
         self._deadline = deadline
 
@@ -372,7 +372,7 @@ class Pool:
         timeout: float,
         idle_timeout: float,
         deadline: float | None = None,
-    ) -> Response:
+    ) -> Http1Response:
         """Send one request and wait (at most `timeout` s of silence) for the response headers.
 
         `deadline` (loop time) bounds the whole exchange, headers and body.
@@ -389,7 +389,7 @@ class Pool:
         except BaseException:
             self._release(conn, reusable=False)
             raise
-        return Response(conn, idle_timeout, deadline)
+        return Http1Response(conn, idle_timeout, deadline)
 
     async def close(self) -> None:
         for conn in self._idle:

@@ -78,7 +78,7 @@ def _combine(kind: str, family: str, sample: str, values: list[float]) -> float:
     if sample.endswith("_created"):
         return min(values)
     if kind == "gauge":
-        return GAUGE_MERGE.get(family, sum)(values)
+        return float(GAUGE_MERGE.get(family, sum)(values))
     return sum(values)
 
 

@@ -4,7 +4,7 @@ The parent binds N listening sockets on the port with SO_REUSEPORT and forks
 one worker per socket; the kernel spreads new connections across the
 sockets by a hash of their addresses.  Chosen over uvicorn's `workers=`
 (one shared socket that every worker accepts from) by measurement
-(bench/workers_bench.py, README "Workers"): with one shared socket, whichever
+(bench/workers_bench.py, docs/performance.md "Workers"): with one shared socket, whichever
 worker's loop wakes first takes every connection queued at that moment, so
 long-lived keep-alive connections (SDK pools, a load balancer's) can stay on
 one worker while the other idles.  The parent keeps every socket open while

@@ -20,7 +20,7 @@ def mt(n: int | None = None, mct: int | None = None) -> RequestedLimit:
     return RequestedLimit.of(("max_completion_tokens", mct), ("max_tokens", n))
 
 
-# --- the article's example (DESIGN.md §1): 8192 limit, 6000-token prompt, max_tokens 4000
+# --- the article's example (seed 004, docs/vllm-behaviour.md): 8192 limit, 6000-token prompt, max_tokens 4000
 
 
 def test_article_example_is_clamped_to_room_minus_margin() -> None:

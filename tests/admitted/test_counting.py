@@ -632,9 +632,9 @@ def test_post_processor_decides_special_tokens_for_completions_not_chat(model):
 
 @pytest.mark.parametrize("name,vllm_factor", [("Qwen--Qwen3-8B", 128), ("Qwen--Qwen3.5-9B", 128),
                                               ("microsoft--Phi-3-mini-4k-instruct", 16)])
-def test_max_chars_per_token_is_vllms(name: str, vllm_factor: int) -> None:
+def test_the_counter_holds_prompts_to_vllms_factor(name: str, vllm_factor: int) -> None:
     """max(len(tok) for tok in get_vocab()) of the tokenizer vLLM 0.32 loads (its venv's transformers,
-    measured on these files): the fallback computes the same factor from tokenizer.json + config."""
+    measured on these files) is the factor the counter checks prompts against."""
     from proxy.admitted.counting import max_chars_per_token
 
     tok = load_model_tokenizer(MODELS / name)

@@ -16,14 +16,8 @@ from proxy.upstream.backends import Backends
 from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread
 from tests.support.stack import fake_counter, make_config
-from tokenizer_cache import load_model_tokenizer
 
 HELLO = [{"role": "user", "content": "Hello!"}]
-
-
-@pytest.fixture(scope="module")
-def qwen3(qwen3_dir):
-    return load_model_tokenizer(qwen3_dir)
 
 
 def local_only(config: Config) -> Config:

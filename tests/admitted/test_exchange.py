@@ -60,11 +60,6 @@ class Upstream:
         return [s for s in self.transport.sent if s.path == CHAT]
 
 
-@pytest.fixture(scope="module")
-def qwen3(qwen3_dir: Path) -> Any:
-    return load_model_tokenizer(qwen3_dir)
-
-
 def app_for(upstream: Upstream, qwen3_dir: Path, **policy: Any) -> tuple[BrimfulApp, ListRecorder]:
     recorder = ListRecorder()
     config = make_config("http://upstream.test", qwen3_dir, policy=policy)
@@ -348,32 +343,39 @@ def _names_a_record(node: ast.expr) -> bool:
     return isinstance(node, ast.Attribute) and node.attr == "record"
 
 
-def test_the_exchange_is_the_only_writer_of_the_length_record() -> None:
-    """No module but proxy/admitted/exchange.py sets a field of a length record (or adds a finish reason)."""
+def _record_writes(tree: ast.AST, names: set[str]) -> list[int]:
+    """Lines that set a field of a length record or add to its finish reasons."""
+    lines = []
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        lines += [node.lineno for target in targets
+                  if isinstance(target, ast.Attribute) and target.attr in names and _names_a_record(target.value)]
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("append", "extend") and isinstance(node.func.value, ast.Attribute)
+                and node.func.value.attr == "finish_reasons" and _names_a_record(node.func.value.value)):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_length_record_is_built_once_from_values() -> None:
+    """No module sets a field of a length record after it is made, and only
+    proxy.admitted.request.length_record makes one (from request, count, decision and outcome)."""
     names = {f.name for f in fields(LengthRecord)}
     writers: list[str] = []
+    makers: list[str] = []
     for path in sorted(PROXY.rglob("*.py")):
-        if path.name == "exchange.py":
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            targets: list[ast.expr] = []
-            if isinstance(node, ast.Assign):
-                targets = list(node.targets)
-            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-                targets = [node.target]
-            for target in targets:
-                if isinstance(target, ast.Attribute) and target.attr in names and _names_a_record(target.value):
-                    writers.append(f"{path.name}:{node.lineno} .{target.attr}")
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in ("append", "extend") and isinstance(node.func.value, ast.Attribute)
-                    and node.func.value.attr == "finish_reasons" and _names_a_record(node.func.value.value)):
-                writers.append(f"{path.name}:{node.lineno} .finish_reasons")
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        writers += [f"{path.name}:{line}" for line in _record_writes(tree, names)]
+        makers += [f"{path.relative_to(PROXY)}:{node.lineno}" for node in ast.walk(tree)
+                   if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "LengthRecord"]
     assert writers == []
-    # The check sees the exchange's own writes, so it would see anyone else's.
-    exchange = ast.parse((PROXY / "admitted" / "exchange.py").read_text(encoding="utf-8"))
-    assert any(isinstance(n, ast.Assign) and any(
-        isinstance(t, ast.Attribute) and t.attr in names and _names_a_record(t.value) for t in n.targets)
-        for n in ast.walk(exchange))
+    assert [m.split(":")[0] for m in makers] == ["admitted/request.py"], makers
+    # The check sees writes where they are, so it would see any.
+    assert _record_writes(ast.parse("record.action = 1\nrec.finish_reasons.append('stop')"), names) == [1, 2]
 
 
 # ---------------------------------------------------------------------------

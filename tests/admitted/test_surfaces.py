@@ -11,19 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from proxy.app import BrimfulApp
 from tests.support.stack import MODEL, ListRecorder, call_app, make_config
 from tests.support.transport import MockResponse, MockTransport, SentRequest
-from tokenizer_cache import load_model_tokenizer
 
 MML = 2048
-
-
-@pytest.fixture(scope="module")
-def qwen3(qwen3_dir: Path) -> Any:
-    return load_model_tokenizer(qwen3_dir)
 
 
 class Upstream:

@@ -10,8 +10,8 @@ for Responses): none of these change the prompt.  A 200 gives
 `expected_prompt_tokens` (`usage.prompt_tokens`; `usage.input_tokens` for
 Responses), anything else `expected_error` (the server's message).  Chat and
 completions lines go to tests/corpus/clients.jsonl, Responses lines to
-tests/corpus/clients_responses.jsonl, in the line format of
-shared/corpus/README.md plus `client` and `scenario`.  Lines already in the
+tests/corpus/clients_responses.jsonl, in the corpus line format
+(docs/vllm-behaviour.md) plus `client` and `scenario`.  Lines already in the
 output for another `model_dir` are kept, so one run per tokenizer (one tiny
 model served at a time) fills the file.
 

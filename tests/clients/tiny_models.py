@@ -5,8 +5,8 @@
 Every tokenizer gets the same tiny Qwen3ForCausalLM body as tests/realvllm/
 tiny_model.py (vocab size = the tokenizer's, bos/eos from its config); only
 `model_type` changes, because transformers 5 picks the tokenizer class from it
-and a wrong one tokenizes differently (shared/corpus/README.md, "Loading
-notes"): qwen2 for Qwen2.5 and R1-Distill-Qwen, deepseek_v3 for DeepSeek-V3.1,
+and a wrong one tokenizes differently (docs/vllm-behaviour.md, "Loading:
+transformers 5 builds its own tokenizer"): qwen2 for Qwen2.5 and R1-Distill-Qwen, deepseek_v3 for DeepSeek-V3.1,
 phi3 for Phi-3, qwen3 for Qwen3.5 (its own qwen3_5 config is multimodal and
 does not fit this body; the Qwen2 tokenizer class it then gets differs from
 Qwen3.5's only on combining marks, which no captured body holds — checked by

@@ -76,6 +76,7 @@ from tests.support.deploy_lint import (
     stages,
     vllm_exposition,
 )
+from tests.support.docs import DOCS, block
 
 
 @pytest.fixture(scope="module")
@@ -600,3 +601,32 @@ def test_dockerignore_keeps_the_build_context_small() -> None:
         assert is_ignored(path, patterns), path
     for path in ("pyproject.toml", "README.md", "proxy", "tokenizer_cache", "config/brimful.toml"):
         assert not is_ignored(path, patterns), path
+
+
+def test_the_documented_compose_commands(compose_raw: dict[str, Any]) -> None:
+    """docs/deployment.md's `docker compose --profile …` lines, checked against the compose file (Docker
+    cannot run here): each profile starts one vLLM and one brimful, the variables reach vLLM's command,
+    and the addresses and the report command the page names are the stack's."""
+    page = DOCS["docs/deployment.md"]
+    for line in block("\nMODEL=Qwen/Qwen3-8B MAX_MODEL_LEN=16384 docker compose --profile gpu up -d"):
+        words = shlex.split(line.split("#", 1)[0])
+        env = dict(w.split("=", 1) for w in words[:words.index("docker")])
+        profile = words[words.index("--profile") + 1]
+        assert words[-2:] == ["up", "-d"]
+        stack = {name: s for name, s in interpolate_tree(
+            {k: v for k, v in compose_raw.items() if not k.startswith("x-")}, env=env)["services"].items()
+            if profile in s.get("profiles", [profile])}
+        vllm = [s for s in stack.values() if is_vllm(s)]
+        brimful = [name for name, s in stack.items() if is_brimful(s)]
+        assert len(vllm) == 1 and len(brimful) == 1, (profile, sorted(stack))
+        command = command_list(vllm[0])
+        if "MODEL" in env:
+            assert command[0] == env["MODEL"] and f"--max-model-len={env['MAX_MODEL_LEN']}" in command
+        published = {parse_port(p).host for s in stack.values() for p in s.get("ports", [])}
+        for url in re.findall(r"`http://localhost:(\d+)", page):
+            assert int(url) in published, (profile, url)
+        [service] = brimful
+        log = option_value(command_list(stack[service]), "--length-log")
+        report = f"docker compose exec {service} brimful report {log}"
+        assert report in page or f"`{service}` under the {profile} profile" in page, report
+    assert "docker compose exec brimful brimful report /var/lib/brimful/lengths.jsonl" in page

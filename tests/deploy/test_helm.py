@@ -45,13 +45,15 @@ from proxy.app import BrimfulApp
 from proxy.cli import build_parser
 from proxy.config import load_config
 from proxy.recording.metrics import Metrics
+from tests.support.docs import block
 from tests.support.fakevllm import FakeVLLM
 from tokenizer_cache import find_tokenizer_dir, load_model_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "brimful"
 EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
-README = (ROOT / "README.md").read_text()
+DEPLOYMENT = (ROOT / "docs" / "deployment.md").read_text()     # where the chart is documented
+PERFORMANCE = (ROOT / "docs" / "performance.md").read_text()   # where brimful's RSS was measured
 KUBE_VERSIONS = ("1.29.0", kubernetes_validate.utils.latest_version() + ".0")
 RELEASE, NAMESPACE = "hr", "ai"
 
@@ -279,11 +281,12 @@ def test_the_in_flight_metric_the_hpa_scales_on_is_exported() -> None:
     metrics.attach_gates(lambda: [("default", Gate())])
     assert f'{name}{{upstream="default"}} 3.0' in metrics.render()[0].decode()
     assert "averageValue" in pods_metric["pods"]["target"]
-    assert name in README                                    # the adapter rule is documented
+    assert name in DEPLOYMENT                                # the adapter rule is documented
 
 
-def test_requests_are_sized_from_the_readmes_measured_rss() -> None:
-    measured = int(re.search(r"brimful's RSS is (\d+) MiB with 3 tokenizers loaded", README).group(1))
+def test_requests_are_sized_from_the_measured_rss() -> None:
+    measured = int(re.search(r"brimful's RSS is (\d+) MiB with 3 tokenizers loaded", PERFORMANCE).group(1))
+    assert f"{measured} MiB with three tokenizers loaded" in DEPLOYMENT
     for name in VALUE_SETS:
         resources = container(name)["resources"]
         assert int(resources["requests"]["memory"].removesuffix("Mi")) >= measured
@@ -339,9 +342,64 @@ def test_chart_version_follows_brimful() -> None:
     assert container("defaults")["image"] == f"brimful:{project['version']}"
 
 
-def test_every_example_is_documented_in_the_readme() -> None:
+def test_every_example_is_documented() -> None:
     for path in EXAMPLES:
-        assert f"examples/{path.name}" in README, path.name
+        assert f"examples/{path.name}" in DEPLOYMENT, path.name
+
+
+# ----------------------------------------------------------------- docs/deployment.md's commands, rendered
+
+def documented_block(start: str) -> list[str]:
+    return block("\n" + start)
+
+
+def test_the_documented_install_renders_what_the_docs_say() -> None:
+    """`docker build/push`, `helm install … -f examples/gateway.yaml --set image.repository=…` and the
+    kubectl lines after it, rendered as Helm would install them: the image pushed is the image run, and
+    the names the docs use (Service URL, deploy/brimful, container, labels, volume path) are the chart's."""
+    lines = " ".join(documented_block("docker build -t registry.example.com/brimful")).replace("\\ ", "")
+    build, install, rollout = (part.strip() for part in re.split(r"(?= helm install | kubectl )", lines))
+    image = re.search(r"docker build -t (\S+) \. && docker push (\S+)$", build)
+    assert image and image.group(1) == image.group(2)
+    args = install.split()
+    assert args[:4] == ["helm", "install", "brimful", "deploy/helm/brimful"]
+    release, namespace = args[2], args[args.index("--namespace") + 1]
+    values = yaml.safe_load((ROOT / args[args.index("-f") + 1]).read_text())
+    key, _, value = args[args.index("--set") + 1].partition("=")
+    assert key == "image.repository"
+    values = merged(values, image__repository=value)
+    with helm.Chart.load(str(CHART)) as chart:
+        manifests = chart.render(values, name=release, namespace=namespace, is_install=True)
+    rendered = [o for path, text in manifests.items() if not path.endswith("NOTES.txt")
+                for o in yaml.safe_load_all(text) if o]
+    [deployment] = [o for o in rendered if o["kind"] == "Deployment"]
+    [service] = [o for o in rendered if o["kind"] == "Service"]
+    pod = deployment["spec"]["template"]
+    [brimful] = [c for c in pod["spec"]["containers"] if c["name"] == "brimful"]
+    assert brimful["image"] == image.group(1)                  # the pushed tag is the chart's appVersion
+    assert rollout == f"kubectl -n {namespace} rollout status deploy/{deployment['metadata']['name']}"
+    port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "http")
+    assert f"http://{service['metadata']['name']}.{namespace}.svc:{port}/v1" in DEPLOYMENT
+    logs = " ".join(documented_block("kubectl -n ai logs"))
+    selector = re.search(r"-l (\S+)=(\S+) -c (\S+)", logs)
+    assert pod["metadata"]["labels"][selector.group(1)] == selector.group(2) == release
+    assert selector.group(3) == brimful["name"]
+    [exec_line] = documented_block("kubectl -n ai exec deploy/brimful")
+    assert exec_line.startswith(f"kubectl -n {namespace} exec deploy/{deployment['metadata']['name']} -c brimful ")
+    volume = container("gateway+length-log-volume-emptydir")
+    assert {"name": "length-log", "mountPath": "/var/lib/brimful"} in volume["volumeMounts"]
+    assert "/var/lib/brimful/*.jsonl" in exec_line
+
+
+def test_the_documented_adapter_rule_feeds_the_hpa() -> None:
+    """The prometheus-adapter rule of docs/deployment.md serves, per pod, the metric the example HPA asks for."""
+    rule = yaml.safe_load("\n".join(documented_block("rules:")))["rules"]["custom"][0]
+    hpa = one("examples/gateway-autoscaling.yaml", "HorizontalPodAutoscaler")
+    name = next(m for m in hpa["spec"]["metrics"] if m["type"] == "Pods")["pods"]["metric"]["name"]
+    assert rule["name"]["as"] == name
+    assert rule["seriesQuery"].startswith(name + "{")
+    assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
+    assert "<<.Series>>" in rule["metricsQuery"] and "by (<<.GroupBy>>)" in rule["metricsQuery"]
 
 
 # ----------------------------------------------------------------- against a running brimful

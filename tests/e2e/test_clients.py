@@ -33,7 +33,6 @@ from tests.clients.recorder import Recorder
 from tests.clients.script import Script
 from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread
-from tokenizer_cache import load_model_tokenizer
 
 # Each SDK scenario starts its SDK (some in a second venv): seconds each, so the slow tier.
 pytestmark = pytest.mark.slow
@@ -111,11 +110,6 @@ def check(chain: Chain, scenario: Scenario) -> None:
         assert engine.upstream_prompt_tokens is not None
         assert tapped.headers.get("x-brimful-prompt-tokens") == str(engine.upstream_prompt_tokens), client
     assert chain.drift_total() == 0, client
-
-
-@pytest.fixture(scope="module")
-def qwen3(qwen3_dir: Path):
-    return load_model_tokenizer(qwen3_dir)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
@@ -21,14 +20,8 @@ from proxy.app import BrimfulApp
 from tests.support.fakevllm import FakeVLLM, FaultSpec
 from tests.support.servers import serve_in_thread
 from tests.support.stack import Stack, fake_counter, make_config, running_stack
-from tokenizer_cache import load_model_tokenizer
 
 MML = 2048
-
-
-@pytest.fixture(scope="module")
-def qwen3(qwen3_dir: Path):
-    return load_model_tokenizer(qwen3_dir)
 
 
 @pytest.fixture

@@ -33,7 +33,6 @@ from tests.support.servers import free_port, serve_in_thread
 from tests.support.stack import ListRecorder, Stack
 from tests.support.stack import make_config as shared_make_config
 from tests.support.stack import running_stack as shared_running_stack
-from tokenizer_cache import load_model_tokenizer
 
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "Hello!"}]
@@ -54,11 +53,6 @@ def make_config(upstream: str, tokenizer_dir: Path | None, *, timeout: float = S
 def running_stack(tokenizer_dir: Path | None, *, timeout: float = STALL_TIMEOUT, max_body_bytes: int = MAX_BODY,
                   **kw: Any) -> contextlib.AbstractContextManager[Stack]:
     return shared_running_stack(tokenizer_dir, timeout=timeout, max_body_bytes=max_body_bytes, **kw)
-
-
-@pytest.fixture(scope="module")
-def qwen3(qwen3_dir: Path):
-    return load_model_tokenizer(qwen3_dir)
 
 
 @pytest.fixture(scope="module")
@@ -419,7 +413,9 @@ def test_model_discovery_has_its_own_short_timeout_and_message(qwen3_dir: Path) 
     """A hung /v1/models at start-up used the 900 s generation timeout and a 504 about 'a long generation'."""
     hold = threading.Event()
     with FakeVLLM() as fake:
-        fake.fail_next.append(FaultSpec(kind="respond", status=200, gate=hold, path="/v1/models"))
+        # Every /v1/models request is held, not only the first: brimful's own start-up fetch may
+        # time out and retry before the client's request arrives (a slow machine).
+        fake.fail_next.extend([FaultSpec(kind="respond", status=200, gate=hold, path="/v1/models")] * 100)
         config = make_config(fake.base_url, qwen3_dir, timeout=30.0)
         config.upstream.models_timeout = 0.3
         try:
@@ -429,6 +425,7 @@ def test_model_discovery_has_its_own_short_timeout_and_message(qwen3_dir: Path) 
                 with pytest.raises(openai.APIStatusError) as info:
                     client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=4)
                 elapsed = time.monotonic() - started
+                fake.fail_next.clear()
                 hold.set()
                 assert client.chat.completions.create(model="tiny-qwen", messages=HELLO, max_tokens=4).usage
         finally:

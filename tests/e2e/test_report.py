@@ -22,14 +22,8 @@ from proxy.app import BrimfulApp
 from proxy.config import Config, LengthLogConfig, ModelConfig, UpstreamConfig
 from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread
-from tokenizer_cache import load_model_tokenizer
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa"]
-
-
-@pytest.fixture(scope="module")
-def qwen3(qwen3_dir):
-    return load_model_tokenizer(qwen3_dir)
 
 
 def test_report_percentiles_match_numpy_on_proxied_traffic(tmp_path, qwen3, qwen3_dir) -> None:
@@ -120,7 +114,7 @@ def test_report_recommendation_rises_with_demand_that_cannot_fit(tmp_path, qwen3
     at_p80 = report("--percentile", "80", "--preset", "Qwen3-8B", "--gpu", "H100-80GB")
     p80 = at_p80["recommendation"]
     limit = math.ceil(np.percentile(demanded, 80) / 16) * 16
-    assert p80["max_model_len"] == limit == 5296      # the README's figure
+    assert p80["max_model_len"] == limit == 5296      # docs/sizing.md's figure
     assert (p80["limited_by"], p80["recommended"]["refused"], p80["recommended"]["clamped"]) == ("demand", 0, 10)
     # what that buys on an H100: each demand holds at most the recommended length once it is clamped there
     held = [min(d, limit) for d in demanded]

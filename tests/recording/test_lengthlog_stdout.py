@@ -105,7 +105,7 @@ def test_serve_writes_records_to_stdout_and_report_reads_them_from_stdin(qwen3_d
                 reader.join(10)
 
     records = [json.loads(line) for line in stdout]        # nothing but records on stdout
-    # the README's `grep '^{"ts":[0-9]'` keeps exactly the records, never a log line (plain or JSON)
+    # docs/deployment.md's `grep '^{"ts":[0-9]'` keeps exactly the records, never a log line (plain or JSON)
     assert all(re.match(r'\{"ts":[0-9]', line) for line in stdout)
     assert not any(re.match(r'\{"ts":[0-9]', line) for line in stderr)
     json_log = JsonFormatter().format(logging.LogRecord("brimful", logging.INFO, "", 0, "x", None, None))

@@ -20,7 +20,6 @@ from proxy.sizing import capacity as cap
 from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread
 from tests.support.stack import CHAT, MODEL, call_app, fake_counter, make_config
-from tokenizer_cache import load_model_tokenizer
 
 QWEN3_8B = cap.PRESETS["Qwen3-8B"].config          # 147,456 B per token, max_position_embeddings 40,960
 BLOCKS = 250                                         # 250 blocks of 16 = 4,000 tokens
@@ -37,11 +36,6 @@ def metrics_text(usage: float, waiting: int, running: int, preemptions: int, blo
             f"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{{labels}}} {waiting}\n"
             f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{{labels}}} {running}\n"
             f"# TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total{{{labels}}} {preemptions}\n")
-
-
-@pytest.fixture(scope="module")
-def qwen3(qwen3_dir: Path) -> Any:
-    return load_model_tokenizer(qwen3_dir)
 
 
 @pytest.fixture

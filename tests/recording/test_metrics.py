@@ -67,7 +67,7 @@ def test_clamped_request_updates_every_length_series() -> None:
     assert value(m, "brimful_completion_tokens_sum", model="qwen") == 700
     assert value(m, "brimful_total_tokens_sum", model="qwen") == 6700
     assert value(m, "brimful_requested_max_tokens_sum", model="qwen") == 4000
-    assert value(m, "brimful_brimful_tokens_sum", model="qwen") == 8192 - 6000 - 2100
+    assert value(m, "brimful_spare_context_tokens_sum", model="qwen") == 8192 - 6000 - 2100
     assert value(m, "brimful_clamped_tokens_total", model="qwen") == 1900
     # 6000 lies in the (5294, 6617] bucket
     assert value(m, "brimful_prompt_tokens_bucket", model="qwen", le="5294.0") == 0
@@ -77,7 +77,7 @@ def test_clamped_request_updates_every_length_series() -> None:
 def test_pass_without_limit_skips_brimful_and_clamp() -> None:
     m = Metrics()
     m.observe(rec(max_model_len=8192, prompt_tokens=10, completion_tokens=5))
-    assert value(m, "brimful_brimful_tokens_count", model="qwen") is None
+    assert value(m, "brimful_spare_context_tokens_count", model="qwen") is None
     assert value(m, "brimful_requested_max_tokens_count", model="qwen") is None
     assert value(m, "brimful_clamped_tokens_total", model="qwen") is None
     assert value(m, "brimful_total_tokens_sum", model="qwen") == 15

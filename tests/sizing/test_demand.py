@@ -12,7 +12,6 @@ from proxy.config import Config, LengthLogConfig
 from proxy.recording.record import LengthRecord
 from proxy.sizing import demand as dm
 from tests.support.stack import MODEL, running_stack
-from tokenizer_cache import load_model_tokenizer
 
 
 def rec(**kw) -> dict:
@@ -220,11 +219,6 @@ def test_every_code_brimful_writes_has_a_reason():
 # --- real records: a traffic mix through the proxy ---------------------------------------------------------
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa"]
-
-
-@pytest.fixture(scope="module")
-def qwen3(qwen3_dir):
-    return load_model_tokenizer(qwen3_dir)
 
 
 def test_demand_from_proxied_records_matches_what_was_sent(tmp_path, qwen3, qwen3_dir):

@@ -1,6 +1,6 @@
 """A fake vLLM 0.32.0 OpenAI server for brimful's tests and benchmarks.
 
-Why a fake: a real vLLM needs a 2.5 GB venv and ~30 s to start (REAL_VLLM.md),
+Why a fake: a real vLLM needs a 2.5 GB venv and ~30 s to start (docs/vllm-behaviour.md),
 too slow for a unit-test run.  This fake answers the way the real server did in
 `shared/vllm/captures/` -- same status codes, byte-identical error bodies, the
 same JSON keys in the same order, the same headers (`server: uvicorn`,
@@ -27,7 +27,7 @@ Modes (`mode=`):
               context with the "your request has N input tokens" text.
   "v0.5"   -- the early `serving_engine.py` wording ("you requested N tokens
               (P in the messages, C in the completion)").
-The exact texts and their sources are in shared/vllm/error_texts.md; the
+The exact texts and their sources are in docs/vllm-behaviour.md; the
 legacy conditions and the "(parameter=..., value=...)" suffix follow the
 2026-era user reports quoted there.
 """
@@ -62,7 +62,7 @@ __all__ = [
 VLLM_VERSION = "0.32.0"
 SYSTEM_FINGERPRINT = "vllm-0.32.0-4aaade95"    # as in every capture
 MAX_CHARS_PER_TOKEN = 128                       # c09d/e: 2048 tokens -> 262144 characters
-QWEN3_VOCAB_SIZE = 151_669                      # REAL_VLLM.md: Qwen3 tokenizer incl. added tokens
+QWEN3_VOCAB_SIZE = 151_669                      # docs/vllm-behaviour.md: Qwen3 tokenizer incl. added tokens
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16             # c18
 FAKE_MAX_N = 128                                # the fake's own cap on choices (memory), not vLLM's
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
@@ -191,7 +191,7 @@ def _dumps(obj: Any) -> bytes:
 
 
 def _message_text(content: Any) -> str:
-    """Content as vLLM flattens it: a list of text parts is joined with "\\n" (REAL_VLLM.md)."""
+    """Content as vLLM flattens it: a list of text parts is joined with "\\n" (docs/vllm-behaviour.md)."""
     if content is None:
         return ""
     if isinstance(content, str):

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.upstream.http1 import Headers as ResponseHeaders
+from proxy.upstream.http1 import ResponseHeaders
 
 
 @dataclass

@@ -33,11 +33,6 @@ VLLM_MAX_CHARS_PER_TOKEN = {
 }
 
 
-@pytest.fixture(scope="module")
-def qwen3():
-    return load_model_tokenizer(QWEN3)
-
-
 @pytest.mark.parametrize("name", sorted(VLLM_MAX_CHARS_PER_TOKEN))
 def test_max_chars_per_token_is_vllms(name: str):
     model = load_model_tokenizer(MODELS / name, engine="tokenizers")

@@ -160,7 +160,7 @@ def test_random_texts_count_the_same_by_pieces(model_dir: Path, models):
 
 
 def test_phi3_rstrip_tokens_swallow_whitespace_into_the_token():
-    """The corpus README's SentencePiece notes, seen through the splitter."""
+    """The SentencePiece notes of docs/vllm-behaviour.md, seen through the splitter."""
     splitter = AddedTokenSplitter(split_tokens(Tokenizer.from_file(str(PHI3_MINI / "tokenizer.json"))))
     assert splitter.split("<|user|>\nHello") == (["Hello"], 1)
     assert splitter.split("Hi<|end|>\n  there") == (["Hi", "there"], 1)

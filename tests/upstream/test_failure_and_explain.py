@@ -10,8 +10,9 @@ from typing import Any
 import openai
 import pytest
 
+from proxy.admitted.admission import corrected_max_tokens
 from proxy.errors import BrimfulError
-from proxy.upstream.explain import corrected_max_tokens, explain_upstream_error
+from proxy.upstream.explain import explain_upstream_error
 from proxy.upstream.failure import (
     KINDS,
     MAX_PARSE_BYTES,
@@ -60,7 +61,7 @@ def parse(status: int, body: bytes, ctype: str | None = "application/json") -> U
 
 
 # ---------------------------------------------------------------------------
-# Every wording in shared/vllm/error_texts.md, with concrete numbers
+# Every wording of docs/vllm-behaviour.md "Upstream error texts", with concrete numbers
 # ---------------------------------------------------------------------------
 
 SUFFIX = " (parameter=input_tokens, value={n})"

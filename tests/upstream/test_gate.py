@@ -16,7 +16,7 @@ from proxy.config import Config, ModelConfig, UpstreamConfig
 from proxy.errors import BrimfulError
 from proxy.recording.record import LengthRecord
 from proxy.recording.recorder import Recorder
-from proxy.upstream.gate import MemoryBudget, UpstreamGate
+from proxy.upstream.gate import CountingBudget, UpstreamGate
 from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread
 
@@ -97,19 +97,19 @@ def test_in_flight_gauge_follows_an_open_stream(qwen3_dir: Path) -> None:
             assert gauge(http.get("/metrics").text, "brimful_in_flight_requests") == {"default": 0}
 
 
-# -- MemoryBudget: the memory for counting long prompts ---------------------------------------
+# -- CountingBudget: the memory for counting long prompts ---------------------------------------
 
 def _busy(limit: int, waited: float) -> BrimfulError:
     return BrimfulError(503, f"busy {limit} {waited}", code="counting_busy")  # type: ignore[arg-type]
 
 
-async def _queued(budget: MemoryBudget, count: int) -> None:
+async def _queued(budget: CountingBudget, count: int) -> None:
     while len(budget._waiters) < count:
         await asyncio.sleep(0)
 
 
 async def test_budget_grants_in_arrival_order_within_the_limit() -> None:
-    budget = MemoryBudget(100, 30.0, _busy)
+    budget = CountingBudget(100, 30.0, _busy)
     a = await budget.acquire(60)
     second = asyncio.ensure_future(budget.acquire(60))   # does not fit beside the first: waits
     third = asyncio.ensure_future(budget.acquire(10))    # would fit, but waits its turn
@@ -120,7 +120,7 @@ async def test_budget_grants_in_arrival_order_within_the_limit() -> None:
 
 
 async def test_work_larger_than_the_budget_runs_alone() -> None:
-    budget = MemoryBudget(100, 30.0, _busy)
+    budget = CountingBudget(100, 30.0, _busy)
     small = await budget.acquire(10)
     huge = asyncio.ensure_future(budget.acquire(10_000))
     await _queued(budget, 1)
@@ -134,7 +134,7 @@ async def test_work_larger_than_the_budget_runs_alone() -> None:
 
 
 async def test_budget_wait_times_out_with_the_refusal_and_frees_its_place() -> None:
-    budget = MemoryBudget(100, 0.05, _busy)
+    budget = CountingBudget(100, 0.05, _busy)
     held = await budget.acquire(100)
     with pytest.raises(BrimfulError, match=r"busy 100 0\.05"):
         await budget.acquire(50)
