@@ -3,7 +3,7 @@
 brimful (`brimful serve`, one worker) in front of FakeVLLM on loopback.  In each
 phase, attackers send one kind of heavy request over and over while a prober
 opens a new connection every 50 ms, alternating `GET /live` and an ordinary
-20 KB chat (counted on the counting threads, within the counting budget), and
+20 KB completion (counted on the counting threads, within the counting budget), and
 records how long each took or that it failed.  Phases:
 
   baseline   no attack
@@ -43,8 +43,9 @@ from tests.support.fakevllm import FakeVLLM, FaultSpec  # noqa: E402
 from tests.support.process import BrimfulProcess, reset_peak_rss  # noqa: E402
 
 QWEN3 = ROOT.parent / "shared" / "models" / "Qwen--Qwen3-8B"
-CHAT_20K = json.dumps({"model": "tiny-qwen", "messages": [{"role": "user", "content": "word " * 4000}],
-                       "max_tokens": 2}).encode()
+# The probe's 20 KB prompt goes to /v1/completions: the sseline attack's fault is taken by
+# the next /v1/chat/completions request, which must be the attacker's.
+PROBE_20K = json.dumps({"model": "tiny-qwen", "prompt": "word " * 4000, "max_tokens": 2}).encode()
 
 
 def probe_once(port: int, chat: bool) -> float | None:
@@ -53,8 +54,8 @@ def probe_once(port: int, chat: bool) -> float | None:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
             if chat:
-                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: p\r\ncontent-type: application/json\r\n"
-                             b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(CHAT_20K), CHAT_20K))
+                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: p\r\ncontent-type: application/json\r\n"
+                             b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(PROBE_20K), PROBE_20K))
             else:
                 sock.sendall(b"GET /live HTTP/1.1\r\nhost: p\r\nconnection: close\r\n\r\n")
             data = b""
