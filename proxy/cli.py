@@ -41,7 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the proxy. Point the openai client's base_url at http://HOST:PORT/v1.",
     )
     serve.add_argument("--config", metavar="FILE", help="TOML configuration (see config/brimful.toml)")
-    serve.add_argument("--upstream", metavar="URL", help="the vLLM server, e.g. http://127.0.0.1:8000")
+    serve.add_argument("--upstream", metavar="URL", action="append", default=None,
+                       help="the vLLM server, e.g. http://127.0.0.1:8000; given again, one more upstream "
+                            "(named upstream-2, upstream-3, ...): the same model with another max_model_len "
+                            "makes pools routed by length")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8100)")
     serve.add_argument("--workers", type=int, metavar="N",
@@ -80,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def serve_overrides(args: argparse.Namespace) -> dict[str, object]:
     return {
-        "upstream.url": args.upstream,
+        "upstream.url": args.upstream[0] if args.upstream else None,
+        "upstreams": args.upstream[1:] if args.upstream else None,
         "server.host": args.host,
         "server.port": args.port,
         "server.workers": args.workers,

@@ -32,14 +32,30 @@ class Policy:
 
     margin_tokens: int = 0
     margin_fraction: float = 0.0
+    # The floor: where vLLM alone would refuse a request anyway, room below this is refused with
+    # the surface's prompt-too-long error instead of clamped to a sliver (docs/agents.md).
     min_completion_tokens: int = 1
+    # ... per API surface (its record `endpoint`: chat, completions, responses, messages).
+    # Messages: 3,000, what Claude Code itself settles for when it lowers max_tokens after a
+    # context error (docs/agents.md, "The floor").
+    min_completion_tokens_by_surface: dict[str, int] = field(default_factory=lambda: {"messages": 3000})
+    # vLLM >= 0.32 clamps prompt + max_tokens > max_model_len itself (it still refuses
+    # max_tokens > max_model_len); false for an older engine that refuses any overflow.
+    upstream_clamps_overflow: bool = True
     on_overflow: Literal["clamp", "reject"] = "clamp"
+    # Drop whole turns of a conversation that does not fit with the floor (chat, Messages,
+    # Responses): "oldest" first or from the "middle"; a request's x-brimful-trim header wins.
+    trim: Literal["off", "oldest", "middle"] = "off"
     default_max_tokens: int | None = None
     max_tokens_ceiling: int | None = None
     truncate_inputs: bool = False       # pooling: cut inputs over max_model_len instead of refusing them
 
     def margin(self, prompt_tokens: int) -> int:
         return self.margin_tokens + math.ceil(self.margin_fraction * prompt_tokens)
+
+    def floor(self, surface: str) -> int:
+        """The fewest completion tokens worth granting on `surface` where vLLM would refuse anyway."""
+        return self.min_completion_tokens_by_surface.get(surface, self.min_completion_tokens)
 
 
 class ConfigError(ValueError):
@@ -125,7 +141,10 @@ class ModelConfig:
     margin_tokens: int | None = None
     margin_fraction: float | None = None
     min_completion_tokens: int | None = None
+    min_completion_tokens_by_surface: dict[str, int] | None = None
+    upstream_clamps_overflow: bool | None = None
     on_overflow: Literal["clamp", "reject"] | None = None
+    trim: Literal["off", "oldest", "middle"] | None = None
     default_max_tokens: int | None = None
     max_tokens_ceiling: int | None = None
     truncate_inputs: bool | None = None
@@ -248,7 +267,11 @@ def load_config(
         _set_dotted(config, dotted, raw, from_text=True, source="environment variable BRIMFUL_"
                     + dotted.replace(".", "_").upper())
     for dotted, value in (overrides or {}).items():
-        if value is not None:
+        if dotted == "upstreams" and value:
+            # --upstream given more than once: the later ones are more upstreams, after the file's
+            config.upstreams.extend(UpstreamEntry(name=f"upstream-{len(config.upstreams) + 2}", url=str(url))
+                                    for url in value)
+        elif value is not None and dotted != "upstreams":
             _set_dotted(config, dotted, value, from_text=False, source=f"flag for {dotted}")
     _check_semantics(config)
     return config
@@ -379,8 +402,10 @@ def _check_semantics(config: Config) -> None:
     for key, url in urls:
         if not (url.startswith("http://") or url.startswith("https://")):
             raise ConfigError(f"'{key}' must start with http:// or https://, got {url!r}")
-    if config.policy.min_completion_tokens < 1:
-        raise ConfigError("'policy.min_completion_tokens' must be at least 1")
+    if config.policy.min_completion_tokens < 1 or min(config.policy.min_completion_tokens_by_surface.values(),
+                                                      default=1) < 1:
+        raise ConfigError("'policy.min_completion_tokens' (and each of min_completion_tokens_by_surface) "
+                          "must be at least 1")
     if not 0 <= config.policy.margin_fraction < 1:
         raise ConfigError(f"'policy.margin_fraction' must be in [0, 1), got {config.policy.margin_fraction}")
     um = config.upstream_metrics

@@ -59,6 +59,7 @@ class ErrorCode(StrEnum):
     UPSTREAM_ERROR = "upstream_error"                      # any other upstream fault or unreadable answer
     UPSTREAM_STREAM_ERROR = "upstream_stream_error"        # an error event inside a started stream
     UPSTREAM_INVALID_RESPONSE = "upstream_invalid_response"  # 502: a success whose body is not whole JSON
+    UPSTREAM_INVALID_OUTPUT = "upstream_invalid_output"    # the upstream could not convert what it generated
     # brimful itself
     SERVER_SHUTTING_DOWN = "server_shutting_down"          # SIGTERM drain deadline passed
     INTERNAL_ERROR = "internal_error"                      # a bug in brimful
@@ -118,6 +119,10 @@ class BrimfulError(Exception):
     details: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     wire_code: str | int | None = None
+    # A length refusal's figures in the words Anthropic's clients match (`anthropic_lead`):
+    # (prompt tokens, the longest prompt that fits), or (prompt, max_tokens, context).
+    too_long: tuple[int, int] | None = None
+    exceeds: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
@@ -145,8 +150,9 @@ class BrimfulError(Exception):
         return json.dumps(self.body(), ensure_ascii=False).encode("utf-8")
 
     def response_headers(self, extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-        """The answer's headers: JSON, the error's own (Retry-After), then `extra`."""
-        headers = [(b"content-type", b"application/json")]
+        """The answer's headers: JSON, vLLM's `vary: Origin` (its CORS middleware puts it on every
+        answer, errors included: captures m03, c09), the error's own (Retry-After), then `extra`."""
+        headers = [(b"content-type", b"application/json"), (b"vary", b"Origin")]
         headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
         return headers + extra
 
@@ -160,13 +166,27 @@ class BrimfulError(Exception):
         """Anthropic's error envelope, `{"type": "error", "error": {"type", "message"}}`, which the
         `anthropic` client turns into its usual exception class (chosen by the HTTP status);
         brimful's code, param and numbers ride in `error.brimful`."""
+        lead = self.anthropic_lead()
         error: dict[str, Any] = {"type": _ANTHROPIC_TYPE_BY_STATUS.get(self.status, "api_error"),
-                                 "message": self.message}
+                                 "message": f"{lead}. {self.message}" if lead else self.message}
         extra: dict[str, Any] = {"code": self.code.value}
         if self.param is not None:
             extra["param"] = self.param
         error["brimful"] = {**extra, **self.details}
         return {"type": "error", "error": error}
+
+    def anthropic_lead(self) -> str:
+        """Anthropic's own wording of a length refusal, which its clients match on: Claude Code
+        compacts on `prompt is too long: N tokens > M maximum` (its pattern `prompt is too
+        long[^0-9]*(\\d+)\\s*tokens?\\s*>\\s*(\\d+)`) and lowers max_tokens on `input length and
+        `max_tokens` exceed context limit: X + Y > Z`; any other text is a generic API error to it."""
+        if self.too_long is not None:
+            return f"prompt is too long: {self.too_long[0]} tokens > {self.too_long[1]} maximum"
+        if self.exceeds is not None:
+            prompt, asked, context = self.exceeds
+            return (f"input length and `max_tokens` exceed context limit: {prompt} + {asked} > {context}, "
+                    "decrease input length or `max_tokens` and try again")
+        return ""
 
     def anthropic_body_bytes(self) -> bytes:
         return json.dumps(self.anthropic_body(), ensure_ascii=False).encode("utf-8")
@@ -339,7 +359,9 @@ def prompt_too_long(
             "prompt_tokens": prompt_tokens,
             "max_model_len": max_model_len,
             "tokens_to_remove": cut,
+            **({"min_completion_tokens": min_completion} if min_completion > 1 else {}),
         },
+        too_long=(prompt_tokens, max_model_len - min_completion),
     )
 
 
@@ -364,6 +386,7 @@ def not_enough_room(
             "min_completion_tokens": min_completion,
             "tokens_to_remove": cut,
         },
+        too_long=(prompt_tokens, max_model_len - min_completion),
     )
 
 
@@ -432,6 +455,7 @@ def completion_too_long(
             "requested_max_tokens": requested,
             "available_completion_tokens": room,
         },
+        exceeds=(prompt_tokens, requested, max_model_len),
     )
 
 

@@ -103,3 +103,57 @@ def test_json_log_lines_carry_extra_fields() -> None:
     record.request_id = "abc"
     line = json.loads(JsonFormatter().format(record))
     assert line["message"] == "drift on m" and line["level"] == "warning" and line["request_id"] == "abc"
+
+
+def test_the_floor_is_set_per_surface_and_per_model(tmp_path: Path) -> None:
+    path = tmp_path / "floor.toml"
+    path.write_text('[policy]\nmin_completion_tokens_by_surface = { messages = 2000, chat = 500 }\n'
+                    '[models."agent"]\nmin_completion_tokens_by_surface = { messages = 4000 }\n'
+                    'upstream_clamps_overflow = false\n')
+    config = load_config(path, env={})
+    assert (config.policy_for("other").floor("messages"), config.policy_for("other").floor("chat")) == (2000, 500)
+    agent = config.policy_for("agent")
+    assert (agent.floor("messages"), agent.floor("chat"), agent.upstream_clamps_overflow) == (4000, 1, False)
+    path.write_text("[policy]\nmin_completion_tokens_by_surface = { messages = 0 }\n")
+    with pytest.raises(ConfigError, match="min_completion_tokens"):
+        load_config(path, env={})
+
+
+def test_the_agents_page_configuration_loads(tmp_path: Path) -> None:
+    """docs/agents.md's configuration examples load, and mean what the page says."""
+    from tests.support.docs import BLOCKS
+
+    blocks = [b.text for b in BLOCKS if b.doc == "docs/agents.md" and b.info == "toml"]
+    assert len(blocks) == 2
+    path = tmp_path / "agents.toml"
+    path.write_text(blocks[0])
+    config = load_config(path, env={})
+    assert config.policy.floor("messages") == 3000 and config.policy.upstream_clamps_overflow
+    agent = config.policy_for("my-agent-model")
+    assert (agent.floor("messages"), agent.floor("chat"), agent.floor("responses")) == (3000, 1500, 1)
+    path.write_text(blocks[1])
+    assert load_config(path, env={}).policy_for("my-agent-model").trim == "oldest"
+def test_upstream_flag_given_twice_makes_a_second_upstream() -> None:
+    """docs/pools.md's `brimful serve --upstream A --upstream B`."""
+    from proxy.cli import build_parser, serve_overrides
+    from tests.support.docs import block
+
+    [command] = block("\nbrimful serve --upstream http://127.0.0.1:8001 --upstream")
+    args = build_parser().parse_args(command.split()[1:])
+    config = load_config(None, env={}, overrides=serve_overrides(args))
+    assert config.upstream.url == "http://127.0.0.1:8001"
+    assert [(u.name, u.url) for u in config.upstreams] == [("upstream-2", "http://127.0.0.1:8002")]
+    one = load_config(None, env={}, overrides=serve_overrides(build_parser().parse_args(
+        ["serve", "--upstream", "http://a:8000"])))
+    assert one.upstreams == []
+
+
+def test_the_documented_pools_are_two_upstreams(tmp_path: Path) -> None:
+    """docs/pools.md's configuration: [upstream] and one [[upstreams]] entry named "long"."""
+    from tests.support.docs import block
+
+    path = tmp_path / "brimful.toml"
+    path.write_text("\n".join(block('\n[[upstreams]]\nname = "long"')) + "\n")
+    config = load_config(path, env={})
+    assert config.upstream.url == "http://vllm-short:8000"
+    assert [(u.name, u.url) for u in config.upstreams] == [("long", "http://vllm-long:8000")]

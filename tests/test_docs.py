@@ -515,6 +515,9 @@ RUN_BY: dict[str, str] = {
     "max_output_tokens=65535 cannot be greater": "test_surface_curl_examples",
     "max_completion_tokens=65535 cannot be greater": "test_surface_curl_examples",
     "\nbrimful serve --upstream http://127.0.0.1:8000 --workers 2": "test_workers_example",
+    "\n[[upstreams]]\nname = \"long\"": "test_config.py::test_the_documented_pools_are_two_upstreams",
+    "\nbrimful serve --upstream http://127.0.0.1:8001 --upstream":
+        "test_config.py::test_upstream_flag_given_twice_makes_a_second_upstream",
     "\nkubectl -n ai logs ": "test_kubectl_log_pipeline_reports_the_records_only",
     "\nkubectl -n ai exec deploy/brimful": "test_volume_report_example_merges_every_pods_file",
     "\nLAYERS: list[set[str]] = [":
@@ -523,6 +526,9 @@ RUN_BY: dict[str, str] = {
     "\ndocker build -t registry.example.com/brimful":
         "deploy/test_helm.py::test_the_documented_install_renders_what_the_docs_say",
     "seriesQuery: 'brimful_in_flight_requests": "deploy/test_helm.py::test_the_documented_adapter_rule_feeds_the_hpa",
+    "\nmin_completion_tokens_by_surface = { messages = 3000 }":
+        "test_config.py::test_the_agents_page_configuration_loads",
+    '\ntrim = "oldest"': "test_config.py::test_the_agents_page_configuration_loads",
 }
 
 

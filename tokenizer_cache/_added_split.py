@@ -33,7 +33,7 @@ tokenizer that has one is counted whole (see `_piece_support`).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,6 +131,12 @@ class AddedTokenSplitter:
             self._raw = None
         normalized = [token for token in tokens if token.normalized]
         self._normalized = _Matcher(normalized, encode_special_tokens) if normalized else None
+
+    def raw_contents(self, text: str) -> Iterator[str]:
+        """The text of each raw-pass match in `text` (ignoring strip rules and `encode_special_tokens`)."""
+        if self._raw is not None:
+            for match in self._raw._pattern.finditer(text):
+                yield match.group()
 
     def split(self, text: str) -> tuple[list[str], int]:
         if self._raw is None:

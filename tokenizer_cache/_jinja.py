@@ -59,6 +59,13 @@ def _strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
 
 
+# What `getattr(some_dict, name)` finds: dict's and object's attributes (a dict has no `__dict__`).
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+# str's public methods the sandbox hands out as they are: not private, not `format`/`format_map`
+# (which it wraps), and str is immutable, so none is refused as modifying.
+_STR_METHODS = frozenset(name for name in dir(str) if not name.startswith("_")) - {"format", "format_map"}
+
+
 class _ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
     """transformers' sandbox, deciding each attribute's safety once per (type, name).
 
@@ -77,6 +84,27 @@ class _ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._decisions: dict[tuple[type, str], bool] = {}
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        """`message.content` on a plain dict without the failed attribute lookup first.
+
+        The sandbox's `getattr` tries `getattr(obj, attribute)` and, on the
+        AttributeError, `obj[attribute]`: raising and catching that error was
+        most of the cost of reading a message's fields.  On an exact `dict`,
+        the attribute lookup fails precisely when the name is not one of
+        dict's (an instance has no `__dict__`), so the subscript comes first
+        for those names, with the same undefined when the key is missing.
+        Likewise `content.startswith` on an exact `str`: the sandbox would find
+        the method, see it is no `format`, judge it safe and hand it out."""
+        kind = type(obj)
+        if kind is dict and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except KeyError:
+                return self.undefined(obj=obj, name=attribute)
+        if kind is str and attribute in _STR_METHODS:
+            return getattr(obj, attribute)
+        return super().getattr(obj, attribute)
 
     def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
         key = (type(obj), attr)

@@ -5,6 +5,10 @@ the tokenizer's identity (see `_piece_count`), so one table serves all models
 without mixing them up and holds no text: memory per entry is fixed whatever
 the piece's length (about 140-170 bytes; bench/multiturn_bench.py measures it).
 
+Beside it, `prefixes` (`PrefixCounts`): digests of long texts' prefixes at
+proven cuts and their counts (`_prefix_count`), a quarter as many entries,
+about 250 bytes each (16,384 by default: ~4 MiB).
+
 Lookups and inserts come in batches (all pieces of one prompt) under one lock
 acquisition, and the lock is never held while encoding: the proxy counts
 large prompts in worker threads, and a miss in one must not stall the others.
@@ -18,6 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 DEFAULT_MAX_ENTRIES = 65_536
+# Piece entries per prefix entry: a turn adds a few prefixes but dozens of pieces.
+PREFIX_ENTRIES_PER_PIECE = 4
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,59 @@ class PieceCacheStats:
     hits: int
     misses: int
     evictions: int
+    prefix_entries: int = 0
+    prefix_hits: int = 0
+    prefix_misses: int = 0
+
+
+class PrefixCounts:
+    """digest of a text's prefix → (its length in characters, its tokens): see `_prefix_count`.
+
+    A bounded LRU like the piece table, under the piece table's lock (one
+    acquisition per prompt for both).  A prompt looks up all its cut points
+    at once and keeps the longest hit: the hits of one prompt are prefixes of
+    each other, so evicting a shorter one never makes a longer one wrong.
+    """
+
+    def __init__(self, max_entries: int, lock: threading.Lock) -> None:
+        self.max_entries = max(1, max_entries)
+        self._lock = lock
+        self._entries: OrderedDict[bytes, tuple[int, int]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def longest(self, keys: Sequence[bytes], offsets: Sequence[int]) -> tuple[int, int]:
+        """(index, tokens) of the last key found whose stored length is its offset, or (-1, 0).
+
+        One lock acquisition: the entry cannot be evicted between finding it and reading it."""
+        with self._lock:
+            entries = self._entries
+            for i in range(len(keys) - 1, -1, -1):
+                found = entries.get(keys[i])
+                if found is not None and found[0] == offsets[i]:
+                    entries.move_to_end(keys[i])
+                    self.hits += 1
+                    return i, found[1]
+            self.misses += 1
+            return -1, 0
+
+    def put_many(self, items: Iterable[tuple[bytes, int, int]]) -> None:
+        with self._lock:
+            entries = self._entries
+            for key, chars, tokens in items:
+                entries[key] = (chars, tokens)
+                entries.move_to_end(key)
+            while len(entries) > self.max_entries:
+                entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.hits = self.misses = 0
 
 
 class PieceCountCache:
@@ -43,6 +102,7 @@ class PieceCountCache:
         self._hits = 0
         self._misses = 0
         self._evictions = 0
+        self.prefixes = PrefixCounts(max_entries // PREFIX_ENTRIES_PER_PIECE, self._lock)
 
     def get_many(self, keys: Sequence[bytes]) -> list[int | None]:
         """The cached count of each key (None when absent); hits become most recent."""
@@ -72,7 +132,9 @@ class PieceCountCache:
 
     def stats(self) -> PieceCacheStats:
         with self._lock:
-            return PieceCacheStats(len(self._counts), self.max_entries, self._hits, self._misses, self._evictions)
+            prefixes = self.prefixes
+            return PieceCacheStats(len(self._counts), self.max_entries, self._hits, self._misses, self._evictions,
+                                   len(prefixes._entries), prefixes.hits, prefixes.misses)
 
     def __len__(self) -> int:
         with self._lock:
@@ -86,3 +148,4 @@ class PieceCountCache:
         with self._lock:
             self._counts.clear()
             self._hits = self._misses = self._evictions = 0
+        self.prefixes.clear()

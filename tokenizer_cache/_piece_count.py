@@ -10,16 +10,18 @@ of the whole is
     + post-processor specials (when add_special_tokens)
 
 and the counts of the pieces seen in earlier turns come from the cache.
-What is left per request is rendering, one regex scan and one blake2b per
-piece (≈ 1.5 ns per byte): work on the order of the new turn, not the whole
-conversation.
+Long texts go one step further (`_prefix_count`): the text is hashed once,
+cut at every start of one added token that is always a cut (a chat's turn
+marker, such as `<|im_start|>`), and the longest prefix counted before, found
+by its digest, gives its count whole; only the rest is split and looked up
+piece by piece.  What is left per request is rendering, one blake2b pass
+over the text and the new turn's pieces.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import cast
 
 from tokenizers import Tokenizer
 
@@ -27,9 +29,13 @@ from ._added_split import AddedTokenSplitter
 from ._encoder import Encoder, ReferenceEncoder
 from ._piece_cache import PieceCountCache
 from ._piece_support import fallback_reason, split_tokens
+from ._prefix_count import choose_anchor, cut_offsets, cut_tokens
 
 # blake2b keys are at most 64 bytes.
 _IDENTITY_BYTES = 32
+# Texts shorter than this are counted piece by piece only: hashing their
+# prefixes would cost about what their pieces' lookups cost.
+PREFIX_MIN_CHARS = 8192
 
 
 def tokenizer_identity(tokenizer: Tokenizer) -> bytes:
@@ -49,6 +55,7 @@ class PieceTally:
     added_tokens: int  # added tokens matched (one token each)
     encoded_pieces: int  # pieces actually encoded (cache misses, each distinct piece once)
     encoded_tokens: int  # tokens those pieces hold: the new work
+    reused_tokens: int = 0  # tokens of the prefix counted before, taken whole (`_prefix_count`)
 
 
 class PieceCounter:
@@ -75,6 +82,11 @@ class PieceCounter:
         # Keyed hashing puts the tokenizer into every digest: one table, many models.
         self._hasher = hashlib.blake2b(digest_size=16, key=identity[:64])
         self._specials = tokenizer.num_special_tokens_to_add(False)
+        # Prefix digests: keyed by the tokenizer too, in their own table (`PieceCountCache.prefixes`).
+        self._prefix_hasher = hashlib.sha256(b"brimful prefix\x00" + identity)
+        self._tokenizer = tokenizer
+        self._cuts: list[str] | None = None      # found at the first long text (`_prefix_count`)
+        self._anchor: str | None = None
 
     @classmethod
     def for_tokenizer(
@@ -101,21 +113,99 @@ class PieceCounter:
         return hasher.digest()
 
     def count(self, text: str, *, add_special_tokens: bool) -> PieceTally:
-        pieces, added = self._splitter.split(text)
-        keys = [self.digest(piece) for piece in pieces]
-        counts = self._cache.get_many(keys)
-        # Distinct missing pieces (a prompt repeats some, e.g. "assistant\n").
+        specials = self._specials if add_special_tokens else 0
+        if len(text) >= PREFIX_MIN_CHARS:
+            tally = self._count_after_prefix(text)
+            if tally is not None:
+                return PieceTally(tally.tokens + specials, tally.pieces, tally.added_tokens, tally.encoded_pieces,
+                                  tally.encoded_tokens, tally.reused_tokens)
+        tally = self._count_texts([text])[0]
+        return PieceTally(tally.tokens + specials, tally.pieces, tally.added_tokens, tally.encoded_pieces,
+                          tally.encoded_tokens)
+
+    def _count_after_prefix(self, text: str) -> PieceTally | None:
+        """The longest prefix counted before (by digest, at a cut), plus the segments after it;
+        every new cut's prefix count is remembered.  None when the text has no cut to use.
+
+        Works on the UTF-8 bytes: an anchor's bytes occur exactly where its characters do
+        (UTF-8 is self-synchronising), and SHA-256, with the CPU's SHA instructions, hashes
+        them ~2.5x faster than blake2b here."""
+        anchor = self._anchor
+        if anchor is None:
+            if self._cuts is None:
+                self._cuts = cut_tokens(split_tokens(self._tokenizer),
+                                        encode_special_tokens=self._tokenizer.encode_special_tokens)
+            if not self._cuts:
+                return None
+            anchor = self._anchor = choose_anchor(text, self._cuts, self._splitter.raw_contents(text))
+            if anchor is None:
+                return None
+        raw = text.encode("utf-8", "surrogatepass")
+        offsets = cut_offsets(raw, anchor.encode("utf-8"))
+        if len(offsets) < 2:
+            # The first long text may not have been a chat: a text that hardly has this
+            # anchor picks the one it has most of (the old prefixes stay valid, just unused).
+            better = choose_anchor(text, self._cuts or [], self._splitter.raw_contents(text))
+            if better is not None and better != anchor:
+                anchor = self._anchor = better
+                offsets = cut_offsets(raw, anchor.encode("utf-8"))
+        if not offsets:
+            return None
+        view = memoryview(raw)
+        hasher = self._prefix_hasher.copy()
+        keys = []
+        start = 0
+        for offset in offsets:
+            hasher.update(view[start:offset])
+            keys.append(hasher.copy().digest()[:16])
+            start = offset
+        prefixes = self._cache.prefixes
+        hit, reused = prefixes.longest(keys, offsets)
+        base = offsets[hit] if hit >= 0 else 0
+        bounds = offsets[hit + 1 :]
+        # Each segment between cuts counts alone (`_prefix_count`): the sum is the text's count.
+        segments = self._count_texts([raw[a:b].decode("utf-8", "surrogatepass")
+                                      for a, b in zip([base, *bounds], [*bounds, len(raw)], strict=True)])
+        running = reused
+        fresh = []
+        for key, offset, segment in zip(keys[hit + 1 :], bounds, segments, strict=False):
+            running += segment.tokens
+            fresh.append((key, offset, running))
+        prefixes.put_many(fresh)
+        return PieceTally(
+            tokens=reused + sum(segment.tokens for segment in segments),
+            pieces=sum(segment.pieces for segment in segments),
+            added_tokens=sum(segment.added_tokens for segment in segments),
+            encoded_pieces=sum(segment.encoded_pieces for segment in segments),
+            encoded_tokens=sum(segment.encoded_tokens for segment in segments),
+            reused_tokens=reused,
+        )
+
+    def _count_texts(self, texts: list[str]) -> list[PieceTally]:
+        """Each text's count without post-processor specials; the pieces missing from the
+        cache are encoded in one batch for all texts (each distinct piece once)."""
+        split = [self._splitter.split(text) for text in texts]
+        keys = [[self.digest(piece) for piece in pieces] for pieces, _ in split]
+        counts = self._cache.get_many([key for text_keys in keys for key in text_keys])
         missing: dict[bytes, str] = {}
-        for key, piece, count in zip(keys, pieces, counts, strict=True):
+        flat_pieces = (piece for pieces, _ in split for piece in pieces)
+        for key, piece, count in zip((k for ks in keys for k in ks), flat_pieces, counts, strict=True):
             if count is None and key not in missing:
                 missing[key] = piece
-        encoded_tokens = 0
+        fresh: dict[bytes, int] = {}
         if missing:
             # One batch per prompt: the engine releases the GIL for all of it.
             fresh = dict(zip(missing, self._encoder.count_pieces(list(missing.values())), strict=True))
             self._cache.put_many(fresh.items())
-            encoded_tokens = sum(fresh.values())
-            counts = [fresh[key] if count is None else count for key, count in zip(keys, counts, strict=True)]
-        # No None is left: every missing piece's count came from `fresh`.
-        tokens = sum(cast("list[int]", counts)) + added + (self._specials if add_special_tokens else 0)
-        return PieceTally(tokens, len(pieces), added, len(missing), encoded_tokens)
+        tallies = []
+        at = 0
+        for (pieces, added), text_keys in zip(split, keys, strict=True):
+            mine = counts[at : at + len(text_keys)]
+            at += len(text_keys)
+            # No None is left: every missing piece's count came from `fresh`.
+            tokens = sum(fresh[key] if count is None else count for key, count in zip(text_keys, mine, strict=True))
+            # Each encoded piece is the work of the first text that missed it.
+            new = [key for key in dict.fromkeys(k for k, c in zip(text_keys, mine, strict=True) if c is None)
+                   if missing.pop(key, None) is not None]
+            tallies.append(PieceTally(tokens + added, len(pieces), added, len(new), sum(fresh[key] for key in new)))
+        return tallies

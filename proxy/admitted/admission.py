@@ -20,8 +20,13 @@ numbers and advice that makes it pass.
   room is forwarded untouched;
 - a limit larger than the room (this includes a limit above `max_model_len`,
   which even vLLM 0.32 rejects) is rewritten to the room less the margin (but
-  at least `min_completion_tokens`), or rejected under policy `reject`, or
-  rejected when the room itself is below `min_completion_tokens`;
+  at least the floor), or rejected under policy `reject`;
+- the floor (`Policy.floor(surface)`, `min_completion_tokens`): room below it
+  is refused with the surface's prompt-too-long error, not clamped to a sliver
+  no agent can use, but only where vLLM alone would refuse the request anyway
+  (the client's limit above `max_model_len`, or an engine that refuses any
+  overflow: `upstream_clamps_overflow` false); where vLLM would serve the
+  sliver, so does brimful;
 - the margin is 0 by default: the count is exact, and a count known to drift
   adds the drift seen (`drift_margin`); an operator may ask for more;
 - an operator ceiling lowers any larger limit; an operator default fills an
@@ -82,7 +87,8 @@ class RequestedLimit:
 
 @dataclass(frozen=True)
 class Decision:
-    action: Literal[Action.PASS, Action.CLAMPED, Action.REJECTED, Action.UNCOUNTED, Action.TRUNCATED]
+    action: Literal[Action.PASS, Action.CLAMPED, Action.REJECTED, Action.UNCOUNTED, Action.TRUNCATED,
+                    Action.TRIMMED]
     requested: int | None                       # the client's effective limit (None: not sent)
     granted: int | None = None                  # the limit forwarded (None: nothing set)
     rewrite: Mapping[str, int] | None = None    # body fields to set; None → forward bytes as they came
@@ -207,16 +213,13 @@ def read_requested_limit(body: Mapping[str, Any], fields: tuple[str, ...], defau
 
 
 def decide(
-    prompt_tokens: list[int],
-    max_model_len: int,
-    requested: RequestedLimit,
-    policy: Policy,
-    *,
+    prompt_tokens: list[int], max_model_len: int, requested: RequestedLimit, policy: Policy, *,
     model: str,
     prompt_param: str,
     implicit_max_tokens: int | None = None,
     count_exact: bool = True,
     drift_margin: int = 0,
+    floor: int | None = None,
 ) -> Decision:
     """Admit, clamp or reject one request.  `prompt_tokens` has one count per prompt.
 
@@ -226,26 +229,24 @@ def decide(
     `count_exact` says the count is known to be the upstream's (verified, or
     never contradicted); when it is not, brimful refuses nothing on its own
     count and holds back `drift_margin` tokens, the drift it has seen.
+    `floor`: the surface's minimum completion (default `policy.min_completion_tokens`).
     """
+    least = completion_floor(policy.min_completion_tokens if floor is None else floor, max_model_len)
     longest = max(prompt_tokens)
     asked = requested.value
     margin = policy.margin(longest) + (0 if count_exact else drift_margin)
 
-    # What the upstream will use as the limit, and where it came from.
-    effective = asked
-    source: Literal["client", "operator", "engine"] = "client"
-    if effective is None and policy.default_max_tokens is not None:
-        effective, source = policy.default_max_tokens, "operator"
-    elif effective is None and implicit_max_tokens is not None:
-        effective, source = implicit_max_tokens, "engine"
+    effective, source = _effective_limit(asked, policy, implicit_max_tokens)
     target = effective
     if target is not None and policy.max_tokens_ceiling is not None:
         target = min(target, policy.max_tokens_ceiling)
-
     if longest >= max_model_len:
         if count_exact:
+            # To be served after cutting: the floor where vLLM would refuse a sliver, else one token.
+            needs = least if effective is not None and _upstream_refuses(effective, source, max_model_len,
+                                                                         policy) else 1
             return Decision(Action.REJECTED, asked, error=errors.prompt_too_long(
-                longest, max_model_len, model, prompt_param, policy.min_completion_tokens))
+                longest, max_model_len, model, prompt_param, needs))
         # The count may be off, so the upstream judges; a limit above max_model_len,
         # which vLLM refuses whatever the prompt, is lowered to it first.
         if target is not None and target > max_model_len:
@@ -261,14 +262,15 @@ def decide(
             return Decision(Action.PASS, None, granted, {requested.default_field: granted}, margin=margin)
         return Decision(Action.PASS, None, margin=margin)
     if target > room:
-        if room < policy.min_completion_tokens:
+        if room < least and count_exact and _upstream_refuses(effective, source, max_model_len, policy):
             return Decision(Action.REJECTED, asked, margin=margin, error=errors.not_enough_room(
-                longest, max_model_len, policy.min_completion_tokens, model, prompt_param))
+                longest, max_model_len, least, model, prompt_param))
         if policy.on_overflow == "reject" and source == "client":
             error = errors.completion_too_long(target, requested.field, longest, max_model_len)
             return Decision(Action.REJECTED, asked, error=error, margin=margin)
-        # The whole room, less the margin; a margin shortens a completion, it never refuses one.
-        target = max(room - margin, policy.min_completion_tokens)
+        # The whole room, less the margin; a margin shortens a completion, it never refuses one
+        # (nor lowers it below the floor, nor below what vLLM alone would grant: the room).
+        target = max(room - margin, least if room >= least else 1)
 
     if target == effective and source == "client":
         return Decision(Action.PASS, asked, asked, None, margin=margin)
@@ -277,6 +279,33 @@ def decide(
 
     action: Literal[Action.PASS, Action.CLAMPED] = Action.CLAMPED if target < effective else Action.PASS
     return Decision(action, asked, target, {f: target for f in requested.fields_to_set()}, margin=margin)
+
+
+Source = Literal["client", "operator", "engine"]
+
+
+def completion_floor(floor: int, max_model_len: int) -> int:
+    """The floor in force: never more than an eighth of the context, so a small model still
+    clamps what it can serve."""
+    return min(floor, max(1, max_model_len // 8))
+
+
+def _effective_limit(asked: int | None, policy: Policy, implicit: int | None) -> tuple[int | None, Source]:
+    """What the upstream will use as the limit, and where it came from."""
+    if asked is None and policy.default_max_tokens is not None:
+        return policy.default_max_tokens, "operator"
+    if asked is None and implicit is not None:
+        return implicit, "engine"
+    return asked, "client"
+
+
+def _upstream_refuses(effective: int, source: str, max_model_len: int, policy: Policy) -> bool:
+    """Would vLLM alone refuse this overflowing limit?  vLLM 0.32 clamps prompt + limit >
+    max_model_len itself and refuses only a limit above max_model_len; an older engine refuses
+    any overflow.  A limit brimful's operator filled in stands for none: vLLM grants the room."""
+    if source == "operator":
+        return False
+    return effective > max_model_len or not policy.upstream_clamps_overflow
 
 
 def decide_inputs(

@@ -27,14 +27,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy import errors
-from proxy.admitted import jsonbody
-from proxy.admitted.admission import Decision, decide_uncounted, retry_limit
+from proxy.admitted import jsonbody, trimming
+from proxy.admitted.admission import Decision, completion_floor, decide_uncounted, retry_limit
 from proxy.admitted.answer import AnswerScanner
-from proxy.admitted.counting import PromptCounter
+from proxy.admitted.counting import Count, PromptCounter
 from proxy.admitted.request import AdmittedRequest, Counted, Outcome, length_record
 from proxy.admitted.sse import EventStreamScanner
 from proxy.admitted.surfaces import Surface, Usage, parse_json_payload
@@ -57,11 +57,12 @@ from proxy.config import Config, Policy
 from proxy.errors import BrimfulError, ErrorCode
 from proxy.recording.record import Action
 from proxy.recording.recorder import Recorder
-from proxy.sizing.lengths import plausible_usage
+from proxy.sizing.lengths import IMPLICIT_MAX_TOKENS, plausible_usage
 from proxy.upstream.backends import Backend, Backends
-from proxy.upstream.client import DROP_REQUEST_ID, UpstreamResponse, client_headers, forwardable
+from proxy.upstream.client import DROP_REQUEST_ID, Upstream, UpstreamResponse, client_headers, forwardable
 from proxy.upstream.explain import explain_upstream_error
 from proxy.upstream.failure import parse_upstream_error
+from proxy.upstream.pools import choose_pool
 
 log = logging.getLogger("brimful")
 
@@ -72,6 +73,8 @@ MAX_ERROR_BODY = 1024 * 1024      # how much of an upstream error body is read
 MAX_WHOLE_ANSWER = 1024 * 1024
 # brimful reads an admitted answer (usage, finish reasons), so it asks for it uncompressed.
 _DROP_ADMITTED = DROP_REQUEST_ID | {b"accept-encoding"}
+# An upstream's refusals for length (proxy.upstream.failure): a larger pool may take the request.
+_LENGTH_KINDS = frozenset({"context_length", "prompt_too_long"})
 
 
 @dataclass
@@ -107,8 +110,13 @@ class AdmittedExchange:
         self.changes: dict[str, Any] = {}  # the fields rewritten
         self.limit_fields: list[str] = []  # the completion-limit fields a retry rewrites
         self.strip_usage = False           # brimful asked for the stream's usage: remove it again
+        self.trim_changes: dict[str, Any] = {}  # the conversation (and Responses' truncation) as trimmed
+        self.truncation_auto = False           # Responses' truncation "auto", done here
+        self.trimmed: tuple[int, int] | None = None   # (messages, tokens) dropped
         self.backend: Backend | None = None
         self.holds_slot = False            # one of the backend's gate slots is taken
+        self.pools: list[tuple[Backend, int]] = []   # the model's pools by window (proxy.upstream.pools)
+        self.pool = 0                      # the index in pools of self.backend
         # Set as the request is forwarded and answered:
         self.outcome = Outcome()
 
@@ -147,25 +155,50 @@ class AdmittedExchange:
         body = await read_body(self.receive, services.config.server.max_body_bytes, self.scope)
         request = self.request = surface.read(body, jsonbody.parse_object(body))
         self.model, self.backend = await services.backends.resolve(request.fields.get("model"))
-        await self.backend.gate.acquire()      # 503 upstream_busy when no slot frees in time
-        self.holds_slot = True
-        info = self.backend.registry.get(self.model)
-        self.max_model_len = info.max_model_len if info else None
-        decision = self.decision = await self.decide(request, self.model, self.max_model_len)
+        self.pools = services.backends.pools(self.model)
+        if self.pools:
+            decision = self.decision = await self.route(request, self.model)
+        else:
+            await self.backend.gate.acquire()      # 503 upstream_busy when no slot frees in time
+            self.holds_slot = True
+            info = self.backend.registry.get(self.model)
+            self.max_model_len = info.max_model_len if info else None
+            decision = self.decision = await self.decide(request, self.model, self.max_model_len)
         counted = self.counted
         self.info = brimful_headers(counted.prompt_tokens, self.max_model_len, decision, self.request_id,
                                      counted.source)
         if counted.uncounted is not None:
             self.info.append((b"x-brimful-uncounted", counted.uncounted.encode()))
+        if counted.trimmed_messages:
+            self.info += [(b"x-brimful-trimmed-messages", str(counted.trimmed_messages).encode()),
+                          (b"x-brimful-trimmed-tokens", str(counted.trimmed_tokens).encode())]
         if decision.error is not None:
             raise decision.error
-        self.changes = dict(decision.rewrite or {})
+        assert self.request is not None
+        request = self.request      # its fields as trimmed, if they were
+        self.changes = {**self.trim_changes, **(decision.rewrite or {})}
         self.limit_fields = list(decision.rewrite) if decision.rewrite else request.limit.fields_to_set()
         self.strip_usage = (
             request.stream and services.config.upstream.request_stream_usage
             and surface.ask_for_usage(request.fields, self.changes)
         )
         self.outgoing = jsonbody.with_fields(body, request.fields, self.changes) if self.changes else body
+
+    async def route(self, request: AdmittedRequest, model: str) -> Decision:
+        """Pools: decide against the longest window, then take a slot of the smallest pool that holds it."""
+        self.backend, longest = self.pools[-1]
+        self.max_model_len = longest
+        decision = await self.decide(request, model, longest)
+        counted = self.counted
+        prompt = counted.longest_prompt_tokens if counted.longest_prompt_tokens is not None else counted.prompt_tokens
+        # nothing set: the surface's implicit limit (vLLM's 16 on /v1/completions), else the whole room
+        granted = decision.granted if decision.granted is not None else IMPLICIT_MAX_TOKENS.get(self.surface.name)
+        self.pool = choose_pool([w for _, w in self.pools], prompt if decision.error is None else None, granted)
+        self.backend, window = self.pools[self.pool]
+        self.services.recorder.count_pool_route(model, self.backend.name, window)
+        await self.backend.gate.acquire()
+        self.holds_slot = True
+        return decision
 
     async def decide(self, request: AdmittedRequest, model: str, max_model_len: int | None) -> Decision:
         """Count the prompt and decide (the surface's rule, proxy.admitted.admission): pass, clamp, refuse, cut
@@ -178,13 +211,22 @@ class AdmittedExchange:
             # The prompt lives upstream (a stored conversation): nothing here can count it.
             self.counted = Counted(uncounted=request.stored)
             return decide_uncounted(limit, max_model_len)
-        count = await services.counter.count(model, surface, request.fields, len(request.body), max_model_len)
+        policy = services.policy_for(model)
+        strategy = self.trim_strategy(request, policy)
+        # A conversation to trim may be over vLLM's character bound until it is trimmed.
+        count = await services.counter.count(model, surface, request.fields, len(request.body),
+                                             None if strategy else max_model_len)
         if count.uncounted is not None:
             self.counted = Counted(uncounted=count.uncounted)
             return decide_uncounted(limit, max_model_len)
+        if strategy is not None:
+            count = await self.trim(request, model, strategy, count, policy, max_model_len)
+            request = self.request = replace(request, fields={**request.fields, **self.trim_changes})
         decision = surface.decide(request.fields, count.per_prompt, max_model_len, limit,
-                                  services.policy_for(model), model=model, count_exact=count.exact,
+                                  policy, model=model, count_exact=count.exact,
                                   drift_margin=count.margin)
+        if self.trimmed is not None and decision.error is None:
+            decision = replace(decision, action=Action.TRIMMED)
         longest = max(count.per_prompt) if len(count.per_prompt) > 1 else None
         if decision.counted is not None and longest is not None:
             longest = min(longest, max_model_len)   # the upstream will see the prompts cut to what it keeps
@@ -192,11 +234,77 @@ class AdmittedExchange:
             prompt_tokens=decision.counted if decision.counted is not None else count.total,
             longest_prompt_tokens=longest, prompts=len(count.per_prompt),
             source=count.source if count.exact else "margin",
+            trimmed_messages=self.trimmed[0] if self.trimmed else None,
+            trimmed_tokens=self.trimmed[1] if self.trimmed else None,
             # Only an answer whose usage must equal this count (nothing cut, by the client or
             # by brimful) is a witness of the count's trust, which every client's requests share.
             trusted_usage=decision.counted is None and surface.usage_must_match(request.fields),
         )
         return decision
+
+    def trim_strategy(self, request: AdmittedRequest, policy: Policy) -> trimming.Strategy | None:
+        """The trimming asked for: the x-brimful-trim header, else the model's `trim`, else
+        Responses' own `truncation: "auto"` (OpenAI's: whole items from the start)."""
+        if self.surface.name not in ("chat", "messages", "responses"):
+            return None
+        header = next((v for k, v in self.scope["headers"] if k == trimming.HEADER), None)
+        try:
+            strategy = trimming.requested_strategy(header, policy.trim)
+        except ValueError:
+            raise errors.invalid_field("x-brimful-trim", "must be oldest, middle or off",
+                                       header.decode("latin-1") if header else None) from None
+        if strategy is None and self.surface.name == "responses" and request.fields.get("truncation") == "auto":
+            self.truncation_auto = True
+            return "oldest"
+        return strategy
+
+    async def trim(self, request: AdmittedRequest, model: str, strategy: trimming.Strategy, count: Count,
+                   policy: Policy, max_model_len: int) -> Count:
+        """Drop the fewest whole turns that make the prompt fit with its completion (at least the
+        floor), each candidate counted exactly; the count of what is forwarded (`trim_changes`
+        holds the fields to rewrite)."""
+        limit = request.limit.value
+        needed = completion_floor(policy.floor(self.surface.name), max_model_len)
+        needed = min(limit, needed) if limit is not None else needed
+        if not count.exact or len(count.per_prompt) != 1:
+            return count
+        plan = trimming.plan(self.surface.name, request.fields, strategy, keep_first_user=not self.truncation_auto)
+        if count.total + needed > max_model_len and plan is not None:
+            found = await self.fewest_drops(request, model, plan, needed, max_model_len)
+            if found is not None:
+                k, kept, after = found
+                self.trimmed = (plan.items_dropped(k), count.total - after.total)
+                self.trim_changes[plan.field] = kept
+                count = after
+        if self.truncation_auto and count.total + needed <= max_model_len:
+            # brimful made it fit (or it did): vLLM's token cut would split messages, and harmony
+            # models (gpt-oss) answer 400 for it.
+            self.trim_changes["truncation"] = "disabled"
+        return count
+
+    async def fewest_drops(self, request: AdmittedRequest, model: str, plan: trimming.Plan, needed: int,
+                           max_model_len: int) -> tuple[int, list[Any], Count] | None:
+        """Binary search for the fewest units (in the plan's order) whose dropping fits: dropping
+        more never adds tokens. None when dropping every droppable unit is still too long."""
+        counter, surface, items = self.services.counter, self.surface, request.fields[plan.field]
+
+        async def attempt(k: int) -> tuple[list[Any], Count]:
+            kept = plan.without(items, k)
+            return kept, await counter.count(model, surface, {**request.fields, plan.field: kept}, len(request.body))
+
+        lo, hi = 1, len(plan.order)
+        kept, counted = await attempt(hi)
+        if counted.total + needed > max_model_len:
+            return None
+        best = (hi, kept, counted)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            kept, counted = await attempt(mid)
+            if counted.total + needed <= max_model_len:
+                hi, best = mid, (mid, kept, counted)
+            else:
+                lo = mid + 1
+        return best
 
     # -- forward ------------------------------------------------------------------------
 
@@ -222,6 +330,13 @@ class AdmittedExchange:
                 await self.answer_error(broken, Action.UPSTREAM_ERROR)
                 return None
             failure = parse_upstream_error(response.status, raw, response.headers.get("content-type"))
+            if failure.kind in _LENGTH_KINDS and self.pool < len(self.pools) - 1:
+                try:
+                    upstream = await self.fall_back()
+                except BrimfulError as busy:      # the larger pool's gate: 503 upstream_busy
+                    await self.answer_error(busy, Action.UPSTREAM_ERROR)
+                    return None
+                continue
             corrected = None if retried else retry_limit(
                 failure, prompt_tokens=self.counted.prompt_tokens, max_model_len=self.max_model_len,
                 granted_max_tokens=self.granted_max_tokens,
@@ -243,6 +358,7 @@ class AdmittedExchange:
                 granted_max_tokens=self.granted_max_tokens,
                 prompt_param=self.surface.prompt_param,
                 max_tokens_param=self.limit_fields[0],
+                surface=self.surface.name,
             )
             await self.answer_error(err, Action.UPSTREAM_ERROR)
             return None
@@ -253,6 +369,21 @@ class AdmittedExchange:
         if self.outcome.granted_max_tokens is not None:
             return self.outcome.granted_max_tokens
         return self.decision.granted if self.decision is not None else None
+
+    async def fall_back(self) -> Upstream:
+        """The pool refused for length: move the request (and its gate slot) to the next larger pool."""
+        assert self.backend is not None and self.model is not None
+        before = self.backend
+        before.gate.release()
+        self.holds_slot = False
+        self.pool += 1
+        self.backend, window = self.pools[self.pool]
+        log.info("pool %s refused a request of model %s for length; trying pool %s (max_model_len %d)",
+                 before.name, self.model, self.backend.name, window)
+        self.services.recorder.count_pool_fallback(self.model, before.name, self.backend.name)
+        await self.backend.gate.acquire()
+        self.holds_slot = True
+        return self.backend.upstream
 
     def retry_with(self, limit: int) -> None:
         """The upstream counted more than brimful did: resend with the limit its numbers allow."""

@@ -39,6 +39,8 @@ class Counted:
     prompts: int = 1                            # prompts the upstream's usage sums
     source: str | None = None                   # local | upstream | margin (None: not counted)
     uncounted: str | None = None                # why it could not be counted, if so
+    trimmed_messages: int | None = None         # messages / input items trimming dropped
+    trimmed_tokens: int | None = None           # ... and the prompt tokens they held
     trusted_usage: bool = False                 # the answer's usage may move the model's count trust
 
 
@@ -85,4 +87,5 @@ def length_record(*, ts: float, endpoint: str, request_id: str, request: Admitte
         finish_reasons=list(outcome.finish_reasons),
         action=action, status=outcome.status, error_code=outcome.error_code,
         length_retries=outcome.length_retries, latency_ms=latency_ms, ttfb_ms=outcome.ttfb_ms,
+        trimmed_messages=counted.trimmed_messages, trimmed_tokens=counted.trimmed_tokens,
     )

@@ -139,7 +139,7 @@ class Surface:
         """Pass, clamp or reject: a completion limit against the room left (chat's rule)."""
         return decide(prompt_tokens, max_model_len, limit, policy, model=model, prompt_param=self.prompt_param,
                       implicit_max_tokens=self.implicit_max_tokens, count_exact=count_exact,
-                      drift_margin=drift_margin)
+                      drift_margin=drift_margin, floor=policy.floor(self.name))
 
     def tokenize_calls(self, model: str, body: Mapping[str, Any]) -> list[TokenizeCall]:
         """The upstream /tokenize requests that count this prompt exactly (one per prompt)."""

@@ -19,6 +19,7 @@ from typing import Any
 from proxy.sizing import capacity as cap
 from proxy.sizing.deploy import Assessment, DeploymentSpec, Hardware, assess, resolve
 from proxy.sizing.gpus import lookup_gpu
+from proxy.sizing.kv_groups import KvGroups
 from proxy.sizing.weights import WEIGHT_DTYPES
 
 __all__ = ["Hardware", "add_capacity_arguments", "capacity_from_args", "main", "register", "run", "spec_from_args"]
@@ -69,7 +70,21 @@ def add_capacity_arguments(parser: argparse.ArgumentParser, *, required: bool = 
     g.add_argument("--max-num-seqs", type=_positive_int, metavar="N",
                    help="vLLM's --max-num-seqs (default: vLLM's for the GPU, 1024 on H100, 256 on A100/L4)")
     g.add_argument("--block-size", type=_positive_int, default=cap.DEFAULT_BLOCK_SIZE,
-                   help="vLLM KV block size in tokens (default 16)")
+                   help="vLLM KV block size in tokens (default 16; vLLM's CPU backend uses 128, and 16 for MLA)")
+    g.add_argument("--disable-hybrid-kv-cache-manager", action=argparse.BooleanOptionalAction, default=None,
+                   help="vLLM's flag: allocate sliding-window and chunked layers as full attention (default: "
+                        "vLLM's choice, on only for chunked local attention)")
+    g.add_argument("--chunked-local-attn-with-hybrid-kv-cache", action="store_true",
+                   help="as VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1: keep the hybrid manager for "
+                        "chunked local attention (Llama 4)")
+    g.add_argument("--mamba-ssm-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="vLLM's flag for linear-attention state (auto = the model dtype, or Qwen3.5's "
+                        "mamba_ssm_dtype; vLLM's CPU backend forces float32 on AVX-512-BF16 machines)")
+    g.add_argument("--mamba-cache-mode", default="align", choices=["align", "none"],
+                   help="vLLM's flag: align (its default with prefix caching) keeps 2 state pages per request")
+    g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                   help="vLLM's async scheduling (default on, as on GPUs; off on vLLM's CPU backend): two "
+                        "batches in flight, which sliding-window layers hold beyond their window")
     g.add_argument("--target-concurrency", type=_positive_int, metavar="C",
                    help="concurrent requests to serve: prints the GPUs needed")
     g.add_argument("--gpu-hourly-cost", type=float, metavar="USD", help="price of one GPU per hour")
@@ -105,7 +120,16 @@ def spec_from_args(args: argparse.Namespace) -> DeploymentSpec:
         max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None),
         enable_chunked_prefill=getattr(args, "enable_chunked_prefill", True),
         target_concurrency=args.target_concurrency, gpu_hourly_usd=args.gpu_hourly_cost,
+        hybrid_kv_cache_manager=_inverted(getattr(args, "disable_hybrid_kv_cache_manager", None)),
+        chunked_local_hybrid=getattr(args, "chunked_local_attn_with_hybrid_kv_cache", False),
+        async_scheduling=getattr(args, "async_scheduling", True),
+        mamba_ssm_cache_dtype=getattr(args, "mamba_ssm_cache_dtype", "auto"),
+        mamba_cache_mode=getattr(args, "mamba_cache_mode", "align"),
     )
+
+
+def _inverted(flag: bool | None) -> bool | None:
+    return None if flag is None else not flag
 
 
 def capacity_from_args(args: argparse.Namespace) -> Hardware:
@@ -231,50 +255,105 @@ def format_assessment(a: Assessment) -> str:
     return "\n".join(lines).rstrip("\n")
 
 
+def _group_text(groups: KvGroups) -> str:
+    """'6 groups (5 × sliding window 256, 1 × full) of 1 layer, one pool block = 32,768 B'."""
+    kinds: dict[str, int] = {}
+    for g in groups.groups:
+        spec = g.spec
+        name = {"sliding": "sliding window", "chunked": "chunked local"}.get(spec.kind, spec.kind)
+        if spec.window is not None:
+            name += f" {spec.window:,}"
+        kinds[name] = kinds.get(name, 0) + 1
+    widest = max(len(g.layers) for g in groups.groups)
+    text = (f"{len(groups.groups)} group(s) ({', '.join(f'{n} × {k}' for k, n in kinds.items())}) of up to "
+            f"{widest} layer(s), one pool block = {_n(groups.bytes_per_block)} B")
+    if groups.padding_layers:
+        text += f"; {groups.padding_layers} padding layer(s)"
+    if groups.promoted:
+        text += "; hybrid manager off: local layers allocated as full attention"
+    return text
+
+
+def _kv_rows(plan: cap.Plan) -> list[tuple[str, str]]:
+    """KV tokens, vLLM's groups and start-up figures, and what one request takes."""
+    inp = plan.inputs
+    groups = inp.groups()
+    block = groups.block_size
+    local = any(g.spec.kind in ("sliding", "chunked") for g in groups.groups)
+    rows: list[tuple[str, str]] = []
+    if len(groups.groups) > 1 or local or groups.promoted:
+        rows.append(("KV cache groups", _group_text(groups)))
+    if len(groups.groups) > 1 or local:
+        rows.append(("KV tokens", f"{_n(plan.kv_tokens)} at {_n(inp.max_model_len or inp.tokens_per_request)} "
+                                  f"tokens per request  (vLLM allocates {_n(plan.kv_blocks)} blocks)"))
+    else:
+        rows.append(("KV tokens", f"{_n(plan.kv_tokens)}  (vLLM allocates {_n(plan.kv_blocks)} blocks of "
+                                  f"{block} = {_n(plan.kv_blocks * block)} tokens)"))
+    starts = plan.startup is not None and plan.startup.fits
+    if starts and plan.vllm_kv_cache_tokens is not None and plan.vllm_max_concurrency is not None:
+        rows.append(("vLLM logs", f"KV cache size: {_n(plan.vllm_kv_cache_tokens)} tokens, Maximum concurrency "
+                                  f"for {_n(inp.max_model_len or 0)} tokens per request: "
+                                  f"{plan.vllm_max_concurrency:.2f}x"))
+    slots = "" if local or len(groups.groups) > 1 else f" = {_n(plan.slots_per_request)} slots"
+    rows.append(("per request", f"{_n(inp.tokens_per_request)} tokens → {_n(plan.blocks_per_request)} blocks "
+                                f"({cap.format_bytes(plan.blocks_per_request * groups.bytes_per_block)}){slots}"))
+    return rows
+
+
 def format_plan(hw: Hardware, plan: cap.Plan, a: Assessment | None = None) -> str:
     """Aligned 'label  value' lines; units spelled out (GiB = 2^30, GB = 10^9); no negative figure."""
-    lay, mem, inp = hw.layout, plan.memory, plan.inputs
-    rows: list[tuple[str, str]] = []
-    tp = hw.tensor_parallel_size
+    rows = [*_model_rows(hw), *_memory_rows(hw, plan), *_kv_rows(plan), *_concurrency_rows(hw, plan),
+            *_startup_rows(hw, plan, a), *_margin_rows(plan)]
+    width = max(len(label) for label, _ in rows)
+    return "\n".join([f"{label:<{width}}  {value}" for label, value in rows] + _notes(hw, plan, a))
+
+
+def _model_rows(hw: Hardware) -> list[tuple[str, str]]:
+    lay, tp = hw.layout, hw.tensor_parallel_size
     per_gpu = " per GPU" if tp > 1 else ""
     if lay.attention == "mla":
         shape = f"mla: {lay.kv_layers} layers × {lay.elements_per_layer}-element latent × {lay.dtype_bytes} B"
     else:
         shape = (f"{lay.attention}: 2 × {lay.kv_layers} layers × {lay.kv_heads} KV heads{per_gpu} × "
                  f"head_dim {lay.head_dim} × {lay.dtype_bytes} B")
-    rows.append(("model", f"{hw.model_label}  [{shape}]"))
+    rows = [("model", f"{hw.model_label}  [{shape}]")]
     if tp > 1:
         heads = (f"{lay.kv_heads_total} → {lay.kv_heads} KV heads per GPU" if lay.kv_heads_total
                  else "latent on every GPU")
         rows.append(("tensor parallel", f"{tp} GPUs per replica: 1/{tp} of the weights and {heads}"))
     rows.append((f"KV per token{per_gpu}", f"{_n(lay.bytes_per_token)} B = {lay.bytes_per_token / cap.KIB:g} KiB"))
-    rows.append(("GPU memory", f"{cap.format_both(mem.gpu_memory_bytes)}  [{hw.gpu_label}]"))
-    rows.append(("× utilization", f"{mem.utilization:g} → {cap.format_both(mem.usable_bytes)}"))
-    w = hw.weights
+    return rows
+
+
+def _memory_rows(hw: Hardware, plan: cap.Plan) -> list[tuple[str, str]]:
+    """GPU memory × utilization − weights − activations = the KV cache."""
+    mem, tp, w = plan.memory, hw.tensor_parallel_size, hw.weights
+    rows = [("GPU memory", f"{cap.format_both(mem.gpu_memory_bytes)}  [{hw.gpu_label}]"),
+            ("× utilization", f"{mem.utilization:g} → {cap.format_both(mem.usable_bytes)}")]
     how = ""
     if w is not None:
         how = f"  [{w.scheme.detail}"
         if w.kept_params:
             how += f"; {_n(w.kept_params)} embedding params at {w.kept_bytes_per_param} B"
         how += f"; {_n(w.params)} params" + (f" ÷ TP {tp}" if tp > 1 else "") + "]"
-    rows.append((f"− weights{per_gpu}", cap.format_both(mem.weights_bytes) + how))
+    rows.append((f"− weights{' per GPU' if tp > 1 else ''}", cap.format_both(mem.weights_bytes) + how))
     rows.append(("− activations", cap.format_both(mem.activation_bytes)))
     if mem.kv_memory_bytes > 0:
         rows.append(("= KV memory", cap.format_both(mem.kv_memory_bytes)))
     else:
         rows.append(("= KV memory", f"none: short by {cap.format_both(mem.shortfall_bytes)}"))
-    rows.append(("KV tokens", f"{_n(plan.kv_tokens)}  (vLLM allocates {_n(plan.kv_blocks)} blocks of "
-                              f"{inp.block_size} = {_n(plan.kv_blocks * inp.block_size)} tokens)"))
-    rows.append(("per request", f"{_n(inp.tokens_per_request)} tokens → {_n(plan.slots_per_request)} slots "
-                                f"({plan.slots_per_request // inp.block_size} blocks, "
-                                f"{cap.format_bytes(plan.slots_per_request * lay.bytes_per_token)})"))
+    return rows
+
+
+def _concurrency_rows(hw: Hardware, plan: cap.Plan) -> list[tuple[str, str]]:
+    inp, tp = plan.inputs, hw.tensor_parallel_size
     conc = f"{_n(plan.concurrent_requests)} (memory bound)"
     if inp.max_num_seqs is not None:
         if plan.limited_by == "max_num_seqs":
             conc += f"; vLLM runs at most max_num_seqs = {_n(inp.max_num_seqs)} at once"
         else:
             conc += f"; max_num_seqs {_n(inp.max_num_seqs)} does not bind"
-    rows.append(("concurrent requests", conc))
+    rows = [("concurrent requests", conc)]
     if plan.gpus_for_target is not None or inp.target_concurrency is not None:
         gpus = "none fit on one replica" if plan.gpus_for_target is None else f"{_n(plan.gpus_for_target)} GPU(s)"
         if plan.gpus_for_target is not None and tp > 1:
@@ -283,6 +362,12 @@ def format_plan(hw: Hardware, plan: cap.Plan, a: Assessment | None = None) -> st
     if plan.monthly_cost_usd is not None:
         rows.append(("monthly cost", f"${plan.monthly_cost_usd:,.2f}  ({plan.gpus_for_target} × "
                                      f"${inp.gpu_hourly_usd:g}/h × {cap.HOURS_PER_MONTH} h)"))
+    return rows
+
+
+def _startup_rows(hw: Hardware, plan: cap.Plan, a: Assessment | None) -> list[tuple[str, str]]:
+    """Whether vLLM starts with this max_model_len, the model's own bound, the scheduler's limits."""
+    inp, rows = plan.inputs, []
     if plan.startup is not None:
         s = plan.startup
         source = f" ({a.max_model_len_source})" if a is not None and a.max_model_len_source != "given" else ""
@@ -306,7 +391,12 @@ def format_plan(hw: Hardware, plan: cap.Plan, a: Assessment | None = None) -> st
         rows.append(("scheduler", f"max_num_seqs {_n(sc.max_num_seqs)}, max_num_batched_tokens "
                                   f"{_n(sc.max_num_batched_tokens)}, chunked prefill "
                                   f"{'on' if sc.chunked_prefill else 'off'}{why}"))
-    step = plan.utilization_step
+    return rows
+
+
+def _margin_rows(plan: cap.Plan) -> list[tuple[str, str]]:
+    """What one more step of utilization buys, and what the last block wastes."""
+    mem, inp, step, rows = plan.memory, plan.inputs, plan.utilization_step, []
     if mem.kv_memory_bytes > 0:
         rows.append((f"+{step.step:g} utilization", f"+{step.bytes / cap.GIB:.2f} GiB "
                      f"({cap.format_bytes(step.bytes, binary=False)}) = +{_n(step.tokens)} tokens"))
@@ -314,25 +404,18 @@ def format_plan(hw: Hardware, plan: cap.Plan, a: Assessment | None = None) -> st
     share = 100 * waste / inp.tokens_per_request
     rows.append(("mean last-block waste",
                  f"{waste:g} tokens per request ({share:.2f}% of {_n(inp.tokens_per_request)})"))
-    width = max(len(label) for label, _ in rows)
-    lines = [f"{label:<{width}}  {value}" for label, value in rows]
-    for note in lay.notes:
-        lines.append(f"note: {note}")
-    if w is not None:
-        for note in w.notes:
-            lines.append(f"note: {note}")
-    if hw.context is not None:
-        for note in hw.context.notes:
-            lines.append(f"note: {note}")
-    if a is not None and a.scheduler is not None:
-        for note in a.scheduler.notes:
-            lines.append(f"note: {note}")
-    for warning in plan.warnings:
-        lines.append(f"WARNING: {warning}")
-    if plan.startup is not None and not plan.startup.fits and mem.kv_memory_bytes > 0:
+    return rows
+
+
+def _notes(hw: Hardware, plan: cap.Plan, a: Assessment | None) -> list[str]:
+    notes = [*hw.layout.notes, *(hw.weights.notes if hw.weights is not None else ()),
+             *(hw.context.notes if hw.context is not None else ()),
+             *(a.scheduler.notes if a is not None and a.scheduler is not None else ())]
+    lines = [f"note: {note}" for note in notes] + [f"WARNING: {warning}" for warning in plan.warnings]
+    if plan.startup is not None and not plan.startup.fits and plan.memory.kv_memory_bytes > 0:
         lines.append(f"vLLM would fail with: {plan.startup.message}")
         lines.append(f"fix: {plan.startup.fix}")
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:

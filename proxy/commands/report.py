@@ -1,13 +1,15 @@
-"""`brimful report`: per-model length percentiles, demand, and a `max_model_len` that would serve it.
+"""`brimful report`: per-model length percentiles, need, and a `max_model_len` that would serve it.
 
 Definitions (percentiles, total vs. sequence length, n > 1, served vs.
-demanded) are in `proxy.sizing.report` and `proxy.sizing.demand`.  The recommendation is a
-percentile of demand, capped at the model's own context when `--model-config`
+asked vs. needed) are in `proxy.sizing.report`, `proxy.sizing.demand` and `proxy.sizing.need`.
+The recommendation is the estimated percentile of need (censored data: cut and
+refused requests bounded, not guessed), capped at the model's own context when `--model-config`
 / `--preset` gives its `config.json` (`proxy.sizing.model_context`) and at what the KV
 cache holds: the running vLLM's pool with `--upstream URL`, else the plan's
 with the GPU options of `brimful plan`.  With those GPU options it also prints
 what the recommendation buys on that GPU: KV tokens, concurrent requests at the
-mean and p95 of demanded KV tokens, and GPUs for `--target-concurrency`.
+mean and p95 of the need, and GPUs for `--target-concurrency`; with `--target-rate`
+one pool against two pools routed by length (`proxy.sizing.pools`).
 
 `--upstream URL` reads that vLLM's `/metrics` once and prints, per model it
 serves, its real KV pool against the plan for the configuration (the
@@ -29,6 +31,8 @@ from typing import Any
 
 from proxy.commands.plan import Hardware, add_capacity_arguments, capacity_from_args
 from proxy.sizing import capacity as cap
+from proxy.sizing import need as nd
+from proxy.sizing import pools as pl
 from proxy.sizing import report as rep
 from proxy.sizing import vllm_metrics as vm
 from proxy.sizing.live import UpstreamSection, UpstreamView, upstream_section
@@ -60,25 +64,27 @@ def register(subparsers: Any) -> None:
     p.add_argument("--upstream", action="append", default=[], metavar="URL",
                    help="a running vLLM (e.g. http://127.0.0.1:8000): read its /metrics once, compare its KV pool "
                         "with the plan, cap the recommendation at it; repeatable")
+    p.add_argument("--target-rate", type=float, default=None, metavar="REQ_PER_S",
+                   help="requests per second to size one pool and two pools routed by length for (needs the KV "
+                        "cache: --upstream URL or the GPU options)")
     add_capacity_arguments(p, required=False)
     p.set_defaults(func=run)
 
 
-def capacity_for(hw: Hardware, model: dict[str, Any], demand_kv: rep.Histogram) -> dict[str, Any] | None:
-    """What the recommended max_model_len buys on `hw`, at the mean and p95 of demanded KV tokens.
+def capacity_for(hw: Hardware, model: dict[str, Any], need: nd.NeedModel) -> dict[str, Any] | None:
+    """What the recommended max_model_len buys on `hw`, at the mean and p95 of the estimated need.
 
-    Each demand counts with at most the recommended max_model_len: a longer one is clamped to it (exact
-    for n = 1; a request with n > 1 choices may hold more).
+    Each need counts with at most the recommended max_model_len: a longer one is cut to it (exact for
+    n = 1; a request with n > 1 choices may hold more).
     """
     rec = model["recommendation"]
-    if not demand_kv.n or rec is None:
+    if rec is None or need.tally.n <= 0:
         return None
     limit = rec["max_model_len"]
-    clipped = rep.Histogram()
-    for value, count in demand_kv.counts.items():
-        clipped.add(min(value, limit), count)
-    mean_len = max(1, math.ceil(clipped.mean))
-    p95_len = max(1, math.ceil(clipped.percentile(95)))
+    q95 = need.quantile(95)
+    assert q95 is not None
+    mean_len = max(1, math.ceil(need.clipped_mean(limit)))
+    p95_len = max(1, min(q95.value, limit))
     at_mean = cap.make_plan(hw.inputs(mean_len, rec["max_model_len"]))
     at_p95 = cap.make_plan(hw.inputs(p95_len, rec["max_model_len"]))
     startup = at_mean.startup
@@ -102,6 +108,24 @@ def capacity_for(hw: Hardware, model: dict[str, Any], demand_kv: rep.Histogram) 
         "vllm_startup_error": startup.message,
         "notes": list(hw.layout.notes),
     }
+
+
+def pools_for(stats: rep.ModelStats, m: dict[str, Any], kv_tokens: int, kv_source: str | None,
+              args: argparse.Namespace, hw: Hardware | None) -> dict[str, Any] | None:
+    """The one-pool answer and the short/long split beside it (`proxy.sizing.pools`), for the target rate."""
+    rate = args.target_rate
+    if rate is None or rate <= 0:
+        return None
+    rec = m["recommendation"]
+    need = stats.need.model()
+    long_len = rec["max_model_len"]
+    outcome = nd.outcome_at(need, stats.demand, long_len)
+    cap_ = pl.Capacity(kv_tokens, args.block_size, hw.tensor_parallel_size if hw is not None else 1,
+                       args.max_num_seqs)
+    advice = pl.advise_split(stats.routes, need, outcome, long_len, cap_, rate)
+    if advice is None:
+        return None
+    return {**advice.to_dict(), "kv_source": kv_source}
 
 
 def metrics_url(url: str) -> str:
@@ -188,8 +212,9 @@ def run(args: argparse.Namespace) -> int:
     context = _context(config)
     plan_kv = None
     if hw is not None:
-        probe = cap.make_plan(hw.inputs(1, None))
-        plan_kv = probe.kv_blocks * probe.inputs.block_size
+        # the longest length vLLM would start with: whole blocks, less the pool's null block
+        probe = cap.make_plan(hw.inputs(1, 1))
+        plan_kv = probe.startup.estimated_max_model_len if probe.startup is not None else None
     models = []
     for stats in rep.iter_models(builder):
         # the KV bound: the pool of the vLLM that serves this model, else the plan's
@@ -203,7 +228,9 @@ def run(args: argparse.Namespace) -> int:
             "max_model_len": context.max_model_len, "key": context.key, "scaling_factor": context.scaling_factor}
         m["kv_bound_source"] = kv_source
         if hw is not None:
-            m["capacity"] = capacity_for(hw, m, stats.demand.kv_histogram)
+            m["capacity"] = capacity_for(hw, m, stats.need.model())
+        if kv_bound is not None and m["recommendation"] is not None and args.target_rate:
+            m["pools"] = pools_for(stats, m, kv_bound, kv_source, args, hw)
         models.append(m)
     by_name = {m["model"]: m for m in models}
     st = builder.stats
@@ -239,7 +266,7 @@ REASON_LABELS = {
     "upstream_failure": "upstream failure", "client_gone": "client gone", "other": "other",
 }
 TABLE_ROWS = (("prompt", "prompt_tokens"), ("completion", "completion_tokens"), ("total", "total_tokens"),
-              ("sequence", "sequence_tokens"), ("demanded", "demand_tokens"))
+              ("sequence", "sequence_tokens"), ("demanded", "demand_tokens"), ("needed", "need_tokens"))
 
 
 def format_report(result: dict[str, Any]) -> str:
@@ -279,42 +306,18 @@ def _model_lines(m: dict[str, Any], p: float, cols: list[str]) -> list[str]:
     for label, key in TABLE_ROWS:
         s = m[key]
         lines.append(f"  {label:<11}" + "".join(f"{_num(s.get(c)):>10}" for c in cols))
-    lines.append("  (demanded = prompt + the completion limit asked, or + what was generated; refused and clamped "
-                 "included)")
+    lines.append("  (demanded = prompt + the completion limit asked: what clients ask; needed = the estimate of "
+                 "prompt + what they would generate, cut and refused requests included)")
     rec = m["recommendation"]
-    current = m["max_model_len_current"]
     if rec is None:
         lines.append("  recommended max_model_len: - (no request with a prompt count)")
         return lines
-    why = (f"p{p:g} of demanded sequence length = {_num(rec['demand_at_percentile'])} → {rec['wanted']:,} in "
-           f"blocks of {rec['block_size']}")
-    if rec["limited_by"] == "model_context":
-        ctx = m.get("model_context") or {}
-        why += f"; capped at the model's own context ({ctx.get('key', 'config.json')})"
-    elif rec["limited_by"] == "kv_cache":
-        why += (f"; capped at the longest the KV cache holds ({m.get('kv_bound_source') or 'KV cache'}): more "
-                "needs fp8 KV, quantised weights or tensor parallelism")
-    lines.append(f"  recommended max_model_len: {rec['max_model_len']:,} ({why})")
-    shares = [f"at {rec['recommended']['max_model_len']:,}: {_pct(rec['recommended']['refused_share'])} refused, "
-              f"{_pct(rec['recommended']['clamped_share'])} clamped"]
-    if rec["current"] is not None:
-        now = rec["current"]
-        shares.insert(0, f"at the current {now['max_model_len']:,}: {_pct(now['refused_share'])} refused, "
-                         f"{_pct(now['clamped_share'])} clamped")
-    lines.append("  past demand " + "; ".join(shares))
-    served = m["served_recommendation"]
-    if served is not None and served["max_model_len"] != rec["max_model_len"]:
-        lines.append(f"  served lengths alone would say {served['max_model_len']:,} (p{p:g} of served sequence length "
-                     f"= {_num(served['sequence_tokens_at_percentile'])}): censored at what was served"
-                     + (f", never above the current {current:,}" if current else ""))
-    if rec["lower_bounds"]:
-        lines.append(f"  note: {rec['lower_bounds']:,} demands are lower bounds (refused before a limit was asked, "
-                     "or cut by length with none asked)")
+    lines.extend(_need_lines(m, rec, p))
     c = m.get("capacity")
     if c:
         lines.append(
             f"  on {c['gpu']} with {c['model_config']}: KV {cap.format_both(c['kv_memory_bytes'])} = "
-            f"{c['kv_tokens']:,} tokens; concurrent at the mean demand of {c['mean_demand_kv_tokens']:,} KV tokens "
+            f"{c['kv_tokens']:,} tokens; concurrent at the mean need of {c['mean_demand_kv_tokens']:,} KV tokens "
             f"(each at most {rec['max_model_len']:,}): {c['concurrent_at_mean']:,}, at p95 "
             f"{c['p95_demand_kv_tokens']:,}: {c['concurrent_at_p95']:,}"
         )
@@ -331,6 +334,75 @@ def _model_lines(m: dict[str, Any], p: float, cols: list[str]) -> list[str]:
                          f"{c['vllm_startup_error']}")
         for note in c["notes"]:
             lines.append(f"  note: {note}")
+    if m.get("pools"):
+        lines.extend(_pool_lines(m["pools"]))
+    return lines
+
+
+def _pool_line(label: str, pool: dict[str, Any]) -> str:
+    replicas = "none: one replica cannot hold a request this long" if pool["replicas"] is None else (
+        f"{pool['replicas']:,} replica(s), {pool['gpus']:,} GPU(s)")
+    latency = "-" if pool["mean_latency_s"] is None else f"{pool['mean_latency_s']:.2f} s"
+    worst = "none" if pool["replicas_worst"] is None else (
+        f"{pool['replicas_worst']:,} replica(s), {pool['gpus_worst']:,} GPU(s)")
+    return (f"    {label:<11}max_model_len {pool['max_model_len']:>7,}: {_pct(pool['share']):>6} of requests, "
+            f"{pool['concurrency_needed']:,.1f} at once needed (mean latency {latency}); at the mean "
+            f"{pool['mean_kv_tokens']:,} KV tokens {pool['concurrent_per_replica']:,} per replica → {replicas}; "
+            f"at the worst case {pool['guaranteed_per_replica']:,} per replica → {worst}")
+
+
+def _pool_lines(pools: dict[str, Any]) -> list[str]:
+    """One pool against two pools routed by length (prompt + the ask; no ask → the long pool)."""
+    lines = [f"  pools for {pools['rate']:,.2f} requests/s (--target-rate), each replica "
+             f"{pools['gpus_per_replica']} GPU(s) with {pools['kv_tokens_per_replica']:,} KV tokens "
+             f"({pools['kv_source']}):", _pool_line("one pool", pools["one_pool"])]
+    if pools["short"] is None:
+        lines.append("    two pools: no split by length needs fewer GPUs (routing sends every request that asks no "
+                     "limit, or more than the short window, to the long pool)")
+    else:
+        lines.append(_pool_line("short pool", pools["short"]))
+        lines.append(_pool_line("long pool", pools["long"]))
+    o = pools["outcome"]
+    lines.append(f"    either way {_pct(o['refused_share'])} refused, {_pct(o['cut_share'])} cut short: the long "
+                 "pool's window, which every request may fall back to")
+    return lines
+
+
+def _need_lines(m: dict[str, Any], rec: dict[str, Any], p: float) -> list[str]:
+    """The recommendation from the estimated need, its bounds, and what each candidate refuses or cuts."""
+    q = rec["need"]
+    high = "unbounded" if q["high"] is None else f"{q['high']:,}"
+    why = (f"estimated p{p:g} of need = {q['value']:,}{' or more' if q['beyond_data'] else ''} tokens, bounds "
+           f"{q['low']:,} … {high}; {rec['wanted']:,} in blocks of {rec['block_size']}")
+    if rec["limited_by"] == "model_context":
+        ctx = m.get("model_context") or {}
+        why += f"; capped at the model's own context ({ctx.get('key', 'config.json')})"
+    elif rec["limited_by"] == "kv_cache":
+        why += (f"; capped at the longest the KV cache holds ({m.get('kv_bound_source') or 'KV cache'}): more "
+                "needs fp8 KV, quantised weights or tensor parallelism")
+    lines = [f"  recommended max_model_len: {rec['max_model_len']:,} ({why})"]
+    lines.append(f"  need: {rec['exact']:,} exact (stopped by themselves), {rec['cut']:,} cut short (at least "
+                 f"prompt + granted), {rec['imputed']:,} refused or without usage (at least prompt + 1; "
+                 "completion estimated from the served requests)")
+    r = m["recorded"]
+    lines.append(f"  recorded: refused for length {_pct(r['length_refused_share'])}, clamped "
+                 f"{_pct(r['clamped_share'])}, really cut short {_pct(r['cut_share'])}")
+    current = m["max_model_len_current"]
+    lines.append(f"  {'max_model_len':>15}{'refused':>10}   cut short (estimate; bounds)")
+    for c in rec["candidates"]:
+        mark = " ← recommended" if c["max_model_len"] == rec["max_model_len"] else (
+            " ← current" if c["max_model_len"] == current else "")
+        lines.append(f"  {c['max_model_len']:>15,}{_pct(c['refused_share']):>10}   {_pct(c['cut_share'])} "
+                     f"({_pct(c['cut_share_low'])} … {_pct(c['cut_share_high'])}){mark}")
+    asked = m.get("asked_recommendation")
+    if asked is not None and asked["wanted"] != rec["wanted"]:
+        lines.append(f"  the limits asked would say {asked['wanted']:,} (p{p:g} of prompt + the completion limit "
+                     f"asked = {_num(asked['demand_at_percentile'])}): what clients ask, not what they use")
+    served = m["served_recommendation"]
+    if served is not None and served["max_model_len"] != rec["max_model_len"]:
+        lines.append(f"  served lengths alone would say {served['max_model_len']:,} (p{p:g} of served sequence length "
+                     f"= {_num(served['sequence_tokens_at_percentile'])}): censored at what was served"
+                     + (f", never above the current {current:,}" if current else ""))
     return lines
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -226,6 +227,17 @@ class Metrics:
             "Requests re-sent with a smaller completion limit after an upstream length error.",
             ["model"], registry=self.registry,
         )
+        self.pool_requests = Counter(
+            "brimful_pool_requests_total",
+            "Requests sent to each pool of a model served with several max_model_len (proxy.upstream.pools), "
+            "by the pool's upstream name and window.",
+            ["model", "upstream", "max_model_len"], registry=self.registry,
+        )
+        self.pool_fallbacks = Counter(
+            "brimful_pool_fallbacks_total",
+            "Requests a pool refused for length and brimful moved to the next larger pool.",
+            ["model", "from_upstream", "to_upstream"], registry=self.registry,
+        )
 
     def _register_gauges(self) -> None:
         self.tokenizer_parity = Gauge(
@@ -318,6 +330,13 @@ class Metrics:
         """The app retried a request after an upstream length error (not visible in a record)."""
         self._inc(self.length_retries, (self.model_label(model),))
 
+    def count_pool_route(self, model: str, upstream: str, max_model_len: int) -> None:
+        """A request routed to the pool `upstream` (a configured name, never an address)."""
+        self._inc(self.pool_requests, (self.model_label(model), upstream, str(max_model_len)))
+
+    def count_pool_fallback(self, model: str, from_upstream: str, to_upstream: str) -> None:
+        self._inc(self.pool_fallbacks, (self.model_label(model), from_upstream, to_upstream))
+
     def attach_piece_cache(self, stats: Callable[[], Any]) -> None:
         """Export the per-piece count cache's hits, misses, evictions and size."""
         self.registry.register(_CountCacheCollector(
@@ -325,6 +344,10 @@ class Metrics:
             lookups="Prompt pieces looked up in the count cache: a hit skips encoding that piece.",
             evictions="Pieces dropped from the full count cache.",
             entries="Pieces in the count cache."))
+        self.registry.register(_CountCacheCollector(
+            lambda: _PrefixStats.of(stats()), "prefix_cache",
+            lookups="Long prompts looked up by their prefixes at proven cuts: a hit counts that prefix whole.",
+            entries="Prompt prefixes in the prefix table beside the piece cache."))
 
     def attach_chat_cache(self, stats: Callable[[], Any]) -> None:
         """Export the chat-count cache's hits, misses and size."""
@@ -423,6 +446,19 @@ class _LengthLogCollector(Collector):
 
     def describe(self) -> Iterator[CounterMetricFamily]:
         yield CounterMetricFamily("brimful_length_records", "", labels=["outcome"])
+
+
+@dataclass(frozen=True)
+class _PrefixStats:
+    """The prefix table's figures of a `PieceCacheStats`, named as `_CountCacheCollector` reads them."""
+
+    hits: int
+    misses: int
+    entries: int
+
+    @classmethod
+    def of(cls, stats: Any) -> _PrefixStats:
+        return cls(stats.prefix_hits, stats.prefix_misses, stats.prefix_entries)
 
 
 class _CountCacheCollector(Collector):

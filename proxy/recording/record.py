@@ -25,6 +25,7 @@ class Action(StrEnum):
     UNCOUNTED = "uncounted"            # forwarded without a count: media nothing here can count, or a
                                        # conversation stored upstream (Responses previous_response_id)
     TRUNCATED = "truncated"            # inputs cut to max_model_len (pooling, only when the operator opted in)
+    TRIMMED = "trimmed"                # whole turns of the conversation dropped to fit (asked for)
     UPSTREAM_ERROR = "upstream_error"  # forwarded, and the upstream failed or refused it
 
 
@@ -50,6 +51,8 @@ class LengthRecord:
     length_retries: int = 0                     # retries after an upstream length rejection (drift)
     latency_ms: float | None = None             # arrival to last byte sent
     ttfb_ms: float | None = None                # arrival to first body byte (streams)
+    trimmed_messages: int | None = None         # messages / input items dropped (action "trimmed")
+    trimmed_tokens: int | None = None           # ... and the prompt tokens they held (prompt_tokens is after)
 
     def to_dict(self) -> dict[str, Any]:
         # A shallow copy of the fields: dataclasses.asdict deep-copies every

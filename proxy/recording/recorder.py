@@ -127,6 +127,12 @@ class Recorder:
     def count_length_retry(self, model: str | None) -> None:
         self.metrics.count_length_retry(model)
 
+    def count_pool_route(self, model: str, upstream: str, max_model_len: int) -> None:
+        self.metrics.count_pool_route(model, upstream, max_model_len)
+
+    def count_pool_fallback(self, model: str, from_upstream: str, to_upstream: str) -> None:
+        self.metrics.count_pool_fallback(model, from_upstream, to_upstream)
+
     def stats(self, snapshot: Mapping[str, Sequence[Sample]] | None = None,
               counting: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
         """The /stats document: per model, the recent window's figures.

@@ -34,6 +34,16 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from proxy.sizing.kv_groups import (
+    KvGroups,
+    LayerSpec,
+    group_layers,
+    hybrid_attention_block_size,
+    kv_cache_size_tokens,
+    max_concurrency,
+    startup_fit,
+)
+
 KIB = 1 << 10
 MIB = 1 << 20
 GIB = 1 << 30
@@ -171,8 +181,125 @@ _UNSUPPORTED_LAYOUT_FIELDS = (
     "block_types",              # RecurrentGemma
 )
 _FULL = {"full_attention", "attention", "global", "global_attention"}
-_SLIDING = {"sliding_attention", "sliding_window", "local", "local_attention", "chunked_attention"}
+_SLIDING = {"sliding_attention", "sliding_window", "local", "local_attention"}
+_CHUNKED = {"chunked_attention"}
 _LINEAR = {"linear_attention", "mamba", "mamba2", "gated_deltanet", "deltanet", "lightning_attention"}
+# transformers 5's default `sliding_window` for config classes that have one when
+# config.json leaves the key out (MistralConfig, Gemma2Config, Gemma3TextConfig,
+# GptOssConfig, Cohere2Config, Ministral); Qwen2/Qwen3 only with use_sliding_window.
+_DEFAULT_WINDOW = {"mistral": 4096, "ministral": 4096, "gemma2": 4096, "gemma3_text": 4096, "gemma3": 4096,
+                   "gpt_oss": 128, "cohere2": 4096, "qwen2": 4096, "qwen3": 4096, "qwen2_moe": 4096,
+                   "qwen3_moe": 4096}
+# transformers' interleaving when config.json has no `layer_types`: layer i slides
+# when (i + 1) is not a multiple of the pattern (Gemma 2 and gpt-oss 2, Gemma 3
+# `sliding_window_pattern`, default 6; Cohere 2 `sliding_window_pattern`, default 4).
+_DEFAULT_PATTERN = {"gemma2": 2, "gpt_oss": 2, "gemma3_text": 6, "gemma3": 6, "cohere2": 4}
+
+# vLLM models whose attention reads only the model-wide CacheConfig.sliding_window, never layer_types
+_WINDOW_FROM_CACHE_CONFIG = {"qwen2_moe", "qwen3_moe", "mixtral"}
+
+LayerKind = tuple[str, int | None]   # ("full" | "sliding" | "chunked" | "linear", window or chunk)
+
+
+def _sliding_window(cfg: Mapping[str, Any]) -> int | None:
+    """The window vLLM uses: 0 and null mean none; Qwen2-style `use_sliding_window: false` too;
+    Gemma 3's bidirectional variant halves it (transformers' Gemma3TextConfig)."""
+    model_type = cfg.get("model_type")
+    window = cfg.get("sliding_window", _DEFAULT_WINDOW.get(str(model_type)))
+    qwen_style = "use_sliding_window" in cfg or str(model_type).startswith(("qwen2", "qwen3"))
+    if qwen_style and not cfg.get("use_sliding_window", False):
+        return None
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return None
+    if model_type in ("gemma3_text", "gemma3") and cfg.get("use_bidirectional_attention"):
+        window = window // 2 + 1
+    return window
+
+
+def _declared_layer_types(cfg: Mapping[str, Any], num_layers: int, window: int | None) -> list[str] | None:
+    """`layer_types` as transformers 5 fills it in for the model types that derive one."""
+    layer_types = cfg.get("layer_types")
+    if layer_types is not None:
+        if not isinstance(layer_types, list) or len(layer_types) != num_layers:
+            raise UnsupportedConfigError(
+                f"config.json 'layer_types' must list {num_layers} layers (got {layer_types!r:.80})"
+            )
+        return [str(t) for t in layer_types]
+    model_type = str(cfg.get("model_type"))
+    if model_type in _DEFAULT_PATTERN:
+        pattern = cfg.get("sliding_window_pattern", _DEFAULT_PATTERN[model_type])
+        if not isinstance(pattern, int) or pattern <= 0:
+            raise UnsupportedConfigError(f"config.json 'sliding_window_pattern' is invalid: {pattern!r}")
+        return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+    if model_type in ("qwen2", "qwen3") and window is not None:
+        start = cfg.get("max_window_layers", 28)
+        return ["sliding_attention" if i >= start else "full_attention" for i in range(num_layers)]
+    if model_type == "qwen2_moe" and window is not None:
+        start = cfg.get("max_window_layers", 28)
+        return ["sliding_attention" if (i + 1) % 2 and i < start else "full_attention" for i in range(num_layers)]
+    if model_type in ("llama4_text", "llama4") and cfg.get("attention_chunk_size"):
+        nope = cfg.get("no_rope_layers") or [int((i + 1) % cfg.get("no_rope_layer_interval", 4) != 0)
+                                             for i in range(num_layers)]
+        return ["chunked_attention" if flag else "full_attention" for flag in nope]
+    return None
+
+
+def _layer_kinds(cfg: Mapping[str, Any], num_layers: int) -> list[LayerKind]:
+    """What vLLM 0.32 makes of every layer: full, sliding (with its window), chunked local, or linear.
+
+    vLLM's models take each layer's window from `layer_types` (Gemma 2/3,
+    gpt-oss, Llama, Cohere 2), or — when every layer slides or there is no
+    `layer_types` (Mistral v0.1, Phi-3, Qwen2 with use_sliding_window) — from
+    the model-wide `sliding_window` (`EngineArgs.create_engine_config` sets
+    CacheConfig.sliding_window only then).  gpt-oss slides on its even layers
+    whatever the config says (vllm/model_executor/models/gpt_oss.py).
+    """
+    for name in _UNSUPPORTED_LAYOUT_FIELDS:
+        if cfg.get(name) is not None:
+            raise UnsupportedConfigError(
+                f"config.json field {name!r} describes a hybrid layer layout brimful does not "
+                "model; compute the KV size per token from the full-attention layers by hand "
+                "and pass it via a hand-written config"
+            )
+    interval = cfg.get("full_attention_interval")
+    if cfg.get("layer_types") is None and interval is not None:
+        # transformers' Qwen3-Next / Qwen3.5 rule: layer i is full attention
+        # when (i + 1) is a multiple of the interval, linear otherwise.
+        if not isinstance(interval, int) or interval <= 0:
+            raise UnsupportedConfigError(f"config.json 'full_attention_interval' is invalid: {interval!r}")
+        return [("full" if (i + 1) % interval == 0 else "linear", None) for i in range(num_layers)]
+    window = _sliding_window(cfg)
+    types = _declared_layer_types(cfg, num_layers, window)
+    if types is None:
+        return [("sliding", window) if window is not None else ("full", None) for _ in range(num_layers)]
+    if cfg.get("model_type") == "gpt_oss":
+        types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
+    if window is not None and cfg.get("model_type") in ("cohere2", "cohere2_moe"):
+        window += 1   # vLLM's Cohere 2 layers see sliding_window + 1 tokens (models/commandr.py)
+    if cfg.get("model_type") in _WINDOW_FROM_CACHE_CONFIG and not all(t in _SLIDING for t in types):
+        # these vLLM models take no per-layer window: mixed layer_types leave CacheConfig.sliding_window unset
+        return [("full", None) for _ in range(num_layers)]
+    kinds: list[LayerKind] = []
+    for t in types:
+        if t in _FULL:
+            kinds.append(("full", None))
+        elif t in _SLIDING:
+            kinds.append(("sliding", window) if window is not None else ("full", None))
+        elif t in _CHUNKED:
+            chunk = cfg.get("attention_chunk_size")
+            kinds.append(("chunked", chunk) if isinstance(chunk, int) and chunk > 0 else ("full", None))
+        elif t in _LINEAR:
+            kinds.append(("linear", None))
+        else:
+            raise UnsupportedConfigError(f"config.json 'layer_types' has unknown layer type {t!r}")
+    sliding = sum(kind == "sliding" for kind, _ in kinds)
+    if cfg.get("model_type") in ("qwen2", "qwen3") and 0 < sliding < num_layers:
+        raise UnsupportedConfigError(
+            f"vLLM refuses this config: {sliding} of {num_layers} layers slide (max_window_layers "
+            f"{cfg.get('max_window_layers')!r}), and its Qwen2 model asserts \"Sliding window for some but all "
+            "layers is not supported\""
+        )
+    return kinds
 
 
 @dataclass(frozen=True)
@@ -190,6 +317,44 @@ class KvLayout:
     notes: tuple[str, ...] = ()
     tensor_parallel_size: int = 1
     kv_heads_total: int | None = None    # the model's num_key_value_heads
+    # Every layer as vLLM sees it: ("full" | "sliding" | "chunked" | "linear", window or chunk);
+    # empty means every layer is full attention.
+    layer_kinds: tuple[LayerKind, ...] = ()
+    # Gated DeltaNet (Qwen3-Next, Qwen3.5) linear layers: their fixed state per GPU (0: not modelled)
+    linear_state_bytes: int = 0
+
+    @property
+    def local_layers(self) -> int:
+        """Sliding-window and chunked-local layers: their cost stops growing at the window."""
+        return sum(kind in ("sliding", "chunked") for kind, _ in self.layer_kinds)
+
+    @property
+    def layer_bytes_per_token(self) -> int:
+        """One attention layer's bytes per token (K+V, or the MLA latent)."""
+        return self.elements_per_layer * self.dtype_bytes
+
+    def kv_groups(self, block_size: int, hybrid_manager: bool = True, mamba_cache_mode: str = "align") -> KvGroups:
+        """vLLM's KV-cache groups for this layout at this block size (see `proxy.sizing.kv_groups`).
+
+        Gated DeltaNet layers are Mamba specs: the attention block grows until a page holds their
+        state, which is padded to the page, and a request holds 2 pages in mamba_cache_mode "align"
+        (vLLM's default with prefix caching), 1 in "none".  Other linear layers are left out (their
+        state is not modelled, see the note).
+        """
+        kinds = self.layer_kinds or tuple(("full", None) for _ in range(self.kv_layers))
+        per_token = self.layer_bytes_per_token
+        state = self.linear_state_bytes
+        if state:
+            block_size = hybrid_attention_block_size(block_size, per_token, state)
+        specs: list[LayerSpec] = []
+        for kind, window in kinds:
+            if kind == "linear":
+                if state:
+                    specs.append(LayerSpec("mamba", block_size, 0, None, state, block_size * per_token,
+                                           2 if mamba_cache_mode == "align" else 1))
+            else:
+                specs.append(LayerSpec(kind, block_size, per_token, window))  # type: ignore[arg-type]
+        return group_layers(specs, hybrid_manager)
 
 
 def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -206,48 +371,6 @@ def _int_field(cfg: Mapping[str, Any], name: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise UnsupportedConfigError(f"config.json has no usable {name!r} (got {value!r})")
     return value
-
-
-def _layer_kinds(cfg: Mapping[str, Any], num_layers: int) -> list[str]:
-    """'full', 'sliding' or 'linear' for every layer, from whichever field says so."""
-    for name in _UNSUPPORTED_LAYOUT_FIELDS:
-        if cfg.get(name) is not None:
-            raise UnsupportedConfigError(
-                f"config.json field {name!r} describes a hybrid layer layout brimful does not "
-                "model; compute the KV size per token from the full-attention layers by hand "
-                "and pass it via a hand-written config"
-            )
-    layer_types = cfg.get("layer_types")
-    if layer_types is not None:
-        if not isinstance(layer_types, list) or len(layer_types) != num_layers:
-            raise UnsupportedConfigError(
-                f"config.json 'layer_types' must list {num_layers} layers (got {layer_types!r:.80})"
-            )
-        kinds = []
-        for t in layer_types:
-            if t in _FULL:
-                kinds.append("full")
-            elif t in _SLIDING:
-                kinds.append("sliding")
-            elif t in _LINEAR:
-                kinds.append("linear")
-            else:
-                raise UnsupportedConfigError(f"config.json 'layer_types' has unknown layer type {t!r}")
-        return kinds
-    interval = cfg.get("full_attention_interval")
-    if interval is not None:
-        # transformers' Qwen3-Next / Qwen3.5 rule: layer i is full attention
-        # when (i + 1) is a multiple of the interval, linear otherwise.
-        if not isinstance(interval, int) or interval <= 0:
-            raise UnsupportedConfigError(f"config.json 'full_attention_interval' is invalid: {interval!r}")
-        return ["full" if (i + 1) % interval == 0 else "linear" for i in range(num_layers)]
-    window = cfg.get("sliding_window")
-    if window is not None and cfg.get("use_sliding_window", True):
-        # Qwen2-style: sliding from layer max_window_layers on; Mistral-v0.1
-        # style (no use_sliding_window field): every layer slides.
-        start = cfg.get("max_window_layers", 0) if "use_sliding_window" in cfg else 0
-        return ["sliding" if i >= start else "full" for i in range(num_layers)]
-    return ["full"] * num_layers
 
 
 @dataclass(frozen=True)
@@ -310,7 +433,68 @@ def valid_tensor_parallel_sizes(config: Mapping[str, Any], up_to: int = 8) -> li
     return sizes
 
 
-def kv_layout(config: Mapping[str, Any], kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1) -> KvLayout:
+def gated_delta_net_state_bytes(config: Mapping[str, Any], tensor_parallel_size: int = 1,
+                                mamba_ssm_cache_dtype: str = "auto") -> int:
+    """One Gated DeltaNet layer's state per GPU (`MambaStateShapeCalculator.gated_delta_net_state_shape`),
+    0 when the config has no such layers.
+
+    conv: (k_dim × k_heads × 2 + v_dim × v_heads) ÷ TP × (conv kernel − 1), in the model dtype;
+    recurrent: v_heads ÷ TP × v_dim × k_dim, in `mamba_ssm_cache_dtype` — "auto" is the model dtype,
+    or Qwen3.5's `mamba_ssm_dtype` (`Qwen3_5ForConditionalGenerationConfig`).  vLLM's CPU backend on an
+    AVX-512-BF16 machine forces float32 (vllm/platforms/cpu.py).
+    """
+    cfg = text_config(config)
+    names = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+             "linear_conv_kernel_dim")
+    if any(not isinstance(cfg.get(n), int) for n in names):
+        return 0
+    k_heads, v_heads, k_dim, v_dim, kernel = (int(cfg[n]) for n in names)
+    conv_dim = k_dim * k_heads * 2 + v_dim * v_heads
+    if conv_dim % tensor_parallel_size or v_heads % tensor_parallel_size:
+        raise TensorParallelError(f"{v_heads} is not divisible by {tensor_parallel_size}")
+    model_bytes = dtype_bytes("auto", config)
+    ssm = mamba_ssm_cache_dtype
+    if ssm == "auto":
+        ssm = str(cfg.get("mamba_ssm_dtype") or "auto")
+    ssm_bytes = model_bytes if ssm == "auto" else dtype_bytes(ssm)
+    conv = conv_dim // tensor_parallel_size * (kernel - 1) * model_bytes
+    return conv + v_heads // tensor_parallel_size * v_dim * k_dim * ssm_bytes
+
+
+def _layout_notes(kinds: list[LayerKind], state: int) -> list[str]:
+    """What the per-token figure leaves out: linear layers' state, local layers' window."""
+    num_layers = len(kinds)
+    linear = sum(kind == "linear" for kind, _ in kinds)
+    kv_layers = num_layers - linear
+    notes: list[str] = []
+    if state:
+        notes.append(
+            f"hybrid: {kv_layers} of {num_layers} layers are full attention and counted per token; the {linear} "
+            f"Gated DeltaNet layers keep a fixed state of {state:,} B each per request, which vLLM pads to one "
+            "attention page (it enlarges the attention block size to fit it)"
+        )
+    elif linear:
+        notes.append(
+            f"hybrid: {kv_layers} of {num_layers} layers are full attention and counted per token; "
+            f"the {linear} linear-attention layers keep a fixed per-sequence state "
+            "that is not included (and vLLM enlarges the block size to match it), so concurrency "
+            "is an upper bound"
+        )
+    local = [(kind, window) for kind, window in kinds if kind in ("sliding", "chunked")]
+    if local:
+        windows = sorted({w for _, w in local if w is not None})
+        what = "chunked local attention (chunk" if local[0][0] == "chunked" else "sliding window (window"
+        notes.append(
+            f"{len(local)} of {num_layers} layers use {what} {', '.join(f'{w:,}' for w in windows)} tokens): "
+            "with vLLM's hybrid KV-cache manager a request holds at most the window plus the tokens in flight "
+            "there (without it, every token), so KV per token counts every layer but tokens and concurrency "
+            "come from vLLM's KV-cache groups"
+        )
+    return notes
+
+
+def kv_layout(config: Mapping[str, Any], kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1,
+              mamba_ssm_cache_dtype: str = "auto") -> KvLayout:
     """Per-token KV-cache size of a HF `config.json`, as vLLM allocates it.
 
     * MHA/GQA: 2 × KV layers × `num_key_value_heads` (default
@@ -326,11 +510,12 @@ def kv_layout(config: Mapping[str, Any], kv_cache_dtype: str = "auto", tensor_pa
       and vLLM enlarges the attention block size for these models so pages
       match that state; both are reported in `notes`, and concurrency from
       this figure is an upper bound.
-    * Sliding-window layers that are actually active: refused.  Their cost is
-      min(length, window) per request, not per token, and vLLM's hybrid
-      allocator sizes them in its own way; a single bytes-per-token number
-      would be silently wrong.  `use_sliding_window: false` (Qwen2.5) and
-      `sliding_window: null` mean no sliding layers.
+    * Sliding-window and chunked-local layers (Gemma 2/3, gpt-oss, Mistral v0.1,
+      Phi-3, Llama 4): counted in the per-token figure like full layers, and
+      listed in `layer_kinds`; what they really cost — at most their window
+      plus the tokens in flight, per request — comes from `KvLayout.kv_groups`,
+      vLLM's own grouping (`proxy.sizing.kv_groups`).  `use_sliding_window: false`
+      (Qwen2.5) and `sliding_window: null` or 0 mean no sliding layers.
     * `tensor_parallel_size` N: the figure is per GPU, with max(1, KV heads ÷ N)
       heads (`tensor_parallel_split`, which refuses what vLLM refuses); an MLA
       latent is not split.
@@ -368,22 +553,11 @@ def kv_layout(config: Mapping[str, Any], kv_cache_dtype: str = "auto", tensor_pa
             )
         head_dim = hidden // heads
     kinds = _layer_kinds(cfg, num_layers)
-    if "sliding" in kinds:
-        field_name = "layer_types" if cfg.get("layer_types") is not None else "sliding_window"
-        raise UnsupportedConfigError(
-            f"config.json field {field_name!r} makes {kinds.count('sliding')} of {num_layers} layers "
-            f"sliding-window (window {cfg.get('sliding_window')!r}); their KV cost is per request "
-            "(min(length, window)), not per token, so brimful does not give a per-token figure"
-        )
-    kv_layers = kinds.count("full")
-    notes: list[str] = []
-    if kv_layers < num_layers:
-        notes.append(
-            f"hybrid: {kv_layers} of {num_layers} layers are full attention and counted per token; "
-            f"the {num_layers - kv_layers} linear-attention layers keep a fixed per-sequence state "
-            "that is not included (and vLLM enlarges the block size to match it), so concurrency "
-            "is an upper bound"
-        )
+    linear = sum(kind == "linear" for kind, _ in kinds)
+    kv_layers = num_layers - linear
+    state = gated_delta_net_state_bytes(config, tensor_parallel_size, mamba_ssm_cache_dtype) if linear else 0
+    notes = _layout_notes(kinds, state)
+    local = [kind for kind, _ in kinds if kind in ("sliding", "chunked")]
     attention = "hybrid" if kv_layers < num_layers else ("mha" if kv_heads == heads else "gqa")
     per_gpu = kv_heads
     if split is not None:
@@ -399,6 +573,7 @@ def kv_layout(config: Mapping[str, Any], kv_cache_dtype: str = "auto", tensor_pa
         bytes_per_token=kv_layers * elements * nbytes,
         kv_heads=per_gpu, head_dim=head_dim, notes=tuple(notes),
         tensor_parallel_size=tensor_parallel_size, kv_heads_total=kv_heads,
+        layer_kinds=tuple(kinds) if local or linear else (), linear_state_bytes=state,
     )
 
 
@@ -583,21 +758,30 @@ class StartupCheck:
     fix: str | None
 
 
+def single_group(bytes_per_token: int, block_size: int = DEFAULT_BLOCK_SIZE) -> KvGroups:
+    """The KV-cache groups of a model whose every layer is full attention: one group, one block table."""
+    return group_layers([LayerSpec("full", block_size, bytes_per_token)])
+
+
 def startup_check(max_model_len: int, kv_memory_bytes: int, bytes_per_token: int,
-                  block_size: int = DEFAULT_BLOCK_SIZE) -> StartupCheck:
+                  block_size: int = DEFAULT_BLOCK_SIZE, groups: KvGroups | None = None,
+                  in_flight_tokens: int | None = None) -> StartupCheck:
     """vLLM refuses to start when one request of max_model_len tokens does not
-    fit the KV cache; it allocates whole blocks, so the need is
-    ceil(max_model_len ÷ block) blocks.  Message text from
-    a real vLLM 0.32.0 (docs/vllm-behaviour.md, "Lengths on vLLM 0.32.0").
+    fit the KV cache less the one block its pool holds back (the null block,
+    vLLM 0.32 `get_kv_cache_configs`); it allocates whole blocks from every
+    KV-cache group.  shared/vllm/captures/f1_kv_cache_too_small.txt shows both:
+    262,144 B is 4 blocks of 65,536 B, and vLLM names 384 = 3 × 128 tokens.
+    Message text from a real vLLM 0.32.0 (docs/vllm-behaviour.md, "Lengths on vLLM 0.32.0").
     """
-    available = max(0, kv_memory_bytes)
-    needed = slots_per_request(max_model_len, block_size) * bytes_per_token
-    estimated = kv_blocks(available, bytes_per_token, block_size) * block_size
-    if needed <= available:
-        return StartupCheck(max_model_len, needed, available, True, estimated, None, None)
+    groups = groups or single_group(bytes_per_token, block_size)
+    fit = startup_fit(kv_memory_bytes, groups, max_model_len,
+                      max_model_len if in_flight_tokens is None else in_flight_tokens)
+    estimated = fit.estimated_max_model_len
+    if fit.fits:
+        return StartupCheck(max_model_len, fit.needed_bytes, fit.check_bytes, True, estimated, None, None)
     message = VLLM_STARTUP_ERROR.format(
-        max_model_len=max_model_len, needed_gib=needed / GIB,
-        available_gib=available / GIB, estimated=estimated,
+        max_model_len=max_model_len, needed_gib=fit.needed_bytes / GIB,
+        available_gib=fit.check_bytes / GIB, estimated=estimated,
     )
     if estimated > 0:
         fix = (f"start vLLM with --max-model-len {estimated} or less, or free memory: raise "
@@ -605,7 +789,7 @@ def startup_check(max_model_len: int, kv_memory_bytes: int, bytes_per_token: int
     else:
         fix = ("no KV memory is left after weights and activations: use a bigger GPU, quantised "
                "weights or tensor parallelism, or raise --gpu-memory-utilization")
-    return StartupCheck(max_model_len, needed, available, False, estimated, message, fix)
+    return StartupCheck(max_model_len, fit.needed_bytes, fit.check_bytes, False, estimated, message, fix)
 
 
 # ---------------------------------------------------------------------------
@@ -626,6 +810,19 @@ class PlanInputs:
     gpu_hourly_usd: float | None = None
     max_num_seqs: int | None = None      # vLLM's cap on sequences running at once (None: not applied)
     tensor_parallel_size: int = 1        # GPUs per replica; every other figure is per GPU
+    # vLLM's KV-cache groups (None: every layer full attention, bytes_per_token × block_size per block)
+    kv_groups: KvGroups | None = None
+    # max_num_batched_tokens × concurrent batches (`max_in_flight_tokens`): what a sliding or chunked
+    # layer holds beyond its window; None counts a whole request (never less than vLLM reserves)
+    in_flight_tokens: int | None = None
+
+    def groups(self) -> KvGroups:
+        return self.kv_groups or single_group(self.bytes_per_token, self.block_size)
+
+    def in_flight(self) -> int:
+        if self.in_flight_tokens is not None:
+            return self.in_flight_tokens
+        return max(self.max_model_len or 0, self.tokens_per_request)
 
 
 @dataclass(frozen=True)
@@ -649,14 +846,44 @@ class Plan:
     # `concurrent_requests` is the memory bound; vLLM runs at most max_num_seqs at once
     concurrency: int = 0
     limited_by: str = "memory"           # "memory" or "max_num_seqs"
+    # pool blocks one request of tokens_per_request takes, summed over vLLM's KV-cache groups
+    blocks_per_request: int = 0
+    # what vLLM logs at start-up for max_model_len: "KV cache size: N tokens, Maximum concurrency ...: X"
+    vllm_kv_cache_tokens: int | None = None
+    vllm_max_concurrency: float | None = None
+
+
+def _kv_figures(inputs: PlanInputs, kv_memory_bytes: int) -> tuple[int, int, int, int, int | None, float | None]:
+    """(KV tokens, pool blocks, blocks per request, slots per request, vLLM's tokens, vLLM's concurrency).
+
+    With only full attention KV tokens are the article's floor(memory ÷ bytes per
+    token); with sliding, chunked or linear layers a token count depends on the
+    length, so it is vLLM's own figure at max_model_len (or at tokens_per_request).
+    """
+    groups, in_flight = inputs.groups(), inputs.in_flight()
+    blocks = groups.num_blocks(kv_memory_bytes)
+    per_request = groups.blocks_per_request(inputs.tokens_per_request, in_flight)
+    vllm_tokens = vllm_conc = None
+    if inputs.max_model_len is not None:
+        vllm_conc = max_concurrency(blocks, groups, inputs.max_model_len, in_flight)
+        vllm_tokens = kv_cache_size_tokens(blocks, groups, inputs.max_model_len, in_flight)
+    if len(groups.groups) > 1 or groups.groups[0].spec.kind != "full":
+        length = inputs.max_model_len or inputs.tokens_per_request
+        tokens = kv_cache_size_tokens(blocks, groups, length, in_flight)
+        slots = per_request * groups.block_size
+    else:
+        tokens = kv_tokens(kv_memory_bytes, inputs.bytes_per_token)
+        slots = slots_per_request(inputs.tokens_per_request, groups.block_size)
+    return tokens, blocks, per_request, slots, vllm_tokens, vllm_conc
 
 
 def make_plan(inputs: PlanInputs) -> Plan:
     """Combine the steps above into one answer (what `brimful plan` prints)."""
     memory = kv_memory(inputs.gpu_memory_bytes, inputs.utilization,
                        inputs.weights_bytes, inputs.activation_bytes)
-    tokens = kv_tokens(memory.kv_memory_bytes, inputs.bytes_per_token)
-    per_gpu = concurrent_requests(tokens, inputs.tokens_per_request, inputs.block_size)
+    tokens, blocks, per_request, slots, vllm_tokens, vllm_conc = _kv_figures(inputs, memory.kv_memory_bytes)
+    groups = inputs.groups()
+    per_gpu = blocks // per_request
     effective, limited_by = per_gpu, "memory"
     if inputs.max_num_seqs is not None and inputs.max_num_seqs < per_gpu:
         effective, limited_by = inputs.max_num_seqs, "max_num_seqs"
@@ -677,9 +904,9 @@ def make_plan(inputs: PlanInputs) -> Plan:
             "(vLLM: No available memory for the cache blocks)"
         )
     if inputs.max_model_len is not None:
-        startup = startup_check(inputs.max_model_len, memory.kv_memory_bytes,
-                                inputs.bytes_per_token, inputs.block_size)
-        at_max = concurrent_requests(tokens, inputs.max_model_len, inputs.block_size)
+        startup = startup_check(inputs.max_model_len, memory.kv_memory_bytes, inputs.bytes_per_token,
+                                inputs.block_size, groups, inputs.in_flight())
+        at_max = blocks // groups.blocks_per_request(inputs.max_model_len, inputs.in_flight())
         if inputs.max_num_seqs is not None:
             at_max = min(at_max, inputs.max_num_seqs)
         if inputs.target_concurrency is not None:
@@ -693,13 +920,12 @@ def make_plan(inputs: PlanInputs) -> Plan:
                 f"({tokens} tokens): vLLM refuses to start"
             )
     return Plan(
-        inputs=inputs, memory=memory, kv_tokens=tokens,
-        kv_blocks=kv_blocks(memory.kv_memory_bytes, inputs.bytes_per_token, inputs.block_size),
-        slots_per_request=slots_per_request(inputs.tokens_per_request, inputs.block_size),
+        inputs=inputs, memory=memory, kv_tokens=tokens, kv_blocks=blocks, slots_per_request=slots,
         concurrent_requests=per_gpu, gpus_for_target=gpus, monthly_cost_usd=cost,
         utilization_step=utilization_step(inputs.gpu_memory_bytes, inputs.bytes_per_token),
         mean_last_block_waste=mean_last_block_waste(inputs.block_size),
         startup=startup, concurrent_at_max_model_len=at_max, gpus_at_max_model_len=gpus_at_max,
         monthly_cost_at_max_model_len_usd=cost_at_max, warnings=tuple(warnings),
-        concurrency=effective, limited_by=limited_by,
+        concurrency=effective, limited_by=limited_by, blocks_per_request=per_request,
+        vllm_kv_cache_tokens=vllm_tokens, vllm_max_concurrency=vllm_conc,
     )

@@ -7,7 +7,10 @@ length, so a percentile of served lengths cannot rise above the current
 (`proxy.recording.record.LengthRecord`, as the dicts of the JSONL log, or a record's
 `vars()`) and states the demand of each one.  Pure functions: `brimful report`
 (`proxy.sizing.report`) and `/stats` (`proxy.recording.stats`) both reduce demands to a
-`DemandTally` and ask `recommend_from_demand`.
+`DemandTally`.  Agents ask 32,000 or 65,535 out of habit, so `brimful report` recommends
+from what requests needed (`proxy.sizing.need`) and keeps `recommend_from_demand` as a
+column; its tally still gives the refusals at each length exactly (admission refuses by the
+ask).  `/stats` still recommends from the asks.
 
 Definitions:
 
@@ -375,6 +378,7 @@ ERROR_CODE_REASONS: dict[str, Reason] = {
     ErrorCode.UPSTREAM_ERROR: "upstream_failure",
     ErrorCode.UPSTREAM_STREAM_ERROR: "upstream_failure",
     ErrorCode.UPSTREAM_INVALID_RESPONSE: "upstream_failure",
+    ErrorCode.UPSTREAM_INVALID_OUTPUT: "upstream_failure",
     ErrorCode.COUNTING_BUSY: "upstream_failure",      # brimful's own back-pressure, like upstream_busy
     # Answered by proxy.serving.server before any app code: never in a record, listed for completeness.
     ErrorCode.INVALID_HTTP_REQUEST: "bad_request",

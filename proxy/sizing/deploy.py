@@ -19,6 +19,7 @@ from decimal import Decimal
 from typing import Any, Literal
 
 from proxy.sizing import capacity as cap
+from proxy.sizing.kv_groups import KvGroups
 from proxy.sizing.model_context import ContextBound, model_context_bound
 from proxy.sizing.scheduler_limits import SchedulerLimits, scheduler_limits
 from proxy.sizing.weights import WeightsEstimate, estimate_weights, weight_scheme
@@ -59,6 +60,15 @@ class DeploymentSpec:
     enable_chunked_prefill: bool = True
     target_concurrency: int | None = None
     gpu_hourly_usd: float | None = None
+    # vLLM's --disable-hybrid-kv-cache-manager, inverted; None = vLLM's default (on, except for models
+    # with chunked local attention unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1)
+    hybrid_kv_cache_manager: bool | None = None
+    chunked_local_hybrid: bool = False
+    # vLLM's --async-scheduling: on by default on GPUs (two batches in flight), off on the CPU backend
+    async_scheduling: bool = True
+    # vLLM's --mamba-ssm-cache-dtype and --mamba-cache-mode ("align" is its default with prefix caching)
+    mamba_ssm_cache_dtype: str = "auto"
+    mamba_cache_mode: str = "align"
 
 
 @dataclass(frozen=True)
@@ -80,9 +90,19 @@ class Hardware:
     context: ContextBound | None = None         # None: the config has no length field
     max_num_seqs: int | None = None
     spec: DeploymentSpec | None = None
+    kv_groups: KvGroups | None = None           # vLLM's KV-cache groups (None: one full-attention group)
+    max_num_batched_tokens: int | None = None   # vLLM's default for this GPU, or the one given
+    concurrent_batches: int = 1                 # 2 with async scheduling (`max_concurrent_batches`)
 
-    def inputs(self, tokens_per_request: int, max_model_len: int | None) -> cap.PlanInputs:
+    def in_flight_tokens(self, max_num_batched_tokens: int | None = None) -> int | None:
+        """`VllmConfig.max_in_flight_tokens`: batched tokens × batches in flight."""
+        tokens = max_num_batched_tokens or self.max_num_batched_tokens
+        return None if tokens is None else tokens * self.concurrent_batches
+
+    def inputs(self, tokens_per_request: int, max_model_len: int | None,
+               max_num_batched_tokens: int | None = None) -> cap.PlanInputs:
         return cap.PlanInputs(
+            kv_groups=self.kv_groups, in_flight_tokens=self.in_flight_tokens(max_num_batched_tokens),
             bytes_per_token=self.layout.bytes_per_token,
             gpu_memory_bytes=self.gpu_memory_bytes, weights_bytes=self.weights_bytes,
             utilization=self.utilization, activation_bytes=self.activation_bytes,
@@ -99,10 +119,29 @@ def _context(config: Mapping[str, Any]) -> ContextBound | None:
     return bound if bound.key is not None else None
 
 
+def hybrid_kv_cache_manager(spec: DeploymentSpec) -> bool:
+    """Whether vLLM 0.32 runs its hybrid KV-cache manager (`VllmConfig.__post_init__`, vllm/config/vllm.py).
+
+    On by default; off for a model with `attention_chunk_size` (Llama 4) unless
+    VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1, and then asking for it is vLLM's ValueError.
+    """
+    chunked = cap.text_config(spec.config).get("attention_chunk_size") is not None
+    needs_off = chunked and not spec.chunked_local_hybrid
+    if spec.hybrid_kv_cache_manager is None:
+        return not needs_off
+    if spec.hybrid_kv_cache_manager and needs_off:
+        raise ValueError(
+            "Hybrid KV cache manager was explicitly enabled but is not supported in this configuration. "
+            "Consider omitting the --no-disable-hybrid-kv-cache-manager flag to let vLLM decide automatically."
+        )
+    return spec.hybrid_kv_cache_manager
+
+
 def resolve(spec: DeploymentSpec) -> Hardware:
     """Per-GPU layout and weights; TensorParallelError / UnsupportedConfigError / ValueError otherwise."""
     tp = spec.tensor_parallel_size
-    layout = cap.kv_layout(spec.config, spec.kv_cache_dtype, tp)
+    layout = cap.kv_layout(spec.config, spec.kv_cache_dtype, tp, spec.mamba_ssm_cache_dtype)
+    groups = layout.kv_groups(spec.block_size, hybrid_kv_cache_manager(spec), spec.mamba_cache_mode)
     estimate: WeightsEstimate | None = None
     if spec.weights_memory_bytes is not None:
         total = spec.weights_memory_bytes
@@ -111,14 +150,17 @@ def resolve(spec: DeploymentSpec) -> Hardware:
         total = estimate.total_bytes
     else:
         raise ValueError("give the weights: --weights-memory SIZE or --params N")
-    seqs = scheduler_limits(None, gpu_memory_bytes=spec.gpu_memory_bytes, gpu_name=spec.gpu_name,
-                            max_num_seqs=spec.max_num_seqs).max_num_seqs
+    limits = scheduler_limits(None, gpu_memory_bytes=spec.gpu_memory_bytes, gpu_name=spec.gpu_name,
+                              max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens)
+    seqs = limits.max_num_seqs
     return Hardware(
         model_label=spec.model_label, layout=layout, gpu_label=spec.gpu_label,
         gpu_memory_bytes=spec.gpu_memory_bytes, weights_bytes=-(-total // tp),
         utilization=spec.utilization, activation_bytes=spec.activation_bytes, block_size=spec.block_size,
         target_concurrency=spec.target_concurrency, gpu_hourly_usd=spec.gpu_hourly_usd,
         tensor_parallel_size=tp, weights=estimate, context=_context(spec.config), max_num_seqs=seqs, spec=spec,
+        kv_groups=groups, max_num_batched_tokens=limits.max_num_batched_tokens,
+        concurrent_batches=2 if spec.async_scheduling else 1,
     )
 
 
@@ -198,10 +240,10 @@ def _evaluate(spec: DeploymentSpec, tokens_per_request: int, max_model_len: int 
         mml, source = context.default_max_model_len, f"model default ({context.key})"
     else:
         mml, source = None, "unknown"
-    plan = cap.make_plan(hw.inputs(tokens_per_request, mml))
     sched = scheduler_limits(mml, gpu_memory_bytes=spec.gpu_memory_bytes, gpu_name=spec.gpu_name,
                              max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
                              enable_chunked_prefill=spec.enable_chunked_prefill)
+    plan = cap.make_plan(hw.inputs(tokens_per_request, mml, sched.max_num_batched_tokens))
     mem = plan.memory
     if hw.weights_bytes > spec.gpu_memory_bytes:
         problems.append(Problem(
@@ -245,7 +287,8 @@ def _alternative(spec: DeploymentSpec, change: str, flags: tuple[str, ...], toke
     if hw is None or plan is None:
         return Alternative(change, flags, False, spec.tensor_parallel_size, 0, 0, 0, 0, max_model_len, 0,
                            tuple(p.message for p in problems), note)
-    longest = plan.kv_blocks * spec.block_size
+    longest = plan.startup.estimated_max_model_len if plan.startup is not None else max(
+        0, plan.kv_blocks - 1) * spec.block_size
     return Alternative(
         change=change, flags=flags, fits=not problems, gpus_per_replica=spec.tensor_parallel_size,
         weights_per_gpu_bytes=hw.weights_bytes, kv_memory_bytes=max(0, plan.memory.kv_memory_bytes),
@@ -266,7 +309,9 @@ def _sixteen_bit_params(spec: DeploymentSpec) -> int | None:
 def _needed_utilization(spec: DeploymentSpec, hw: Hardware, plan: cap.Plan) -> float | None:
     """The gpu_memory_utilization (to 0.01) that would leave room for one request of max_model_len."""
     need_tokens = plan.inputs.max_model_len or plan.inputs.tokens_per_request
-    kv = cap.slots_per_request(need_tokens, spec.block_size) * hw.layout.bytes_per_token
+    groups = plan.inputs.groups()
+    # one request's blocks from every group, plus the block the pool holds back
+    kv = (groups.blocks_per_request(need_tokens, plan.inputs.in_flight()) + 1) * groups.bytes_per_block
     total = hw.weights_bytes + hw.activation_bytes + kv
     value = math.ceil(Decimal(total) / Decimal(spec.gpu_memory_bytes) * 100) / 100
     return value if spec.utilization < value <= 1.0 else None

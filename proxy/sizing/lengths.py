@@ -20,10 +20,11 @@
 * percentiles interpolate linearly between closest ranks, numpy's default
   (`method="linear"`): for n sorted values v, p → index h = (n − 1)·p/100,
   v[⌊h⌋] + (h − ⌊h⌋)·(v[⌊h⌋+1] − v[⌊h⌋]).
-* a recommended `max_model_len` is a percentile of *demanded* sequence
-  lengths (`proxy.sizing.demand`: what each request asked for, refused and clamped
-  ones included) rounded up to whole KV blocks (vLLM allocates whole blocks
-  anyway), then capped at the model's own context and the KV cache.
+* `brimful report` recommends `max_model_len` from the estimated percentile of
+  what requests *needed* (`proxy.sizing.need`: censored data, cut and refused
+  requests bounded), `/stats` still from what they *asked* (`proxy.sizing.demand`);
+  either is rounded up to whole KV blocks (vLLM allocates whole blocks anyway),
+  then capped at the model's own context and the KV cache.
 """
 
 from __future__ import annotations

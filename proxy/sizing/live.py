@@ -103,13 +103,17 @@ class PoolCheck:
         return out
 
 
-def given_memory_plan(cache: CacheConfigInfo, bytes_per_token: int) -> cap.Plan | None:
-    """The plan of a vLLM given exactly `--kv-cache-memory-bytes` (None when it was not)."""
+def given_memory_plan(cache: CacheConfigInfo, bytes_per_token: int,
+                      layout: cap.KvLayout | None = None) -> cap.Plan | None:
+    """The plan of a vLLM given exactly `--kv-cache-memory-bytes` (None when it was not); with the
+    model's `layout`, its KV-cache groups at vLLM's block size."""
     if cache.kv_cache_memory_bytes is None:
         return None
+    block = cache.block_size or cap.DEFAULT_BLOCK_SIZE
     return cap.make_plan(cap.PlanInputs(
         bytes_per_token=bytes_per_token, gpu_memory_bytes=cache.kv_cache_memory_bytes, weights_bytes=0,
-        utilization=1.0, activation_bytes=0, block_size=cache.block_size or cap.DEFAULT_BLOCK_SIZE))
+        utilization=1.0, activation_bytes=0, block_size=block,
+        kv_groups=layout.kv_groups(block) if layout is not None else None))
 
 
 def check_pool(metrics: VllmMetrics, *, config: Mapping[str, Any] | None = None, plan: cap.Plan | None = None,
@@ -124,11 +128,12 @@ def check_pool(metrics: VllmMetrics, *, config: Mapping[str, Any] | None = None,
     notes: list[str] = []
     if plan is None and config is not None:
         try:
-            bpt = cap.kv_layout(config, cache.cache_dtype or "auto").bytes_per_token
+            layout = cap.kv_layout(config, cache.cache_dtype or "auto")
+            bpt = layout.bytes_per_token
         except ValueError as exc:     # UnsupportedConfigError, or a cache dtype brimful does not know
             notes.append(f"no plan: {exc}")
         else:
-            plan = given_memory_plan(cache, bpt)
+            plan = given_memory_plan(cache, bpt, layout)
             if plan is not None:
                 plan_basis = (f"--kv-cache-memory-bytes {cache.kv_cache_memory_bytes:,} ÷ {bpt:,} B per token "
                               f"from config.json, KV cache {cache.cache_dtype or 'auto'}")

@@ -19,13 +19,16 @@ Two views of the same records:
   clamped request counts with the length it was cut to.  These lengths are
   censored at the current `max_model_len`: their percentile can never rise
   above it (`served_recommendation`, kept for comparison).
-* **demand**: what each request asked for, refused and clamped requests
-  included (`proxy.sizing.demand`: prompt + the completion limit asked, or prompt +
-  what was generated when nothing was asked).  The recommendation is its
-  percentile in whole blocks, bounded by the model's own context and by what
-  the KV cache holds when those are given, with the share of past demand the
-  current and the recommended values refuse or clamp; rejections are broken
-  down by reason.
+* **need**: what each request really needed (`proxy.sizing.need`): exactly
+  prompt + completion when it stopped by itself, at least prompt + granted
+  when it was cut below its ask (right-censored), at least prompt + 1 when it
+  was refused (its completion estimated from the served ones).  The
+  recommendation is the product-limit estimate of its percentile in whole
+  blocks, bounded by the model's own context and by what the KV cache holds,
+  with its bounds and what each candidate `max_model_len` would refuse or cut.
+* **asked** (`proxy.sizing.demand`): prompt + the completion limit asked.
+  Agents ask 32,000 or 65,535 out of habit, so it is a column for comparison,
+  never the recommendation (`asked_recommendation`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from datetime import UTC, datetime
 from typing import IO, Any, NamedTuple
 
 from proxy.sizing import demand as dm
+from proxy.sizing import need as nd
+from proxy.sizing import pools as pl
 from proxy.sizing.histogram import Histogram, percentile_key
 from proxy.sizing.lengths import (
     BLOCK_SIZE,
@@ -175,6 +180,8 @@ class ModelStats:
     total_counts: dict[int, int] = field(default_factory=dict)
     sequence_counts: dict[int, int] = field(default_factory=dict)
     demand: dm.DemandTally = field(default_factory=dm.DemandTally)
+    need: nd.NeedTally = field(default_factory=nd.NeedTally)
+    routes: pl.RouteTally = field(default_factory=pl.RouteTally)
     reasons: dict[str, int] = field(default_factory=dict)     # not served, by proxy.sizing.demand's reason
 
     @property
@@ -225,11 +232,21 @@ class ModelStats:
         limit = _lenient_int(rec, "max_model_len")
         if r.prompt is not None:
             longest = _lenient_int(rec, "longest_prompt_tokens")
-            f = dm.demand_figures(r.prompt, r.n, _lenient_int(rec, "requested_max_tokens"), r.completion,
-                                  _lenient_int(rec, "granted_max_tokens"), bool(r.finished_length),
-                                  str(rec.get("endpoint")), longest)
+            asked = _lenient_int(rec, "requested_max_tokens")
+            granted = _lenient_int(rec, "granted_max_tokens")
+            endpoint = str(rec.get("endpoint"))
+            f = dm.demand_figures(r.prompt, r.n, asked, r.completion, granted, bool(r.finished_length), endpoint,
+                                  longest)
             self.demand.add_values(longest if longest is not None else r.prompt, f.sequence, f.kv_tokens,
                                    f.lower_bound, limit)
+            reasons = rec.get("finish_reasons")
+            kind, prompt, value, upper = nd.need_figures(r.prompt, r.n, asked, r.completion, granted,
+                                                         reasons if isinstance(reasons, list) else None, endpoint,
+                                                         longest, limit)
+            self.need.add_values(kind, prompt, value, upper)
+            latency = rec.get("latency_ms")
+            seconds = latency / 1000 if isinstance(latency, (int, float)) and latency >= 0 else None
+            self.routes.add(pl.route_key(prompt, asked), None if kind == "unknown" else value, prompt, seconds)
         status = rec.get("status")
         reason = dm.reason_of(rec.get("error_code"), r.action, status if type(status) is int else None,
                               _lenient_int(rec, "prompt_tokens"), limit)
@@ -344,8 +361,11 @@ def model_report(stats: ModelStats, p: float = 99.0, block_size: int = BLOCK_SIZ
     current = max(stats.max_model_len_seen, key=stats.max_model_len_seen.__getitem__) \
         if stats.max_model_len_seen else None
     tally = stats.demand
-    rec = dm.recommend_from_demand(tally, p, block_size, model_bound=model_bound, kv_bound=kv_bound,
-                                   current=current, min_completion=min_completion)
+    asked = dm.recommend_from_demand(tally, p, block_size, model_bound=model_bound, kv_bound=kv_bound,
+                                     current=current, min_completion=min_completion)
+    rec = nd.recommend_from_need(stats.need, tally, p, block_size, model_bound=model_bound, kv_bound=kv_bound,
+                                 current=current)
+    length_refused = stats.reasons.get("prompt_too_long", 0) + stats.reasons.get("no_room_left", 0)
     beyond = sum(c for v, c in tally.sequence.items() if current is not None and v > current)
     return {
         "model": stats.model,
@@ -366,10 +386,17 @@ def model_report(stats: ModelStats, p: float = 99.0, block_size: int = BLOCK_SIZ
         "total_tokens": total.summary(extra),
         "sequence_tokens": sequence.summary(extra),
         "demand_tokens": tally.sequence_histogram.summary(extra),
+        "need_tokens": stats.need.model().summary(extra),
         "demand_kv_tokens": tally.kv_histogram.summary(extra),
         "demand_lower_bounds": tally.lower_bounds,
         "beyond_max_model_len": beyond,
+        # what the records show happened: refused for length, clamped, and really cut short
+        "recorded": {"length_refused_share": length_refused / stats.requests if stats.requests else 0.0,
+                     "clamped_share": stats.share("clamped"),
+                     "cut_share": stats.need.censored / stats.requests if stats.requests else 0.0},
         "recommendation": None if rec is None else rec.to_dict(),
+        # the old view, prompt + the completion limit asked: a column, never the recommendation
+        "asked_recommendation": None if asked is None else asked.to_dict(),
         "served_recommendation": None if served is None else {
             "percentile": served.percentile,
             "sequence_tokens_at_percentile": served.value,

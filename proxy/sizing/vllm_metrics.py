@@ -175,8 +175,17 @@ class CrossCheck:
     concurrency: int | None       # requests of demand_tokens the usable pool holds at once
 
 
-def _tokens_in(memory: int, bytes_per_token: int, block: int) -> int:
-    return max(0, memory) // (bytes_per_token * block) * block
+def _tokens_in(memory: int, block_bytes: int, block: int) -> int:
+    return max(0, memory) // block_bytes * block
+
+
+def _block_bytes(plan: cap.Plan, block: int) -> int:
+    """Bytes of one pool block: bytes per token × vLLM's block, or the plan's KV-cache groups' block
+    when sliding, chunked or linear layers make vLLM group them (`proxy.sizing.kv_groups`)."""
+    groups = plan.inputs.groups()
+    if len(groups.groups) == 1 and groups.groups[0].spec.kind == "full":
+        return plan.inputs.bytes_per_token * block
+    return groups.bytes_per_block
 
 
 def cross_check(cache: CacheConfigInfo, plan: cap.Plan, demand_tokens: int | None = None) -> CrossCheck:
@@ -189,12 +198,13 @@ def cross_check(cache: CacheConfigInfo, plan: cap.Plan, demand_tokens: int | Non
         raise ValueError("vllm:cache_config_info has no num_gpu_blocks/block_size")
     inp = plan.inputs
     block, bpt = cache.block_size, inp.bytes_per_token
+    block_bytes = _block_bytes(plan, block)
     actual = cache.num_gpu_blocks * block
     usable = max(0, cache.num_gpu_blocks - 1) * block
     notes: list[str] = []
     implied_other: int | None = None
     if cache.kv_cache_memory_bytes is not None:
-        planned = _tokens_in(cache.kv_cache_memory_bytes, bpt, block)
+        planned = _tokens_in(cache.kv_cache_memory_bytes, block_bytes, block)
         notes.append(f"vLLM was given exactly {cap.format_both(cache.kv_cache_memory_bytes)} of KV cache "
                      "(--kv-cache-memory-bytes): utilization, weights and activations do not enter")
         if actual != planned and actual:
@@ -202,8 +212,8 @@ def cross_check(cache: CacheConfigInfo, plan: cap.Plan, demand_tokens: int | Non
             notes.append(f"its pool implies {implied:,.0f} B per token against the planned {bpt:,}: check "
                          "--kv-cache-dtype, --tensor-parallel-size and the model's layer layout")
     else:
-        planned = _tokens_in(plan.memory.kv_memory_bytes, bpt, block)
-        implied_other = plan.memory.usable_bytes - plan.memory.weights_bytes - actual * bpt
+        planned = _tokens_in(plan.memory.kv_memory_bytes, block_bytes, block)
+        implied_other = plan.memory.usable_bytes - plan.memory.weights_bytes - cache.num_gpu_blocks * block_bytes
         if abs(actual - planned) <= block:
             notes.append("matches the plan to a block")
         else:
@@ -212,7 +222,7 @@ def cross_check(cache: CacheConfigInfo, plan: cap.Plan, demand_tokens: int | Non
             for factor, what in ((cap.GB / cap.GIB, "GB read as GiB"), (cap.GIB / cap.GB, "GiB read as GB")):
                 other = int(inp.gpu_memory_bytes * factor)
                 alt = cap.kv_memory(other, inp.utilization, inp.weights_bytes, inp.activation_bytes)
-                alt_tokens = _tokens_in(alt.kv_memory_bytes, bpt, block)
+                alt_tokens = _tokens_in(alt.kv_memory_bytes, block_bytes, block)
                 if alt_tokens and abs(actual - alt_tokens) <= max(block, actual // 100) < abs(actual - planned):
                     units = (f"units: the pool matches a GPU of {cap.format_both(other)} — the plan's GPU memory "
                              f"looks like {what} (GiB = 2^30, GB = 10^9 bytes)")
@@ -227,7 +237,7 @@ def cross_check(cache: CacheConfigInfo, plan: cap.Plan, demand_tokens: int | Non
     return CrossCheck(
         block_size=block, actual_blocks=cache.num_gpu_blocks, actual_tokens=actual, usable_tokens=usable,
         planned_tokens=planned, difference_tokens=abs(actual - planned), actual_above_plan=actual > planned,
-        ratio=actual / planned if planned else 0.0, actual_kv_bytes=actual * bpt,
+        ratio=actual / planned if planned else 0.0, actual_kv_bytes=cache.num_gpu_blocks * block_bytes,
         implied_other_bytes=None if implied_other is None else max(0, implied_other),
         explanation=tuple(notes), demand_tokens=demand_tokens, concurrency=concurrency_at(cache, demand_tokens),
     )

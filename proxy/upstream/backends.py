@@ -4,8 +4,10 @@ A `Backend` is one upstream server (`proxy.upstream.client.Upstream`) with the l
 models it serves (`proxy.upstream.models.ModelRegistry`, read from its own
 `/v1/models`).  `Backends` routes a model name to the backend that serves it:
 backends are asked in configuration order, the default `[upstream]` first, so
-a model served twice goes to the first.  A single-upstream deployment is the
-special case of one backend.
+a model served twice with the same window goes to the first.  A model served
+with different `max_model_len`s forms pools (`pools`), and each request goes to
+the smallest that holds it (`proxy.upstream.pools`).  A single-upstream
+deployment is the special case of one backend.
 """
 
 from __future__ import annotations
@@ -70,6 +72,18 @@ class Backends:
             if backend.registry.get(model) is not None:
                 return backend
         return None
+
+    def pools(self, model: str) -> list[tuple[Backend, int]]:
+        """The backends serving `model` with a known max_model_len, shortest window first (config order on ties).
+
+        Two or more are pools routed by length (`proxy.upstream.pools`); one or none is no pool at all.
+        """
+        found: list[tuple[Backend, int]] = []
+        for backend in self.items:
+            info = backend.registry.get(model)
+            if info is not None and info.max_model_len is not None:
+                found.append((backend, info.max_model_len))
+        return sorted(found, key=lambda bw: bw[1]) if len({w for _, w in found}) > 1 else []
 
     def info(self, model: str) -> ModelInfo | None:
         backend = self.for_model(model)

@@ -16,6 +16,7 @@ Whether a smaller completion limit can fix the failure is admission's rule
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -45,6 +46,7 @@ def explain_upstream_error(
     granted_max_tokens: int | None = None,
     prompt_param: str = "messages",
     max_tokens_param: str | None = None,
+    surface: str = "chat",
 ) -> BrimfulError:
     """Turn an upstream failure into the error the client receives.
 
@@ -53,7 +55,7 @@ def explain_upstream_error(
     figures when it counted the request; they take precedence over the
     upstream's, which may be a lower bound.  `prompt_param` is "messages" for
     chat and "prompt" for completions; `max_tokens_param` is the field the
-    client used ("max_tokens" or "max_completion_tokens").
+    client used ("max_tokens" or "max_completion_tokens"); `surface` the admitted route's name.
     """
     ctx = _Context(
         failure=failure,
@@ -64,6 +66,7 @@ def explain_upstream_error(
         granted=granted_max_tokens,
         prompt_param=prompt_param,
         max_tokens_param=max_tokens_param,
+        surface=surface,
     )
     explain = _EXPLAINERS.get(failure.kind, _explain_server_error)
     error = explain(ctx)
@@ -82,6 +85,7 @@ class _Context:
     granted: int | None
     prompt_param: str
     max_tokens_param: str | None
+    surface: str = "chat"
 
     @property
     def who(self) -> str:
@@ -164,10 +168,13 @@ def _brimful_numbers(ctx: _Context) -> dict[str, Any]:
     return {k: v for k, v in numbers.items() if v is not None}
 
 
-def _length_error(ctx: _Context, message: str, param: str | None, **numbers: Any) -> BrimfulError:
+def _length_error(ctx: _Context, message: str, param: str | None, *, too_long: tuple[int, int] | None = None,
+                  exceeds: tuple[int, int, int] | None = None, **numbers: Any) -> BrimfulError:
+    """A length refusal; `too_long` / `exceeds` give Anthropic's clients their own wording of it."""
     return BrimfulError(
         400, message, code=ErrorCode.CONTEXT_LENGTH_EXCEEDED, param=param,
         details={**_brimful_numbers(ctx), **{k: v for k, v in numbers.items() if v is not None}},
+        too_long=too_long, exceeds=exceeds,
     )
 
 
@@ -186,6 +193,7 @@ def _prompt_over(ctx: _Context, n: int, limit: int, note: str = "") -> BrimfulEr
         f"leaves no room for any output. Shorten the prompt by {_tokens(cut)} or more for even one completion "
         f"token to fit{also} (or serve the model with a larger --max-model-len).{note}{ctx.source()}",
         ctx.prompt_param,
+        too_long=(n, limit - 1),
         tokens_to_remove=cut,
         tokens_to_remove_for_requested=cut_for_asked,
     )
@@ -202,6 +210,7 @@ def _over_total(ctx: _Context, n: int, limit: int, asked: int) -> BrimfulError:
         f"{asked} completion tokens ({param}), {n + asked} in total, {over} more than fit. Set {param} to "
         f"{room} or less, or shorten the prompt by {_tokens(over)}.{ctx.source()}",
         param,
+        exceeds=(n, asked, limit),
         available_completion_tokens=room,
         tokens_over=over,
     )
@@ -282,7 +291,8 @@ def _explain_length(ctx: _Context) -> BrimfulError:
                 f"This model's maximum context length is {limit} tokens. However, your prompt has {about} {low} "
                 f"tokens (the upstream stops counting once the limit is passed), which leaves no room for any "
                 f"output. Shorten the prompt by {about} {_tokens(max(low - limit + 1, 1))}.{ctx.source()}",
-                ctx.prompt_param, tokens_to_remove_at_least=max(low - limit + 1, 1),
+                ctx.prompt_param, too_long=(max(low, limit), limit - 1),
+                tokens_to_remove_at_least=max(low - limit + 1, 1),
             )
         asked_text = f" and you requested {asked} completion tokens" if asked is not None else ""
         most = limit - low
@@ -418,8 +428,29 @@ def _explain_kv_cache(ctx: _Context) -> BrimfulError:
     )
 
 
+# str(json.JSONDecodeError): "Expecting value: line 1 column 1 (char 0)", "Unterminated string starting at: ...".
+_JSON_DECODE_ERROR = re.compile(r": line \d+ column \d+ \(char \d+\)$")
+
+
+def _output_conversion_failed(ctx: _Context) -> bool:
+    """vLLM's /v1/messages turns the generated chat answer into a Message after generating it,
+    json.loads-ing each tool call's arguments (`messages_full_converter`); arguments the model
+    wrote that are not JSON come back as HTTP 400 with the decoder's message, though the request
+    was fine.  A Messages request carries tool inputs as JSON objects, so it cannot cause that."""
+    f = ctx.failure
+    return ctx.surface == "messages" and f.status == 400 and bool(_JSON_DECODE_ERROR.search(f.message))
+
+
 def _explain_bad_request(ctx: _Context) -> BrimfulError:
     f = ctx.failure
+    if _output_conversion_failed(ctx):
+        return BrimfulError(
+            400,
+            f"{_cap(ctx.who)} generated an answer but could not turn it into a Message: the model wrote "
+            f"tool-call arguments that are not valid JSON ({f.message}). The request itself is fine; a retry "
+            f"may generate valid arguments. (HTTP {f.status} from the upstream, kept as it sent it.)",
+            code=ErrorCode.UPSTREAM_INVALID_OUTPUT,
+        )
     status = 400 if f.status in (400, 422) or not 400 <= f.status < 500 else f.status
     tgi = (" (TGI answers HTTP 422 for invalid requests; brimful reports it as 400.)"
            if f.status == 422 and f.engine == "tgi" else "")

@@ -76,15 +76,75 @@ def test_completions_prompt_param_is_prompt() -> None:
     assert d.error.param == "prompt"
 
 
-def test_less_room_than_minimum_is_rejected_when_a_clamp_is_needed() -> None:
+def test_below_the_floor_a_limit_vllm_would_refuse_gets_the_prompt_too_long_error() -> None:
+    """max_tokens 32000 > max_model_len 18752: vLLM alone answers 400, so a 14-token sliver is no gain."""
     policy = Policy(margin_tokens=16, min_completion_tokens=64)
-    d = decide([2000], 2048, mt(500), policy, **CHAT)
+    d = decide([18738], 18752, mt(32000), policy, **CHAT)
     assert d.action == "rejected"
     assert d.error.code == "context_length_exceeded"
-    assert d.error.details["available_completion_tokens"] == 2048 - 2000
-    # Following the advice leaves exactly the minimum: 1952 + 64 = 2048.
-    assert d.error.details["tokens_to_remove"] == 2000 + 64 - 2048 == 16
-    assert decide([2000 - 16], 2048, mt(500), policy, **CHAT).action == "clamped"
+    assert d.error.details["available_completion_tokens"] == 14
+    # Following the advice leaves exactly the floor: 18688 + 64 = 18752.
+    assert d.error.details["tokens_to_remove"] == 18738 + 64 - 18752
+    assert d.error.anthropic_lead() == "prompt is too long: 18738 tokens > 18688 maximum"
+    assert decide([18688], 18752, mt(32000), policy, **CHAT).action == "clamped"
+
+
+def test_below_the_floor_a_limit_vllm_would_clamp_is_served_as_vllm_would() -> None:
+    """max_tokens 500 <= max_model_len: vLLM 0.32 grants the 48 tokens of room itself, so brimful does too."""
+    policy = Policy(margin_tokens=16, min_completion_tokens=64)
+    d = decide([2000], 2048, mt(500), policy, **CHAT)
+    assert (d.action, d.granted) == ("clamped", 32)          # the room less the margin
+    assert decide([2040], 2048, mt(500), policy, **CHAT).granted == 1
+
+
+def test_an_engine_that_refuses_any_overflow_gets_the_floor_for_any_overflowing_limit() -> None:
+    policy = Policy(min_completion_tokens=64, upstream_clamps_overflow=False)
+    assert decide([2000], 2048, mt(500), policy, **CHAT).action == "rejected"
+    assert decide([2000], 2048, mt(10), policy, **CHAT).action == "pass"       # fits: untouched
+    # /v1/completions' implicit 16 overflows too: an old vLLM would refuse it.
+    assert decide([2040], 2048, mt(), policy, **CMPL).action == "rejected"
+
+
+def test_the_floor_never_refuses_a_request_without_a_limit_or_with_the_operators_default() -> None:
+    """vLLM alone grants a chat without a limit the whole room, however small."""
+    policy = Policy(min_completion_tokens=64, upstream_clamps_overflow=False)
+    assert decide([2040], 2048, mt(), policy, **CHAT).action == "pass"
+    with_default = Policy(min_completion_tokens=64, default_max_tokens=4096)
+    d = decide([2040], 2048, mt(), with_default, **CHAT)
+    assert (d.action, d.granted) == ("clamped", 8)
+
+
+def test_the_floor_is_per_surface_and_messages_defaults_to_claude_codes_own() -> None:
+    policy = Policy()
+    assert (policy.floor("messages"), policy.floor("chat"), policy.floor("responses")) == (3000, 1, 1)
+    assert decide([17000], 30000, mt(32000), policy, **CHAT, floor=policy.floor("messages")).granted == 13000
+    assert decide([28000], 30000, mt(32000), policy, **CHAT, floor=policy.floor("messages")).action == "rejected"
+    assert decide([28000], 30000, mt(32000), policy, **CHAT, floor=policy.floor("chat")).granted == 2000
+    # 32000 <= 32768: vLLM clamps by itself, so brimful serves what is left, however little.
+    assert decide([32000], 32768, mt(32000), policy, **CHAT, floor=policy.floor("messages")).granted == 768
+    assert Policy(min_completion_tokens_by_surface={}).floor("messages") == 1
+
+
+def test_the_floor_is_at_most_an_eighth_of_the_context() -> None:
+    """At max_model_len 18,752 the Messages floor is 2,344; at 2,048 it is 256, so a small model still clamps."""
+    policy = Policy()
+    assert decide([16000], 18752, mt(32000), policy, **CHAT, floor=3000).granted == 2752
+    assert decide([16500], 18752, mt(32000), policy, **CHAT, floor=3000).action == "rejected"
+    assert decide([1700], 2048, mt(65535), policy, **CHAT, floor=3000).granted == 348
+
+
+def test_an_inexact_count_never_refuses_for_the_floor() -> None:
+    d = decide([18738], 18752, mt(32000), Policy(min_completion_tokens=64), **CHAT, count_exact=False)
+    assert d.action == "clamped"
+
+
+def test_a_prompt_over_the_context_asks_for_room_for_the_floor_only_where_vllm_refuses_slivers() -> None:
+    policy = Policy(min_completion_tokens=64)
+    over = decide([20000], 18752, mt(32000), policy, **CHAT).error
+    assert over.details["tokens_to_remove"] == 20000 + 64 - 18752
+    assert over.anthropic_lead() == "prompt is too long: 20000 tokens > 18688 maximum"
+    served_as_sliver = decide([20000], 18752, mt(100), policy, **CHAT).error
+    assert served_as_sliver.details["tokens_to_remove"] == 20000 + 1 - 18752
 
 
 def test_small_room_but_fitting_request_still_passes() -> None:

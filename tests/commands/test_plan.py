@@ -106,13 +106,15 @@ def test_hybrid_note_is_printed(capsys, tmp_path):
     (["--model-config", "CONFIG", "--gpu", "H100"], "--weights-memory SIZE or --params"),
     (["--preset", "Qwen3-8B", "--gpu", "TPUv5"], "unknown GPU"),
     (["--preset", "nope", "--gpu", "H100"], "unknown preset"),
-    (["--model-config", "SLIDING", "--gpu", "H100", "--params", "1"], "sliding_window"),
+    (["--model-config", "SLIDING", "--gpu", "H100", "--params", "1"], "Sliding window for some but all layers"),
 ])
 def test_errors_exit_2_with_message(capsys, tmp_path, argv, message):
     (tmp_path / "c.json").write_text(json.dumps({"num_hidden_layers": 2, "num_attention_heads": 2,
                                                  "hidden_size": 128}))
     (tmp_path / "s.json").write_text(json.dumps({"num_hidden_layers": 2, "num_attention_heads": 2,
-                                                 "hidden_size": 128, "sliding_window": 4096}))
+                                                 "hidden_size": 128, "sliding_window": 4096,
+                                                 "model_type": "qwen2", "use_sliding_window": True,
+                                                 "max_window_layers": 1}))
     argv = [str(tmp_path / "c.json") if a == "CONFIG" else str(tmp_path / "s.json") if a == "SLIDING" else a
             for a in argv]
     assert plan_cli.main(argv) == 2

@@ -100,31 +100,40 @@ def test_report_recommendation_rises_with_demand_that_cannot_fit(tmp_path, qwen3
         assert model["demand_tokens"][f"p{q}"] == pytest.approx(float(np.percentile(demanded, q)), abs=1e-9), q
     assert model["demand_tokens"]["count"] == 60 and model["demand_tokens"]["max"] == max(demanded)
     assert model["rejections"] == {"prompt_too_long": 18}
+    asked = model["asked_recommendation"]
+    # p99 of what was asked is a 65,535-token ask after ≈ 1,200 tokens; Qwen3-8B's own context stops it at 40,960
+    assert asked["wanted"] == math.ceil(np.percentile(demanded, 99) / 16) * 16 > 40960
+    assert (asked["max_model_len"], asked["limited_by"]) == (40960, "model_context")
+    assert asked["current"] == {"max_model_len": 2048, "total": 60, "fits": 22, "clamped": 20, "refused": 18,
+                                "clamped_share": 20 / 60, "refused_share": 18 / 60}
+    # what was needed: 22 exact, 20 cut below their asks (censored), 18 refused (completion estimated)
     rec = model["recommendation"]
-    # p99 of demand is a 65,535-token ask after ≈ 1,200 tokens; Qwen3-8B's own context stops it at 40,960
-    assert rec["wanted"] == math.ceil(np.percentile(demanded, 99) / 16) * 16 > 40960
-    assert (rec["max_model_len"], rec["limited_by"]) == (40960, "model_context")
-    assert rec["current"] == {"max_model_len": 2048, "total": 60, "fits": 22, "clamped": 20, "refused": 18,
-                              "clamped_share": 20 / 60, "refused_share": 18 / 60}
-    assert (rec["recommended"]["refused"], rec["recommended"]["clamped"]) == (0, 10)   # only the 65,535 asks
+    assert (rec["exact"], rec["cut"], rec["imputed"]) == (22, 20, 18)
+    served = [(p, c) for p, c, s in sent if s == 200]
+    # the served completions' estimate ends at the longest cut one (censored past the 22 exact ones), each
+    # capped at the refused request's own ask (256): the longest refused prompt + 256 is the last event, the p99
+    longest_served = max(r["completion_tokens"] or 0 for r in map(json.loads, log_path.read_text().splitlines()))
+    expected = max(p + min(a, longest_served) for p, a, s in sent if s == 400)
+    assert expected == 2615 + 256
+    assert rec["need"]["value"] == expected and len(served) == 42
+    assert rec["max_model_len"] == math.ceil(expected / 16) * 16 > 2048       # it still rises
+    assert (rec["current"]["refused"], rec["current"]["cut"]) == (18, pytest.approx(20))
+    assert rec["recommended"]["refused"] == 0
     # what served lengths alone say: never above the current limit
     assert model["served_recommendation"]["max_model_len"] <= 2048
 
-    # p80 lands among the 4,096-token asks: the demand itself, no cap needed
+    # p80 of the asks lands among the 4,096-token asks
     at_p80 = report("--percentile", "80", "--preset", "Qwen3-8B", "--gpu", "H100-80GB")
-    p80 = at_p80["recommendation"]
     limit = math.ceil(np.percentile(demanded, 80) / 16) * 16
-    assert p80["max_model_len"] == limit == 5296      # docs/sizing.md's figure
-    assert (p80["limited_by"], p80["recommended"]["refused"], p80["recommended"]["clamped"]) == ("demand", 0, 10)
-    # what that buys on an H100: each demand holds at most the recommended length once it is clamped there
-    held = [min(d, limit) for d in demanded]
+    assert at_p80["asked_recommendation"]["max_model_len"] == limit == 5296      # docs/sizing.md's figure
+    # what the need's recommendation buys on an H100: KV held at the p95 of need (at most the recommendation)
+    p80 = at_p80["recommendation"]
     c = at_p80["capacity"]
-    assert (c["mean_demand_kv_tokens"], c["p95_demand_kv_tokens"]) == (
-        math.ceil(np.mean(held)), math.ceil(np.percentile(held, 95)))
-    assert c["concurrent_at_p95"] == 395_717 // limit        # the seed's 395,717 KV tokens ÷ whole-block slots
+    assert c["p95_demand_kv_tokens"] == min(at_p80["need_tokens"]["p95"], p80["max_model_len"])
+    assert c["concurrent_at_p95"] == 395_717 // (math.ceil(c["p95_demand_kv_tokens"] / 16) * 16)
 
     table = subprocess.run([sys.executable, "-m", "proxy.commands.report", str(log_path), "--preset", "Qwen3-8B"],
                            capture_output=True, text=True, check=True).stdout
     assert "  not served, by reason: prompt too long 18 (30.0%)" in table
-    assert ("  past demand at the current 2,048: 30.0% refused, 33.3% clamped; at 40,960: 0.0% refused, "
-            "16.7% clamped") in table
+    assert "  recorded: refused for length 30.0%, clamped 33.3%, really cut short 33.3%" in table
+    assert "            2,048     30.0%   33.3% (0.0% … 33.3%) ← current" in table

@@ -63,6 +63,7 @@ def serve_command(
     port: int,
     served_model_name: str = SERVED_MODEL_NAME,
     extra_args: tuple[str, ...] = (),
+    max_model_len: int = MAX_MODEL_LEN,
 ) -> list[str]:
     """The ``vllm serve`` command line, started through the launcher (see launcher.py).
 
@@ -76,7 +77,7 @@ def serve_command(
         str(model_dir),
         "--host", "127.0.0.1",
         "--port", str(port),
-        "--max-model-len", str(MAX_MODEL_LEN),
+        "--max-model-len", str(max_model_len),
         "--dtype", "bfloat16",
         "--enforce-eager",
         "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
@@ -119,13 +120,14 @@ def start_server(
     served_model_name: str = SERVED_MODEL_NAME,
     extra_args: tuple[str, ...] = (),
     extra_env: dict[str, str] | None = None,
+    max_model_len: int = MAX_MODEL_LEN,
 ) -> subprocess.Popen:
     """Start vLLM in its own process group with output to `log_path`; does not wait."""
     port = port or free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         return subprocess.Popen(
-            serve_command(python, model_dir, port, served_model_name, extra_args),
+            serve_command(python, model_dir, port, served_model_name, extra_args, max_model_len),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -238,8 +238,12 @@ def test_report_upstream_one_read(tmp_path: Path, capsys: Any) -> None:
         assert report_cli.main(argv) == 2
         assert f"cannot read {fake.base_url}/metrics: HTTP Error 404" in capsys.readouterr().err
     [m] = result["models"]
-    # p99 of demand 4,500 → 4,512 in blocks, but the vLLM's pool is 4,000 tokens
-    assert (m["recommendation"]["wanted"], m["recommendation"]["max_model_len"]) == (4512, 4000)
+    # p99 of the asks is 4,500 → 4,512 in blocks, capped by the vLLM's pool of 4,000 tokens
+    assert (m["asked_recommendation"]["wanted"], m["asked_recommendation"]["max_model_len"]) == (4512, 4000)
+    # the need: eight exact 1,500s; the two 3,000-token asks were cut at the window (2,048) with no finish reason
+    # recorded, so the estimate ends there: 2,048 or more, at most 4,500
+    need = m["recommendation"]["need"]
+    assert (need["value"], need["beyond_data"], need["low"], need["high"]) == (2048, True, 2048, 4500)
     assert m["kv_bound_source"] == f"the KV pool of {fake.base_url}"
     [up] = result["upstreams"]
     assert up["metrics_url"] == fake.base_url + "/metrics" and up["engines"] == 1

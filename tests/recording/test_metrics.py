@@ -198,3 +198,19 @@ def test_astronomical_values_keep_count_and_sum_in_step() -> None:
     removed = value(m, "brimful_clamped_tokens_total", model="qwen")
     assert removed is not None and 0 < removed < float("inf")
     assert value(m, "brimful_requests_total", model="qwen", endpoint="chat", action="clamped", status="200") == 1
+
+
+def test_piece_and_prefix_tables_are_exported() -> None:
+    """The prefix table beside the piece cache has its own lookups and size, read at scrape time."""
+    from tokenizer_cache import PieceCountCache
+
+    cache = PieceCountCache(64)
+    m = Metrics()
+    m.attach_piece_cache(cache.stats)
+    cache.prefixes.put_many([(b"k" * 16, 10, 3), (b"j" * 16, 20, 5)])
+    assert cache.prefixes.longest([b"j" * 16], [20]) == (0, 5)
+    assert cache.prefixes.longest([b"x" * 16, b"k" * 16], [5, 11]) == (-1, 0)     # wrong offset: no hit
+    assert value(m, "brimful_prefix_cache_lookups_total", result="hit") == 1
+    assert value(m, "brimful_prefix_cache_lookups_total", result="miss") == 1
+    assert value(m, "brimful_prefix_cache_entries") == 2
+    assert value(m, "brimful_piece_cache_entries") == 0

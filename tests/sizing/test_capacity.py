@@ -213,19 +213,29 @@ def test_utilization_out_of_range():
 
 # --- vLLM start-up check ----------------------------------------------------
 
-def test_startup_check_boundary_is_whole_blocks():
+def test_startup_check_boundary_is_whole_blocks_plus_the_null_block():
+    # vLLM 0.32 holds one block back (the pool's null block) before it checks one request fits
     bpt = 1000
-    memory = 10 * 16 * bpt + 999            # 10 whole blocks and a bit
-    assert cap.kv_tokens(memory, bpt) == 160
+    memory = 11 * 16 * bpt + 999            # 11 whole blocks and a bit: 10 usable
     ok = cap.startup_check(160, memory, bpt)
     assert ok.fits and ok.message is None and ok.estimated_max_model_len == 160
-    bad = cap.startup_check(161, memory, bpt)   # needs an 11th block
+    assert ok.available_bytes == memory - 16 * bpt
+    bad = cap.startup_check(161, memory, bpt)   # needs an 11th usable block
     assert not bad.fits
     assert bad.needed_bytes == 11 * 16 * bpt
     assert bad.message.startswith("To serve at least one request with the model's max seq len (161)")
     assert "the estimated maximum model length is 160" in bad.message
     assert "Try increasing `gpu_memory_utilization` or decreasing `max_model_len`" in bad.message
     assert "--max-model-len 160" in bad.fix
+
+
+def test_startup_check_reproduces_vllms_f1_capture():
+    # shared/vllm/captures/f1_kv_cache_too_small.txt: the tiny Qwen3 (512 B per token, CPU block 128)
+    # with --kv-cache-memory-bytes 262144 and --max-model-len 2048: "the estimated maximum model length
+    # is 384" — 4 blocks of 65,536 B, one held back, 3 × 128 tokens.
+    s = cap.startup_check(2048, 262_144, 512, block_size=128)
+    assert not s.fits and s.estimated_max_model_len == 384
+    assert s.needed_bytes == 16 * 65_536 and s.available_bytes == 3 * 65_536
 
 
 def test_plan_warns_when_max_model_len_exceeds_kv_tokens():
@@ -294,9 +304,8 @@ def test_qwen2_sliding_window_disabled_is_plain_gqa():
 
 
 @pytest.mark.parametrize("extra, field_name", [
-    ({"sliding_window": 4096}, "sliding_window"),                                    # Mistral v0.1 style
-    ({"sliding_window": 4096, "use_sliding_window": True, "max_window_layers": 2}, "sliding_window"),
-    ({"sliding_window": 4096, "layer_types": ["sliding_attention", "full_attention"] * 2}, "layer_types"),
+    ({"model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": True, "max_window_layers": 2},
+     "Sliding window for some but all layers is not supported"),                     # vLLM asserts too
     ({"hybrid_override_pattern": "M-M*"}, "hybrid_override_pattern"),
     ({"layer_types": ["full_attention", "moon_attention", "full_attention", "full_attention"]}, "moon_attention"),
     ({"layer_types": ["full_attention"]}, "layer_types"),
@@ -446,7 +455,7 @@ def test_qwen25_72b_tp4_on_h100_hand_computed():
 
 def test_tp2_does_not_start_at_qwen72b_default_32k():
     p = _tp_plan(2, max_model_len=32768)
-    assert not p.startup.fits and p.startup.estimated_max_model_len == 772 * 16 == 12_352
+    assert not p.startup.fits and p.startup.estimated_max_model_len == (772 - 1) * 16 == 12_336
 
 
 def test_max_num_seqs_caps_concurrency_below_the_memory_bound():

@@ -85,7 +85,9 @@ def test_outcome_follows_admission_min_completion():
 
 
 def test_outcome_matches_admission_decide():
-    """The outcome of a demand is what proxy.admitted.admission.decide does with the same numbers."""
+    """The outcome of a demand is what proxy.admitted.admission.decide does with the same numbers, with the
+    floor applied to every overflowing limit (as for an engine that refuses any overflow): the plan's
+    refusals are an upper bound where vLLM 0.32 would clamp a limit below max_model_len by itself."""
     from proxy.admitted.admission import RequestedLimit, decide
     from proxy.config import Policy
 
@@ -94,7 +96,8 @@ def test_outcome_matches_admission_decide():
             for minimum in (1, 16):
                 d = dm.record_demand(rec(prompt_tokens=prompt, requested_max_tokens=asked))
                 decision = decide([prompt], 2048, RequestedLimit.of(("max_tokens", asked)), Policy(
-                    margin_tokens=32, min_completion_tokens=minimum), model="m", prompt_param="messages")
+                    margin_tokens=32, min_completion_tokens=minimum, upstream_clamps_overflow=False), model="m",
+                    prompt_param="messages")
                 expected = {"pass": "fits", "clamped": "clamped", "rejected": "refused"}[decision.action]
                 assert dm.outcome(d, 2048, min_completion=minimum) == expected, (prompt, asked, minimum)
 

@@ -265,12 +265,21 @@ def test_report_percentiles_match_reference_across_merged_files(capsys, tmp_path
                 for r in records]
     for p in (50, 90, 95, 99):
         assert m["demand_tokens"][f"p{p}"] == pytest.approx(reference_percentile(demanded, p), abs=1e-9)
-    rec95 = m["recommendation"]
-    assert rec95["percentile"] == 95 and rec95["limited_by"] == "demand"
-    assert rec95["max_model_len"] == math.ceil(reference_percentile(demanded, 95) / 16) * 16
+    asked95 = m["asked_recommendation"]
+    assert asked95["percentile"] == 95 and asked95["limited_by"] == "demand"
+    assert asked95["max_model_len"] == math.ceil(reference_percentile(demanded, 95) / 16) * 16
     refused = sum(r["action"] == "rejected" for r in records)
     # these synthetic rejections carry no error code: counted, under "other"
     assert m["demand_lower_bounds"] >= refused and m["rejections"] == {"other": refused}
+    # the recommendation is the need's estimate: the report's reading equals proxy.sizing.need's, record by record
+    from proxy.sizing import need as nd
+    tally = nd.NeedTally(nd.record_need(r) for r in records)
+    q = tally.model().quantile(95)
+    rec95 = m["recommendation"]
+    assert rec95["percentile"] == 95 and rec95["limited_by"] == "need" and rec95["need"] == q.to_dict()
+    assert rec95["max_model_len"] == math.ceil(q.value / 16) * 16
+    cut_by_length = sum("length" in r["finish_reasons"] for r in done)
+    assert (rec95["cut"], rec95["imputed"], rec95["exact"]) == (cut_by_length, refused, len(done) - cut_by_length)
     assert rec95["current"]["max_model_len"] == 8192
     assert rec95["current"]["refused"] == sum(r["upstream_prompt_tokens"] >= 8192 for r in records)
 
@@ -319,14 +328,14 @@ def test_report_recommendation_is_capped_by_the_model_and_the_kv_cache(capsys, t
     m = report_json(capsys, *argv)["models"][0]
     preset = cap.PRESETS["Qwen3-8B"]
     kv = cap.kv_memory(24 * cap.GIB, 0.92, preset.params * 2, 4 * cap.GIB).kv_memory_bytes
-    blocks = kv // (144 * 1024 * 16)
+    blocks = kv // (144 * 1024 * 16) - 1      # vLLM holds one block back (the null block)
     assert blocks * 16 < 40_960
     assert (m["recommendation"]["max_model_len"], m["recommendation"]["limited_by"]) == (blocks * 16, "kv_cache")
     assert m["kv_bound_source"] == "the plan's KV cache"
     assert m["capacity"]["recommended_max_model_len_fits"] is True
     assert report_cli.main(argv) == 0
     out = capsys.readouterr().out
-    assert f"recommended max_model_len: {blocks * 16:,} (p99 of demanded sequence length = 121,000" in out
+    assert f"recommended max_model_len: {blocks * 16:,} (estimated p99 of need = 121,000 tokens" in out
     assert "capped at the longest the KV cache holds (the plan's KV cache)" in out
 
 
@@ -348,7 +357,7 @@ def test_report_table_output(capsys, tmp_path):
     assert "200 records from 1 file(s)" in out and "1 malformed and skipped" in out
     assert "model qwen3-8b: 200 requests" in out
     assert "p99.9" in out and "recommended max_model_len:" in out
-    for label in ("prompt", "completion", "total", "sequence", "demanded"):
+    for label in ("prompt", "completion", "total", "sequence", "demanded", "needed"):
         assert f"\n  {label}" in out
 
 
@@ -447,3 +456,7 @@ def test_report_demand_is_proxy_demands(tmp_path):
     assert (stats.demand.sequence, stats.demand.kv, stats.demand.refused_below, stats.demand.lower_bounds) == (
         expected.sequence, expected.kv, expected.refused_below, expected.lower_bounds)
     assert stats.reasons == dm.rejection_breakdown(records)
+    from proxy.sizing import need as nd
+    need = nd.NeedTally(f for f in map(nd.record_need, records) if f is not None)
+    assert (stats.need.exact, stats.need.completions, stats.need.cut, stats.need.unknown) == (
+        need.exact, need.completions, need.cut, need.unknown)

@@ -575,8 +575,8 @@ def brimful_exposition() -> dict[str, set[str]]:
     """Every sample name brimful's /metrics exposes, with its label names.
 
     Built from a real `Metrics` after records that touch every metric (pass,
-    clamp, rejection, upstream length error, drift, retry, 401, unknown limit, parity, length log), so a
-    renamed metric in proxy/recording/metrics.py breaks the dashboard test here.
+    clamp, rejection, upstream length error, drift, retry, pool route and fallback, 401, unknown limit,
+    parity, length log), so a renamed metric in proxy/recording/metrics.py breaks the dashboard test here.
     """
     metrics = Metrics()
     metrics.attach_lengthlog(LengthLogStats())
@@ -588,6 +588,8 @@ def brimful_exposition() -> dict[str, set[str]]:
     metrics.observe(LengthRecord(ts=0.0, model="m", endpoint="completions", max_model_len=8192, prompt_tokens=100,
                                  action="upstream_error", status=400, error_code="context_length_exceeded"))
     metrics.count_length_retry("m")
+    metrics.count_pool_route("m", "default", 2048)
+    metrics.count_pool_fallback("m", "default", "long")
     metrics.count_unauthorized("chat")
     metrics.set_limit_unknown("m", False)
     metrics.set_tokenizer_parity("m", True)

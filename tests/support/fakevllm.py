@@ -50,6 +50,8 @@ from urllib.parse import urlsplit
 
 import pydantic
 
+from tests.support import agent_replies
+
 __all__ = [
     "FakeVLLM",
     "FaultSpec",
@@ -59,6 +61,7 @@ __all__ = [
     "crude_count_prompt",
 ]
 
+_SCRIPTED = ("chat", "responses", "messages")
 VLLM_VERSION = "0.32.0"
 SYSTEM_FINGERPRINT = "vllm-0.32.0-4aaade95"    # as in every capture
 MAX_CHARS_PER_TOKEN = 128                       # c09d/e: 2048 tokens -> 262144 characters
@@ -1335,6 +1338,9 @@ class FakeVLLM:
       detokenize(ids) -> text for /detokenize (default: the completion token per id).
       record: False keeps `requests` empty (long benchmarks).
       card: fields shown in the main /v1/models card instead (the fake still enforces max_model_len).
+      script(surface, body) -> Reply: chat, Responses and Messages answer this reply (text, tool
+        calls; cut at the limit) instead of the run of `completion_text_token`, so an agent's loop
+        goes on (tests/support/agent_replies.py).
     """
 
     def __init__(self, *, model: str = "tiny-qwen", max_model_len: int = 2048,
@@ -1344,8 +1350,9 @@ class FakeVLLM:
                  count_chars: CountChars | None = None, vocab_size: int = QWEN3_VOCAB_SIZE,
                  enable_auto_tool_choice: bool = True,
                  detokenize: Callable[[list[int]], str] | None = None, record: bool = True,
-                 card: dict[str, Any] | None = None) -> None:
+                 card: dict[str, Any] | None = None, script: agent_replies.Script | None = None) -> None:
         self.model = model
+        self.script = script
         self.max_model_len = max_model_len
         self.root = root
         self.mode = mode
@@ -1790,6 +1797,12 @@ class FakeVLLM:
 
     def _whole_body(self, plan: Plan, surface: str, request: dict, rid: str, created: int) -> dict:
         token = self.completion_text_token
+        if self.script is not None and surface in _SCRIPTED:
+            reply = self.script(surface, request)
+            if surface == "messages":
+                return agent_replies.messages_body(plan.model, plan.prompt_tokens, plan.max_tokens, reply, rid)
+            build = agent_replies.chat_body if surface == "chat" else agent_replies.responses_body
+            return build(plan.model, plan.prompt_tokens, plan.max_tokens, reply, rid, created)
         if surface == "responses":
             return responses_body(plan, request, rid, created, token)
         if surface == "messages":
@@ -1800,6 +1813,14 @@ class FakeVLLM:
     def _events(self, plan: Plan, surface: str, request: dict, rid: str,
                 created: int) -> Iterable[tuple[str, bytes]]:
         token = self.completion_text_token
+        if self.script is not None and surface in _SCRIPTED:
+            reply = self.script(surface, request)
+            args = (plan.model, plan.prompt_tokens, plan.max_tokens, reply, rid)
+            if surface == "messages":
+                return agent_replies.messages_events(*args)
+            if surface == "chat":
+                return agent_replies.chat_events(*args, created, plan.include_usage)
+            return agent_replies.responses_events(*args, created)
         if surface == "responses":
             return responses_stream_events(plan, request, rid, created, token)
         if surface == "messages":

@@ -2,8 +2,9 @@
 
 For one request sent twice, once to vLLM and once through brimful:
 * vLLM answers 200 → brimful answers 200 with at least as many completion tokens;
-* vLLM refuses it for length → brimful answers 200 whenever any completion fits,
-  else a 400 with the exact prompt count and advice (tokens to remove) that works;
+* vLLM refuses it for length → brimful answers 200 whenever any completion fits
+  (at least its floor, where vLLM refuses the limit anyway: docs/agents.md), else
+  a 400 with the exact prompt count and advice (tokens to remove) that works;
 * vLLM refuses it for another reason → brimful refuses it too (4xx), never a 5xx.
 
 `sweep_cases` is the grid the issue asks for: prompt sizes around
@@ -132,7 +133,14 @@ def judge(case: Case, through: Outcome, direct: Outcome, max_model_len: int,
             return f"granted {through.completion_tokens} where vLLM granted {direct.completion_tokens}"
         return None
     if direct.length_refusal:
-        if case.prompt_tokens < max_model_len:
+        # The floor (docs/agents.md): where vLLM refuses the limit anyway (above max_model_len),
+        # brimful may refuse room below its floor instead of granting a sliver; its advice then
+        # leaves room for the floor.
+        floor = through.details.get("min_completion_tokens", 1) if through.details else 1
+        if not (case.limit or 0) > max_model_len:
+            floor = 1
+        room = max_model_len - case.prompt_tokens
+        if case.prompt_tokens < max_model_len and (room >= floor or through.status == 200):
             if through.status != 200 or not through.completion_tokens:
                 return f"vLLM refused for length, a completion fits, brimful answered {through.status}"
             return None
@@ -141,8 +149,8 @@ def judge(case: Case, through: Outcome, direct: Outcome, max_model_len: int,
         if through.details.get("prompt_tokens") != case.prompt_tokens:
             return f"the refusal says {through.details.get('prompt_tokens')} tokens, the prompt is {case.prompt_tokens}"
         cut = through.details["tokens_to_remove"]
-        if cut != case.prompt_tokens + 1 - max_model_len:
-            return f"advises removing {cut} tokens, {case.prompt_tokens + 1 - max_model_len} would do"
+        if cut != case.prompt_tokens + floor - max_model_len:
+            return f"advises removing {cut} tokens, {case.prompt_tokens + floor - max_model_len} would do"
         again = resend(cut)
         if again.status != 200:
             return f"following the advice (remove {cut}) still gets {again.status} {again.message[:120]}"

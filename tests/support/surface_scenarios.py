@@ -192,14 +192,14 @@ async def agents_responses_model(t: Target) -> None:
 
 def messages_limit_beyond_max_model_len(t: Target) -> None:
     request: dict[str, Any] = {"model": t.model, "max_tokens": 65535,
-                               "messages": [{"role": "user", "content": words(2000)}]}
+                               "messages": [{"role": "user", "content": words(1700)}]}
     with pytest.raises(anthropic.BadRequestError) as direct:
         t.anthropic(direct=True).messages.create(**request)
     assert "max_completion_tokens=65535 cannot be greater than max_model_len" in str(direct.value)
 
     raw, rec = t.record_after(lambda: t.anthropic().messages.with_raw_response.create(**request))
     message = raw.parse()
-    prompt = prompt_of(2000)
+    prompt = prompt_of(1700)
     assert raw.headers["x-brimful-action"] == "clamped"
     assert int(raw.headers["x-brimful-prompt-tokens"]) == message.usage.input_tokens == prompt
     assert message.stop_reason == "max_tokens" and message.usage.output_tokens == t.max_model_len - prompt
@@ -217,21 +217,24 @@ def messages_prompt_that_cannot_fit(t: Target) -> None:
     through, rec = t.record_after(lambda: t.anthropic().messages.create(**request), raises=anthropic.BadRequestError)
     error = through.body["error"]
     assert error["type"] == "invalid_request_error" and error["brimful"]["prompt_tokens"] == prompt_of(2100)
+    # Anthropic's own words first (what Claude Code matches to compact), brimful's explanation after.
+    assert error["message"].startswith(f"prompt is too long: {prompt_of(2100)} tokens > {t.max_model_len - 1} "
+                                       "maximum. ")
     assert f"your prompt is {prompt_of(2100)} tokens" in error["message"]
     assert (rec.endpoint, rec.action) == ("messages", "rejected")
 
 
 def messages_streamed(t: Target) -> None:
     request: dict[str, Any] = {"model": t.model, "max_tokens": 65535,
-                               "messages": [{"role": "user", "content": words(2000)}]}
+                               "messages": [{"role": "user", "content": words(1700)}]}
 
     def run() -> Any:
         with t.anthropic().messages.stream(**request) as stream:
             return stream.get_final_message()
 
     message, rec = t.record_after(run)
-    room = t.max_model_len - prompt_of(2000)
-    assert message.usage.input_tokens == rec.upstream_prompt_tokens == rec.prompt_tokens == prompt_of(2000)
+    room = t.max_model_len - prompt_of(1700)
+    assert message.usage.input_tokens == rec.upstream_prompt_tokens == rec.prompt_tokens == prompt_of(1700)
     assert message.usage.output_tokens == rec.completion_tokens == room
     assert (rec.stream, rec.action, message.stop_reason) == (True, "clamped", "max_tokens")
 

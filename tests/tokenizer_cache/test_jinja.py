@@ -64,3 +64,34 @@ def test_the_table_is_bounded():
         env.is_safe_attribute({}, f"key{i}", None)
     assert len(env._decisions) == env._MAX_DECISIONS
     assert env.is_safe_attribute([], "append", None) is False  # past the bound: still decided, not stored
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal results, an undefined equal to an undefined of the same name and hint."""
+    if isinstance(a, jinja2.Undefined) or isinstance(b, jinja2.Undefined):
+        return (type(a), a._undefined_name, a._undefined_hint) == (  # type: ignore[union-attr]
+            type(b), b._undefined_name, b._undefined_hint)  # type: ignore[union-attr]
+    if callable(a) and callable(b):
+        return getattr(a, "__name__", None) == getattr(b, "__name__", None) and getattr(
+            a, "__self__", None) is getattr(b, "__self__", None)
+    return a == b
+
+
+@pytest.mark.parametrize("name", ["content", "role", "missing", "items", "get", "keys", "__class__", "__len__",
+                                  "startswith", "format", "format_map", "strip", "_private", "mro", "upper"])
+def test_dict_and_str_fast_paths_answer_as_the_sandbox_does(name: str):
+    """The fast paths of `getattr` (exact dicts and strs) give what jinja's own sandbox gives."""
+    ours, theirs = make_environment(), ImmutableSandboxedEnvironment()
+    for obj in ({"content": "hi", "role": "user", "items": 3}, {}, "some text", collections.OrderedDict(a=1)):
+        assert _same(ours.getattr(obj, name), theirs.getattr(obj, name)), (obj, name)
+
+
+def test_a_template_reads_message_fields_and_string_methods_as_before():
+    source = ("{% for m in messages %}{{ m.role }}:{{ m.content.strip() }}{{ m.missing is defined }}"
+              "{{ m.items is defined }}{% if m.content.startswith('x') %}!{% endif %}{% endfor %}")
+    messages = [{"role": "user", "content": " x1 "}, {"role": "assistant", "content": "y"}]
+    expected = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(source)
+    assert compile_template(source).render(messages=messages) == expected.render(messages=messages)
+    assert compile_template("{{ 'a{}'.format(1) }}").render() == "a1"
+    with pytest.raises(SecurityError):
+        compile_template("{{ 'a'.__class__.__mro__ }}").render()

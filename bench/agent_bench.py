@@ -1,0 +1,257 @@
+"""An agent session through `brimful serve`: proxy CPU per turn against turn number.
+
+    python bench/agent_bench.py [--turns 50] [--sessions 3] [--brimful-root /work/main]
+
+The shape of a coding agent (Claude Code, Codex) at the chat surface: 20
+tools, a system prompt of 400 sentences, a task, then per turn one assistant
+tool call and one tool result of 4-9 KB appended; every request resends the
+whole conversation (turn 50 is ~85k Qwen3 tokens, ~350 KB of JSON).  Each
+session is sent turn by turn, one request at a time, to `brimful serve` (one
+worker, Qwen3-8B tokenizer, its default caches on, length log on) in front of
+bench/fake_upstream.py; --sessions distinct sessions (same system prompt and
+tools, different turns: what one agent deployment sees) are run one after
+the other.
+
+Per turn it prints the proxy's CPU time for that request (the sum over its
+threads of /proc/<pid>/task/*/schedstat, nanoseconds, read before and after
+each request; the clock-tick figures of /proc/<pid>/stat are 10 ms coarse),
+median over the sessions, for each `--brimful-root` given (main's tree beside
+this one makes the baseline of the same run), and checks that every count
+brimful answered (`x-brimful-prompt-tokens`) equals a full count of the same
+request made here with no cache at all.
+
+Not a test: figures depend on the machine and on whatever else runs on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from proxy_bench import (
+    LOAD_CORE,
+    PROXY_CORE,
+    ROOT,
+    Server,
+    brimful_command,
+    free_port,
+    loadavg,
+    spawn,
+)
+
+# The shared models folder beside the checkout (a worktree sits one level deeper).
+QWEN3 = next((p for p in (ROOT.parent / "shared" / "models" / "Qwen--Qwen3-8B",
+                          ROOT.parents[1] / "shared" / "models" / "Qwen--Qwen3-8B") if p.is_dir()),
+             ROOT.parent / "shared" / "models" / "Qwen--Qwen3-8B")
+MODEL = "agent-qwen3"
+MAX_MODEL_LEN = 131072
+MAX_TOKENS = 16384
+
+_WORDS = (  # noqa: SIM905 - a pool of words, read as one string
+    "the agent must read each file before it edits it and keep the change small so that a reviewer can "
+    "follow why it was made when a test fails report the exact command and the first error line never "
+    "guess a path list the directory first prefer the project's own helpers over new code run the linter "
+    "and the type checker after every edit and say what they found when the user asks for a plan give "
+    "numbered steps with the files each step touches and stop before running anything destructive"
+).split()
+_CODE = [
+    "def load(path: str) -> dict:\n    with open(path, encoding='utf-8') as handle:\n"
+    "        return json.load(handle)\n",
+    "for index, row in enumerate(rows):\n    if row.get('status') != 200:\n        failures.append((index, row))\n",
+    "class Budget:\n    def __init__(self, limit: int) -> None:\n        self.limit = limit\n        self.used = 0\n",
+    "async def fetch(session, url):\n    async with session.get(url, timeout=30) as response:\n"
+    "        return await response.json()\n",
+    "    assert response.status_code == 400, response.text\n    assert 'max_model_len' in response.text\n",
+]
+_LOG = "{date} {level:<5} {module}: request {rid} took {ms} ms ({tokens} prompt tokens, status {status})\n"
+_TOOL_NAMES = ["read_file", "write_file", "edit_file", "list_directory", "glob", "grep", "run_shell", "run_tests",
+               "git_status", "git_diff", "git_log", "web_fetch", "web_search", "todo_write", "ask_user",
+               "notebook_edit", "python_eval", "open_url", "create_task", "finish"]
+
+
+def sentence(rng: random.Random) -> str:
+    words = rng.choices(_WORDS, k=rng.randint(9, 22))
+    return " ".join(words).capitalize() + "."
+
+
+def system_prompt(rng: random.Random, sentences: int = 400) -> str:
+    paragraphs = [" ".join(sentence(rng) for _ in range(10)) for _ in range(sentences // 10)]
+    return "You are a coding agent working in the user's repository.\n\n" + "\n\n".join(paragraphs)
+
+
+def tools(rng: random.Random) -> list[dict[str, Any]]:
+    out = []
+    for name in _TOOL_NAMES:
+        props = {f"arg_{j}": {"type": rng.choice(["string", "integer", "boolean"]),
+                              "description": sentence(rng)} for j in range(rng.randint(2, 5))}
+        out.append({"type": "function", "function": {
+            "name": name, "description": " ".join(sentence(rng) for _ in range(3)),
+            "parameters": {"type": "object", "properties": props, "required": sorted(props)[:1]}}})
+    return out
+
+
+def tool_result(rng: random.Random) -> str:
+    """4-9 KB of what tools return: code, log lines, prose."""
+    size = rng.randint(4096, 9216)
+    parts: list[str] = []
+    length = 0
+    while length < size:
+        roll = rng.random()
+        if roll < 0.12:
+            part = rng.choice(_CODE).replace("load", rng.choice(["load", "read", "parse"]))
+        elif roll < 0.18:
+            part = _LOG.format(date=f"2026-12-0{rng.randint(1, 9)}T0{rng.randint(0, 9)}:{rng.randint(10, 59)}",
+                               level=rng.choice(["INFO", "WARN", "ERROR"]), module=rng.choice(_TOOL_NAMES),
+                               rid=f"{rng.getrandbits(48):012x}", ms=rng.randint(1, 900),
+                               tokens=rng.randint(10, 90000), status=rng.choice([200, 200, 400, 503]))
+        else:
+            part = sentence(rng) + " " + sentence(rng) + "\n"
+        parts.append(part)
+        length += len(part)
+    return "".join(parts)[:size]
+
+
+def session(seed: int, turns: int) -> list[dict[str, Any]]:
+    """The request bodies of one session, turn by turn (each holds the whole conversation)."""
+    shared = random.Random(1)          # system prompt and tools: the same in every session
+    system, tool_list = system_prompt(shared), tools(shared)
+    rng = random.Random(seed)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system},
+                                      {"role": "user", "content": " ".join(sentence(rng) for _ in range(4))}]
+    bodies = []
+    for turn in range(turns):
+        name = rng.choice(_TOOL_NAMES)
+        arguments = json.dumps({"path": f"src/module_{rng.randint(1, 99)}.py", "reason": sentence(rng)})
+        call_id = f"call_{seed}_{turn}"
+        messages.append({"role": "assistant", "content": sentence(rng), "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]})
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": tool_result(rng)})
+        bodies.append({"model": MODEL, "messages": [dict(m) for m in messages], "tools": tool_list,
+                       "max_tokens": MAX_TOKENS})
+    return bodies
+
+
+def task_cpu_ns(pid: int) -> int:
+    """Nanoseconds on CPU of every thread of `pid` (schedstat's first field)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except OSError:
+            pass   # a thread that just ended
+    return total
+
+
+def post(url: str, body: bytes) -> tuple[int, dict[str, str]]:
+    req = urllib.request.Request(url, data=body, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            r.read()
+            return r.status, dict(r.headers)
+    except urllib.error.HTTPError as exc:
+        exc.read()
+        return exc.code, dict(exc.headers)
+
+
+def write_config(path: Path, upstream: str) -> None:
+    path.write_text("\n".join([
+        "[upstream]", f'url = "{upstream}"', "", "[logging]", 'level = "warning"', "",
+        "[length_log]", f'path = "{path.parent / "lengths.jsonl"}"', "",
+        f'[models."{MODEL}"]', f'tokenizer = "{QWEN3}"', ""]))
+
+
+def run_target(root: Path, fake: Server, sessions: list[list[bytes]], counts: list[list[int]],
+               workdir: Path) -> list[list[float]]:
+    """CPU ms per request, [session][turn], of one brimful tree; checks every count."""
+    config = workdir / "brimful.toml"
+    write_config(config, fake.url)
+    port = free_port()
+    env = {"PYTHONPATH": str(root)}
+    server = spawn("brimful", [*brimful_command(), "--config", str(config), "--port", str(port)], PROXY_CORE,
+                   port, workdir, env)
+    url = server.url + "/v1/chat/completions"
+    try:
+        warm = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
+        for _ in range(3):
+            assert post(url, warm)[0] == 200
+        table = []
+        for bodies, expected in zip(sessions, counts, strict=True):
+            row = []
+            for body, full in zip(bodies, expected, strict=True):
+                before = task_cpu_ns(server.proc.pid)
+                status, headers = post(url, body)
+                row.append((task_cpu_ns(server.proc.pid) - before) / 1e6)
+                got = int(headers.get("x-brimful-prompt-tokens", -1))
+                if status != 200 or got != full:
+                    raise SystemExit(f"{root}: status {status}, counted {got}, full count {full}")
+            table.append(row)
+        return table
+    finally:
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=50)
+    parser.add_argument("--sessions", type=int, default=3)
+    parser.add_argument("--brimful-root", type=Path, action="append",
+                        help="a brimful source tree to run (repeatable; default: this one)")
+    args = parser.parse_args(argv)
+    roots = [r.resolve() for r in (args.brimful_root or [ROOT])]
+    os.sched_setaffinity(0, {int(LOAD_CORE)})
+    sys.path.insert(0, str(ROOT))
+    from tokenizer_cache import load_model_tokenizer
+    full = load_model_tokenizer(QWEN3)          # no piece cache, no chat cache: a full count
+
+    plain = [session(100 + s, args.turns) for s in range(args.sessions)]
+    counts = [[full.count_chat(body) for body in bodies] for bodies in plain]
+    sessions = []
+    for bodies, expected in zip(plain, counts, strict=True):
+        # `user` carries the count for the fake's usage, so brimful sees no drift.
+        sessions.append([json.dumps({**b, "user": f"prompt-tokens-{n}"}, separators=(",", ":"),
+                                    ensure_ascii=False).encode() for b, n in zip(bodies, expected, strict=True)])
+    print(f"agent bench: {args.sessions} sessions x {args.turns} turns; turn 1 {counts[0][0]:,} tokens "
+          f"({len(sessions[0][0]) // 1024} KiB), turn {args.turns} {counts[0][-1]:,} tokens "
+          f"({len(sessions[0][-1]) // 1024} KiB); load average {loadavg()}")
+    workdir = Path(tempfile.mkdtemp(prefix="brimful-agent-"))
+    fake_port = free_port()
+    fake = spawn("fake", [sys.executable, str(ROOT / "bench" / "fake_upstream.py"), "--port", str(fake_port),
+                          "--model", f"{MODEL}={MAX_MODEL_LEN}"], LOAD_CORE, fake_port, workdir)
+    started = time.perf_counter()
+    try:
+        results = {root: run_target(root, fake, sessions, counts, workdir) for root in roots}
+    finally:
+        fake.stop()
+    print_table(results, counts[0], args.turns)
+    print(f"every count equal to a full count; {time.perf_counter() - started:.0f} s; load average {loadavg()}")
+    return 0
+
+
+def print_table(results: dict[Path, list[list[float]]], tokens: list[int], turns: int) -> None:
+    names = list(results)
+    print("\nproxy CPU ms per request (median over sessions; first session's prompt tokens)")
+    print(f"{'turn':>4} {'tokens':>8} " + " ".join(f"{str(n)[-22:]:>22}" for n in names))
+    shown = [t for t in range(1, turns + 1) if t in (1, 2, 3, 5) or t % 5 == 0]
+    for t in shown:
+        cells = [statistics.median(row[t - 1] for row in results[n]) for n in names]
+        print(f"{t:>4} {tokens[t - 1]:>8,} " + " ".join(f"{c:>22.2f}" for c in cells))
+    for n in names:
+        medians = [statistics.median(row[t] for row in results[n]) for t in range(turns)]
+        print(f"{n!s}: mean of turns 1-10 {statistics.mean(medians[:10]):.2f} ms, "
+              f"41-50 {statistics.mean(medians[-10:]):.2f} ms")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

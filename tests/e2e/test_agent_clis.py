@@ -1,0 +1,188 @@
+"""The real agent CLIs through brimful, against the fake vLLM scripted to make them loop.
+
+Claude Code and Codex (npm packages, `.ci/run` installs them outside the
+clone; tests/support/agent_cli.py runs them offline, fresh HOME, empty
+directory, timeout) run a session that outgrows `max_model_len`: the fake
+answers each turn with a shell tool call whose output (`seq 1 600`, ~2,340
+Qwen3 tokens) grows the conversation, as vLLM 0.32 validates and limits it.
+Each test shows the same CLI against the fake alone beside it.
+
+Skipped when a CLI is not installed, unless BRIMFUL_REQUIRE_CLIENTS is set
+(CI), where a missing CLI fails.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import agent_cli
+from tests.support.agent_replies import Reply
+from tests.support.stack import Stack, running_stack
+
+REQUIRE = os.environ.get("BRIMFUL_REQUIRE_CLIENTS", "").lower() in ("1", "true", "yes", "require")
+MODEL = "tiny-qwen"
+
+
+def need(name: str) -> None:
+    if agent_cli.have(name):
+        return
+    reason = f"{name} is not installed in {agent_cli.npm_dir()} (.ci/run installs it: npm i into that folder)"
+    if REQUIRE:
+        pytest.fail(reason + " but BRIMFUL_REQUIRE_CLIENTS is set")
+    pytest.skip(reason)
+
+
+@dataclass
+class ShellLoop:
+    """Answer the first `calls` turns that offer the CLI's shell tool with a call to it, then "Done."."""
+
+    tool: str
+    arguments: dict[str, Any]
+    calls: int
+    made: int = 0
+    requests: list[dict[str, Any]] = field(default_factory=list)
+
+    def __call__(self, surface: str, body: dict[str, Any]) -> Reply:
+        self.requests.append(body)
+        offered = [t.get("name") or (t.get("function") or {}).get("name")
+                   for t in body.get("tools") or [] if isinstance(t, dict)]
+        if self.tool in offered and self.made < self.calls:
+            self.made += 1
+            return Reply("Running it.", [(self.tool, self.arguments)])
+        return Reply("Done.")
+
+
+@pytest.fixture
+def stack_for(qwen3_dir: Path) -> Iterator[Any]:
+    opened: list[Any] = []
+
+    def build(max_model_len: int, script: ShellLoop, **config: Any) -> Stack:
+        context = running_stack(qwen3_dir, fake_kwargs={"max_model_len": max_model_len, "script": script},
+                                timeout=60, **config)
+        opened.append(context)
+        return context.__enter__()
+
+    yield build
+    for context in reversed(opened):
+        context.__exit__(None, None, None)
+
+
+def claude_session(stack_for: Any, max_model_len: int, calls: int, **config: Any) -> tuple[Stack, ShellLoop]:
+    script = ShellLoop("Bash", {"command": "seq 1 600", "description": "count"}, calls)
+    return stack_for(max_model_len, script, **config), script
+
+
+PROMPT = "Count to six hundred with the Bash tool, several times."
+
+
+def test_claude_code_fails_against_vllm_alone_and_completes_a_session_that_outgrows_the_context(stack_for: Any,
+                                                                                                 ) -> None:
+    need("claude")
+    stack, script = claude_session(stack_for, 26752, 6)
+    direct = agent_cli.run_claude(stack.fake.base_url, MODEL, PROMPT, args=("--allowedTools", "Bash")).json()
+    assert direct["is_error"] and "cannot be greater than max_model_len" in direct["result"]   # 32000 > 26752
+    assert script.made == 0
+
+    through = agent_cli.run_claude(stack.base_url, MODEL, PROMPT, args=("--allowedTools", "Bash")).json()
+    assert (through["is_error"], through["result"]) == (False, "Done.")
+    assert script.made == 6                     # every tool call of the session ran
+    assert stack.recorder is not None
+    records = stack.recorder.records
+    refused = [i for i, r in enumerate(records) if r.action == "rejected"]
+    assert refused and all(records[i].error_code == "context_length_exceeded" for i in refused)
+    for i in refused:       # Claude Code compacted on each refusal: its next request is shorter
+        assert records[i + 1].prompt_tokens is not None and records[i].prompt_tokens is not None
+        assert records[i + 1].prompt_tokens < records[i].prompt_tokens
+    granted = [r.granted_max_tokens for r in records if r.action == "clamped"]
+    assert granted and min(g for g in granted if g is not None) >= 3000       # no slivers
+
+
+def test_claude_code_reports_prompt_too_long_on_brimfuls_refusal(stack_for: Any) -> None:
+    """At 18,752 its ~18.8k-token first request leaves less than the floor: the refusal in
+    Anthropic's words makes Claude Code report prompt_too_long with brimful's numbers."""
+    need("claude")
+    stack, _ = claude_session(stack_for, 18752, 1)
+    direct = agent_cli.run_claude(stack.fake.base_url, MODEL, PROMPT).json()
+    assert (direct["is_error"], direct["terminal_reason"]) == (True, "completed")
+    assert direct["result"].startswith("API Error: 400")
+    through = agent_cli.run_claude(stack.base_url, MODEL, PROMPT).json()
+    assert (through["is_error"], through["terminal_reason"]) == (True, "prompt_too_long")
+    assert through["result"].startswith("Prompt is too long")
+    assert f"(limit {18752 - 18752 // 8})" in through["result"]       # the longest prompt that leaves the floor
+
+
+def codex_loop(calls: int) -> ShellLoop:
+    return ShellLoop("exec_command", {"cmd": "seq 1 600"}, calls)
+
+
+def test_codex_recognises_brimfuls_refusal_as_its_context_window_running_out(stack_for: Any) -> None:
+    need("codex")
+    script = codex_loop(6)
+    stack = stack_for(16384, script)
+    direct = agent_cli.run_codex(stack.fake.base_url + "/v1", MODEL, PROMPT)
+    assert direct.returncode != 0 and "ran out of room" not in direct.stdout     # vLLM's `code: 400`
+    assert "exceeds this limit" in direct.stdout
+    script.made = 0
+    through = agent_cli.run_codex(stack.base_url + "/v1", MODEL, PROMPT)
+    assert "Codex ran out of room in the model's context window" in through.stdout
+    assert stack.recorder is not None and stack.recorder.records[-1].error_code == "context_length_exceeded"
+
+
+def test_claude_code_session_goes_on_without_a_refusal_when_it_asks_for_trimming(stack_for: Any) -> None:
+    """ANTHROPIC_CUSTOM_HEADERS sends x-brimful-trim: the oldest tool rounds go instead of a refusal."""
+    need("claude")
+    stack, script = claude_session(stack_for, 26752, 6)
+    run = agent_cli.run_claude(stack.base_url, MODEL, PROMPT, args=("--allowedTools", "Bash"),
+                               extra_env={"ANTHROPIC_CUSTOM_HEADERS": "x-brimful-trim: oldest"}).json()
+    assert (run["is_error"], run["result"], script.made) == (False, "Done.", 6)
+    assert stack.recorder is not None
+    records = stack.recorder.records
+    assert not [r for r in records if r.action == "rejected"]
+    trimmed = [r for r in records if r.action == "trimmed"]
+    assert trimmed and all((r.trimmed_messages or 0) >= 2 and (r.trimmed_tokens or 0) > 0 for r in trimmed)
+    assert all(r.upstream_prompt_tokens == r.prompt_tokens for r in records)    # counted exactly after trimming
+    assert all((r.granted_max_tokens or 0) >= 3000 for r in trimmed)              # with the floor
+
+
+def test_codex_session_completes_when_its_provider_asks_for_trimming(stack_for: Any) -> None:
+    """Codex sends no max_output_tokens; its provider's http_headers carry x-brimful-trim."""
+    need("codex")
+    script = codex_loop(6)
+    stack = stack_for(16384, script)
+    run = agent_cli.run_codex(stack.base_url + "/v1", MODEL, PROMPT, headers={"x-brimful-trim": "oldest"})
+    assert run.returncode == 0, run.stdout[-2000:]
+    assert '"type":"agent_message","text":"Done."' in run.stdout and script.made == 6
+    assert stack.recorder is not None
+    records = stack.recorder.records
+    assert not [r for r in records if r.action == "rejected"]
+    trimmed = [r for r in records if r.action == "trimmed"]
+    assert trimmed and all(r.upstream_prompt_tokens == r.prompt_tokens for r in records)
+    assert all(r.prompt_tokens is not None and r.prompt_tokens < 16384 for r in trimmed)
+
+
+def test_ai_sdk_tool_loop_through_brimful_refuses_in_openais_words_or_goes_on_when_trimming(stack_for: Any) -> None:
+    """The AI SDK (`generateText` with a tool, @ai-sdk/openai-compatible: chat completions) asks
+    maxOutputTokens 16,384 of an 8,192 model: vLLM alone refuses its first step. Through brimful
+    the steps are clamped until the prompt itself no longer fits, then its APICallError carries
+    `code: context_length_exceeded`; asking for trimming, the loop runs to its end."""
+    need("ai")
+    script = ShellLoop("shell", {"cmd": "seq 1 600"}, 6)
+    stack = stack_for(8192, script)
+    direct = agent_cli.run_ai_sdk(stack.fake.base_url + "/v1", MODEL, 16384)
+    assert (direct["error"], direct["code"], direct["toolCalls"]) == ("AI_APICallError", 400, 0)
+    script.made = 0
+    refused = agent_cli.run_ai_sdk(stack.base_url + "/v1", MODEL, 16384)
+    assert (refused["error"], refused["statusCode"], refused["code"]) == ("AI_APICallError", 400,
+                                                                         "context_length_exceeded")
+    assert refused["toolCalls"] >= 3
+    script.made = 0
+    trimmed = agent_cli.run_ai_sdk(stack.base_url + "/v1", MODEL, 16384, trim="oldest")
+    assert (trimmed["text"], trimmed["toolCalls"]) == ("Done.", 6)
+    assert stack.recorder is not None
+    assert any(r.action == "trimmed" for r in stack.recorder.records)

@@ -1,0 +1,117 @@
+"""The real agent CLIs (Claude Code, Codex), run non-interactively against a local base URL.
+
+They are npm packages installed outside the clone (`.ci/run`:
+`~/.cache/brimful/npm`, or `$BRIMFUL_NPM_DIR`). Each run gets a fresh HOME
+(and CODEX_HOME), an empty working directory, no telemetry and a timeout;
+the URL is loopback, so nothing leaves the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def npm_dir() -> Path:
+    override = os.environ.get("BRIMFUL_NPM_DIR")
+    if override:
+        return Path(override).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "brimful" / "npm"
+
+
+def cli(name: str) -> Path | None:
+    """The installed CLI `claude` or `codex`, or None."""
+    path = npm_dir() / "node_modules" / ".bin" / name
+    return path if path.exists() else None
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> dict[str, Any]:
+        """Claude Code's `--output-format json` result (the last JSON line of stdout)."""
+        for line in reversed(self.stdout.strip().splitlines()):
+            if line.startswith("{"):
+                return dict(json.loads(line))
+        raise AssertionError(f"no JSON result in the output:\n{self.stdout[-2000:]}\n{self.stderr[-2000:]}")
+
+
+def _base_env(home: Path) -> dict[str, str]:
+    keep = {k: os.environ[k] for k in ("PATH", "LANG", "TERM") if k in os.environ}
+    return {**keep, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"), "NO_PROXY": "127.0.0.1,localhost",
+            "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1"}
+
+
+def run_claude(base_url: str, model: str, prompt: str, *, timeout: float = 240,
+               extra_env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> Run:
+    """`claude -p PROMPT --output-format json` against `base_url` (Anthropic's API shape)."""
+    binary = cli("claude")
+    assert binary is not None, "Claude Code is not installed"
+    with tempfile.TemporaryDirectory(prefix="brimful-claude-") as tmp:
+        home, work = Path(tmp) / "home", Path(tmp) / "work"
+        home.mkdir()
+        work.mkdir()
+        env = {**_base_env(home), "ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": "dummy",
+               "ANTHROPIC_MODEL": model, "ANTHROPIC_SMALL_FAST_MODEL": model,
+               "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", **(extra_env or {})}
+        done = subprocess.run([str(binary), "-p", prompt, "--output-format", "json", *args], cwd=work, env=env,
+                              capture_output=True, text=True, timeout=timeout, check=False,
+                              stdin=subprocess.DEVNULL)
+    return Run(done.returncode, done.stdout, done.stderr)
+
+
+def run_codex(base_url: str, model: str, prompt: str, *, timeout: float = 240,
+              context_window: int | None = None, headers: dict[str, str] | None = None) -> Run:
+    """`codex exec --skip-git-repo-check PROMPT` with a provider whose base_url is `base_url` (…/v1)."""
+    binary = cli("codex")
+    assert binary is not None, "Codex is not installed"
+    with tempfile.TemporaryDirectory(prefix="brimful-codex-") as tmp:
+        home, work, codex_home = Path(tmp) / "home", Path(tmp) / "work", Path(tmp) / "codex"
+        for folder in (home, work, codex_home):
+            folder.mkdir()
+        window = f"model_context_window = {context_window}\n" if context_window else ""
+        (codex_home / "config.toml").write_text(
+            f'model = "{model}"\nmodel_provider = "brimful"\n{window}'
+            "[model_providers.brimful]\n"
+            f'name = "brimful"\nbase_url = "{base_url}"\nwire_api = "responses"\nenv_key = "BRIMFUL_TEST_KEY"\n'
+            "request_max_retries = 0\nstream_max_retries = 0\n"
+            + "".join(f'http_headers.{name} = "{value}"\n' for name, value in (headers or {}).items()))
+        env = {**_base_env(home), "CODEX_HOME": str(codex_home), "BRIMFUL_TEST_KEY": "dummy", "RUST_LOG": "error"}
+        done = subprocess.run([str(binary), "exec", "--skip-git-repo-check", "--json", prompt], cwd=work, env=env,
+                              capture_output=True, text=True, timeout=timeout, check=False,
+                              stdin=subprocess.DEVNULL)
+    return Run(done.returncode, done.stdout, done.stderr)
+
+
+AI_SDK_AGENT = Path(__file__).resolve().parents[1] / "clients" / "ai_sdk_agent.cjs"
+
+
+def run_ai_sdk(base_url: str, model: str, max_output_tokens: int, *, trim: str | None = None,
+               timeout: float = 120) -> dict[str, Any]:
+    """tests/clients/ai_sdk_agent.cjs: the AI SDK's tool loop over @ai-sdk/openai-compatible (…/v1)."""
+    node = shutil.which("node")
+    assert node is not None, "node is not installed"
+    done = subprocess.run([node, str(AI_SDK_AGENT), str(npm_dir()), base_url, model,
+                           str(max_output_tokens), *([trim] if trim else [])],
+                          capture_output=True, text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "NO_PROXY": "127.0.0.1,localhost"})
+    return Run(done.returncode, done.stdout, done.stderr).json()
+
+
+def have(name: str) -> bool:
+    """`claude`, `codex`, or `ai` (the AI SDK with @ai-sdk/openai-compatible)."""
+    if name == "ai":
+        modules = npm_dir() / "node_modules"
+        return all((modules / p / "package.json").exists() for p in ("ai", "@ai-sdk/openai-compatible", "zod")) \
+            and shutil.which("node") is not None
+    return cli(name) is not None and shutil.which("node") is not None
