@@ -418,12 +418,15 @@ def inputs_too_long(
     )
 
 
-def prompt_over_char_bound(chars: int, max_chars: int, max_model_len: int, param: str) -> BrimfulError:
+def prompt_over_char_bound(chars: int, max_chars: int, max_model_len: int, param: str, *,
+                           at_least: bool = False) -> BrimfulError:
     """vLLM 0.32's character pre-check, word for word (captures/c09d_chat_over_char_bound.json): refused
-    before tokenizing, since more characters than that cannot fit whatever they encode to."""
+    before tokenizing, since more characters than that cannot fit whatever they encode to.  `at_least`:
+    the prompt was measured only this far (a render stopped far past the bound)."""
+    shown = f"at least {chars}" if at_least else str(chars)
     return BrimfulError(
         400,
-        f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains {chars} "
+        f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains {shown} "
         f"characters (more than {max_chars} characters, which is the upper bound for {max_model_len} input "
         f"tokens). Please reduce the length of the input prompt. (parameter=input_text, value={chars})",
         code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,

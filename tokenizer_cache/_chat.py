@@ -584,19 +584,27 @@ def _parse_tool_calls(tool_calls: Any, where: str) -> list[dict[str, Any]]:
             raise _bad_type(f"{at}.function.arguments", "a JSON string", arguments)
         new_call = dict(call)
         new_function = dict(function)
-        new_function["arguments"] = _parse_arguments(arguments)
+        new_function["arguments"] = _parse_arguments(arguments, f"{at}.function.arguments")
         new_call["function"] = new_function
         parsed.append(new_call)
     return parsed
 
 
-def _parse_arguments(arguments: Any) -> dict[str, Any]:
-    """The JSON-string arguments as an object; empty, invalid or non-object JSON → {}."""
+def _parse_arguments(arguments: Any, where: str = "tool_calls") -> dict[str, Any]:
+    """The JSON-string arguments as an object; empty, invalid or non-object JSON → {}.
+
+    JSON nested past the interpreter's recursion limit (2,000 levels of `[`) makes
+    `json.loads` raise RecursionError, which vLLM 0.32 does not catch either
+    (renderers/chat_utils.py catches only JSONDecodeError): a 400 naming the field,
+    never a 500.
+    """
     if isinstance(arguments, dict):
         return arguments
     if isinstance(arguments, str) and arguments:
         try:
             value = json.loads(arguments)
+        except RecursionError:
+            raise CountError(f"'{where}' is JSON nested too deeply to be read.", param="tool_calls") from None
         except ValueError:
             return {}
         return value if isinstance(value, dict) else {}

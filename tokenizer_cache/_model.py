@@ -52,7 +52,7 @@ from ._media import MediaItem, MediaModel, load_media_model
 from ._piece_cache import PieceCountCache
 from ._piece_count import PieceCounter, PieceTally
 from ._protocol import CountingModel
-from ._render import render
+from ._render import render, rendered_length
 
 # The special-token attributes transformers exposes to templates
 # (`special_tokens_map`, merged under the template kwargs in apply_chat_template).
@@ -259,6 +259,12 @@ class ModelTokenizer:
     def render_chat(self, body: dict[str, Any]) -> str:
         """The prompt text vLLM would encode for this chat request (media as placeholders)."""
         return self._render(body)[0]
+
+    def render_chat_length(self, body: dict[str, Any], cap: int) -> int:
+        """`len(render_chat(body))`, or a length above `cap` once the render passes it (stopped there)."""
+        template, variables, options, _ = self._prepare(body)
+        return rendered_length(template.compiled, variables, continue_final_message=options.continue_final_message,
+                               cap=cap)
 
     def count_messages(self, body: dict[str, Any]) -> int:
         """Prompt tokens of an Anthropic /v1/messages (or count_tokens) request; raises CountError."""

@@ -38,6 +38,44 @@ def render(
     return text
 
 
+def rendered_length(
+    template: jinja2.Template,
+    variables: dict[str, Any],
+    *,
+    continue_final_message: bool,
+    cap: int,
+) -> int:
+    """The rendered text's length, or a length above `cap` as soon as the render passes it.
+
+    For vLLM's character bound: a conversation of 10^6 empty messages rendered
+    28 MB of text (+261 MiB, 43 s on a loaded 2-core machine) only to be refused
+    for its length; here the template's output is measured as it is produced and
+    the render stops once past `cap`, so time and memory follow the bound, not
+    the body.  Errors as `render`'s.
+    """
+    if continue_final_message:          # the cut needs the whole text (rare, and short of the bound)
+        return len(render(template, variables, continue_final_message=True))
+    try:
+        return _measure(template, variables, cap)
+    except SecurityError as exc:
+        raise CountError(f"The chat template tried an operation its sandbox forbids: {exc}") from exc
+    except jinja2.TemplateError as exc:
+        raise CountError(f"The chat template refused the conversation: {exc}") from exc
+    except RecursionError as exc:
+        raise CountError("The chat template recursed too deeply while rendering.") from exc
+    except Exception as exc:  # the template's own errors: TypeError, KeyError, ...
+        raise CountError(f"The chat template failed while rendering: {exc}") from exc
+
+
+def _measure(template: jinja2.Template, variables: dict[str, Any], cap: int) -> int:
+    total = 0
+    for chunk in template.root_render_func(_context(template, variables)):
+        total += len(chunk)
+        if total > cap:
+            break
+    return total
+
+
 _GLOBALS: weakref.WeakKeyDictionary[jinja2.Template, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
@@ -50,11 +88,14 @@ def _render(template: jinja2.Template, variables: dict[str, Any]) -> str:
     template and the context is built as `render` builds it: the same parent
     mapping (variables override globals), so the same output and exceptions.
     """
+    return template.environment.concat(template.root_render_func(_context(template, variables)))
+
+
+def _context(template: jinja2.Template, variables: dict[str, Any]) -> Any:
     base = _GLOBALS.get(template)
     if base is None:
         base = _GLOBALS[template] = dict(template.globals)
-    context = template.new_context({**base, **variables}, shared=True)
-    return template.environment.concat(template.root_render_func(context))
+    return template.new_context({**base, **variables}, shared=True)
 
 
 def cut_after_final_message(rendered: str, final_content: Any) -> str:

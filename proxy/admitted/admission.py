@@ -38,6 +38,7 @@ numbers and advice that makes it pass.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -96,30 +97,100 @@ class Decision:
     counted: int | None = None                  # prompt tokens the upstream will see, when the decision cuts them
 
 
+# pydantic-core 2.50's lax int, which vLLM 0.32's request models use (FastAPI validates
+# the parsed JSON in Python mode): a string is read as a JSON integer, else "cleaned"
+# first (pydantic-core src/input/shared.rs `clean_int_str`): stripped of Rust's Unicode
+# White_Space (Python's str.strip would also take \x1c-\x1f), one sign, leading zeros
+# (and underscores among them), a `.0...` tail, single underscores between digits.
+_PYDANTIC_WS = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008" \
+               "\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+_JSON_INT = re.compile(r"-?(?:0|[1-9][0-9]*)", re.ASCII)
+_MAX_INT_DIGITS = 4300          # CPython's and jiter's bound on an int's decimal digits
+_I64 = 2 ** 63
+_NOT_WHOLE = "must be a whole number of tokens"
+
+
+def lax_int(value: Any) -> int:
+    """An int field's value as pydantic's lax mode reads it; ValueError (the reason) otherwise.
+
+    Accepted (checked against pydantic itself, tests/admitted/test_admission.py):
+    ints, booleans, integral finite floats inside int64, and strings such as
+    " 10 ", "+5", "1_000", "10.0", "0010".  Refused: "1.5", "+-5", "--5", "1e3",
+    "10.", "_1", non-ASCII digits, more than 4,300 digits.
+    """
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise ValueError(_NOT_WHOLE)
+        if not -_I64 < value < _I64:
+            raise ValueError("is too large a number")
+        return int(value)
+    if not isinstance(value, str):
+        raise ValueError(_NOT_WHOLE)
+    text = value if _JSON_INT.fullmatch(value) else _clean_int_str(value)
+    if text is None or not _JSON_INT.fullmatch(text):
+        raise ValueError(_NOT_WHOLE)
+    if len(text.lstrip("-")) > _MAX_INT_DIGITS:
+        raise ValueError("is too large a number")
+    return int(text)
+
+
+def _clean_int_str(text: str) -> str | None:
+    """What pydantic-core makes of a string that is not a JSON integer as it stands (None: nothing)."""
+    s = text.strip(_PYDANTIC_WS)
+    if s.startswith("+"):
+        if s.startswith("+-"):
+            return None
+        s = s[1:]
+    sign = ""
+    if s.startswith("-"):
+        if s.startswith(("--", "-+")):
+            return None
+        sign, s = "-", s[1:]
+    stripped = _strip_leading_zeros(s)
+    if stripped is None:
+        return None
+    s = stripped
+    dot = s.find(".")
+    if dot >= 0 and s[dot + 1:] and not s[dot + 1:].strip("0"):
+        s = s[:dot]
+    if "_" in s and not s.startswith("_") and not s.endswith("_") and "__" not in s:
+        return sign + s.replace("_", "")
+    return None if len(s) == len(text) else sign + s
+
+
+def _strip_leading_zeros(s: str) -> str | None:
+    """Leading zeros (and underscores among them) off, one zero kept before a '.' or alone."""
+    if not s or not (s[0] == "0" or s[0] in "123456789-"):
+        return None
+    if s[0] != "0":
+        return s
+    for i in range(1, len(s)):
+        c = s[i]
+        if c in "0_":
+            continue
+        if c in "123456789-":
+            return s[i:]
+        return s[i - 1:] if c == "." else None
+    return s[-1]
+
+
 def parse_limit_field(name: str, value: Any) -> int | None:
     """Read `max_tokens` / `max_completion_tokens` the way vLLM's pydantic model accepts it.
 
-    vLLM 0.32 (captures/c12_*) accepts ints, integral floats (2.0), numeric
-    strings ("10") and booleans (true → 1) and answers 400 for 1.5, "abc" and
-    values below 1; null means "not sent".  Raises the 400 for anything else.
+    vLLM 0.32 (captures/c12_*) accepts what pydantic's lax int does (`lax_int`:
+    2.0, "10", "1_000", "10.0", true → 1) and answers 400 for 1.5, "abc",
+    "+-5" and values below 1; null means "not sent".  Raises the 400 for anything else.
     """
     if value is None:
         return None
-    if isinstance(value, bool):
-        number = int(value)
-    elif isinstance(value, int):
-        number = value
-    elif isinstance(value, float):
-        if not math.isfinite(value) or value != int(value):
-            raise errors.invalid_field(name, "must be a whole number of tokens", value)
-        number = int(value)
-    elif isinstance(value, str):
-        text = value.strip()
-        if not (text.lstrip("+-").isdigit() and text.isascii()):
-            raise errors.invalid_field(name, "must be a whole number of tokens", value)
-        number = int(text)
-    else:
-        raise errors.invalid_field(name, "must be a whole number of tokens", value)
+    try:
+        number = lax_int(value)
+    except ValueError as exc:
+        raise errors.invalid_field(name, str(exc), value) from None
     if number < 1:
         raise errors.invalid_field(name, "must be at least 1", value)
     return number

@@ -31,6 +31,7 @@ import asyncio
 import concurrent.futures
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import threading
@@ -38,7 +39,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from proxy import errors
 from proxy.admitted.surfaces import Surface
@@ -62,6 +63,7 @@ from tokenizer_cache import (
 from tokenizer_cache import char_bound as tokenizer_char_bound
 
 log = logging.getLogger("brimful.counting")
+_T = TypeVar("_T")
 
 
 # Long prompts are counted on threads the OS runs only when the event loop does
@@ -104,6 +106,12 @@ def _long_prompt_pool() -> concurrent.futures.ThreadPoolExecutor:
 # RSS an encode costs per byte of request body: the top of the measured
 # 95-240 MiB per MB, rounded up, so the budget is not overrun by symbol-dense text.
 COUNT_BYTES_PER_BODY_BYTE = 256
+# RSS the character-bound check costs per body byte: the conversation prepared for the
+# template (+184 MiB for a 33 MB body of 10^6 empty messages, the render stopped at 4x the
+# bound), doubled.
+RENDER_BYTES_PER_BODY_BYTE = 16
+# A count of many inputs (embeddings) goes in slices of at most this share of the budget each.
+SLICES_PER_BUDGET = 8
 # Counts (and refusals) of larger bodies give their freed heap back: malloc_trim
 # took 1.7 ms after a 250 KB prompt, 10.6 ms after 4 MB, on the counting thread.
 TRIM_ABOVE_BYTES = 128 * 1024
@@ -139,12 +147,19 @@ def char_bound(max_model_len: int, chars_per_token: int, body: dict[str, Any]) -
     return tokenizer_char_bound(max_model_len, chars_per_token, body.get("truncate_prompt_tokens"))
 
 
+# Prompt lengths are measured exactly up to this many times the bound, so the refusal says
+# vLLM's numbers; past it the render stops and the refusal says "at least".
+EXACT_CHARS_FACTOR = 4
+
+
 def check_char_bound(surface: Surface, tok: CountingModel, body: dict[str, Any], bound: int,
                      max_model_len: int) -> None:
     """Refuse, as vLLM would, a prompt text longer than `bound` characters (before encoding it)."""
-    for text in surface.prompt_texts(tok, body):
-        if len(text) > bound:
-            raise errors.prompt_over_char_bound(len(text), bound, max_model_len, surface.prompt_param)
+    cap = bound * EXACT_CHARS_FACTOR
+    for chars in surface.prompt_lengths(tok, body, cap):
+        if chars > bound:
+            raise errors.prompt_over_char_bound(chars, bound, max_model_len, surface.prompt_param,
+                                                at_least=chars > cap)
 
 
 def _counting_busy(limit: int, waited: float) -> BrimfulError:
@@ -434,6 +449,8 @@ class PromptCounter:
         if tok is None:
             counted = await self._count_upstream(model, surface, body)
             return Count(counted, trust.exact, trust.margin, "upstream")
+        if max_model_len is not None and surface.operator_truncates(self._config.policy_for(model)):
+            max_model_len = None        # brimful has vLLM truncate instead: no character bound
         try:
             local = await self._count_local(tok, surface, body, body_size, max_model_len)
         except MediaNotCountable as exc:
@@ -483,9 +500,33 @@ class PromptCounter:
         bound = char_bound(max_model_len, factor, body) if max_model_len is not None and factor else None
         trim = body_size > TRIM_ABOVE_BYTES
         if bound is not None and max_model_len is not None and body_size * 2 > bound:
-            await _in_thread(pool, _check_and_trim, surface, tok, body, bound, max_model_len, trim)
-        weight = await self.budget.acquire(body_size * COUNT_BYTES_PER_BODY_BYTE)
-        done = pool.submit(_count_and_trim, surface, tok, body, trim)
+            # Within the budget too: preparing 10^6 messages for the render costs memory by the body.
+            await self._count_within_budget(
+                body_size * RENDER_BYTES_PER_BODY_BYTE,
+                functools.partial(_check_and_trim, surface, tok, body, bound, max_model_len, trim), False)
+        slices = surface.count_slices(body, self.slice_bytes)
+        if slices is None:
+            return await self._count_within_budget(body_size * COUNT_BYTES_PER_BODY_BYTE,
+                                                   functools.partial(surface.count, tok, body), trim)
+        # Many inputs: one slice at a time, each taking its own share of the budget, so one
+        # request of 10^6 inputs never holds the whole budget while others wait (issue 25).
+        counts: list[int] = []
+        for piece in slices:
+            counts.extend(await self._count_within_budget(piece.size * COUNT_BYTES_PER_BODY_BYTE,
+                                                          functools.partial(piece.count, tok), False))
+        if trim:
+            await _in_thread(pool, _trim_heap)
+        return counts
+
+    @property
+    def slice_bytes(self) -> int:
+        """The request bytes one slice of a many-input count stands for: an eighth of the budget."""
+        return max(4096, self.budget.limit // (COUNT_BYTES_PER_BODY_BYTE * SLICES_PER_BUDGET))
+
+    async def _count_within_budget(self, weight: int, count: Callable[[], _T], trim: bool) -> _T:
+        """`count()` on a counting thread, holding `weight` bytes of the budget while it runs."""
+        weight = await self.budget.acquire(weight)
+        done = _long_prompt_pool().submit(_call_and_trim, count, trim)
         # The budget is returned when the thread is done, not when this await
         # ends: a client gone mid-count does not stop the encode.
         loop = asyncio.get_running_loop()
@@ -596,9 +637,9 @@ PARITY_PROBES: dict[str, dict[str, Any]] = {
 }
 
 
-def _count_and_trim(surface: Surface, tok: CountingModel, body: dict[str, Any], trim: bool) -> int | list[int]:
+def _call_and_trim(count: Callable[[], _T], trim: bool) -> _T:
     try:
-        return surface.count(tok, body)
+        return count()
     finally:
         if trim:
             _trim_heap()

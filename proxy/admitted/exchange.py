@@ -59,7 +59,7 @@ from proxy.recording.record import Action
 from proxy.recording.recorder import Recorder
 from proxy.sizing.lengths import IMPLICIT_MAX_TOKENS, plausible_usage
 from proxy.upstream.backends import Backend, Backends
-from proxy.upstream.client import DROP_REQUEST_ID, Upstream, UpstreamResponse, forwardable
+from proxy.upstream.client import DROP_REQUEST_ID, Upstream, UpstreamResponse, client_headers, forwardable
 from proxy.upstream.explain import explain_upstream_error
 from proxy.upstream.failure import parse_upstream_error
 from proxy.upstream.pools import choose_pool
@@ -236,6 +236,9 @@ class AdmittedExchange:
             source=count.source if count.exact else "margin",
             trimmed_messages=self.trimmed[0] if self.trimmed else None,
             trimmed_tokens=self.trimmed[1] if self.trimmed else None,
+            # Only an answer whose usage must equal this count (nothing cut, by the client or
+            # by brimful) is a witness of the count's trust, which every client's requests share.
+            trusted_usage=decision.counted is None and surface.usage_must_match(request.fields),
         )
         return decision
 
@@ -399,7 +402,8 @@ class AdmittedExchange:
 
     async def relay(self, response: UpstreamResponse) -> None:
         assert self.backend is not None
-        headers = forwardable(response.raw_headers, DROP_REQUEST_ID) + self.info
+        headers = client_headers(forwardable(response.raw_headers, DROP_REQUEST_ID),
+                                 self.backend.upstream.base_url) + self.info
         content_type = response.headers.get("content-type") or ""
         if content_type.startswith("text/event-stream"):
             await self.relay_stream(response, headers)
@@ -599,7 +603,7 @@ class AdmittedExchange:
             model=self.model, max_model_len=self.max_model_len, decision=self.decision, counted=self.counted,
             outcome=self.outcome, latency_ms=(time.perf_counter() - self.started) * 1000,
         )
-        if (self.surface.compares_usage and record.model is not None and record.prompt_tokens is not None
+        if (self.counted.trusted_usage and record.model is not None and record.prompt_tokens is not None
                 and record.upstream_prompt_tokens is not None):
             if record.prompt_tokens != record.upstream_prompt_tokens:
                 log.warning(

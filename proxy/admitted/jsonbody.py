@@ -155,7 +155,10 @@ def with_fields(body: bytes, parsed: dict[str, Any], fields: Mapping[str, Any]) 
             return rewrite(body, found, fields)
     updated = dict(parsed)
     updated.update(fields)
-    return json.dumps(updated, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    try:
+        return json.dumps(updated, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    except UnicodeEncodeError:      # an unpaired surrogate (in an UNTOKENIZED field): kept as its escape
+        return json.dumps(updated, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 def parse_object(body: bytes) -> dict[str, Any]:
@@ -170,7 +173,8 @@ def parse_object(body: bytes) -> dict[str, Any]:
         raise errors.invalid_json("it is nested too deeply") from None
     except ValueError as exc:
         raise errors.invalid_json(str(exc)) from None
-    if _LONE_SURROGATE_ESCAPE.search(body) and _has_lone_surrogate(value):
+    if _LONE_SURROGATE_ESCAPE.search(body) and _has_lone_surrogate(
+            {k: v for k, v in value.items() if k not in UNTOKENIZED} if isinstance(value, dict) else value):
         raise errors.invalid_json(
             "it contains an unpaired UTF-16 surrogate escape (\\ud800-\\udfff without its pair), "
             "which is not Unicode text: no tokenizer can encode it"
@@ -181,6 +185,11 @@ def parse_object(body: bytes) -> dict[str, Any]:
         )
     return value
 
+
+# Top-level fields no tokenizer ever sees (brimful counts none of them, vLLM keeps them as
+# strings): an unpaired surrogate in them is the client's business, as it is vLLM's
+# (pydantic's str takes one), and the body is forwarded with it.
+UNTOKENIZED = frozenset({"user", "metadata", "safety_identifier", "prompt_cache_key", "request_id"})
 
 # A JSON escape for a UTF-16 surrogate (high or low half).  Python's json accepts
 # an unpaired one and yields a str that tokenizers reject with TypeError and that

@@ -41,6 +41,7 @@ class Counted:
     uncounted: str | None = None                # why it could not be counted, if so
     trimmed_messages: int | None = None         # messages / input items trimming dropped
     trimmed_tokens: int | None = None           # ... and the prompt tokens they held
+    trusted_usage: bool = False                 # the answer's usage may move the model's count trust
 
 
 @dataclass

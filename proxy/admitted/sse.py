@@ -13,8 +13,13 @@ from __future__ import annotations
 
 from proxy.admitted.surfaces import Surface, Usage, parse_json_payload
 
-# A line that never ends is not buffered past this (its bytes are still relayed).
+# A line that never ends is not buffered past this (its bytes are still relayed; the rest
+# of it is not scanned).
 MAX_LINE_BYTES = 4 * 1024 * 1024
+# An event held back because it may be the usage-only one brimful asked for: vLLM's is a few
+# hundred bytes, so an event longer than this is relayed as it arrives (issue 25: one 200 MB
+# line without a newline was held whole, and joined again with every chunk).
+MAX_HELD_EVENT = 64 * 1024
 
 
 class EventStreamScanner:
@@ -29,17 +34,29 @@ class EventStreamScanner:
         self.last_data = b""        # the payload of the last `data:` line seen
         self._event = b""           # the `event:` name of the event being read
         self._partial = b""
+        self._skipping = False      # inside a line longer than MAX_LINE_BYTES: not scanned
         self._event_tail = b""
+        self._passing = False       # inside an event too long to hold: relayed until its end
+        self._ended_nl = False      # the last byte relayed in passing was a newline
 
     def feed(self, chunk: bytes) -> None:
         """Scan relayed bytes (any split: a line may span chunks)."""
         surface = self.surface
-        data = self._partial + chunk if self._partial else chunk
+        boundary = chunk.endswith(b"\n\n")
+        if self._skipping:
+            cut = chunk.find(b"\n")
+            if cut < 0:
+                self.at_boundary = False
+                return
+            self._skipping = False
+            data = chunk[cut + 1:]
+        else:
+            data = self._partial + chunk if self._partial else chunk
         lines = data.split(b"\n")
         self._partial = lines.pop()
         if len(self._partial) > MAX_LINE_BYTES:
-            self._partial = b""
-        self.at_boundary = data.endswith(b"\n\n")
+            self._partial, self._skipping = b"", True
+        self.at_boundary = boundary or data.endswith(b"\n\n")
         for line in lines:
             if not line.startswith(b"data:"):
                 if line.startswith(b"event:"):
@@ -63,21 +80,38 @@ class EventStreamScanner:
 
         Their numbers are kept in `usage`; bytes after the last complete event
         wait for the next chunk (or `leftover()`), so nothing waits longer than
-        the end of the event it is in.
+        the end of the event it is in, and no event longer than MAX_HELD_EVENT
+        waits at all: it cannot be the usage chunk, so it is relayed as it comes.
         """
+        out: list[bytes] = []
+        if self._passing:
+            if self._ended_nl and chunk.startswith(b"\n"):
+                end = 1                                  # the "\n\n" spans the two chunks
+            else:
+                found = chunk.find(b"\n\n")
+                end = found + 2 if found >= 0 else -1
+            if end < 0:
+                self._ended_nl = chunk.endswith(b"\n")
+                self.feed(chunk)
+                return chunk
+            out.append(chunk[:end])
+            chunk, self._passing = chunk[end:], False
         data = self._event_tail + chunk if self._event_tail else chunk
         events = data.split(b"\n\n")
         self._event_tail = events.pop()
-        kept = []
         for event in events:
             if self.surface.is_usage_only(event):
                 self.surface.read_usage(parse_json_payload(event.partition(b"data:")[2]), self.usage)
                 continue
-            kept.append(event + b"\n\n")
-        out = b"".join(kept)
-        if out:
-            self.feed(out)
-        return out
+            out.append(event + b"\n\n")
+        if len(self._event_tail) > MAX_HELD_EVENT:
+            out.append(self._event_tail)
+            self._ended_nl = self._event_tail.endswith(b"\n")
+            self._event_tail, self._passing = b"", True
+        relayed = b"".join(out)
+        if relayed:
+            self.feed(relayed)
+        return relayed
 
     def leftover(self) -> bytes:
         """Bytes after the last complete event (relayed as they are at the end)."""

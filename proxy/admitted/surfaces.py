@@ -30,13 +30,21 @@ Finish reasons are recorded in OpenAI's words whatever the surface
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from proxy.admitted.admission import Decision, RequestedLimit, decide, decide_inputs, read_requested_limit
+from proxy.admitted.admission import (
+    Decision,
+    RequestedLimit,
+    decide,
+    decide_inputs,
+    lax_int,
+    read_requested_limit,
+)
 from proxy.admitted.request import AdmittedRequest
 from proxy.config import Policy
 from proxy.errors import BrimfulError
@@ -64,6 +72,14 @@ class UpstreamCount:
 
 # An upstream count request, or a prompt already counted (token ids count as they are).
 TokenizeCall = UpstreamCount | int
+
+
+@dataclass(frozen=True)
+class CountSlice:
+    """Some of a request's prompts: counted by `count` (on a counting thread), about `size` bytes."""
+
+    count: Callable[[CountingModel], list[int]]
+    size: int
 
 
 @dataclass
@@ -133,8 +149,35 @@ class Surface:
         """The texts vLLM holds to its character bound before encoding (none: no check)."""
         return []
 
+    def prompt_lengths(self, tokenizer: CountingModel, body: dict[str, Any], cap: int) -> list[int]:
+        """The lengths of `prompt_texts`, each exact up to `cap` (above it: some length past `cap`,
+        the render stopped there: a conversation's text is never built whole only to be refused)."""
+        return [len(text) for text in self.prompt_texts(tokenizer, body)]
+
+    def operator_truncates(self, policy: Policy) -> bool:
+        """brimful itself makes vLLM truncate what is too long (then no character bound applies)."""
+        return False
+
+    def count_slices(self, body: dict[str, Any], slice_bytes: int) -> list[CountSlice] | None:
+        """The count cut into pieces of about `slice_bytes` of request each, counted one after
+        another, each within its own share of the counting budget; None: one piece."""
+        return None
+
     def ask_for_usage(self, body: Mapping[str, Any], changes: dict[str, Any]) -> bool:
         """Add what makes a stream report its usage, if it lacks it; True when added (see `is_usage_only`)."""
+        return False
+
+    def usage_must_match(self, body: Mapping[str, Any]) -> bool:
+        """The upstream's usage must equal brimful's count of this request if the count is right.
+
+        Only such answers may move a model's count trust (proxy.admitted.trust): a
+        client asking vLLM to cut its prompt (truncation) gets usage that differs
+        for reasons of its own, and no client may change how others are counted.
+        """
+        return self.compares_usage and not self.client_truncates(body)
+
+    def client_truncates(self, body: Mapping[str, Any]) -> bool:
+        """The request asks vLLM to cut the prompt to a length (then counted as cut)."""
         return False
 
     # -- the answer ----------------------------------------------------------------
@@ -210,7 +253,57 @@ class OpenAIStreamUsage:
         )
 
 
-class ChatSurface(OpenAIStreamUsage, Surface):
+_INT64_MAX = 2 ** 63 - 1
+
+
+def truncation_keep(value: Any, max_model_len: int, output_limit: bool) -> int | None:
+    """The prompt tokens vLLM 0.32 keeps for `truncate_prompt_tokens` = `value` on chat and
+    completions (renderers/params.py `_truncation_slice`): N keeps N, -1 keeps max_model_len
+    less one when an output limit is set (`max_truncation_tokens`); None: no truncation.
+
+    Raises ValueError for a value vLLM itself refuses (not an int in -1..2**63-1 by
+    pydantic's lax rules, or above max_model_len: "cannot be greater than max_model_len").
+    """
+    if value is None:
+        return None
+    keep = lax_int(value)
+    if not -1 <= keep <= _INT64_MAX or keep > max_model_len:
+        raise ValueError("vLLM refuses this truncate_prompt_tokens")
+    if keep == -1:
+        return max_model_len - 1 if output_limit else max_model_len
+    return keep
+
+
+class TruncatedPrompt(Surface):
+    """`truncate_prompt_tokens` on chat and completions: vLLM keeps that many tokens of each
+    prompt (the last N or the first N, by `truncation_side`: the count is the same) instead of
+    refusing a long one, so brimful decides on the prompt vLLM keeps."""
+
+    def client_truncates(self, body: Mapping[str, Any]) -> bool:
+        return body.get("truncate_prompt_tokens") is not None
+
+    def output_limit(self, request: Mapping[str, Any], limit: RequestedLimit, policy: Policy) -> bool:
+        """vLLM's `max_output_tokens` is non-zero: a limit is sent (or brimful's default fills one)."""
+        return limit.value is not None or policy.default_max_tokens is not None
+
+    def decide(self, request: Mapping[str, Any], prompt_tokens: list[int], max_model_len: int,
+               limit: RequestedLimit, policy: Policy, *, model: str, count_exact: bool,
+               drift_margin: int) -> Decision:
+        try:
+            keep = truncation_keep(request.get("truncate_prompt_tokens"), max_model_len,
+                                   self.output_limit(request, limit, policy))
+        except ValueError:
+            return Decision(Action.PASS, limit.value, limit.value)   # vLLM answers its own 400
+        if keep is None:
+            return super().decide(request, prompt_tokens, max_model_len, limit, policy, model=model,
+                                  count_exact=count_exact, drift_margin=drift_margin)
+        kept = [min(n, keep) for n in prompt_tokens]
+        decision = super().decide(request, kept, max_model_len, limit, policy, model=model,
+                                  count_exact=count_exact, drift_margin=drift_margin)
+        return replace(decision, counted=sum(kept)) if kept != prompt_tokens else decision
+
+
+class ChatSurface(TruncatedPrompt, OpenAIStreamUsage, Surface):
     name = "chat"
     path = "/v1/chat/completions"
     prompt_param = "messages"
@@ -223,11 +316,16 @@ class ChatSurface(OpenAIStreamUsage, Surface):
     def prompt_texts(self, tokenizer: CountingModel, body: dict[str, Any]) -> list[str]:
         return [tokenizer.render_chat(body)]          # the rendered conversation is one text
 
+    def prompt_lengths(self, tokenizer: CountingModel, body: dict[str, Any], cap: int) -> list[int]:
+        if isinstance(tokenizer, ModelTokenizer):
+            return [tokenizer.render_chat_length(body, cap)]
+        return super().prompt_lengths(tokenizer, body, cap)
+
     def tokenize_calls(self, model: str, body: Mapping[str, Any]) -> list[TokenizeCall]:
         return [UpstreamCount(_chat_tokenize_body(model, body))]
 
 
-class CompletionsSurface(OpenAIStreamUsage, Surface):
+class CompletionsSurface(TruncatedPrompt, OpenAIStreamUsage, Surface):
     name = "completions"
     path = "/v1/completions"
     prompt_param = "prompt"
@@ -236,6 +334,11 @@ class CompletionsSurface(OpenAIStreamUsage, Surface):
     # (vllm/entrypoints/openai/completion/protocol.py: `max_tokens: int | None = 16`;
     # captures/c18_completions_string_no_max_tokens.json).
     implicit_max_tokens = IMPLICIT_MAX_TOKENS["completions"]
+
+    def output_limit(self, request: Mapping[str, Any], limit: RequestedLimit, policy: Policy) -> bool:
+        """`max_tokens` defaults to 16 in vLLM's completions model: only an explicit null is none."""
+        return not ("max_tokens" in request and request["max_tokens"] is None) or (
+            policy.default_max_tokens is not None)
 
     def count(self, tokenizer: CountingModel, body: dict[str, Any]) -> int | list[int]:
         return tokenizer.count_completion(body)
@@ -304,6 +407,9 @@ class ResponsesSurface(Surface):
     def uncounted(self, body: Mapping[str, Any]) -> str | None:
         return "previous_response_id" if body.get("previous_response_id") is not None else None
 
+    def client_truncates(self, body: Mapping[str, Any]) -> bool:
+        return "truncation" in body and body.get("truncation") != "disabled"
+
     def count(self, tokenizer: CountingModel, body: dict[str, Any]) -> int | list[int]:
         return count_responses(tokenizer, body)
 
@@ -314,6 +420,12 @@ class ResponsesSurface(Surface):
         if model is None or body.get("truncation", "disabled") != "disabled":
             return []
         return [model.render_chat(model.responses_chat(body))]
+
+    def prompt_lengths(self, tokenizer: CountingModel, body: dict[str, Any], cap: int) -> list[int]:
+        model = _template_model(tokenizer)
+        if model is None or body.get("truncation", "disabled") != "disabled":
+            return []
+        return [model.render_chat_length(model.responses_chat(body), cap)]
 
     def decide(self, request: Mapping[str, Any], prompt_tokens: list[int], max_model_len: int,
                limit: RequestedLimit, policy: Policy, *, model: str, count_exact: bool,
@@ -397,6 +509,10 @@ class MessagesSurface(Surface):
         model = _template_model(tokenizer)
         return [] if model is None else [model.render_chat(model.messages_chat(body))]
 
+    def prompt_lengths(self, tokenizer: CountingModel, body: dict[str, Any], cap: int) -> list[int]:
+        model = _template_model(tokenizer)
+        return [] if model is None else [model.render_chat_length(model.messages_chat(body), cap)]
+
     def tokenize_calls(self, model: str, body: Mapping[str, Any]) -> list[TokenizeCall]:
         request = {"model": model, **{k: body[k] for k in _MESSAGES_COUNT_KEYS if k in body}}
         return [UpstreamCount(request, path="/v1/messages/count_tokens", field="input_tokens")]
@@ -464,6 +580,26 @@ def _add_special_tokens(body: Mapping[str, Any], default: bool) -> bool:
     return value if isinstance(value, bool) else default
 
 
+def _input_bytes(item: Input) -> int:
+    """About the request bytes an input took (what the counting budget weighs): a text its
+    characters, token ids a few bytes each, a conversation its texts.  Iterative: a body
+    may nest as deep as json.loads allows, deeper than Python recursion does."""
+    total = 0
+    pending = [item]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, str):
+            total += len(value) + 3
+        elif isinstance(value, list) and value and isinstance(value[0], int):
+            total += 4 * len(value) + 2
+        elif isinstance(value, (list, dict)):
+            pending.extend(value.values() if isinstance(value, dict) else value)
+            total += 2
+        else:
+            total += 8
+    return total
+
+
 class PoolingSurface(Surface):
     """The pooling routes vLLM serves for an embedding model: every input must fit max_model_len.
 
@@ -479,6 +615,12 @@ class PoolingSurface(Surface):
     implicit_max_tokens = 0          # nothing is generated: a sequence is its prompt (IMPLICIT_MAX_TOKENS)
     truncate_field = "truncate_prompt_tokens"
 
+    def client_truncates(self, body: Mapping[str, Any]) -> bool:
+        return body.get(self.truncate_field) is not None
+
+    def operator_truncates(self, policy: Policy) -> bool:
+        return policy.truncate_inputs
+
     def inputs(self, body: Mapping[str, Any]) -> list[Input]:
         """What is embedded, one entry per vLLM prompt."""
         raise NotImplementedError
@@ -491,16 +633,56 @@ class PoolingSurface(Surface):
         return max_model_len if limit == -1 else limit
 
     def count(self, tokenizer: CountingModel, body: dict[str, Any]) -> int | list[int]:
-        counts = []
-        for item in self.inputs(body):
+        return self.count_items(tokenizer, body, self.inputs(body))
+
+    def count_items(self, tokenizer: CountingModel, body: Mapping[str, Any], items: list[Input]) -> list[int]:
+        """The counts of `items` (some of the inputs), in order; runs of texts are encoded as one
+        batch (one call for 10^6 one-character inputs, not 10^6 calls)."""
+        counts: list[int] = []
+        texts: list[Any] = []
+        special = _add_special_tokens(body, True)
+
+        def flush() -> None:
+            if texts:
+                counts.extend(tokenizer.count_completion({"prompt": list(texts), "add_special_tokens": special}))
+                texts.clear()
+
+        for item in items:
+            if isinstance(item, str):
+                texts.append(item)
+                continue
+            flush()
             if isinstance(item, dict):
                 counts.append(tokenizer.count_chat(item))
             elif isinstance(item, list):
                 counts.append(len(item))
             else:
-                counts.extend(tokenizer.count_completion(
-                    {"prompt": item, "add_special_tokens": _add_special_tokens(body, True)}))
+                counts.extend(tokenizer.count_completion({"prompt": item, "add_special_tokens": special}))
+        flush()
         return counts
+
+    def count_slices(self, body: dict[str, Any], slice_bytes: int) -> list[CountSlice] | None:
+        """Many inputs are counted in slices of about `slice_bytes` each (by their own sizes, so
+        one long input among short ones weighs what it is), one long input on its own."""
+        items = self.inputs(body)
+        if len(items) < 2:
+            return None
+        sizes = [_input_bytes(item) for item in items]
+        if sum(sizes) <= slice_bytes:
+            return None
+        slices: list[CountSlice] = []
+        start, held = 0, 0
+        for end, size in enumerate([*sizes, 0]):
+            if end == len(items) or (held and held + size > slice_bytes):
+                slices.append(CountSlice(functools.partial(self.count_items, body=body, items=items[start:end]),
+                                         held))
+                start, held = end, 0
+            held += size
+        return slices
+
+    def prompt_texts(self, tokenizer: CountingModel, body: dict[str, Any]) -> list[str]:
+        """Every text input is held to vLLM's character bound on its own (TokenizeParams per prompt)."""
+        return [item for item in self.inputs(body) if isinstance(item, str)]
 
     def tokenize_calls(self, model: str, body: Mapping[str, Any]) -> list[TokenizeCall]:
         calls: list[TokenizeCall] = []
@@ -583,6 +765,10 @@ class ScoreSurface(PoolingSurface):
     aliases: tuple[str, ...] = ("/v1/score",)
     compares_usage = False
     prompt_param = "documents"
+
+    def prompt_texts(self, tokenizer: CountingModel, body: dict[str, Any]) -> list[str]:
+        """None held to the bound here: a cross-encoder renders pairs, and per-side limits truncate."""
+        return []
     _PAIRS = (("queries", "documents"), ("queries", "items"), ("text_1", "text_2"), ("data_1", "data_2"))
 
     def _sides(self, body: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
@@ -640,5 +826,5 @@ def parse_json_payload(payload: bytes) -> Any:
     """A JSON answer or event, or None when it is not JSON (it is then relayed, not read)."""
     try:
         return json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):     # nested past the interpreter's limit: not read either
         return None

@@ -34,7 +34,7 @@ from proxy.asgi import (
 )
 from proxy.errors import BrimfulError
 from proxy.upstream.backends import Backends
-from proxy.upstream.client import DROP_REQUEST_ID, UpstreamResponse, forwardable
+from proxy.upstream.client import DROP_REQUEST_ID, UpstreamResponse, client_headers, forwardable
 
 log = logging.getLogger("brimful")
 
@@ -81,10 +81,10 @@ class Passthrough:
             # SIGTERM's drain deadline passed while the upstream had not answered yet.
             await send_error(send, errors.shutting_down(self.shutdown_timeout), rid)
             return
-        await until_disconnect(receive, self.relay(scope, send, response, rid))
+        await until_disconnect(receive, self.relay(scope, send, response, rid, backend.upstream.base_url))
 
-    async def relay(self, scope: Scope, send: Send, response: UpstreamResponse, rid: str) -> None:
-        out = forwardable(response.raw_headers, DROP_REQUEST_ID)
+    async def relay(self, scope: Scope, send: Send, response: UpstreamResponse, rid: str, base_url: str) -> None:
+        out = client_headers(forwardable(response.raw_headers, DROP_REQUEST_ID), base_url)
         out.append((b"x-request-id", rid.encode()))
         if "content-length" in response.headers:
             out.append((b"content-length", response.headers["content-length"].encode()))

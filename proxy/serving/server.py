@@ -136,6 +136,7 @@ class BrimfulHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn narrows it so too
         self._head_bytes = 0          # bytes of the request head being received
+        self._parsed_head = 0         # bytes of it the parser has read (request line and headers)
         self._in_head = True          # between requests: the next bytes are a head
         self._completed = False       # a message ended during the current data_received
         self._feeding = False
@@ -193,9 +194,26 @@ class BrimfulHttpProtocol(HttpToolsProtocol):
 
     # -- parser callbacks ------------------------------------------------------------
 
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value) + 4)       # "name: value\r\n"
+        super().on_header(name, value)
+
+    def _count_head(self, size: int) -> None:
+        """The head as parsed: a head that arrives whole in one read never reaches the
+        byte count in data_received (taken only while a head is still arriving), so a
+        60-100 KiB head in one write was served; counted here too, it is refused."""
+        self._parsed_head += size
+        if self._parsed_head > self.limits.max_header_bytes and not self.transport.is_closing():
+            self._refuse(errors.header_too_large(self.limits.max_header_bytes))
+
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._head_bytes = 0
+        self._parsed_head = 0
         _idle_connections(self.server_state).pop(self, None)
         self._disarm()
         super().on_headers_complete()

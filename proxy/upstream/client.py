@@ -16,6 +16,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Iterable
 from typing import Any, Protocol
+from urllib.parse import SplitResult, urlsplit
 
 from proxy import errors
 from proxy.asgi import Headers
@@ -56,6 +57,70 @@ HOP_BY_HOP = frozenset(
 DROP_REQUEST_ID = frozenset({b"x-request-id"})
 CAUSE_CHARS = 200            # how much of a transport error's text an explanation quotes
 Body = bytes | AsyncIterator[bytes] | None
+
+
+# Answer headers that carry a URL a client follows.
+_URL_HEADERS = frozenset({b"location", b"content-location"})
+
+
+def _origin(parts: SplitResult) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of an absolute http(s) URL, default ports filled in; None otherwise."""
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:                  # a port that is not a number
+        return None
+    if parts.scheme not in ("http", "https") or not host:
+        return None
+    return parts.scheme, host.lower(), port or (443 if parts.scheme == "https" else 80)
+
+
+def local_reference(value: bytes, base_url: str) -> bytes | None:
+    """`value` (a Location) as a reference to the same path on brimful, when it names the
+    upstream at `base_url` (its prefix taken off); None when it names anything else.
+
+    vLLM's FastAPI answers `POST /v1/chat/completions/` with a 307 whose Location is
+    built from the Host header, which brimful sets to the upstream's: relayed as sent,
+    it gave clients the upstream's address, and clients that follow redirects re-sent
+    the request straight to vLLM, past admission.  A path-absolute reference resolves
+    against the URL the client used, brimful's own (RFC 9110 §10.2.2).  Pure.
+    """
+    try:
+        text = value.decode("latin-1").strip()
+    except UnicodeDecodeError:
+        return None
+    target = urlsplit(text if "://" in text or text.startswith("//") else "")
+    if not text or not target.netloc:
+        return None
+    base = urlsplit(base_url)
+    if text.startswith("//"):            # scheme-relative: the upstream's own scheme
+        target = urlsplit(f"{base.scheme}:{text}")
+    if _origin(target) is None or _origin(target) != _origin(base):
+        return None
+    path = target.path
+    prefix = base.path.rstrip("/")
+    if prefix and (path == prefix or path.startswith(prefix + "/")):
+        path = path[len(prefix):]
+    # One leading slash: "//host/x" would be read as another host (an open redirect).
+    reference = "/" + path.lstrip("/")
+    if target.query:
+        reference += "?" + target.query
+    if target.fragment:
+        reference += "#" + target.fragment
+    return reference.encode("latin-1")
+
+
+def client_headers(headers: Headers, base_url: str) -> Headers:
+    """An upstream answer's headers as a client may see them: a URL naming the upstream
+    (Location, Content-Location) made a reference to brimful; everything else as sent."""
+    if not any(k in _URL_HEADERS for k, _ in headers):
+        return headers
+    out: Headers = []
+    for k, v in headers:
+        if k in _URL_HEADERS:
+            local = local_reference(v, base_url)
+            v = v if local is None else local
+        out.append((k, v))
+    return out
 
 
 class UpstreamResponse(Protocol):

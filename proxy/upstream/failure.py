@@ -340,10 +340,11 @@ _RULES: tuple[_Rule, ...] = (
           + r" characters \(more than " + _g("X") + r" characters, which is the upper bound for " + _g("I")
           + r" input tokens\)"),
     # "max_tokens=2049 cannot be greater than max_model_len=2048", incl. the f-string slip
-    # "max_tokens=2049cannot be greater than max_model_len=max_total_tokens=2048".
+    # "max_tokens=2049cannot be greater than max_model_len=max_total_tokens=2048"; a limit
+    # field only (max_*), not "truncate_prompt_tokens=4097 cannot be greater than ...".
     _rule("vllm_max_tokens_gt_len", "max_tokens_too_large", "vllm",
-          r"(?<![a-z_])(?P<P>[a-z_]{1,40})\s?=\s?(?P<M>\d[\d,]{0,20})\s{0,3}cannot be greater than [a-z_]{1,40}\s?=\s?"
-          r"(?:[a-z_]{1,40}\s?=\s?)?" + _g("L")),
+          r"(?<![a-z_])(?P<P>max_[a-z_]{1,36})\s?=\s?(?P<M>\d[\d,]{0,20})\s{0,3}"
+          r"cannot be greater than [a-z_]{1,40}\s?=\s?(?:[a-z_]{1,40}\s?=\s?)?" + _g("L")),
     # earlier renderer (params.py @1aa021e / 017638d).
     _rule("vllm_renderer_early", "context_length", "vllm",
           r"You passed " + _g("n") + r" input tokens and requested " + _g("M") + r" output tokens\.\s*However, "
@@ -426,6 +427,7 @@ _GENERIC_CONTEXT_RE = re.compile(
 _GENERIC_EXCEED_RE = re.compile(r"exceed|too long|longer than|larger than|greater than|maximum|reduce", re.I)
 _GENERIC_LIMIT_RE = re.compile(r"(?:maximum context length|context (?:length|window|size)) (?:is|of) "
                                r"(\d[\d,]{0,20})", re.I)
+_TRUNCATION_PARAMS = ("truncate_prompt_tokens",)
 _PARAM_SUFFIX_RE = re.compile(r"\(parameter=(?P<p>[A-Za-z_.]{1,80}), value=(?P<v>[^)]{0,80})\)")
 _PYDANTIC_LOC_RE = re.compile(r"'loc': (?:'(?P<dotted>[\w.]{1,100})'|\((?P<tuple>[^)]{1,200})\))")
 
@@ -514,9 +516,12 @@ def _param(fields: _Fields, from_text: str | None, rule_name: str) -> str | None
 def _failure_by_status(status: int, fields: _Fields, body_format: str) -> UpstreamFailure:
     message = fields.message
     kind: str
+    # vLLM's "truncate_prompt_tokens=4097 cannot be greater than max_model_len = 4096" names
+    # the length but is a bad value of that field: relayed as vLLM words it.
+    bad_truncation = _param(fields, None, "") in _TRUNCATION_PARAMS
     if (fields.code == "context_length_exceeded" or fields.type == "exceed_context_size_error"
             or (_GENERIC_CONTEXT_RE.search(message) and _GENERIC_EXCEED_RE.search(message)
-                and 400 <= status < 500)):
+                and 400 <= status < 500 and not bad_truncation)):
         limit = _GENERIC_LIMIT_RE.search(message)
         return UpstreamFailure(
             kind="context_length", status=status, message=clip(message, MAX_MESSAGE_CHARS),

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from proxy.admitted.admission import RequestedLimit, decide, parse_limit_field
+from proxy.admitted.admission import RequestedLimit, decide, lax_int, parse_limit_field
 from proxy.admitted.surfaces import CHAT as CHAT_SURFACE
 from proxy.admitted.surfaces import COMPLETIONS as COMPLETIONS_SURFACE
 from proxy.config import Policy
@@ -281,6 +281,47 @@ def test_rejected_limit_values_name_the_field(value) -> None:
     assert info.value.status == 400
     assert info.value.param == "max_completion_tokens"
     assert "max_completion_tokens" in info.value.message
+
+
+@pytest.mark.parametrize("value", ["+-5", "--5", "-+5", "++5", "1" * 5000, "1e3", "10.", "_1", "1__0", 1e20])
+def test_odd_numeric_strings_are_a_400_not_a_500(value) -> None:
+    with pytest.raises(BrimfulError) as info:      # int() used to raise ValueError past the check
+        parse_limit_field("max_tokens", value)
+    assert info.value.status == 400 and info.value.param == "max_tokens"
+
+
+@pytest.mark.parametrize("value,expected", [("1_000", 1000), ("10.0", 10), ("0010", 10), ("+5", 5),
+                                            ("\xa012", 12), ("1_0.00", 10), ("0" * 5000 + "7", 7)])
+def test_limit_strings_pydantic_accepts_are_accepted(value, expected) -> None:
+    assert parse_limit_field("max_tokens", value) == expected
+
+
+def test_lax_int_reads_every_value_as_pydantic_does() -> None:
+    """Differential: vLLM 0.32's request models validate with pydantic-core 2.50 (the same
+    version this venv has, via the SDKs); every string of a fuzzed alphabet reads alike."""
+    pydantic = pytest.importorskip("pydantic")
+    import random
+
+    reference = pydantic.TypeAdapter(int)
+
+    def theirs(value: object) -> int | None:
+        try:
+            return int(reference.validate_python(value))
+        except pydantic.ValidationError:
+            return None
+
+    def ours(value: object) -> int | None:
+        try:
+            return lax_int(value)
+        except ValueError:
+            return None
+
+    rng = random.Random(25)
+    alphabet = "0123456789_+-. \t\x1c\xa0e\u0663"
+    cases: list[object] = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 7))) for _ in range(4000)]
+    cases += ["1" * 4300, "1" * 4301, "+" + "1" * 4301, "-" + "1" * 4300, "1" * 4300 + ".0", 1e20, 2.0 ** 63,
+              -(2.0 ** 63), 2.0 ** 62, float("nan"), float("inf"), True, 10 ** 30, -0.0, "0-4", "00-_9"]
+    assert [c for c in cases if theirs(c) != ours(c)] == []
 
 
 def test_completions_ignores_max_completion_tokens_field() -> None:

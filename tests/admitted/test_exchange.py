@@ -280,16 +280,20 @@ async def test_a_prompt_at_the_bound_or_asking_for_truncation_is_counted(qwen3_d
     overhead = len(qwen3.render_chat({"messages": [{"role": "user", "content": ""}]}))
     at_bound = {"model": MODEL, "messages": [{"role": "user", "content": "a" * (MML * 128 - overhead)}]}
     assert len(qwen3.render_chat(at_bound)) == MML * 128
+    app, _ = app_for(Upstream(), qwen3_dir)
+    answer = await call_app(app, "POST", CHAT, json.dumps(at_bound).encode())
+    error = json.loads(answer.body)["error"]
+    # Counted: refused by its token count (far above 2048), not by its characters.
+    assert answer.status == 400 and "characters" not in error["message"]
+    assert error["brimful"]["prompt_tokens"] == qwen3.count_chat(at_bound)
+    # Over the bound but truncated by vLLM to 100 tokens (it keeps the last 100): served.
     over = {"model": MODEL, "messages": [{"role": "user", "content": "a" * (MML * 128)}],
             "truncate_prompt_tokens": 100}
-    for body in (at_bound, over):
-        upstream = Upstream()
-        app, _ = app_for(upstream, qwen3_dir)
-        answer = await call_app(app, "POST", CHAT, json.dumps(body).encode())
-        error = json.loads(answer.body)["error"]
-        # Counted: refused by its token count (far above 2048), not by its characters.
-        assert answer.status == 400 and "characters" not in error["message"]
-        assert error["brimful"]["prompt_tokens"] == qwen3.count_chat(body)
+    upstream = Upstream(completion(100))
+    app, _ = app_for(upstream, qwen3_dir)
+    answer = await call_app(app, "POST", CHAT, json.dumps(over).encode())
+    assert answer.status == 200 and dict(answer.headers)["x-brimful-prompt-tokens"] == "100"
+    assert len(upstream.chats()) == 1
 
 
 async def test_counting_waits_for_a_back_pressure_slot(qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

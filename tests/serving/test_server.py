@@ -88,6 +88,18 @@ def test_a_head_over_the_limit_is_431_and_closed(stack: Stack) -> None:
     assert not [r for r in stack.fake.requests[before:] if "x-big" in r.headers]
 
 
+@pytest.mark.parametrize("head", [
+    b"GET /v1/models?q=" + b"a" * (2 * MAX_HEAD) + b" HTTP/1.1\r\nhost: h\r\n\r\n",      # a long query string
+    b"GET /v1/models HTTP/1.1\r\nhost: h\r\nx-big: " + b"a" * (2 * MAX_HEAD) + b"\r\n\r\n",
+])
+def test_a_head_over_the_limit_in_one_write_is_431(stack: Stack, head: bytes) -> None:
+    """The whole head in one read (issue 25): the limit holds without a second read too."""
+    with connect(stack) as sock:
+        sock.sendall(head)
+        error = openai_error(read_all(sock), 431)
+    assert error["code"] == "request_header_too_large"
+
+
 def test_half_a_request_line_is_408_after_the_head_timeout(stack: Stack) -> None:
     with connect(stack) as sock:
         sock.sendall(b"GET /v1/mod")

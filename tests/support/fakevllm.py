@@ -48,6 +48,8 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import urlsplit
 
+import pydantic
+
 from tests.support import agent_replies
 
 __all__ = [
@@ -119,6 +121,8 @@ class FaultSpec:
                            `data: {"error": ...}` and `data: [DONE]` (vLLM's mid-stream error)
       "huge"               a 200 chat completion whose content is `size` bytes, written a
                            MiB at a time (never held whole by the fake)
+      "long_line"          a 200 chat stream whose one content event is `size` bytes on a single
+                           line, then the usage chunk and [DONE]
     `delay` seconds are waited before anything is sent; `gate` (a threading.Event)
     is waited for first, so a test can hold a request without sleeping.
     `trickle` (kind "respond"): send the headers and the first half of the body,
@@ -315,33 +319,26 @@ def _err(type_: str, loc: str, msg: str, value: Any) -> dict[str, Any]:
     return {"type": type_, "loc": loc, "msg": msg, "input": _short_input(value)}
 
 
-def _coerce_int(body: dict, key: str, errors: list[dict]) -> int | None:
-    """Pydantic v2 lax int: true -> 1, 2.0 -> 2, "10" -> 10; 1.5 and "abc" are errors (c12*)."""
+def _coerce_int(body: dict, key: str, errors: list[dict], ge: int | None = None) -> int | None:
+    """Pydantic v2 lax int, by pydantic itself (vLLM's request models): true -> 1, 2.0 -> 2,
+    "10" -> 10, "1_000", "10.0"; 1.5, "abc", "+-5" are errors in pydantic's words (c12*)."""
     value = body.get(key)
     if value is None:
         return None
-    loc = f"body.{key}"
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        if value.is_integer():
-            return int(value)
-        errors.append(_err("int_from_float", loc,
-                           "Input should be a valid integer, got a number with a fractional part", value))
+    try:
+        number = _LAX_INT.validate_python(value)
+    except pydantic.ValidationError as exc:
+        found = exc.errors()[0]
+        errors.append(_err(found["type"], f"body.{key}", found["msg"], value))
         return None
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            errors.append(_err("int_parsing", loc,
-                               "Input should be a valid integer, unable to parse string as an integer", value))
-            return None
-    errors.append(_err("int_type", loc, "Input should be a valid integer", value))
-    return None
+    if ge is not None and number < ge:
+        errors.append(_err("greater_than_equal", f"body.{key}", f"Input should be greater than or equal to {ge}",
+                           value))
+        return None
+    return int(number)
 
 
+_LAX_INT: pydantic.TypeAdapter[int] = pydantic.TypeAdapter(int)
 _TRUE = {"1", "on", "t", "true", "y", "yes"}
 _FALSE = {"0", "off", "f", "false", "n", "no"}
 
@@ -529,6 +526,19 @@ class Validator:
             # v0.5 checks the prompt alone only when max_tokens was not sent
             raise _token_len_error("v0.5", mml, count, True, None)
 
+    def _truncation(self, mml: int, truncate: int | None, output_limit: int | None) -> int | None:
+        """The prompt tokens `truncate_prompt_tokens` keeps (renderers/params.py: TokenizeParams'
+        check, then `_truncation_slice`; -1 is max_model_len less one when an output limit is set)."""
+        if truncate is None:
+            return None
+        if truncate > mml:
+            raise _validation_error(
+                f"truncate_prompt_tokens={truncate} cannot be greater than max_model_len = {mml}. "
+                f"Please request a smaller truncation size.", "truncate_prompt_tokens", truncate)
+        if truncate == -1:
+            return mml - 1 if output_limit else mml
+        return truncate
+
     def _sampling_checks(self, n: int | None, temperature: float | None) -> None:
         if n is not None and n < 1:
             raise _validation_error(f"n must be at least 1, got {n}.", "n", n)
@@ -553,6 +563,7 @@ class Validator:
         max_tokens = _coerce_int(body, "max_tokens", errors)
         max_completion_tokens = _coerce_int(body, "max_completion_tokens", errors)
         n = _coerce_int(body, "n", errors)
+        truncate = _coerce_int(body, "truncate_prompt_tokens", errors, ge=-1)
         temperature = _coerce_float(body, "temperature", errors)
         stream = _coerce_bool(body, "stream", errors)
         if errors:
@@ -574,8 +585,11 @@ class Validator:
         if self.mode != "v0.32":
             requested = max_completion_tokens or max_tokens   # the old `a or b` (0 falls through)
         self._limit_alone(mml, requested, param)
-        self._char_check(mml, self.count_chars("chat", body))
+        keep = self._truncation(mml, truncate, requested)
+        if keep is None:
+            self._char_check(mml, self.count_chars("chat", body))
         count = self.count_prompt("chat", body)
+        count = count if keep is None else min(count, keep)
         self._token_check(mml, count, True, requested)
         self._sampling_checks(n, temperature)
         effective = decide_max_tokens(self.mode, mml, count, requested, None)
@@ -587,6 +601,7 @@ class Validator:
             errors.append(_err("missing", "body.prompt", "Field required", body))
         max_tokens = _coerce_int(body, "max_tokens", errors)
         n = _coerce_int(body, "n", errors)
+        truncate = _coerce_int(body, "truncate_prompt_tokens", errors, ge=-1)
         temperature = _coerce_float(body, "temperature", errors)
         stream = _coerce_bool(body, "stream", errors)
         if errors:
@@ -595,6 +610,9 @@ class Validator:
         model, mml = self.resolve_model(body)
         prompts = _split_prompts(body["prompt"])
         self._limit_alone(mml, max_tokens, "max_tokens")
+        # the protocol's default max_tokens is 16: only an explicit null leaves no output limit
+        output_limit = max_tokens if max_tokens is not None or "max_tokens" in body else 16
+        keep = self._truncation(mml, truncate, output_limit)
         # before v0.32 the protocol itself defaulted max_tokens to 16
         checked = max_tokens if max_tokens is not None or self.mode == "v0.32" else COMPLETIONS_DEFAULT_MAX_TOKENS
         counts: list[int] = []
@@ -602,11 +620,13 @@ class Validator:
         for prompt in prompts:
             if isinstance(prompt, str):
                 one = dict(body, prompt=prompt)
-                self._char_check(mml, self.count_chars("completions", one))
+                if keep is None:
+                    self._char_check(mml, self.count_chars("completions", one))
                 count = self.count_prompt("completions", one)
+                count = count if keep is None else min(count, keep)
                 self._token_check(mml, count, True, checked)
             else:
-                count = len(prompt)
+                count = len(prompt) if keep is None else min(len(prompt), keep)
                 self._token_check(mml, count, False, checked)
                 for token_id in prompt:
                     if not isinstance(token_id, int) or token_id < 0 or token_id >= self.vocab_size:
@@ -1548,6 +1568,14 @@ class FakeVLLM:
                 return
 
         allowed = _ROUTES.get(path)
+        if allowed is None and path != "/":
+            # Starlette's redirect_slashes (vLLM 0.32 keeps FastAPI's default): a path that
+            # matches a route once its trailing slashes are off (or one is added) gets a 307,
+            # whatever the method, to a URL built from the request's Host header.
+            other = path.rstrip("/") if path.endswith("/") else path + "/"
+            if other in _ROUTES:
+                target = f"http://{request.headers.get('host', '')}{other}" + (f"?{split.query}" if split.query else "")
+                return self._send(conn, record, 307, b"", None, {"location": target})
         if allowed is None:
             return self._send(conn, record, 404, _NOT_FOUND, _JSON)
         if request.method != allowed:
@@ -1604,6 +1632,9 @@ class FakeVLLM:
         if fault.kind == "huge":
             await self._huge(conn, record, fault.size)
             return True
+        if fault.kind == "long_line":
+            await self._long_line(conn, record, fault.size)
+            return True
         if fault.kind in ("close_mid_body", "reset_mid_body", "sse_error"):
             return False
         raise ValueError(f"unknown fault kind {fault.kind!r}")
@@ -1623,6 +1654,28 @@ class FakeVLLM:
             left -= len(piece)
             await conn.drain()
         conn.write(tail)
+        with self._cond:
+            record.finished_at = time.monotonic()
+            self._cond.notify_all()
+
+    async def _long_line(self, conn: _Connection, record: RecordedRequest, size: int) -> None:
+        """A chat stream whose one content event is `size` bytes on one line (written a MiB at a
+        time), then the usage chunk and [DONE]."""
+        record.status = 200
+        conn.start_stream(200, _SSE)
+        conn.write_chunk(b'data: {"id":"chatcmpl-long","object":"chat.completion.chunk","created":1,"model":"%s",'
+                         b'"choices":[{"index":0,"delta":{"content":"' % self.model.encode())
+        piece = b"lorem ip" * (1 << 17)
+        left = size
+        while left > 0:
+            conn.write_chunk(piece[:left])
+            left -= len(piece)
+            await conn.drain()
+        conn.write_chunk(b'"},"finish_reason":"length"}]}\n\n'
+                         b'data: {"id":"chatcmpl-long","object":"chat.completion.chunk","created":1,"model":"%s",'
+                         b'"choices":[],"usage":{"prompt_tokens":9,"total_tokens":10,"completion_tokens":1}}\n\n'
+                         b'data: [DONE]\n\n' % self.model.encode())
+        conn.end_stream()
         with self._cond:
             record.finished_at = time.monotonic()
             self._cond.notify_all()
