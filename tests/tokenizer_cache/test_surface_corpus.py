@@ -12,9 +12,9 @@ answer).  Two checks per case:
 * the count: brimful's count is vLLM's.  On vLLM 0.32 (transformers 5.19.0)
   two of the tokenizers encode some prompts differently from their
   tokenizer.json — Phi-3's SentencePiece (no "▁" after a special token) and
-  the Llama-3 vocabulary of R1-Distill-Llama — for chat requests just the same;
-  those cases are listed in `CHAT_TOKENIZER_DRIFT` and expected to fail (strict:
-  a fix turns them into failures until the list is emptied).
+  the Llama-3 vocabulary of R1-Distill-Llama, both built as LlamaTokenizer —
+  and brimful counts with the tokenizer transformers 5 builds
+  (tokenizer_cache/_loader.py), so those cases hold like any other.
 """
 
 from __future__ import annotations
@@ -32,12 +32,6 @@ from tokenizer_cache import CountError, TokenizerCache
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "surface_corpus.jsonl"
 CASES = [json.loads(line) for line in CORPUS.read_text(encoding="utf-8").splitlines() if line.strip()]
 
-# (model, reason): cases whose chat prompt the vLLM 0.32 CPU build tokenizes unlike tokenizer.json.
-DRIFT_REASONS = {
-    "phi3-mini": "chat-level drift: vLLM 0.32's tokenizer adds no '▁' after a special token",
-    "r1-distill-llama-8b": "chat-level drift: vLLM 0.32 loads this vocabulary as a SentencePiece tokenizer",
-}
-
 
 @pytest.fixture(scope="module")
 def cache() -> TokenizerCache:
@@ -48,12 +42,6 @@ def _count(tokenizer: Any, case: dict[str, Any]) -> int:
     if case["endpoint"] == "responses":
         return tokenizer.count_responses(case["request"])
     return tokenizer.count_messages(case["request"])
-
-
-def _drifts(case: dict[str, Any], cache: TokenizerCache) -> bool:
-    """brimful's chat count of the (vLLM-verified) converted request differs from vLLM's /tokenize."""
-    tokenizer = cache.get(SHARED / case["model_dir"])
-    return tokenizer.count_chat(case["chat"]) != case["chat_tokenize_count"]
 
 
 def test_the_corpus_covers_both_surfaces_over_both_tokenizer_kinds() -> None:
@@ -73,11 +61,7 @@ def test_the_conversion_is_the_one_vllm_counts(case: dict[str, Any], cache: Toke
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
-def test_brimful_counts_what_vllm_counts(case: dict[str, Any], cache: TokenizerCache,
-                                           request: pytest.FixtureRequest) -> None:
-    model = case["id"].split(":")[0]
-    if model in DRIFT_REASONS and _drifts(case, cache):
-        request.applymarker(pytest.mark.xfail(reason=DRIFT_REASONS[model], strict=True))
+def test_brimful_counts_what_vllm_counts(case: dict[str, Any], cache: TokenizerCache) -> None:
     tokenizer = cache.get(SHARED / case["model_dir"])
     if case["expected_error"] is not None:
         with pytest.raises(CountError):
