@@ -67,9 +67,35 @@ def loader_for_vllm(version: str | None) -> str:
     return TRANSFORMERS5 if release >= FIRST_TRANSFORMERS5_VLLM else TOKENIZER_JSON
 
 
-def resolve_loader(name: str) -> str:
-    """A concrete loader for `name`: "auto" means vLLM 0.32's (transformers5)."""
-    return TRANSFORMERS5 if check_loader(name) == AUTO else name
+def resolve_loader(name: str, directory: pathlib.Path) -> str:
+    """A concrete loader for `name` and the folder.
+
+    "auto": transformers5 (vLLM 0.32's) for a model folder, one with a
+    config.json; tokenizer.json as it is for a folder of tokenizer files only.
+    transformers 5 picks the class from the model's `model_type` and id, which
+    such a folder does not hold (the copies in shared/models name them in
+    SOURCES.md): loaded bare, Phi-3's files would become a LlamaTokenizer,
+    although vLLM serving microsoft/Phi-3-mini-4k-instruct (model_type phi3)
+    uses tokenizer.json as it is.  For every tokenizer the project ships, the
+    official repository's load equals tokenizer.json (tests/test_loader_survey.py);
+    "transformers5" forces the bare-folder load.
+    """
+    if check_loader(name) != AUTO:
+        return name
+    return TRANSFORMERS5 if (directory / "config.json").is_file() else TOKENIZER_JSON
+
+
+_SNAPSHOT = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)/snapshots/[^/]+/?$")
+
+
+def hub_id(directory: pathlib.Path) -> str | None:
+    """The model id of a Hugging Face cache snapshot (".../models--org--name/snapshots/rev"), else None.
+
+    vLLM serving a hub id loads it from that cache, and transformers matches
+    some ids (deepseek-ai/deepseek-r1-distill-llama-*) to tokenizer.json as it is.
+    """
+    match = _SNAPSHOT.search(directory.as_posix())
+    return f"{match.group(1)}/{match.group(2)}" if match else None
 
 
 @dataclass(frozen=True)

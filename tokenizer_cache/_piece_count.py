@@ -26,7 +26,7 @@ from tokenizers import Tokenizer
 from ._added_split import AddedTokenSplitter
 from ._encoder import Encoder, ReferenceEncoder
 from ._piece_cache import PieceCountCache
-from ._piece_support import fallback_reason, split_tokens
+from ._piece_support import fallback_reason, first_only_variant, split_tokens
 
 # blake2b keys are at most 64 bytes.
 _IDENTITY_BYTES = 32
@@ -75,6 +75,11 @@ class PieceCounter:
         # Keyed hashing puts the tokenizer into every digest: one table, many models.
         self._hasher = hashlib.blake2b(digest_size=16, key=identity[:64])
         self._specials = tokenizer.num_special_tokens_to_add(False)
+        # Metaspace prepend_scheme "first": only a piece at offset 0 gets "▁"; the
+        # others are counted by the "never" copy, and that first piece has digests of its own.
+        later = first_only_variant(tokenizer)
+        self._later: Encoder | None = ReferenceEncoder(later) if later is not None else None
+        self._first_hasher = hashlib.blake2b(digest_size=16, key=identity[:64], person=b"offset 0")
 
     @classmethod
     def for_tokenizer(
@@ -100,22 +105,40 @@ class PieceCounter:
         hasher.update(piece.encode("utf-8", "surrogatepass"))
         return hasher.digest()
 
+    def _first_digest(self, piece: str) -> bytes:
+        hasher = self._first_hasher.copy()
+        hasher.update(piece.encode("utf-8", "surrogatepass"))
+        return hasher.digest()
+
+    def _encode_missing(self, missing: dict[bytes, str], first: bytes | None) -> dict[bytes, int]:
+        """Counts of the missing pieces: one batch per prompt (the engine releases the GIL for all of it)."""
+        if self._later is None:
+            return dict(zip(missing, self._encoder.count_pieces(list(missing.values())), strict=True))
+        fresh = {}
+        if first is not None and first in missing:
+            fresh[first] = self._encoder.count_pieces([missing.pop(first)])[0]
+        fresh.update(zip(missing, self._later.count_pieces(list(missing.values())), strict=True))
+        return fresh
+
     def count(self, text: str, *, add_special_tokens: bool) -> PieceTally:
-        pieces, added = self._splitter.split(text)
+        pieces, added, at_zero = self._splitter.split_from_start(text)
         keys = [self.digest(piece) for piece in pieces]
+        first = None
+        if self._later is not None and at_zero:
+            first = keys[0] = self._first_digest(pieces[0])
         counts = self._cache.get_many(keys)
         # Distinct missing pieces (a prompt repeats some, e.g. "assistant\n").
         missing: dict[bytes, str] = {}
         for key, piece, count in zip(keys, pieces, counts, strict=True):
             if count is None and key not in missing:
                 missing[key] = piece
+        encoded_pieces = len(missing)
         encoded_tokens = 0
         if missing:
-            # One batch per prompt: the engine releases the GIL for all of it.
-            fresh = dict(zip(missing, self._encoder.count_pieces(list(missing.values())), strict=True))
+            fresh = self._encode_missing(missing, first)
             self._cache.put_many(fresh.items())
             encoded_tokens = sum(fresh.values())
             counts = [fresh[key] if count is None else count for key, count in zip(keys, counts, strict=True)]
         # No None is left: every missing piece's count came from `fresh`.
         tokens = sum(cast("list[int]", counts)) + added + (self._specials if add_special_tokens else 0)
-        return PieceTally(tokens, len(pieces), added, len(missing), encoded_tokens)
+        return PieceTally(tokens, len(pieces), added, encoded_pieces, encoded_tokens)
