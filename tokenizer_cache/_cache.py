@@ -31,8 +31,8 @@ from ._model import load_model_tokenizer
 from ._piece_cache import DEFAULT_MAX_ENTRIES, PieceCountCache
 from ._protocol import CountingModel
 
-_Key = tuple[pathlib.Path, str, str]
-Loader = Callable[..., CountingModel]  # (directory[, tokenizer_mode=..., tokenizer_loader=...]) -> model
+_Key = tuple[pathlib.Path, str, str, str | None]
+Loader = Callable[..., CountingModel]  # (directory[, tokenizer_mode=, tokenizer_loader=, name_or_path=]) -> model
 
 
 class TokenizerCache:
@@ -72,10 +72,12 @@ class TokenizerCache:
         self._loading: dict[_Key, Future[CountingModel]] = {}
 
     def get(
-        self, directory: str | os.PathLike[str], tokenizer_mode: str = "auto", tokenizer_loader: str = AUTO
+        self, directory: str | os.PathLike[str], tokenizer_mode: str = "auto", tokenizer_loader: str = AUTO,
+        name_or_path: str | None = None,
     ) -> CountingModel:
+        """`name_or_path`: the model id vLLM was started with, when not this folder (`load_model_tokenizer`)."""
         key = (pathlib.Path(directory).expanduser().resolve(), check_tokenizer_mode(tokenizer_mode),
-               check_loader(tokenizer_loader))
+               check_loader(tokenizer_loader), name_or_path)
         with self._lock:
             cached = self._entries.get(key)
             if cached is not None:
@@ -91,8 +93,8 @@ class TokenizerCache:
             return pending.result()  # re-raises the loader's exception
         try:
             # Defaults keep the one-argument call custom loaders know.
-            options = {name: value for name, value in (("tokenizer_mode", key[1]), ("tokenizer_loader", key[2]))
-                       if value != "auto"}
+            options = {name: value for name, value in (("tokenizer_mode", key[1]), ("tokenizer_loader", key[2]),
+                                                       ("name_or_path", key[3])) if value not in ("auto", None)}
             model = self._loader(key[0], **options)
         except BaseException as exc:
             with self._lock:
