@@ -41,7 +41,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, pre_tokenizers
 
 from ._added_split import WHITE_SPACE, AddedTokenSplitter, SplitToken
 
@@ -116,17 +116,25 @@ def _pre_tokenizer_reason(state: Any) -> str | None:
 def first_only_variant(tokenizer: Tokenizer) -> Tokenizer | None:
     """For a Metaspace pre-tokenizer with prepend_scheme "first" (transformers 5's LlamaTokenizer):
     the same tokenizer with "never", which counts every piece not at offset 0.  None otherwise."""
-    state = json.loads(tokenizer.to_str())
-    nodes = [node for node in _walk(state.get("pre_tokenizer"), "pretokenizers")
-             if node.get("type") == "Metaspace" and node.get("prepend_scheme") == "first"]
+    def firsts(pre_tokenizer: Any) -> list[dict[str, Any]]:
+        if pre_tokenizer is None:
+            return []
+        return [node for node in _walk(pre_tokenizer, "pretokenizers")
+                if node.get("type") == "Metaspace" and node.get("prepend_scheme") == "first"]
+
+    state = _state(tokenizer.pre_tokenizer)  # the component alone: no copy of a large vocabulary
+    nodes = firsts(state)
     if not nodes:
         return None
     for node in nodes:
         node["prepend_scheme"] = "never"
-    variant = Tokenizer.from_str(json.dumps(state))
-    variant.no_truncation()
-    variant.no_padding()
-    variant.encode_special_tokens = tokenizer.encode_special_tokens
+    # Pieces hold no added token and are encoded without specials: the model (shared, not
+    # copied), the normalizer and the edited pre-tokenizer are all a piece meets.
+    variant = Tokenizer(tokenizer.model)
+    variant.normalizer = tokenizer.normalizer
+    pre_tokenizer = pre_tokenizers.Metaspace()
+    pre_tokenizer.__setstate__(json.dumps(state).encode("utf-8"))
+    variant.pre_tokenizer = pre_tokenizer
     return variant
 
 
