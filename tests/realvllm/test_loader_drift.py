@@ -62,7 +62,8 @@ def test_brimful_counts_what_vllm_counts_for_a_rebuilt_tokenizer(name: str, tmp_
         python = ensure_vllm_venv(log_path=tmp_path / "venv.log").python
         with exclusive_lock(cache_root() / f".tiny-surfaces-{name}.lock"):
             ensure_tiny_model(model_dir, SHARED_DIR / "models" / MODELS[name], python, tmp_path / "build.log")
-        server_cm = running_server(python, model_dir, tmp_path / "server.log")
+        # A tiny model, but a slow start on a loaded CPU: more than the default 180 s to get healthy.
+        server_cm = running_server(python, model_dir, tmp_path / "server.log", timeout=600)
         server = server_cm.__enter__()
     except (SetupError, RuntimeError, OSError, subprocess.CalledProcessError) as error:
         if mode == "require":
