@@ -4,8 +4,8 @@ the tokenizer (tokenizer_cache/_loader.py).
 For Phi-3-mini and DeepSeek-R1-Distill-Llama-8B, the tiny model of the surface corpus (their tokenizer
 files beside a Qwen3 config.json, tests/realvllm/tiny_model.py) is served by the real vLLM, which builds
 both as a LlamaTokenizer.  Texts where that differs from tokenizer.json (after a special token, a leading
-space, code, Korean) are sent as chats and completions: vLLM's /tokenize count and the answer's
-usage.prompt_tokens must equal brimful's count of the served folder, and tokenizer.json read as it is
+space, code, Korean) are sent as chats (vLLM's /tokenize count and the answer's usage.prompt_tokens)
+and as prompts (/tokenize): each must equal brimful's count of the served folder, and tokenizer.json read as it is
 must be wrong on some of them (so the check can fail).
 
 BRIMFUL_REAL_VLLM as for the other real-vLLM tests: off skips; auto skips when the venv or the server
@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -41,8 +42,11 @@ TEXTS = [" Hello world", "Hello  world\nsecond line", "def f(x):\n    return x *
 def _post(base: str, path: str, body: dict[str, Any]) -> Any:
     request = urllib.request.Request(base + path, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=120) as answer:
-        return json.loads(answer.read())
+    try:
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            return json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        raise AssertionError(f"{path} answered {error.code}: {error.read()[:300]!r}") from None
 
 
 def _chat(text: str) -> dict[str, Any]:
@@ -81,8 +85,8 @@ def test_brimful_counts_what_vllm_counts_for_a_rebuilt_tokenizer(name: str, tmp_
             answered = _post(server.base_url, "/v1/chat/completions", {**chat, "max_tokens": 1})
             counted = ours.count_chat(chat)
             assert counted == tokenized["count"] == answered["usage"]["prompt_tokens"], text
-            completion = {"model": SERVED_MODEL_NAME, "prompt": text, "max_tokens": 1}
-            served = _post(server.base_url, "/v1/completions", completion)["usage"]["prompt_tokens"]
+            completion = {"model": SERVED_MODEL_NAME, "prompt": text}
+            served = _post(server.base_url, "/tokenize", completion)["count"]
             assert ours.count_completion(completion) == [served], text
             plain_wrong += plain.count_chat(chat) != counted
         assert plain_wrong > 0   # tokenizer.json as it is would miscount here
