@@ -138,6 +138,10 @@ class ModelConfig:
     tokenizer: str | None = None
     # vLLM's --tokenizer-mode for this model: "auto" detects Mistral-format folders as vLLM does.
     tokenizer_mode: Literal["auto", "hf", "mistral"] = "auto"
+    # Which rules build the tokenizer from the folder (tokenizer_cache._loader): "auto" follows
+    # the upstream's GET /version (vLLM >= 0.19.1: transformers 5's AutoTokenizer; older:
+    # tokenizer.json as it is); "transformers5" / "tokenizer_json" force one.
+    tokenizer_loader: Literal["auto", "transformers5", "tokenizer_json"] = "auto"
     margin_tokens: int | None = None
     margin_fraction: float | None = None
     min_completion_tokens: int | None = None

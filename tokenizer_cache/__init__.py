@@ -12,6 +12,10 @@ mistral-common for Mistral-format folders (`MistralTokenizer`, optional extra):
 `get(directory, tokenizer_mode)` takes vLLM's `--tokenizer-mode` for the model
 ("auto" by default).  Every loaded model satisfies `CountingModel`.
 
+The tokenizer is the one vLLM 0.32 builds: transformers 5's AutoTokenizer
+picks a class that may rebuild the normalizer and pre-tokenizer around
+tokenizer.json's vocabulary (`tokenizer_loader`, `loader_for_vllm`).
+
 Anthropic Messages and OpenAI Responses requests are counted as the chat
 request vLLM converts them to (`count_messages`, `count_responses`).
 
@@ -31,6 +35,8 @@ from ._errors import CountError, MediaNotCountable
 from ._family import TOKENIZER_MODES, detect_family
 from ._gptoss import HarmonyTokenizer
 from ._harmony import HarmonyOptions
+from ._loader import LOADERS as TOKENIZER_LOADERS
+from ._loader import loader_for_vllm
 from ._locate import find_tokenizer_dir, holds_tokenizer
 from ._mistral import MistralTokenizer
 from ._model import ModelTokenizer, load_model_tokenizer
@@ -44,6 +50,7 @@ from ._responses import to_chat_request as responses_to_chat
 __all__ = [
     "DEFAULT_CHAT_CACHE_ENTRIES",
     "DEFAULT_PIECE_CACHE_ENTRIES",
+    "TOKENIZER_LOADERS",
     "TOKENIZER_MODES",
     "CharBoundExceeded",
     "ChatCacheStats",
@@ -68,5 +75,6 @@ __all__ = [
     "find_tokenizer_dir",
     "holds_tokenizer",
     "load_model_tokenizer",
+    "loader_for_vllm",
     "responses_to_chat",
 ]

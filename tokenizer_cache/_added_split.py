@@ -91,8 +91,13 @@ class _Matcher:
 
     def split(self, text: str, pieces: list[str]) -> int:
         """Append the non-token pieces of `text` to `pieces`; return the number of tokens matched."""
+        return self.split_from_start(text, pieces)[0]
+
+    def split_from_start(self, text: str, pieces: list[str]) -> tuple[int, bool]:
+        """`split`, and whether the first piece appended starts at offset 0 of `text`."""
         matched = 0
         start_offset = 0
+        at_zero = None
         for match in self._pattern.finditer(text):
             token = self._by_content[match.group()]
             if self._encode_special_tokens and token.special:
@@ -107,12 +112,14 @@ class _Matcher:
                 assert space is not None  # a `[...]*` pattern matches at every position
                 stop = space.end()
             if start_offset < start:
+                at_zero = start_offset == 0 if at_zero is None else at_zero
                 pieces.append(text[start_offset:start])
             matched += 1
             start_offset = stop
         if start_offset < len(text):
+            at_zero = start_offset == 0 if at_zero is None else at_zero
             pieces.append(text[start_offset:])
-        return matched
+        return matched, bool(at_zero)
 
 
 class AddedTokenSplitter:
@@ -139,15 +146,24 @@ class AddedTokenSplitter:
                 yield match.group()
 
     def split(self, text: str) -> tuple[list[str], int]:
+        pieces, matched, _ = self.split_from_start(text)
+        return pieces, matched
+
+    def split_from_start(self, text: str) -> tuple[list[str], int, bool]:
+        """`split`, and whether the first piece starts at offset 0 of `text` (no added token before it):
+        the piece a Metaspace pre-tokenizer with prepend_scheme "first" prepends to."""
         if self._raw is None:
             first = [text] if text else []
-            matched = 0
+            matched, at_zero = 0, bool(text)
         else:
             first = []
-            matched = self._raw.split(text, first)
+            matched, at_zero = self._raw.split_from_start(text, first)
         if self._normalized is None:
-            return first, matched
+            return first, matched, at_zero
         pieces: list[str] = []
-        for piece in first:
-            matched += self._normalized.split(piece, pieces)
-        return pieces, matched
+        for i, piece in enumerate(first):
+            count, piece_at_zero = self._normalized.split_from_start(piece, pieces)
+            if i == 0:
+                at_zero = at_zero and piece_at_zero
+            matched += count
+        return pieces, matched, at_zero and bool(pieces)

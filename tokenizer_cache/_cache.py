@@ -26,19 +26,22 @@ from concurrent.futures import Future
 from ._chat_cache import DEFAULT_MAX_ENTRIES as DEFAULT_CHAT_ENTRIES
 from ._chat_cache import ChatCountCache
 from ._family import check_tokenizer_mode
+from ._loader import AUTO, check_loader
 from ._model import load_model_tokenizer
 from ._piece_cache import DEFAULT_MAX_ENTRIES, PieceCountCache
 from ._protocol import CountingModel
 
-_Key = tuple[pathlib.Path, str]
-Loader = Callable[..., CountingModel]  # (directory[, tokenizer_mode=...]) -> model
+_Key = tuple[pathlib.Path, str, str, str | None]
+Loader = Callable[..., CountingModel]  # (directory[, tokenizer_mode=, tokenizer_loader=, name_or_path=]) -> model
 
 
 class TokenizerCache:
     """`get(directory, tokenizer_mode)` → the counter for that directory, loaded at most once while cached.
 
     `tokenizer_mode` is vLLM's `--tokenizer-mode` for the model ("auto", the
-    default, "hf" or "mistral"); the same folder under two modes is two entries.
+    default, "hf" or "mistral"); `tokenizer_loader` the rules that build its
+    tokenizer (`_loader`: "auto", "transformers5", "tokenizer_json").  The
+    same folder under two modes or loaders is two entries.
     """
 
     def __init__(
@@ -68,8 +71,13 @@ class TokenizerCache:
         self._entries: OrderedDict[_Key, CountingModel] = OrderedDict()
         self._loading: dict[_Key, Future[CountingModel]] = {}
 
-    def get(self, directory: str | os.PathLike[str], tokenizer_mode: str = "auto") -> CountingModel:
-        key = (pathlib.Path(directory).expanduser().resolve(), check_tokenizer_mode(tokenizer_mode))
+    def get(
+        self, directory: str | os.PathLike[str], tokenizer_mode: str = "auto", tokenizer_loader: str = AUTO,
+        name_or_path: str | None = None,
+    ) -> CountingModel:
+        """`name_or_path`: the model id vLLM was started with, when not this folder (`load_model_tokenizer`)."""
+        key = (pathlib.Path(directory).expanduser().resolve(), check_tokenizer_mode(tokenizer_mode),
+               check_loader(tokenizer_loader), name_or_path)
         with self._lock:
             cached = self._entries.get(key)
             if cached is not None:
@@ -84,8 +92,10 @@ class TokenizerCache:
         if not owner:
             return pending.result()  # re-raises the loader's exception
         try:
-            # The default mode keeps the one-argument call custom loaders know.
-            model = self._loader(key[0]) if key[1] == "auto" else self._loader(key[0], tokenizer_mode=key[1])
+            # Defaults keep the one-argument call custom loaders know.
+            options = {name: value for name, value in (("tokenizer_mode", key[1]), ("tokenizer_loader", key[2]),
+                                                       ("name_or_path", key[3])) if value not in ("auto", None)}
+            model = self._loader(key[0], **options)
         except BaseException as exc:
             with self._lock:
                 del self._loading[key]

@@ -43,11 +43,13 @@ from ._chat_cache import (
 from ._content_format import ContentFormat, detect_content_format
 from ._data_url import open_media_url
 from ._encoder import Encoder, EncoderChoice, ReferenceEncoder, select_encoder
+from ._encoder import logger as _logger
 from ._errors import CountError, MediaNotCountable
 from ._family import detect_family
 from ._harmony import HarmonyOptions
 from ._image_size import image_size
 from ._jinja import compile_template, parse_template
+from ._loader import TRANSFORMERS5, LoaderUnavailable, build_transformers5, hub_id, resolve_loader
 from ._media import MediaItem, MediaModel, load_media_model
 from ._piece_cache import PieceCountCache
 from ._piece_count import PieceCounter, PieceTally
@@ -78,6 +80,15 @@ class ChatTemplate:
     variables: frozenset[str]  # names the template reads from its context
     knows_developer: bool  # mentions the "developer" role, so keeps it
     pure: bool = False  # renders depend on the inputs alone (`_chat_cache.is_pure`)
+
+
+@dataclass(frozen=True)
+class LoaderInfo:
+    """Which rules built the tokenizer a model counts with (`_loader`), for /stats and the log."""
+
+    loader: str = "tokenizer_json"  # "transformers5" or "tokenizer_json": the rules actually applied
+    tokenizer_class: str | None = None  # the transformers class that built it (transformers5 only)
+    fallback_reason: str | None = None  # why transformers5 was wanted but tokenizer.json is used
 
 
 def _token_text(value: Any) -> str | None:
@@ -168,8 +179,11 @@ class ModelTokenizer:
         encoder: EncoderChoice | None = None,
         max_chars_per_token: int | None = None,
         chat_cache: ChatCountCache | None = None,
+        loader_info: LoaderInfo | None = None,
     ) -> None:
         self.source_dir = source_dir
+        # How the tokenizer was built from the folder (`_loader`).
+        self.loader_info = loader_info or LoaderInfo()
         # The model's embedding rows (config.json `vocab_size`), when the
         # directory says: vLLM accepts prompt ids up to the larger of it and the
         # tokenizer's own largest id.
@@ -403,6 +417,11 @@ class ModelTokenizer:
         return clone
 
     @property
+    def tokenizer_loader(self) -> str:
+        """The loader rules this model's tokenizer was built with: "transformers5" or "tokenizer_json"."""
+        return self.loader_info.loader
+
+    @property
     def engine(self) -> str:
         """Which engine counts this model's tokens: "fastokens" or "tokenizers"."""
         return self._encoder.name
@@ -550,6 +569,8 @@ def load_model_tokenizer(
     harmony_options: HarmonyOptions | None = None,
     engine: str = "auto",
     chat_cache: ChatCountCache | None = None,
+    tokenizer_loader: str = "auto",
+    name_or_path: str | None = None,
 ) -> CountingModel:
     """Load a model directory's tokenizer the way vLLM would for `tokenizer_mode`.
 
@@ -564,7 +585,13 @@ def load_model_tokenizer(
     `engine` picks the encoder ("auto": fastokens when it passes the
     self-check, see `_encoder.select_encoder`).  With `chat_cache`, a chat
     request whose template inputs were counted before is not rendered again
-    (`_chat_cache`).  Raises FileNotFoundError when the directory or its tokenizer file is
+    (`_chat_cache`).  `tokenizer_loader` picks the rules that build the
+    tokenizer from the folder (`_loader`: "transformers5", as vLLM 0.32;
+    "tokenizer_json", as vLLM before 0.19.1; "auto": transformers5 for a
+    folder with a config.json, `_loader.resolve_loader`), and `name_or_path`
+    is the model id vLLM was started with when not the folder (default: the
+    id of a Hugging Face cache snapshot, else the folder).
+    Raises FileNotFoundError when the directory or its tokenizer file is
     missing, ValueError when a file is malformed or the tokenizer mode unknown.
     Never downloads.
     """
@@ -576,7 +603,8 @@ def load_model_tokenizer(
         from ._mistral import load_mistral_tokenizer
 
         return load_mistral_tokenizer(source_dir)
-    model = _load_hf_shared(source_dir, engine)
+    model = _load_hf_shared(source_dir, engine, resolve_loader(tokenizer_loader, source_dir),
+                            name_or_path or hub_id(source_dir))
     if chat_cache is not None:
         model = model.with_chat_cache(chat_cache)
     if family == "harmony":
@@ -584,7 +612,7 @@ def load_model_tokenizer(
 
         harmony = HarmonyTokenizer(
             source_dir, model._tokenizer, model._templates, model._special_tokens, identity=model._identity,
-            encoder=model._choice, max_chars_per_token=model.max_chars_per_token,
+            encoder=model._choice, max_chars_per_token=model.max_chars_per_token, loader_info=model.loader_info,
         )
         harmony.harmony_options = harmony_options or HarmonyOptions.from_env()
         model = harmony
@@ -639,12 +667,36 @@ def _kept(table: OrderedDict[_K, _V], key: _K, build: Callable[[], _V]) -> _V:
     return value
 
 
-def _load_hf_shared(source_dir: pathlib.Path, engine: str) -> ModelTokenizer:
-    key = (source_dir, engine, _folder_signature(source_dir))
-    return _kept(_loaded, key, lambda: _load_hf(source_dir, engine))
+def _load_hf_shared(source_dir: pathlib.Path, engine: str, loader: str, name_or_path: str | None) -> ModelTokenizer:
+    key = (source_dir, engine, loader, name_or_path, _folder_signature(source_dir))
+    return _kept(_loaded, key, lambda: _load_hf(source_dir, engine, loader, name_or_path))
 
 
-def _load_hf(source_dir: pathlib.Path, engine: str = "auto") -> ModelTokenizer:
+def _tokenizer_spec(
+    source_dir: pathlib.Path, raw: bytes, config: Mapping[str, Any], loader: str, name_or_path: str | None
+) -> tuple[bytes, bool, LoaderInfo]:
+    """The tokenizer.json the engines load, split_special_tokens, and how it was built.
+
+    transformers5: what transformers 5's AutoTokenizer builds from the folder
+    (`_loader.build_transformers5`); where it cannot, tokenizer.json as it is,
+    with the reason (logged: counts may then differ from vLLM's).
+    """
+    split_special_tokens = bool(config.get("split_special_tokens", False))
+    if loader != TRANSFORMERS5:
+        return raw, split_special_tokens, LoaderInfo()
+    try:
+        built = build_transformers5(source_dir, name_or_path)
+    except LoaderUnavailable as exc:
+        _logger.warning("%s: counting with tokenizer.json as it is, not as vLLM's transformers 5 loads it: %s",
+                        source_dir, exc)
+        return raw, split_special_tokens, LoaderInfo(fallback_reason=str(exc))
+    info = LoaderInfo(loader=TRANSFORMERS5, tokenizer_class=built.tokenizer_class)
+    return built.spec.encode("utf-8"), built.split_special_tokens, info
+
+
+def _load_hf(
+    source_dir: pathlib.Path, engine: str = "auto", loader: str = TRANSFORMERS5, name_or_path: str | None = None
+) -> ModelTokenizer:
     """tokenizer.json + tokenizer_config.json (+ chat_template.jinja), compiled once."""
     tokenizer_file = source_dir / "tokenizer.json"
     if not tokenizer_file.is_file():
@@ -657,7 +709,7 @@ def _load_hf(source_dir: pathlib.Path, engine: str = "auto") -> ModelTokenizer:
     except OSError as exc:
         raise ValueError(f"{tokenizer_file} could not be loaded by `tokenizers`: {exc}") from exc
     config = _read_config(source_dir / "tokenizer_config.json")
-    split_special_tokens = bool(config.get("split_special_tokens", False))
+    raw, split_special_tokens, loader_info = _tokenizer_spec(source_dir, raw, config, loader, name_or_path)
     # The file's bytes name the tokenizer in piece-cache keys (cheaper than
     # re-serialising it); split_special_tokens changes what the same file encodes.
     identity = hashlib.blake2b(raw + (b"\x01" if split_special_tokens else b"\x00"), digest_size=32).digest()
@@ -679,6 +731,7 @@ def _load_hf(source_dir: pathlib.Path, engine: str = "auto") -> ModelTokenizer:
         media_unsupported=media_unsupported,
         encoder=encoder,
         max_chars_per_token=_max_chars_per_token(tokenizer, config),
+        loader_info=loader_info,
     )
 
 

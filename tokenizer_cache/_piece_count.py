@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 from ._added_split import AddedTokenSplitter
 from ._encoder import Encoder, ReferenceEncoder
 from ._piece_cache import PieceCountCache
-from ._piece_support import fallback_reason, split_tokens
+from ._piece_support import fallback_reason, first_only_variant, split_tokens
 from ._prefix_count import choose_anchor, cut_offsets, cut_tokens
 
 # blake2b keys are at most 64 bytes.
@@ -87,6 +87,11 @@ class PieceCounter:
         self._tokenizer = tokenizer
         self._cuts: list[str] | None = None      # found at the first long text (`_prefix_count`)
         self._anchor: str | None = None
+        # Metaspace prepend_scheme "first": only a piece at offset 0 gets "▁"; the
+        # others are counted by the "never" copy, and that first piece has digests of its own.
+        later = first_only_variant(tokenizer)
+        self._later: Encoder | None = ReferenceEncoder(later) if later is not None else None
+        self._first_hasher = hashlib.blake2b(digest_size=16, key=identity[:64], person=b"offset 0")
 
     @classmethod
     def for_tokenizer(
@@ -111,6 +116,22 @@ class PieceCounter:
         hasher = self._hasher.copy()
         hasher.update(piece.encode("utf-8", "surrogatepass"))
         return hasher.digest()
+
+    def _first_digest(self, piece: str) -> bytes:
+        hasher = self._first_hasher.copy()
+        hasher.update(piece.encode("utf-8", "surrogatepass"))
+        return hasher.digest()
+
+    def _encode_missing(self, missing: dict[bytes, str], first: bytes | None) -> dict[bytes, int]:
+        """Counts of the missing pieces: one batch per prompt (the engine releases the GIL for all of it)."""
+        if self._later is None:
+            return dict(zip(missing, self._encoder.count_pieces(list(missing.values())), strict=True))
+        rest = dict(missing)
+        fresh = {}
+        if first is not None and first in rest:
+            fresh[first] = self._encoder.count_pieces([rest.pop(first)])[0]
+        fresh.update(zip(rest, self._later.count_pieces(list(rest.values())), strict=True))
+        return fresh
 
     def count(self, text: str, *, add_special_tokens: bool) -> PieceTally:
         specials = self._specials if add_special_tokens else 0
@@ -164,8 +185,10 @@ class PieceCounter:
         base = offsets[hit] if hit >= 0 else 0
         bounds = offsets[hit + 1 :]
         # Each segment between cuts counts alone (`_prefix_count`): the sum is the text's count.
+        # Only a segment at the text's start holds the piece at offset 0 (a "first"-only "▁").
         segments = self._count_texts([raw[a:b].decode("utf-8", "surrogatepass")
-                                      for a, b in zip([base, *bounds], [*bounds, len(raw)], strict=True)])
+                                      for a, b in zip([base, *bounds], [*bounds, len(raw)], strict=True)],
+                                     starts_text=base == 0)
         running = reused
         fresh = []
         for key, offset, segment in zip(keys[hit + 1 :], bounds, segments, strict=False):
@@ -181,25 +204,28 @@ class PieceCounter:
             reused_tokens=reused,
         )
 
-    def _count_texts(self, texts: list[str]) -> list[PieceTally]:
+    def _count_texts(self, texts: list[str], starts_text: bool = True) -> list[PieceTally]:
         """Each text's count without post-processor specials; the pieces missing from the
-        cache are encoded in one batch for all texts (each distinct piece once)."""
-        split = [self._splitter.split(text) for text in texts]
-        keys = [[self.digest(piece) for piece in pieces] for pieces, _ in split]
+        cache are encoded in one batch for all texts (each distinct piece once).
+        `starts_text`: the first of `texts` begins the prompt (the others never do)."""
+        split = [self._splitter.split_from_start(text) for text in texts]
+        keys = [[self.digest(piece) for piece in pieces] for pieces, _, _ in split]
+        first = None
+        if self._later is not None and starts_text and split and split[0][2]:
+            first = keys[0][0] = self._first_digest(split[0][0][0])
         counts = self._cache.get_many([key for text_keys in keys for key in text_keys])
         missing: dict[bytes, str] = {}
-        flat_pieces = (piece for pieces, _ in split for piece in pieces)
+        flat_pieces = (piece for pieces, _, _ in split for piece in pieces)
         for key, piece, count in zip((k for ks in keys for k in ks), flat_pieces, counts, strict=True):
             if count is None and key not in missing:
                 missing[key] = piece
         fresh: dict[bytes, int] = {}
         if missing:
-            # One batch per prompt: the engine releases the GIL for all of it.
-            fresh = dict(zip(missing, self._encoder.count_pieces(list(missing.values())), strict=True))
+            fresh = self._encode_missing(missing, first)
             self._cache.put_many(fresh.items())
         tallies = []
         at = 0
-        for (pieces, added), text_keys in zip(split, keys, strict=True):
+        for (pieces, added, _), text_keys in zip(split, keys, strict=True):
             mine = counts[at : at + len(text_keys)]
             at += len(text_keys)
             # No None is left: every missing piece's count came from `fresh`.

@@ -10,8 +10,11 @@ From the `tokenizers` 0.23 source:
   docs/vllm-behaviour.md show "▁" after each added token);
 * pre-tokenizers likewise, except `Metaspace` with `prepend_scheme: "first"`,
   which prepends only when the piece starts at offset 0 of the whole input
-  (`metaspace.rs`, `normalized.offsets_original().0 == 0`); ByteLevel's
-  `add_prefix_space` prepends to every piece and is fine;
+  (`metaspace.rs`, `normalized.offsets_original().0 == 0`): that piece is
+  counted by the tokenizer itself and every other piece by its copy with
+  `prepend_scheme: "never"` (`first_only_variant`), which is what "first" does
+  away from offset 0; ByteLevel's `add_prefix_space` prepends to every piece
+  and is fine;
 * models (BPE, WordPiece, WordLevel, Unigram) work per pre-token; BPE with
   dropout is random and is not cached;
 * the post-processor adds its special tokens once per sequence: counted
@@ -38,7 +41,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, pre_tokenizers
 
 from ._added_split import WHITE_SPACE, AddedTokenSplitter, SplitToken
 
@@ -107,9 +110,46 @@ def _pre_tokenizer_reason(state: Any) -> str | None:
         kind = node.get("type")
         if kind not in _PRE_TOKENIZERS:
             return f"unknown pre-tokenizer type {kind!r}"
-        if kind == "Metaspace" and node.get("prepend_scheme") == "first":
-            return 'Metaspace prepend_scheme "first" marks only the piece at offset 0 of the whole input'
     return None
+
+
+def first_only_variant(tokenizer: Tokenizer) -> Tokenizer | None:
+    """For a Metaspace pre-tokenizer with prepend_scheme "first" (transformers 5's LlamaTokenizer):
+    the same tokenizer with "never", which counts every piece not at offset 0.  None otherwise."""
+    def firsts(pre_tokenizer: Any) -> list[dict[str, Any]]:
+        if pre_tokenizer is None:
+            return []
+        return [node for node in _walk(pre_tokenizer, "pretokenizers")
+                if node.get("type") == "Metaspace" and node.get("prepend_scheme") == "first"]
+
+    state = _state(tokenizer.pre_tokenizer)  # the component alone: no copy of a large vocabulary
+    nodes = firsts(state)
+    if not nodes:
+        return None
+    for node in nodes:
+        node["prepend_scheme"] = "never"
+    # Pieces hold no added token and are encoded without specials: the model (shared, not
+    # copied), the normalizer and the edited pre-tokenizer are all a piece meets.
+    variant = Tokenizer(tokenizer.model)
+    variant.normalizer = tokenizer.normalizer
+    pre_tokenizer = pre_tokenizers.Metaspace()
+    pre_tokenizer.__setstate__(json.dumps(state).encode("utf-8"))
+    variant.pre_tokenizer = pre_tokenizer
+    return variant
+
+
+def piece_lengths(
+    tokenizer: Tokenizer, later: Tokenizer | None, pieces: list[str], first_at_zero: bool
+) -> list[int]:
+    """Each piece's token count alone, as inside the text: with `later` (`first_only_variant`)
+    every piece but one at offset 0 is counted by it."""
+    if not pieces:
+        return []
+    if later is None:
+        return [len(e) for e in tokenizer.encode_batch_fast(pieces, add_special_tokens=False)]
+    head = [len(tokenizer.encode_batch_fast(pieces[:1], add_special_tokens=False)[0])] if first_at_zero else []
+    rest = pieces[1:] if first_at_zero else pieces
+    return head + [len(e) for e in later.encode_batch_fast(rest, add_special_tokens=False)]
 
 
 def _model_reason(tokenizer: Tokenizer) -> str | None:
@@ -151,6 +191,8 @@ def _probe_texts(tokens: list[SplitToken]) -> list[str]:
             "x" + mark + "y" + nxt + "  ",
         ]
     texts.append("".join(words))
+    # Metaspace prepend_scheme "first": a piece at offset 0 (with and without its own "▁") and after a mark.
+    texts += ["Hi" + marks[0] + "Hi", " Hi" + marks[0] + " Hi", "\u2581Hi" + marks[0] + "\u2581Hi"]
     return texts
 
 
@@ -168,10 +210,10 @@ def fallback_reason(tokenizer: Tokenizer, splitter: AddedTokenSplitter | None = 
             return reason
     splitter = splitter or AddedTokenSplitter(tokens, encode_special_tokens=tokenizer.encode_special_tokens)
     specials = tokenizer.num_special_tokens_to_add(False)
+    later = first_only_variant(tokenizer)
     for text in _probe_texts(tokens):
-        pieces, matched = splitter.split(text)
-        encodings = tokenizer.encode_batch_fast(pieces, add_special_tokens=False) if pieces else []
-        piece_sum = matched + sum(len(encoding) for encoding in encodings)
+        pieces, matched, at_zero = splitter.split_from_start(text)
+        piece_sum = matched + sum(piece_lengths(tokenizer, later, pieces, at_zero))
         whole = len(tokenizer.encode(text, add_special_tokens=False))
         with_specials = len(tokenizer.encode(text, add_special_tokens=True))
         if piece_sum != whole or piece_sum + specials != with_specials:

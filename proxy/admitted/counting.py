@@ -59,6 +59,7 @@ from tokenizer_cache import (
     PieceCountCache,
     TokenizerCache,
     find_tokenizer_dir,
+    loader_for_vllm,
 )
 from tokenizer_cache import char_bound as tokenizer_char_bound
 
@@ -173,15 +174,33 @@ class EngineState:
     engine: str                  # "fastokens", "tokenizers" or "mistral-common"
     fallback: str | None         # why not fastokens, when it was wanted but does not count this model
     failures: int                # texts fastokens raised on since load, each counted by `tokenizers`
+    # Which rules built the tokenizer (tokenizer_cache._loader): "transformers5", "tokenizer_json"
+    # or "mistral-common"; the transformers class that built it; why transformers5 was not used.
+    loader: str = "tokenizer_json"
+    tokenizer_class: str | None = None
+    loader_fallback: str | None = None
 
     def describe(self) -> dict[str, object]:
-        return {"engine": self.engine, "engine_fallback": self.fallback, "engine_failures": self.failures}
+        return {"engine": self.engine, "engine_fallback": self.fallback, "engine_failures": self.failures,
+                "tokenizer_loader": self.loader, "tokenizer_class": self.tokenizer_class,
+                "tokenizer_loader_fallback": self.loader_fallback}
 
 
 def engine_state(tok: CountingModel) -> EngineState:
     if isinstance(tok, ModelTokenizer):          # HF tokenizers, gpt-oss's harmony included
-        return EngineState(tok.engine, tok.engine_fallback, tok.engine_failures)
-    return EngineState("mistral-common", "a Mistral-format model: mistral-common encodes it, as in vLLM", 0)
+        info = tok.loader_info
+        return EngineState(tok.engine, tok.engine_fallback, tok.engine_failures,
+                           info.loader, info.tokenizer_class, info.fallback_reason)
+    return EngineState("mistral-common", "a Mistral-format model: mistral-common encodes it, as in vLLM", 0,
+                       "mistral-common")
+
+
+def _loader_note(tok: CountingModel) -> str:
+    """How the start-up log names the rules that built a model's tokenizer."""
+    state = engine_state(tok)
+    built = f" ({state.tokenizer_class})" if state.tokenizer_class else ""
+    why = f"; transformers5 not used: {state.loader_fallback}" if state.loader_fallback else ""
+    return f", loader {state.loader}{built}{why}"
 
 
 @dataclass(frozen=True)
@@ -249,6 +268,22 @@ class PromptCounter:
                 return parent.tokenizer_mode
         return "auto"
 
+    def tokenizer_loader(self, model: str) -> str:
+        """Which rules build the model's tokenizer: the override, else those of the transformers
+        the upstream's vLLM ships with (`GET /version`: vLLM >= 0.19.1 loads with transformers 5,
+        "auto" applies them to a model folder; older vLLM reads tokenizer.json as it is)."""
+        override = self._config.models.get(model)
+        if override is not None and override.tokenizer_loader != "auto":
+            return override.tokenizer_loader
+        return "tokenizer_json" if loader_for_vllm(self._backends.version(model)) == "tokenizer_json" else "auto"
+
+    def _name_or_path(self, model: str) -> str | None:
+        """What vLLM loaded the model from (`root` of /v1/models; a LoRA adapter's base model's)."""
+        info = self._backends.info(model)
+        if info is not None and info.parent and info.parent != model:
+            info = self._backends.info(info.parent) or info
+        return info.root if info is not None else None
+
     def _resolve(self, model: str, seen: set[str]) -> Path | None:
         seen.add(model)
         override = self._config.models.get(model)
@@ -312,7 +347,8 @@ class PromptCounter:
             self.counted_by[model] = "upstream"
             return None
         try:
-            tok = await asyncio.to_thread(self._cache.get, directory, self.tokenizer_mode(model))
+            tok = await asyncio.to_thread(self._cache.get, directory, self.tokenizer_mode(model),
+                                          self.tokenizer_loader(model), self._name_or_path(model))
         except (OSError, ValueError) as exc:
             log.warning("cannot load the tokenizer of %s from %s: %s", model, directory, exc)
             self._dirs[model] = None
@@ -330,9 +366,10 @@ class PromptCounter:
         for model in models:
             tok = await self.tokenizer(model)
             log.info(
-                "model %s: tokenizer %s",
+                "model %s: tokenizer %s%s",
                 model,
                 tok.source_dir if tok is not None else "not found locally; counting via upstream /tokenize",
+                _loader_note(tok) if tok is not None else "",
             )
             if tok is not None and tok.piece_fallback:
                 log.info("model %s: counting whole prompts (no per-piece cache): %s", model, tok.piece_fallback)

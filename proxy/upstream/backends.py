@@ -55,7 +55,8 @@ class Backends:
                 forward_authorization=up.forward_client_authorization,
                 total_timeout=up.total_timeout,
             )
-            registry = ModelRegistry(config, _fetcher(upstream, up.models_timeout), url=url, name=name)
+            registry = ModelRegistry(config, _fetcher(upstream, up.models_timeout), url=url, name=name,
+                                     fetch_version=_fetcher(upstream, up.models_timeout, "/version"))
             gate = UpstreamGate(upstream.public_url, up.max_concurrent_requests, up.queue_timeout)
             self.items.append(Backend(name, upstream, registry, gate))
 
@@ -88,6 +89,11 @@ class Backends:
     def info(self, model: str) -> ModelInfo | None:
         backend = self.for_model(model)
         return backend.registry.get(model) if backend else None
+
+    def version(self, model: str) -> str | None:
+        """The `GET /version` of the upstream serving `model` (None: unknown)."""
+        backend = self.for_model(model)
+        return backend.registry.version if backend else None
 
     @property
     def names(self) -> list[str]:
@@ -155,5 +161,5 @@ class Backends:
             await backend.upstream.close()
 
 
-def _fetcher(upstream: Upstream, timeout: float) -> Callable[[], Any]:
-    return lambda: upstream.get_json("/v1/models", timeout=timeout)
+def _fetcher(upstream: Upstream, timeout: float, path: str = "/v1/models") -> Callable[[], Any]:
+    return lambda: upstream.get_json(path, timeout=timeout)

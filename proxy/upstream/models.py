@@ -137,9 +137,13 @@ class ModelRegistry:
     """The served models, kept fresh from the upstream; safe to query from any request."""
 
     def __init__(self, config: Config, fetch_models: Fetch, *, url: str | None = None,
-                 name: str = "default") -> None:
+                 name: str = "default", fetch_version: Fetch | None = None) -> None:
         self._config = config
         self._fetch = fetch_models
+        self._fetch_version = fetch_version
+        # The upstream's `GET /version` ("0.32.0"), read with its first model list:
+        # which transformers' tokenizer loader it uses (tokenizer_cache._loader).
+        self.version: str | None = None
         self.url = url if url is not None else config.upstream.url     # for the operator's messages
         self.name = name
         self._failing_since: float | None = None
@@ -199,6 +203,8 @@ class ModelRegistry:
         self._tell_recovery()
         self.last_error = None
         self.last_exception = None
+        if self._fetch_version is not None and (not self._loaded or models != self._models):
+            await self._read_version()
         changed = models != self._models
         self._models = models
         self._order = list(models)
@@ -211,6 +217,18 @@ class ModelRegistry:
             for callback in self.on_change:
                 callback(models)
         return True
+
+    async def _read_version(self) -> None:
+        """`GET /version` (vLLM: {"version": "0.32.0"}); None when the upstream has no such route."""
+        assert self._fetch_version is not None
+        try:
+            payload = await self._fetch_version()
+        except Exception as exc:  # not vLLM, or too old: the loader falls back to vLLM 0.32's rules
+            log.debug("upstream %s: no version (%s)", self.name, describe_error(exc))
+            self.version = None
+            return
+        version = payload.get("version") if isinstance(payload, dict) else None
+        self.version = version if isinstance(version, str) else None
 
     def _tell_failure(self, exc: BaseException) -> None:
         """vLLM can take minutes to load: the explanation once, then a reminder once a minute."""

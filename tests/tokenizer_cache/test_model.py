@@ -221,8 +221,9 @@ def test_the_public_surface_is_what_the_package_exports() -> None:
         "DEFAULT_CHAT_CACHE_ENTRIES", "DEFAULT_PIECE_CACHE_ENTRIES", "HarmonyOptions",
         "HarmonyTokenizer", "char_bound", "char_bound_message",
         "MistralTokenizer", "ModelTokenizer", "PieceCacheStats", "PieceCountCache", "PieceCounter", "PieceTally",
-        "TOKENIZER_MODES", "TokenizerCache", "MediaNotCountable", "detect_family", "find_tokenizer_dir",
-        "holds_tokenizer", "load_model_tokenizer", "responses_to_chat", "count_messages", "count_responses",
+        "TOKENIZER_LOADERS", "TOKENIZER_MODES", "TokenizerCache", "MediaNotCountable", "detect_family",
+        "find_tokenizer_dir", "holds_tokenizer", "load_model_tokenizer", "loader_for_vllm", "responses_to_chat",
+        "count_messages", "count_responses",
     }
 
 

@@ -8,10 +8,11 @@
   encode, with and without the post-processor's special tokens.
 * Tokenizers edited to exercise the flags the shipped ones lack (lstrip,
   normalized tokens, encode_special_tokens, a BOS/EOS post-processor,
-  ByteLevel add_prefix_space) count exactly by pieces; the ones that cannot
-  (single_word, Metaspace prepend_scheme "first", normalized tokens under a
-  normalizer, BPE dropout) fall back, and for the first two the test shows
-  the naive piece sum would indeed be wrong.
+  ByteLevel add_prefix_space, Metaspace prepend_scheme "first" as transformers
+  5 builds it, whose piece at offset 0 is counted apart) count exactly by
+  pieces; the ones that cannot (single_word, normalized tokens under a
+  normalizer, BPE dropout) fall back, and for the first the test shows the
+  naive piece sum would indeed be wrong.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer
+from tokenizers import AddedToken, Tokenizer
 
 from tests.support.corpus import CASES  # the 320 corpus requests, loaded once
 from tests.support.tokenizer_variants import EXACT_VARIANTS, FALLBACK_VARIANTS, bos_eos, edited, metaspace
@@ -224,14 +225,33 @@ def test_tokenizers_whose_pieces_interact_fall_back(variant: str):
         assert naive_sum != len(tokenizer.encode(counterexample, add_special_tokens=False))
 
 
+def test_metaspace_first_counts_its_offset_0_piece_apart():
+    """Phi-3 as transformers 5 builds it: "▁" before the text at offset 0 only, none after an added token;
+    one count for every piece alike would miss or add that "▁"."""
+    tokenizer = edited(PHI3_MINI, metaspace("first"))
+    counter, why = PieceCounter.for_tokenizer(tokenizer, PieceCountCache())
+    assert counter is not None and why is None
+    for text in ("<|end|>안녕", "안녕<|end|>안녕", " Hi<|user|> Hi", "\u2581x<|end|>\u2581x", "<|user|>"):
+        whole = len(tokenizer.encode(text, add_special_tokens=False))
+        pieces, matched = AddedTokenSplitter(split_tokens(tokenizer)).split(text)
+        naive = matched + sum(len(e) for e in tokenizer.encode_batch_fast(pieces, add_special_tokens=False))
+        assert counter.count(text, add_special_tokens=False).tokens == whole, text
+        if text.startswith("<|end|>"):
+            assert naive != whole  # the piece after the token is not at offset 0: no "▁"
+    # The same text at offset 0 and after a token are two cache entries.
+    assert counter.count("안녕<|end|>안녕", add_special_tokens=False).encoded_pieces == 0
+
+
 def test_a_model_that_falls_back_still_counts_exactly(tmp_path: Path):
     for name in ("tokenizer_config.json", "chat_template.jinja"):
         if (PHI3_MINI / name).is_file():
             shutil.copy(PHI3_MINI / name, tmp_path / name)
-    tokenizer = edited(PHI3_MINI, metaspace("first"))
+    tokenizer = edited(PHI3_MINI)
+    tokenizer.add_tokens([AddedToken("word", single_word=True, normalized=False)])
     tokenizer.save(str(tmp_path / "tokenizer.json"))
-    model = load_model_tokenizer(tmp_path, piece_cache=PieceCountCache())
-    assert model.piece_counter is None and "first" in (model.piece_fallback or "")
+    # tokenizer.json as it is: transformers 5's LlamaTokenizer would rebuild it without the edit.
+    model = load_model_tokenizer(tmp_path, piece_cache=PieceCountCache(), tokenizer_loader="tokenizer_json")
+    assert model.piece_counter is None and "single_word" in (model.piece_fallback or "")
     body = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi there"}]}
     assert model.count_chat(body) == len(model.tokenizer.encode(model.render_chat(body), add_special_tokens=False))
 

@@ -12,9 +12,12 @@ answer).  Two checks per case:
 * the count: brimful's count is vLLM's.  On vLLM 0.32 (transformers 5.19.0)
   two of the tokenizers encode some prompts differently from their
   tokenizer.json — Phi-3's SentencePiece (no "▁" after a special token) and
-  the Llama-3 vocabulary of R1-Distill-Llama — for chat requests just the same;
-  those cases are listed in `CHAT_TOKENIZER_DRIFT` and expected to fail (strict:
-  a fix turns them into failures until the list is emptied).
+  the Llama-3 vocabulary of R1-Distill-Llama: the tiny model's config.json
+  says model_type qwen3, so transformers 5 builds both as a LlamaTokenizer —
+  and brimful counts with the tokenizer transformers 5 builds
+  (tokenizer_cache/_loader.py), so those cases hold like any other.  Each
+  case is counted from a folder like the one vLLM served: the tokenizer files
+  and the tiny model's config.json (`recorded_folders`).
 """
 
 from __future__ import annotations
@@ -26,17 +29,12 @@ from typing import Any
 import pytest
 
 from proxy.commands import count as count_cli
+from tests.realvllm.tiny_model import full_vocab_size, model_config
 from tests.support.corpus import SHARED
 from tokenizer_cache import CountError, TokenizerCache
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "surface_corpus.jsonl"
 CASES = [json.loads(line) for line in CORPUS.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-# (model, reason): cases whose chat prompt the vLLM 0.32 CPU build tokenizes unlike tokenizer.json.
-DRIFT_REASONS = {
-    "phi3-mini": "chat-level drift: vLLM 0.32's tokenizer adds no '▁' after a special token",
-    "r1-distill-llama-8b": "chat-level drift: vLLM 0.32 loads this vocabulary as a SentencePiece tokenizer",
-}
 
 
 @pytest.fixture(scope="module")
@@ -44,16 +42,27 @@ def cache() -> TokenizerCache:
     return TokenizerCache(max_entries=8)
 
 
+@pytest.fixture(scope="module")
+def recorded_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """model_dir → a folder as the recording's vLLM loaded it: the tokenizer files
+    beside the tiny Qwen3 model's config.json (tests/realvllm/tiny_model.py)."""
+    folders = {}
+    for model_dir in sorted({case["model_dir"] for case in CASES}):
+        source = SHARED / model_dir
+        folder = tmp_path_factory.mktemp(source.name)
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            if (source / name).is_file():
+                (folder / name).symlink_to(source / name)
+        config = model_config(full_vocab_size(source / "tokenizer.json"))
+        (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        folders[model_dir] = folder
+    return folders
+
+
 def _count(tokenizer: Any, case: dict[str, Any]) -> int:
     if case["endpoint"] == "responses":
         return tokenizer.count_responses(case["request"])
     return tokenizer.count_messages(case["request"])
-
-
-def _drifts(case: dict[str, Any], cache: TokenizerCache) -> bool:
-    """brimful's chat count of the (vLLM-verified) converted request differs from vLLM's /tokenize."""
-    tokenizer = cache.get(SHARED / case["model_dir"])
-    return tokenizer.count_chat(case["chat"]) != case["chat_tokenize_count"]
 
 
 def test_the_corpus_covers_both_surfaces_over_both_tokenizer_kinds() -> None:
@@ -65,8 +74,9 @@ def test_the_corpus_covers_both_surfaces_over_both_tokenizer_kinds() -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
-def test_the_conversion_is_the_one_vllm_counts(case: dict[str, Any], cache: TokenizerCache) -> None:
-    tokenizer = cache.get(SHARED / case["model_dir"])
+def test_the_conversion_is_the_one_vllm_counts(case: dict[str, Any], cache: TokenizerCache,
+                                               recorded_folders: dict[str, Path]) -> None:
+    tokenizer = cache.get(recorded_folders[case["model_dir"]])
     convert = tokenizer.responses_chat if case["endpoint"] == "responses" else tokenizer.messages_chat
     assert convert(case["request"]) == case["chat"]
     assert case["chat_tokenize_count"] == case["expected_prompt_tokens"]
@@ -74,11 +84,9 @@ def test_the_conversion_is_the_one_vllm_counts(case: dict[str, Any], cache: Toke
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
 def test_brimful_counts_what_vllm_counts(case: dict[str, Any], cache: TokenizerCache,
-                                           request: pytest.FixtureRequest) -> None:
-    model = case["id"].split(":")[0]
-    if model in DRIFT_REASONS and _drifts(case, cache):
-        request.applymarker(pytest.mark.xfail(reason=DRIFT_REASONS[model], strict=True))
-    tokenizer = cache.get(SHARED / case["model_dir"])
+                                        recorded_folders: dict[str, Path]) -> None:
+    tokenizer = cache.get(recorded_folders[case["model_dir"]])
+    assert tokenizer.tokenizer_loader == "transformers5"
     if case["expected_error"] is not None:
         with pytest.raises(CountError):
             _count(tokenizer, case)

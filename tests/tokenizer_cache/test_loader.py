@@ -1,0 +1,122 @@
+"""The tokenizer loader: which rules build a model's tokenizer, chosen from the upstream's version or the config.
+
+What transformers 5 builds for each shipped tokenizer is surveyed in test_loader_survey.py (slow); here:
+the version rule, the folder rule of "auto", and the choice followed through a running brimful to /stats.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.config import Config, ConfigError, load_config
+from proxy.upstream.models import ModelRegistry
+from tests.support import fakevllm
+from tests.support.stack import CHAT, MODEL, running_stack
+from tokenizer_cache import load_model_tokenizer, loader_for_vllm
+from tokenizer_cache._loader import hub_id, resolve_loader
+
+BODY = {"model": MODEL, "messages": [{"role": "user", "content": "How far is a marathon?"}], "max_tokens": 8}
+
+
+@pytest.mark.parametrize(("version", "loader"), [
+    ("0.32.0", "transformers5"), ("0.19.1", "transformers5"), ("0.20.0rc1", "transformers5"),
+    ("v0.25.1", "transformers5"), ("0.19.0", "tokenizer_json"), ("0.11.2.dev4+g1a2b3c", "tokenizer_json"),
+    ("0.19", "tokenizer_json"), (None, "transformers5"), ("", "transformers5"), ("nightly", "transformers5"),
+])  # fmt: skip
+def test_vllm_from_0_19_1_loads_with_transformers_5(version: str | None, loader: str) -> None:
+    assert loader_for_vllm(version) == loader
+
+
+def test_auto_applies_transformers_5_to_model_folders_only(tmp_path: Path) -> None:
+    assert resolve_loader("auto", tmp_path) == "tokenizer_json"  # tokenizer files only: no model_type to go by
+    (tmp_path / "config.json").write_text('{"model_type": "phi3"}')
+    assert resolve_loader("auto", tmp_path) == "transformers5"
+    assert resolve_loader("tokenizer_json", tmp_path) == "tokenizer_json"
+    with pytest.raises(ValueError, match="tokenizer_loader must be one of auto, transformers5, tokenizer_json"):
+        resolve_loader("transformers4", tmp_path)
+
+
+def test_a_hugging_face_cache_snapshot_names_its_hub_id() -> None:
+    snapshot = Path("/hf/hub/models--deepseek-ai--DeepSeek-R1-Distill-Llama-8B/snapshots/6a6f4aa")
+    assert hub_id(snapshot) == "deepseek-ai/DeepSeek-R1-Distill-Llama-8B"
+    assert hub_id(Path("/models/deepseek-ai--DeepSeek-R1-Distill-Llama-8B")) is None
+
+
+async def test_the_registry_reads_the_upstream_version_with_its_first_model_list() -> None:
+    calls: list[str] = []
+
+    async def models() -> Any:
+        calls.append("models")
+        return {"data": [{"id": "m", "max_model_len": 4096}]}
+
+    async def version() -> Any:
+        calls.append("version")
+        return {"version": "0.32.0"}
+
+    registry = ModelRegistry(Config(), models, fetch_version=version)
+    assert await registry.refresh() and registry.version == "0.32.0"
+    assert await registry.refresh()                       # same list: the version is not asked again
+    assert calls == ["models", "version", "models"]
+
+    async def no_route() -> Any:
+        raise RuntimeError("404 Not Found")
+
+    old = ModelRegistry(Config(), models, fetch_version=no_route)
+    assert await old.refresh() and old.version is None    # then vLLM 0.32's rules apply
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory: pytest.TempPathFactory, qwen3_dir: Path) -> Path:
+    """Qwen3-8B's files with its official config.json model_type (a model folder), loaded once
+    both ways here so that brimful's start-up (one shared load per process) stays quick."""
+    folder = tmp_path_factory.mktemp("qwen3")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).symlink_to(qwen3_dir / name)
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    for loader in ("auto", "tokenizer_json"):
+        load_model_tokenizer(folder, tokenizer_loader=loader)
+    return folder
+
+
+def _counting(stack: Any) -> dict[str, Any]:
+    assert stack.http.post(CHAT, json=BODY).status_code == 200
+    return dict(stack.http.get("/stats").json()["counting"][MODEL])
+
+
+def test_stats_show_the_loader_vllm_0_32_implies(model_folder: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", "brimful")
+    with running_stack(model_folder) as stack:
+        state = _counting(stack)
+    assert (state["tokenizer_loader"], state["tokenizer_class"], state["tokenizer_loader_fallback"]) == (
+        "transformers5", "Qwen2Tokenizer", None)
+    assert state["mode"] == "local"                      # the parity probe found no drift
+    assert any(f"model {MODEL}: tokenizer" in r.getMessage() and "loader transformers5 (Qwen2Tokenizer)"
+               in r.getMessage() for r in caplog.records)
+
+
+def test_an_older_vllm_and_the_override_read_tokenizer_json(model_folder: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = model_folder
+    monkeypatch.setattr(fakevllm, "VLLM_VERSION", "0.18.1")
+    with running_stack(folder) as stack:
+        assert _counting(stack)["tokenizer_loader"] == "tokenizer_json"
+    monkeypatch.setattr(fakevllm, "VLLM_VERSION", "0.32.0")
+
+    def forced(config: Config) -> None:
+        config.models[MODEL].tokenizer_loader = "tokenizer_json"
+
+    with running_stack(folder, configure=forced) as stack:
+        assert _counting(stack)["tokenizer_loader"] == "tokenizer_json"
+
+
+def test_the_override_is_validated(tmp_path: Path) -> None:
+    path = tmp_path / "brimful.toml"
+    path.write_text('[models."m"]\ntokenizer_loader = "transformers4"\n')
+    with pytest.raises(ConfigError, match="tokenizer_loader"):
+        load_config(path, env={})
+    path.write_text('[models."m"]\ntokenizer_loader = "transformers5"\n')
+    assert load_config(path, env={}).models["m"].tokenizer_loader == "transformers5"
