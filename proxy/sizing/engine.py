@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 import glob
 import os
+import typing
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -213,7 +214,9 @@ def normalized(fields: dict[str, Field]) -> str:
     return ",\n".join([
         f"coalesce({ok}, false) AS ok",
         f"{f['ts'].num()} AS ts",
-        f"coalesce({model.as_str()}, {_q(UNKNOWN_MODEL)}) AS model",
+        # NULL for "unknown" (proxy.sizing.lengths.UNKNOWN_MODEL), counted with it in Python: grouping on the
+        # column itself keeps a Parquet file's dictionary, many times faster than computed strings
+        f"{model.as_str()} AS model",
         f"{act} AS action", f"{ep} AS endpoint", f"{n_val} AS n",
         f"coalesce({up}, {pt}) AS prompt", f"{comp} AS completion", f"{long_} AS longest",
         f"{gr} AS granted", f"{_lenient(f['granted_max_tokens'])} AS granted_lenient",
@@ -251,16 +254,22 @@ def figures(min_completion: int) -> str:
                f"WHEN completion IS NOT NULL THEN coalesce(finished_length, false) "
                f"WHEN {implicit} IS NOT NULL THEN false ELSE true END")
     failed = "(action IN ('rejected', 'upstream_error') OR status >= 400)"
+    # reason_of, as the reason's index in REASONS: a small integer groups faster than a computed string
+    code = {name: i for i, name in enumerate(REASONS)}
+    mapped = "CASE error_code " + " ".join(
+        f"WHEN {_q(error)} THEN {code[reason]}" for error, reason in sorted(dm.ERROR_CODE_REASONS.items())
+        if reason != "other") + f" ELSE {code['other']} END"
     reason = (f"CASE WHEN error_code IS NULL AND NOT coalesce({failed}, false) THEN NULL "
-              "WHEN error_code IS NULL THEN 'other' "
-              "WHEN coalesce(r.reason, 'other') = 'no_room_left' AND own_prompt >= mml THEN 'prompt_too_long' "
-              "ELSE coalesce(r.reason, 'other') END")
+              f"WHEN error_code IS NULL THEN {code['other']} "
+              f"WHEN error_code = {_q(dm.ErrorCode.CONTEXT_LENGTH_EXCEEDED)} AND own_prompt >= mml "
+              f"THEN {code['prompt_too_long']} ELSE {mapped} END::UTINYINT")
     return ",\n".join([
-        "model", "action", "endpoint", "n", "has_reasons", "finished_length", "mml_seen", "prompt", "completion",
+        "model", "action", "endpoint", "n > 1 AS parallel", "coalesce(has_reasons, false) AS has_reasons",
+        "coalesce(finished_length, false) AS finished_length", "mml_seen", "prompt", "completion",
         "CASE WHEN completion IS NOT NULL THEN prompt + completion END AS total",
         f"CASE WHEN prompt IS NOT NULL AND completion IS NOT NULL THEN {_served_sequence('granted')} END "
         "AS sequence",
-        f"({d_seq}) AS d_seq", f"({d_kv}) AS d_kv", f"({d_lower}) AS d_lower",
+        f"({d_seq}) AS d_seq", f"({d_kv}) AS d_kv", f"coalesce({d_lower}, false) AS d_lower",
         f"CASE WHEN prompt IS NOT NULL THEN {single} + least(({d_seq}) - {single}, {min_completion}) END "
         "AS d_refused",
         "CASE WHEN prompt IS NOT NULL THEN mml END AS d_limit",
@@ -268,23 +277,28 @@ def figures(min_completion: int) -> str:
     ])
 
 
-# The histograms and counters of ModelStats, each a grouping set over (model, value).
-HISTOGRAMS = ("action", "endpoint", "mml_seen", "prompt", "completion", "total", "sequence",
-              "d_seq", "d_kv", "d_refused", "d_limit", "reason")
+REASONS: tuple[str, ...] = typing.get_args(dm.Reason)
+
+# Low-cardinality figures, counted together in one grouping set (a few hundred groups per model): ModelStats'
+# actions, endpoints, limits seen, reasons and counters are sums over it.
+SMALL = ("action", "endpoint", "mml_seen", "d_limit", "reason", "has_reasons", "finished_length", "parallel",
+         "d_lower")
+# Token counts, one grouping set each over (model, value): the exact histograms.
+HISTOGRAMS = ("prompt", "completion", "total", "sequence", "d_seq", "d_kv", "d_refused")
 
 
 def aggregate_sql(source: str, keep: str, min_completion: int) -> str:
-    """One scan: the (state) set counts kept, malformed and filtered records; the rest only kept ones'
-    figures (a record not kept has model NULL, and its groups are left out)."""
-    sets = ", ".join(["(state)", "(model)"] + [f"(model, {h})" for h in HISTOGRAMS])
+    """One scan, GROUPING SETS: the SMALL set with the record's `state` (0 kept, 1 malformed, 2 filtered), and
+    a set per histogram, whose groups count only where state is 0.  `g` is GROUPING() over the histogram
+    columns: all ones for the SMALL set, one zero bit for a histogram's set."""
+    small = ", ".join(SMALL)
+    sets = ", ".join([f"(state, model, {small})"] + [f"(state, model, {h})" for h in HISTOGRAMS])
     grouping = ", ".join(HISTOGRAMS)
     return f"""
-WITH k AS (SELECT CASE WHEN NOT ok THEN 'malformed' WHEN NOT ({keep}) THEN 'filtered' ELSE 'kept' END AS state,
-                  * REPLACE (CASE WHEN ok AND ({keep}) THEN model END AS model) FROM ({source})),
-f AS (SELECT state, {figures(min_completion)} FROM k LEFT JOIN reasons AS r ON r.code = k.error_code)
-SELECT GROUPING(state, {grouping}) AS g, state, model, {grouping}, count(*) AS c,
-       count(*) FILTER (has_reasons) AS with_reasons, count(*) FILTER (finished_length) AS finished_length_n,
-       count(*) FILTER (n > 1) AS parallel, count(*) FILTER (d_lower) AS lower_bounds
+WITH k AS (SELECT CASE WHEN NOT ok THEN 1 WHEN NOT ({keep}) THEN 2 ELSE 0 END::UTINYINT AS state, *
+           FROM ({source})),
+f AS (SELECT state, {figures(min_completion)} FROM k)
+SELECT GROUPING({grouping}) AS g, state, model, {small}, {grouping}, count(*) AS c
 FROM f GROUP BY GROUPING SETS ({sets})"""
 
 
@@ -323,7 +337,7 @@ class Aggregates:
 def _filter(model: str | None, since: float | None) -> str:
     cond = ["true"]
     if model is not None:
-        cond.append(f"model = {_q(model)}")
+        cond.append(f"coalesce(model, {_q(UNKNOWN_MODEL)}) = {_q(model)}")
     if since is not None:
         cond.append(f"ts >= {since!r}")
     return " AND ".join(cond)
@@ -348,10 +362,7 @@ def run_query(files: Sequence[str], *, model: str | None = None, since: float | 
 
 def _aggregate(con: Any, files: Sequence[str], model: str | None, since: float | None,
                min_completion: int) -> Aggregates:
-    """The reasons table (demand.ERROR_CODE_REASONS, one source of truth), the sources, one query."""
-    con.sql("CREATE TEMP TABLE reasons AS SELECT * FROM (VALUES " + ", ".join(
-        f"({_q(code)}, {_q(reason)})" for code, reason in sorted(dm.ERROR_CODE_REASONS.items()))
-        + ") AS t(code, reason)")
+    """The sources, one query."""
     parquet = [p for p in files if is_parquet(p)]
     jsonl = [p for p in files if not is_parquet(p)]
     parts = ([json_source(jsonl)] if jsonl else []) + ([parquet_source(con, parquet)] if parquet else [])

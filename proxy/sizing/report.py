@@ -453,15 +453,39 @@ def build_report(paths: Sequence[str], model: str | None = None, since: float | 
     return builder
 
 
-# ModelStats' value → count dicts by the engine's grouping column (proxy.sizing.engine.HISTOGRAMS)
-_DICTS: dict[str, Callable[[ModelStats], dict[Any, int]]] = {
-    "action": lambda s: s.actions, "endpoint": lambda s: s.endpoints, "mml_seen": lambda s: s.max_model_len_seen,
+# ModelStats' value → count dicts by the engine's histogram column (proxy.sizing.engine.HISTOGRAMS)
+_DICTS: dict[str, Callable[[ModelStats], dict[int, int]]] = {
     "prompt": lambda s: s.prompt_counts, "completion": lambda s: s.completion_counts,
     "total": lambda s: s.total_counts, "sequence": lambda s: s.sequence_counts,
-    "d_seq": lambda s: s.demand.sequence, "d_kv": lambda s: s.demand.kv,
-    "d_refused": lambda s: s.demand.refused_below, "d_limit": lambda s: s.demand.limits,
-    "reason": lambda s: s.reasons,
+    "d_seq": lambda s: s.demand.sequence, "d_kv": lambda s: s.demand.kv, "d_refused": lambda s: s.demand.refused_below,
 }
+
+
+def _bump(counts: dict[Any, int], key: Any, count: int) -> None:
+    if key is not None:
+        counts[key] = counts.get(key, 0) + count
+
+
+def _add_small(stats: ModelStats, row: dict[str, Any], count: int) -> None:
+    """One group of the engine's SMALL set: its share of ModelStats' counters and low-cardinality dicts."""
+    stats.requests += count
+    _bump(stats.actions, row["action"], count)
+    _bump(stats.endpoints, row["endpoint"], count)
+    _bump(stats.max_model_len_seen, row["mml_seen"], count)
+    _bump(stats.demand.limits, row["d_limit"], count)
+    if row["reason"] is not None:
+        _bump(stats.reasons, engine.REASONS[row["reason"]], count)
+    stats.with_finish_reasons += count * row["has_reasons"]
+    stats.finished_length += count * row["finished_length"]
+    stats.parallel_sampling += count * row["parallel"]
+    stats.demand.lower_bounds += count * row["d_lower"]
+
+
+def _model_stats(builder: ReportBuilder, name: str) -> ModelStats:
+    stats = builder.models.get(name)
+    if stats is None:
+        stats = builder.models[name] = ModelStats(name)
+    return stats
 
 
 def builder_from_aggregates(agg: engine.Aggregates, files: Sequence[str], model: str | None,
@@ -469,38 +493,27 @@ def builder_from_aggregates(agg: engine.Aggregates, files: Sequence[str], model:
     """The `ReportBuilder` the Python reader would have built from the same records, from DuckDB's counts."""
     builder = ReportBuilder(model=model, since=since)
     builder.stats.files.extend(files)
-    col = {name: i for i, name in enumerate(agg.columns)}
     width = len(engine.HISTOGRAMS)
-    everything = (1 << (width + 1)) - 1
-    for row in agg.rows:
-        g, name, count = row[col["g"]], row[col["model"]], row[col["c"]]
-        if g == (1 << width) - 1:                      # the (state) set: state's bit is 0
-            state = row[col["state"]]
+    for values in agg.rows:
+        row = dict(zip(agg.columns, values, strict=True))
+        count, state = row["c"], row["state"]
+        name = UNKNOWN_MODEL if row["model"] is None else row["model"]
+        if row["g"] == (1 << width) - 1:               # the SMALL set, with the record's state
             builder.stats.lines += count
-            if state == "malformed":
+            if state == 1:
                 builder.stats.malformed += count
-            elif state == "filtered":
+            elif state == 2:
                 builder.stats.filtered += count
             else:
                 builder.stats.records += count
+                _add_small(_model_stats(builder, name), row, count)
             continue
-        if name is None:
+        if state != 0:
             continue                                   # records not kept
-        stats = builder.models.get(name)
-        if stats is None:
-            stats = builder.models[name] = ModelStats(name)
-        if g == everything:                            # the (model) set
-            stats.requests = count
-            stats.with_finish_reasons = row[col["with_reasons"]]
-            stats.finished_length = row[col["finished_length_n"]]
-            stats.parallel_sampling = row[col["parallel"]]
-            stats.demand.lower_bounds = row[col["lower_bounds"]]
-            continue
         for i, h in enumerate(engine.HISTOGRAMS):
-            if not g >> (width - 1 - i) & 1:           # this set groups by h
-                value = row[col[h]]
-                if value is not None:
-                    _DICTS[h](stats)[int(value) if h not in ("action", "endpoint", "reason") else value] = count
+            if not row["g"] >> (width - 1 - i) & 1:    # this set groups by h
+                if row[h] is not None:                 # += : a NULL model and "unknown" are one
+                    _bump(_DICTS[h](_model_stats(builder, name)), int(row[h]), count)
                 break
     return builder
 
