@@ -31,6 +31,7 @@ from proxy.config import Config, Policy
 from proxy.errors import BrimfulError
 from proxy.recording.live_sizing import LiveSizing
 from proxy.recording.metrics import Metrics
+from proxy.recording.otel import open_telemetry
 from proxy.recording.parquetlog import open_length_log
 from proxy.recording.recorder import Recorder
 from proxy.serving import health
@@ -133,6 +134,8 @@ class BrimfulApp:
         if ll.path and self.recorder.lengthlog is None:
             # Made here, inside the serving process: the writer thread does not survive a fork.
             self.recorder.attach_lengthlog(open_length_log(ll))
+        if self.config.otel.enabled and self.recorder.telemetry is None:
+            self.recorder.telemetry = open_telemetry()     # its threads, like the log's, made after the fork
         self.backends.start()
         self.sizing.start()
         if self.workers is not None:

@@ -175,6 +175,13 @@ class LengthLogConfig:
 
 
 @dataclass
+class OtelConfig:
+    """OpenTelemetry export (proxy.recording.otel); everything else comes from the standard OTEL_* variables."""
+
+    enabled: bool = False
+
+
+@dataclass
 class MetricsConfig:
     buckets: list[float] | None = None
     window: int = 10000                    # records kept per model for /stats
@@ -211,6 +218,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     upstream_metrics: UpstreamMetricsConfig = field(default_factory=UpstreamMetricsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    otel: OtelConfig = field(default_factory=OtelConfig)
 
     def policy_for(self, model: str | None) -> Policy:
         """The admission policy for one model: [policy] with [models."name"] overrides."""
@@ -399,6 +407,11 @@ def _check_semantics(config: Config) -> None:
     if um.pinned_scrapes < 1 or (um.max_num_seqs is not None and um.max_num_seqs < 1):
         raise ConfigError("'upstream_metrics.pinned_scrapes' and 'upstream_metrics.max_num_seqs' must be at least 1")
     _check_length_log(config.length_log)
+    if config.otel.enabled:
+        try:
+            import opentelemetry.sdk.trace  # noqa: F401
+        except ImportError:
+            raise ConfigError("otel.enabled needs the OpenTelemetry SDK: pip install 'brimful[otel]'") from None
     if config.server.workers < 1:
         raise ConfigError(f"'server.workers' must be at least 1, got {config.server.workers}")
     if config.server.workers > 1 and config.server.metrics_port:
