@@ -1,7 +1,7 @@
 """A fleet's day of length records as Parquet, and `brimful report` over it: DuckDB against the Python reader.
 
     python bench/fleet_bench.py --records 100000000 --dir /work/fleet_day     # writes ~2 GB, times, deletes
-    python bench/fleet_bench.py --records 1000000 --keep --dir /tmp/day        # a sample, kept
+    python bench/fleet_bench.py --records 1000000 --generate-only --dir /tmp/day   # only write a sample
 
 The day: `--replicas` replicas' files (`proxy.recording.parquetlog`'s schema and names, one file per replica
 and `--files-per-replica` windows), records spread over 24 h, four models with their own prompt and
@@ -149,6 +149,7 @@ def main() -> int:
     ap.add_argument("--python-sample", type=int, default=1_000_000,
                     help="records the Python reader is timed on (the first file's, written apart)")
     ap.add_argument("--keep", action="store_true", help="keep the files (default: delete them at the end)")
+    ap.add_argument("--generate-only", action="store_true", help="write the files and stop (implies --keep)")
     args = ap.parse_args()
     try:
         t = time.perf_counter()
@@ -156,6 +157,8 @@ def main() -> int:
         size = sum(p.stat().st_size for p in paths)
         print(f"generated {args.records:,} records in {len(paths)} files, {size / 1e9:.2f} GB "
               f"({size / args.records:.1f} B/record) in {time.perf_counter() - t:.0f} s")
+        if args.generate_only:
+            return 0
         wall, cpu, day = timed_report(str(args.dir / "*.parquet"), "duckdb")
         print(f"duckdb report over the day: {wall:.1f} s wall, {cpu:.1f} s CPU, {day['records']:,} records "
               f"({args.records / wall / 1e6:.2f} M records/s wall); recommendations {recommendations(day)}")
@@ -171,7 +174,7 @@ def main() -> int:
         print(f"the day by the Python reader at that rate: ~{args.records / (args.python_sample / pcpu) / 60:.0f} "
               f"min of CPU, against {wall:.1f} s")
     finally:
-        if not args.keep:
+        if not (args.keep or args.generate_only):
             shutil.rmtree(args.dir, ignore_errors=True)
     return 0
 

@@ -287,17 +287,30 @@ SMALL = ("action", "endpoint", "mml_seen", "d_limit", "reason", "has_reasons", "
 HISTOGRAMS = ("prompt", "completion", "total", "sequence", "d_seq", "d_kv", "d_refused")
 
 
-def aggregate_sql(source: str, keep: str, min_completion: int) -> str:
+def model_code(models: Sequence[str | None]) -> str:
+    """SQL: the model's index in `models` (NULL, the unknown model, included)."""
+    cases = " ".join(f"WHEN {_q(m)} THEN {i}" for i, m in enumerate(models) if m is not None)
+    unknown = models.index(None) if None in models else "NULL"
+    return f"CASE WHEN model IS NULL THEN {unknown} " + (f"ELSE CASE model {cases} END END" if cases else "END")
+
+
+def aggregate_sql(source: str, keep: str, min_completion: int, models: Sequence[str | None]) -> str:
     """One scan, GROUPING SETS: the SMALL set with the record's `state` (0 kept, 1 malformed, 2 filtered), and
-    a set per histogram, whose groups count only where state is 0.  `g` is GROUPING() over the histogram
-    columns: all ones for the SMALL set, one zero bit for a histogram's set."""
+    one set per histogram over a single packed key, value × len(models) + the model's index, NULL for a
+    record not kept (one integer hashes several times faster than (state, model string, value)).  `g` is
+    GROUPING() over the histogram columns: all ones for the SMALL set, one zero bit for a histogram's set."""
     small = ", ".join(SMALL)
-    sets = ", ".join([f"(state, model, {small})"] + [f"(state, model, {h})" for h in HISTOGRAMS])
+    sets = ", ".join([f"(state, model, {small})"] + [f"({h})" for h in HISTOGRAMS])
     grouping = ", ".join(HISTOGRAMS)
+    width = len(models)
+    # HUGEINT: d_kv (prompt + n × a limit) times the model count may pass BIGINT; Python's ints do not overflow
+    packed = ", ".join(f"CASE WHEN state = 0 THEN {h}::{'HUGEINT' if h == 'd_kv' else 'BIGINT'} * {width} + mc END "
+                       f"AS {h}" for h in HISTOGRAMS)
     return f"""
 WITH k AS (SELECT CASE WHEN NOT ok THEN 1 WHEN NOT ({keep}) THEN 2 ELSE 0 END::UTINYINT AS state, *
            FROM ({source})),
-f AS (SELECT state, {figures(min_completion)} FROM k)
+f0 AS (SELECT state, {model_code(models)} AS mc, {figures(min_completion)} FROM k),
+f AS (SELECT state, model, {small}, {packed} FROM f0)
 SELECT GROUPING({grouping}) AS g, state, model, {small}, {grouping}, count(*) AS c
 FROM f GROUP BY GROUPING SETS ({sets})"""
 
@@ -332,6 +345,7 @@ class Aggregates:
 
     rows: list[tuple[Any, ...]]
     columns: list[str]
+    models: list[str | None]        # a histogram key is value × len(models) + the model's index here
 
 
 def _filter(model: str | None, since: float | None) -> str:
@@ -367,5 +381,7 @@ def _aggregate(con: Any, files: Sequence[str], model: str | None, since: float |
     jsonl = [p for p in files if not is_parquet(p)]
     parts = ([json_source(jsonl)] if jsonl else []) + ([parquet_source(con, parquet)] if parquet else [])
     source = " UNION ALL ".join(f"({p})" for p in parts)
-    rel = con.sql(aggregate_sql(source, _filter(model, since), min_completion))
-    return Aggregates(rel.fetchall(), list(rel.columns))
+    # the models first (for Parquet a scan of one dictionary column), to pack the histogram keys
+    models = [row[0] for row in con.sql(f"SELECT DISTINCT model FROM ({source}) ORDER BY ALL").fetchall()]
+    rel = con.sql(aggregate_sql(source, _filter(model, since), min_completion, models))
+    return Aggregates(rel.fetchall(), list(rel.columns), models)

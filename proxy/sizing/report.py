@@ -508,12 +508,14 @@ def builder_from_aggregates(agg: engine.Aggregates, files: Sequence[str], model:
                 builder.stats.records += count
                 _add_small(_model_stats(builder, name), row, count)
             continue
-        if state != 0:
-            continue                                   # records not kept
         for i, h in enumerate(engine.HISTOGRAMS):
             if not row["g"] >> (width - 1 - i) & 1:    # this set groups by h
-                if row[h] is not None:                 # += : a NULL model and "unknown" are one
-                    _bump(_DICTS[h](_model_stats(builder, name)), int(row[h]), count)
+                if row[h] is not None:                 # None: records not kept, or no such figure
+                    value, index = divmod(int(row[h]), len(agg.models))
+                    packed = agg.models[index]
+                    # += : a NULL model and "unknown" are one
+                    _bump(_DICTS[h](_model_stats(builder, UNKNOWN_MODEL if packed is None else packed)),
+                          value, count)
                 break
     return builder
 

@@ -19,6 +19,7 @@ from proxy.recording.record import LengthRecord  # noqa: E402
 from proxy.sizing import report as rep  # noqa: E402
 
 FIELDS = [f for f, _ in pl.COLUMNS]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def varied(seed: int, n: int) -> list[dict[str, Any]]:
@@ -147,3 +148,27 @@ def test_the_cli_prints_the_same_report_with_either_engine(tmp_path: Path, capsy
 def test_a_glob_matching_nothing_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert report_cli.main([str(tmp_path / "*.parquet")]) == 2
     assert "no file matches" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_million_record_sample_of_the_fleet_day_gets_the_python_readers_recommendation(tmp_path: Path) -> None:
+    """bench/fleet_bench.py's day, 1,000,000 records in 4 files: DuckDB and the Python reader build the same
+    histograms, hence the same recommendation per model (the bench times the 100-million-record day)."""
+    pytest.importorskip("numpy")
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("fleet_bench", ROOT / "bench" / "fleet_bench.py")
+    assert spec is not None and spec.loader is not None
+    fleet_bench = importlib.util.module_from_spec(spec)
+    sys.modules["fleet_bench"] = fleet_bench
+    spec.loader.exec_module(fleet_bench)
+    fleet_bench.generate(tmp_path, 1_000_000, 2, 2)
+    files = [str(tmp_path / "*.parquet")]
+    duck = rep.build_report(files, engine_name="duckdb")
+    python = rep.build_report(files, engine_name="python")
+    assert state(duck) == state(python) and duck.stats.records == 1_000_000
+    for name in python.models:
+        expected = rep.model_report(python.models[name])
+        assert rep.model_report(duck.models[name]) == expected
+        assert expected["recommendation"]["max_model_len"] > 0
