@@ -5,8 +5,9 @@
 
 The day: `--replicas` replicas' files (`proxy.recording.parquetlog`'s schema and names, one file per replica
 and `--files-per-replica` windows), records spread over 24 h, four models with their own prompt and
-completion distributions, 2 % refused, 8 % clamped, n > 1 and batched prompts now and then, generated in
-chunks with numpy (never the whole day in memory).
+completion distributions (lognormal), refusals where a prompt reaches the model's limit plus 0.5 % at
+random, clamps where the limit asked does not fit, no limit asked on 30 %, n > 1 on 2 % and batched
+completions prompts on 5 % of those, generated in chunks with numpy (never the whole day in memory).
 
 Timed, in one run: `brimful report --engine duckdb --format json` over the glob (a subprocess: wall
 seconds and its CPU seconds), and the Python reader over the first `--python-sample` records (records/s
