@@ -68,7 +68,8 @@ def cost(fake: FakeVLLM, otel_on: bool, requests: int) -> float:
     tmp = Path(tempfile.mkdtemp())
     brimful = BrimfulProcess(fake.base_url, tmp, QWEN3, extra_toml="\n[otel]\nenabled = true\n" if otel_on else "")
     try:
-        with httpx.Client(base_url=brimful.base_url, timeout=30) as http:
+        # a long timeout: the first chat waits for the tokenizer to load, slow on a busy machine
+        with httpx.Client(base_url=brimful.base_url, timeout=300) as http:
             for _ in range(50):
                 http.post(CHAT, json=BODY)
             before = cpu_seconds(brimful.pid)
