@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.errors import ErrorCode
 from proxy.sizing import demand as dm
 from proxy.sizing.lengths import IMPLICIT_MAX_TOKENS, MAX_PLAUSIBLE_TOKENS, UNKNOWN_MODEL
 
@@ -261,7 +262,7 @@ def figures(min_completion: int) -> str:
         if reason != "other") + f" ELSE {code['other']} END"
     reason = (f"CASE WHEN error_code IS NULL AND NOT coalesce({failed}, false) THEN NULL "
               f"WHEN error_code IS NULL THEN {code['other']} "
-              f"WHEN error_code = {_q(dm.ErrorCode.CONTEXT_LENGTH_EXCEEDED)} AND own_prompt >= mml "
+              f"WHEN error_code = {_q(ErrorCode.CONTEXT_LENGTH_EXCEEDED)} AND own_prompt >= mml "
               f"THEN {code['prompt_too_long']} ELSE {mapped} END::UTINYINT")
     return ",\n".join([
         "model", "action", "endpoint", "n > 1 AS parallel", "coalesce(has_reasons, false) AS has_reasons",
