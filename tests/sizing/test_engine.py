@@ -172,3 +172,29 @@ def test_a_million_record_sample_of_the_fleet_day_gets_the_python_readers_recomm
         expected = rep.model_report(python.models[name])
         assert rep.model_report(duck.models[name]) == expected
         assert expected["recommendation"]["max_model_len"] > 0
+
+
+@pytest.mark.slow
+def test_the_fleet_pages_examples_run(tmp_path: Path) -> None:
+    """docs/fleet.md's shell blocks, as written (brimful and python on the PATH): the day is generated, both
+    readers print the same report (its `cmp` line), the JSON lines join the Parquet files, DuckDB's SQL runs."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.support.docs import block
+
+    keys = ("\npython bench/fleet_bench.py --records 1000000", "TO '/tmp/old.jsonl' (FORMAT json)",
+            "FROM read_parquet('/tmp/fleet_day/*.parquet') GROUP BY model")
+    script = "\n".join(line for key in keys for line in block(key))
+    shutil.rmtree("/tmp/fleet_day", ignore_errors=True)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(["bash", "-e", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "same report" in done.stdout
+    assert "1,001,000 records from 5 file(s)" in done.stdout
+    assert "│ qwen3-8b " in done.stdout
+    shutil.rmtree("/tmp/fleet_day", ignore_errors=True)
