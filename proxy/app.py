@@ -29,9 +29,10 @@ from proxy.admitted.surfaces import ADMITTED, ANSWERED, Surface
 from proxy.asgi import Receive, Scope, Send, content_length, has_body, header, request_id, send_whole
 from proxy.config import Config, Policy
 from proxy.errors import BrimfulError
-from proxy.recording.lengthlog import LengthLog
 from proxy.recording.live_sizing import LiveSizing
 from proxy.recording.metrics import Metrics
+from proxy.recording.otel import open_telemetry
+from proxy.recording.parquetlog import open_length_log
 from proxy.recording.recorder import Recorder
 from proxy.serving import health
 from proxy.serving.count_tokens import answer_count_tokens
@@ -132,8 +133,9 @@ class BrimfulApp:
         ll = self.config.length_log
         if ll.path and self.recorder.lengthlog is None:
             # Made here, inside the serving process: the writer thread does not survive a fork.
-            self.recorder.attach_lengthlog(LengthLog(ll.path, max_bytes=ll.max_bytes, backups=ll.backups,
-                                                     flush_interval_s=ll.flush_interval, fsync=ll.fsync))
+            self.recorder.attach_lengthlog(open_length_log(ll))
+        if self.config.otel.enabled and self.recorder.telemetry is None:
+            self.recorder.telemetry = open_telemetry()     # its threads, like the log's, made after the fork
         self.backends.start()
         self.sizing.start()
         if self.workers is not None:

@@ -113,7 +113,7 @@ def summary(config: Config) -> str:
         f"  policy     {config.policy.on_overflow}, margin {config.policy.margin_tokens} tokens"
         + (f" + {config.policy.margin_fraction:.1%} of the prompt" if config.policy.margin_fraction else "")
         + f", min completion {config.policy.min_completion_tokens}",
-        f"  length log {_length_log_target(config.length_log.path)}",
+        f"  length log {_length_log_target(config.length_log.path, config.length_log.format)}",
         f"  api keys   {len(config.server.api_keys) or 'none (open)'}",
         f"  pages      /metrics /stats /dashboard: {_pages_target(config)}",
         f"  back-pressure {config.upstream.max_concurrent_requests or 'off'}"
@@ -145,7 +145,9 @@ def _upstream_metrics(config: Config) -> str:
     return f"{um.path} every {um.interval_s:g} s (timeout {um.timeout_s:g} s)"
 
 
-def _length_log_target(path: str | None) -> str:
+def _length_log_target(path: str | None, fmt: str = "jsonl") -> str:
+    if path and fmt == "parquet":
+        return f"{path}/ (Parquet, rolled per replica and window)"
     if path == "-":
         return "standard output (JSON lines; brimful's own log goes to standard error)"
     return path or "off"

@@ -190,6 +190,18 @@ class LengthLogConfig:
     # 0.02 s 5-7, 0 lost 0-1 at +0.15 ms of CPU per request (0.02 s: +0.04 ms).
     flush_interval: float = 0.02
     fsync: bool = False                    # sync each round to the disk (power loss)
+    # "parquet": `path` is a directory of rolled Parquet files (proxy.recording.parquetlog), one per
+    # replica, worker and roll_interval seconds; needs the `parquet` extra (pyarrow).
+    format: Literal["jsonl", "parquet"] = "jsonl"
+    roll_interval: float = 600.0
+    replica: str = ""                      # the files' name prefix; empty: the host name
+
+
+@dataclass
+class OtelConfig:
+    """OpenTelemetry export (proxy.recording.otel); everything else comes from the standard OTEL_* variables."""
+
+    enabled: bool = False
 
 
 @dataclass
@@ -229,6 +241,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     upstream_metrics: UpstreamMetricsConfig = field(default_factory=UpstreamMetricsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    otel: OtelConfig = field(default_factory=OtelConfig)
 
     def policy_for(self, model: str | None) -> Policy:
         """The admission policy for one model: [policy] with [models."name"] overrides."""
@@ -422,6 +435,12 @@ def _check_semantics(config: Config) -> None:
         raise ConfigError(f"'upstream_metrics.kv_usage_pinned' must be in (0, 1], got {um.kv_usage_pinned}")
     if um.pinned_scrapes < 1 or (um.max_num_seqs is not None and um.max_num_seqs < 1):
         raise ConfigError("'upstream_metrics.pinned_scrapes' and 'upstream_metrics.max_num_seqs' must be at least 1")
+    _check_length_log(config.length_log)
+    if config.otel.enabled:
+        try:
+            import opentelemetry.sdk.trace  # noqa: F401
+        except ImportError:
+            raise ConfigError("otel.enabled needs the OpenTelemetry SDK: pip install 'brimful[otel]'") from None
     if config.server.workers < 1:
         raise ConfigError(f"'server.workers' must be at least 1, got {config.server.workers}")
     if config.server.workers > 1 and config.server.metrics_port:
@@ -443,6 +462,19 @@ def _check_semantics(config: Config) -> None:
                 f"'models.\"{name}\".tokenizer' = {model.tokenizer!r} is not a directory holding tokenizer.json "
                 "(or, for a Mistral-format model, tekken.json or tokenizer.model.v*)"
             )
+
+
+def _check_length_log(ll: LengthLogConfig) -> None:
+    if ll.format != "parquet":
+        return
+    if ll.path == "-":
+        raise ConfigError("'length_log.path' = \"-\" (standard output) needs length_log.format = \"jsonl\"")
+    if ll.roll_interval <= 0:
+        raise ConfigError(f"'length_log.roll_interval' must be above 0, got {ll.roll_interval}")
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise ConfigError("length_log.format = \"parquet\" needs pyarrow: pip install 'brimful[parquet]'") from None
 
 
 def _unknown_key(full: str, key: str, valid: list[str], prefix: str) -> str:

@@ -494,6 +494,7 @@ def test_volume_report_example_merges_every_pods_file(tmp_path, recorded) -> Non
 # it names, where it needs what this machine lacks: Docker, a cluster).  Each block must match
 # exactly one entry, by a piece of its text ("\n" + text: a line's start); a test of this module is
 # named alone, one elsewhere as "path::name" under tests/.
+FLEET = "sizing/test_engine.py::test_the_fleet_pages_examples_run"
 RUN_BY: dict[str, str] = {
     "\npython3 -m venv .venv && .venv/bin/pip install . &&": "test_run_command_installs_and_serves",
     "\nWARNING brimful.models: waiting for the upstream": "test_run_command_installs_and_serves",
@@ -529,6 +530,9 @@ RUN_BY: dict[str, str] = {
     "\nmin_completion_tokens_by_surface = { messages = 3000 }":
         "test_config.py::test_the_agents_page_configuration_loads",
     '\ntrim = "oldest"': "test_config.py::test_the_agents_page_configuration_loads",
+    "\npython bench/fleet_bench.py --records 1000000": FLEET,
+    "TO '/tmp/old.jsonl' (FORMAT json)": FLEET,
+    "FROM read_parquet('/tmp/fleet_day/*.parquet') GROUP BY model": FLEET,
 }
 
 

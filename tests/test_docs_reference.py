@@ -109,6 +109,7 @@ SECTIONS = {
     "[metrics]": config_module.MetricsConfig,
     "[upstream_metrics]": config_module.UpstreamMetricsConfig,
     "[logging]": config_module.LoggingConfig,
+    "[otel]": config_module.OtelConfig,
 }
 
 

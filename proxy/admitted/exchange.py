@@ -612,7 +612,7 @@ class AdmittedExchange:
                 )
             self.services.counter.answered(record.model, record.prompt_tokens, record.upstream_prompt_tokens)
         try:
-            self.services.recorder.record(record)
+            self.services.recorder.record(record, self.counted.source)
         except Exception:  # recording must never fail a request
             log.exception("could not record a request's length figures")
 

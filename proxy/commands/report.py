@@ -52,8 +52,9 @@ def register(subparsers: Any) -> None:
     """Add the `report` sub-command to a `parser.add_subparsers()` object."""
     p = subparsers.add_parser(
         "report", help="length percentiles per model and a max_model_len recommendation",
-        description="Summarise brimful length logs (JSONL, one LengthRecord per line; "
-                    "several files = several replicas, merged; .gz and - for stdin accepted).",
+        description="Summarise brimful length logs (JSONL, one LengthRecord per line, or Parquet files with "
+                    "the record's fields as columns; several files = several replicas, merged; globs, .gz and - "
+                    "for stdin accepted).",
     )
     p.add_argument("files", nargs="*", metavar="FILE")
     p.add_argument("--model", help="only this served model name")
@@ -61,6 +62,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--percentile", type=_percentile_arg, default=99.0,
                    help="percentile of sequence length the recommendation covers (default 99)")
     p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("--engine", choices=["auto", "duckdb", "python"], default="auto",
+                   help="who reads the files: DuckDB (all cores; JSON lines, .gz and Parquet) or Python line by "
+                        "line; auto (default) takes DuckDB when installed and no FILE is -. Same output either way")
     p.add_argument("--upstream", action="append", default=[], metavar="URL",
                    help="a running vLLM (e.g. http://127.0.0.1:8000): read its /metrics once, compare its KV pool "
                         "with the plan, cap the recommendation at it; repeatable")
@@ -203,7 +207,8 @@ def run(args: argparse.Namespace) -> int:
             return 2
     progress = rep.Progress()
     try:
-        builder = rep.build_report(args.files, model=args.model, since=since, progress=progress)
+        builder = rep.build_report(args.files, model=args.model, since=since, progress=progress,
+                                   engine_name=args.engine)
     except OSError as e:
         progress.done()
         print(f"brimful report: error: {e}", file=sys.stderr)

@@ -22,6 +22,7 @@ from typing import Any
 
 from proxy.recording.lengthlog import LengthLog
 from proxy.recording.metrics import OTHER_MODEL, Metrics, safe_label
+from proxy.recording.otel import Telemetry
 from proxy.recording.record import LengthRecord
 from proxy.recording.stats import Sample, model_stats, sample_of
 from proxy.sizing.lengths import percentile
@@ -104,6 +105,7 @@ class Recorder:
         # What bounds each model's recommendation beyond its traffic (proxy.sizing.live); set by the app.
         self.sizing: Callable[[str], ModelSizing] = lambda model: ModelSizing()
         self.records = 0        # finished requests recorded since start (/stats per worker)
+        self.telemetry: Telemetry | None = None     # [otel] enabled: set at start-up, in the serving process
         if lengthlog is not None:
             self.attach_lengthlog(lengthlog)
 
@@ -112,14 +114,16 @@ class Recorder:
         self.lengthlog = lengthlog
         self.metrics.attach_lengthlog(lengthlog.stats)
 
-    def record(self, rec: LengthRecord) -> None:
+    def record(self, rec: LengthRecord, count_source: str | None = None) -> None:
         """Account one finished request.  Cheap and non-blocking: safe on the event loop.
 
         The record file is written first: a fault in the aggregates must not
-        lose the raw record as well.
+        lose the raw record as well.  `count_source` (local | upstream | margin) is for the telemetry.
         """
         if self.lengthlog is not None:
             self.lengthlog.enqueue(rec)
+        if self.telemetry is not None:
+            self.telemetry.observe(rec, count_source)
         self.metrics.observe(rec)
         self.records += 1
         self.window.add(safe_label(rec.model), sample_of(rec), self.clock())
@@ -157,3 +161,5 @@ class Recorder:
     def close(self) -> None:
         if self.lengthlog is not None:
             self.lengthlog.close()
+        if self.telemetry is not None:
+            self.telemetry.close()

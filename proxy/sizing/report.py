@@ -40,11 +40,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import IO, Any, NamedTuple
+from typing import IO, Any, Literal, NamedTuple
 
 from proxy.sizing import demand as dm
 from proxy.sizing import need as nd
 from proxy.sizing import pools as pl
+from proxy.sizing import engine
 from proxy.sizing.histogram import Histogram, percentile_key
 from proxy.sizing.lengths import (
     BLOCK_SIZE,
@@ -278,11 +279,20 @@ class ReportBuilder:
     def add_line(self, line: bytes | str) -> None:
         if line.isspace() or not line:
             return   # blank lines are not records
-        self.stats.lines += 1
         try:
             rec = json.loads(line)
+        except (ValueError, RecursionError):   # JSONDecodeError is a ValueError
+            self.stats.lines += 1
+            self.stats.malformed += 1
+            return
+        self.add_record(rec)
+
+    def add_record(self, rec: Any) -> None:
+        """One decoded record (a JSON line's object, or a Parquet row as a dict)."""
+        self.stats.lines += 1
+        try:
             r = record_lengths(rec)
-        except (ValueError, RecursionError):   # JSONDecodeError and MalformedRecord are ValueErrors
+        except (ValueError, RecursionError):   # MalformedRecord is a ValueError
             self.stats.malformed += 1
             return
         if (self.model is not None and r.model != self.model) or (self.since is not None and r.ts < self.since):
@@ -297,11 +307,30 @@ class ReportBuilder:
 
     def add_file(self, path: str, progress: Callable[[str, int], None] | None = None) -> None:
         self.stats.files.append(path)
+        if engine.is_parquet(path):
+            for i, rec in enumerate(_parquet_rows(path), 1):
+                self.add_record(rec)
+                if progress is not None and i % 100_000 == 0:
+                    progress(path, i)
+            return
         with _open(path) as f:
             for i, line in enumerate(f, 1):
                 self.add_line(line)
                 if progress is not None and i % 100_000 == 0:
                     progress(path, i)
+
+
+def _parquet_rows(path: str) -> Iterator[dict[str, Any]]:
+    """A Parquet file's rows as dicts of plain Python values (pyarrow), batch by batch."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise OSError(f"{path}: reading Parquet needs duckdb or pyarrow: pip install 'brimful[duckdb]'") from None
+    names = set(engine.FIELDS)
+    pf = pq.ParquetFile(path)
+    columns = [name for name in pf.schema_arrow.names if name in names]
+    for batch in pf.iter_batches(columns=columns, batch_size=65_536):
+        yield from batch.to_pylist()
 
 
 def _open(path: str) -> IO[bytes]:
@@ -358,8 +387,8 @@ def model_report(stats: ModelStats, p: float = 99.0, block_size: int = BLOCK_SIZ
     extra = (p,)
     prompt, completion, total, sequence = stats.prompt, stats.completion, stats.total, stats.sequence
     served = recommend_max_model_len(sequence, p, block_size)
-    current = max(stats.max_model_len_seen, key=stats.max_model_len_seen.__getitem__) \
-        if stats.max_model_len_seen else None
+    seen = stats.max_model_len_seen    # the limit most records arrived under; a tie goes to the larger
+    current = max(seen, key=lambda v: (seen[v], v)) if seen else None
     tally = stats.demand
     asked = dm.recommend_from_demand(tally, p, block_size, model_bound=model_bound, kv_bound=kv_bound,
                                      current=current, min_completion=min_completion)
@@ -427,11 +456,94 @@ class Progress:
             self.stream.flush()
 
 
+Engine = Literal["auto", "duckdb", "python"]
+
+
 def build_report(paths: Sequence[str], model: str | None = None, since: float | None = None,
-                 progress: Callable[[str, int], None] | None = None) -> ReportBuilder:
+                 progress: Callable[[str, int], None] | None = None, engine_name: Engine = "python") -> ReportBuilder:
+    """Read `paths` (globs expanded) with DuckDB (`proxy.sizing.engine`) or line by line in Python.
+
+    "auto" takes DuckDB when it is installed and no path is standard input; both give the same builder.
+    """
+    files = engine.expand(paths)
+    use_duckdb = bool(files) and (engine_name == "duckdb"
+                                  or (engine_name == "auto" and engine.available() and "-" not in files))
+    if use_duckdb:
+        if not engine.available():
+            raise OSError("--engine duckdb needs duckdb: pip install 'brimful[duckdb]'")
+        if "-" in files:
+            raise OSError("--engine duckdb cannot read standard input: give files, or --engine python")
+        return builder_from_aggregates(engine.run_query(files, model=model, since=since), files, model, since)
     builder = ReportBuilder(model=model, since=since)
-    for path in paths:
+    for path in files:
         builder.add_file(path, progress)
+    return builder
+
+
+# ModelStats' value → count dicts by the engine's histogram column (proxy.sizing.engine.HISTOGRAMS)
+_DICTS: dict[str, Callable[[ModelStats], dict[int, int]]] = {
+    "prompt": lambda s: s.prompt_counts, "completion": lambda s: s.completion_counts,
+    "total": lambda s: s.total_counts, "sequence": lambda s: s.sequence_counts,
+    "d_seq": lambda s: s.demand.sequence, "d_kv": lambda s: s.demand.kv, "d_refused": lambda s: s.demand.refused_below,
+}
+
+
+def _bump(counts: dict[Any, int], key: Any, count: int) -> None:
+    if key is not None:
+        counts[key] = counts.get(key, 0) + count
+
+
+def _add_small(stats: ModelStats, row: dict[str, Any], count: int) -> None:
+    """One group of the engine's SMALL set: its share of ModelStats' counters and low-cardinality dicts."""
+    stats.requests += count
+    _bump(stats.actions, row["action"], count)
+    _bump(stats.endpoints, row["endpoint"], count)
+    _bump(stats.max_model_len_seen, row["mml_seen"], count)
+    _bump(stats.demand.limits, row["d_limit"], count)
+    if row["reason"] is not None:
+        _bump(stats.reasons, engine.REASONS[row["reason"]], count)
+    stats.with_finish_reasons += count * row["has_reasons"]
+    stats.finished_length += count * row["finished_length"]
+    stats.parallel_sampling += count * row["parallel"]
+    stats.demand.lower_bounds += count * row["d_lower"]
+
+
+def _model_stats(builder: ReportBuilder, name: str) -> ModelStats:
+    stats = builder.models.get(name)
+    if stats is None:
+        stats = builder.models[name] = ModelStats(name)
+    return stats
+
+
+def builder_from_aggregates(agg: engine.Aggregates, files: Sequence[str], model: str | None,
+                            since: float | None) -> ReportBuilder:
+    """The `ReportBuilder` the Python reader would have built from the same records, from DuckDB's counts."""
+    builder = ReportBuilder(model=model, since=since)
+    builder.stats.files.extend(files)
+    width = len(engine.HISTOGRAMS)
+    for values in agg.rows:
+        row = dict(zip(agg.columns, values, strict=True))
+        count, state = row["c"], row["state"]
+        name = UNKNOWN_MODEL if row["model"] is None else row["model"]
+        if row["g"] == (1 << width) - 1:               # the SMALL set, with the record's state
+            builder.stats.lines += count
+            if state == 1:
+                builder.stats.malformed += count
+            elif state == 2:
+                builder.stats.filtered += count
+            else:
+                builder.stats.records += count
+                _add_small(_model_stats(builder, name), row, count)
+            continue
+        for i, h in enumerate(engine.HISTOGRAMS):
+            if not row["g"] >> (width - 1 - i) & 1:    # this set groups by h
+                if row[h] is not None:                 # None: records not kept, or no such figure
+                    value, index = divmod(int(row[h]), len(agg.models))
+                    packed = agg.models[index]
+                    # += : a NULL model and "unknown" are one
+                    _bump(_DICTS[h](_model_stats(builder, UNKNOWN_MODEL if packed is None else packed)),
+                          value, count)
+                break
     return builder
 
 

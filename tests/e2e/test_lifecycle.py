@@ -283,3 +283,45 @@ def test_kill_9_loses_at_most_the_records_of_the_last_flush_interval(
     lost = answered - len(log.read_text().splitlines())
     print(f"\n[G] kill -9 after {answered} answered, flush_interval {interval:g} s: {lost} records lost")
     assert answered == 250 and 0 <= lost <= bound
+
+
+@pytest.mark.parametrize("interval,bound", [(0.0, 5), (0.02, 25)])
+def test_kill_9_parquet_log_loses_at_most_the_records_of_the_last_flush_interval(
+        qwen3_dir: Path, tmp_path: Path, interval: float, bound: int) -> None:
+    """length_log.format = "parquet" under the same bursts: after kill -9 the window's journal holds what the JSON
+    log would; the next start of the replica converts it, and DuckDB reads every kept record from the Parquet."""
+    import asyncio
+
+    duckdb = pytest.importorskip("duckdb")
+    pytest.importorskip("pyarrow")
+    records = tmp_path / "lengths"
+    body = {"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    toml = (f'\n[length_log]\nformat = "parquet"\nreplica = "r1"\nflush_interval = {interval}\n'
+            f'path = "{records}"\n')
+    answered = 0
+    with FakeVLLM(record=False) as fake:
+        brimful = BrimfulProcess(fake.base_url, tmp_path, qwen3_dir, extra_toml=toml)
+
+        async def burst_then_kill() -> None:
+            nonlocal answered
+            async with httpx.AsyncClient(base_url=brimful.base_url, timeout=30) as http:
+                for _ in range(10):
+                    results = await asyncio.gather(*(http.post(CHAT, json=body) for _ in range(25)))
+                    answered += sum(r.status_code == 200 for r in results)
+                brimful.proc.send_signal(signal.SIGKILL)
+
+        try:
+            asyncio.run(burst_then_kill())
+            brimful.proc.wait(10)
+        finally:
+            brimful.stop(signal.SIGKILL)
+        assert not list(records.glob("*.parquet")) and len(list(records.glob("r1-*.open.jsonl"))) == 1
+        restarted = BrimfulProcess(fake.base_url, tmp_path, qwen3_dir, extra_toml=toml)
+        restarted.stop()
+    files = str(records / "*.parquet")
+    kept, distinct = duckdb.sql(f"SELECT count(*), count(DISTINCT request_id) FROM read_parquet('{files}') "
+                                "WHERE status = 200 AND model = 'tiny-qwen'").fetchall()[0]
+    lost = answered - kept
+    print(f"\n[G] parquet: kill -9 after {answered} answered, flush_interval {interval:g} s: {lost} records lost")
+    assert answered == 250 and kept == distinct and 0 <= lost <= bound
+    assert not list(records.glob("*.open.jsonl"))

@@ -75,7 +75,7 @@ class ListRecorder(Recorder):
         self.length_retries: list[str | None] = []
         self._cond = threading.Condition()
 
-    def record(self, rec: LengthRecord) -> None:
+    def record(self, rec: LengthRecord, count_source: str | None = None) -> None:
         with self._cond:
             self.records.append(rec)
             self._cond.notify_all()

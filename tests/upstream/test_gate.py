@@ -64,8 +64,8 @@ class NotifyingRecorder(Recorder):
         super().__init__(base.metrics)
         self.finished = threading.Event()
 
-    def record(self, rec: LengthRecord) -> None:
-        super().record(rec)
+    def record(self, rec: LengthRecord, count_source: str | None = None) -> None:
+        super().record(rec, count_source)
         self.finished.set()
 
 

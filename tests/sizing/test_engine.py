@@ -1,0 +1,200 @@
+"""proxy.sizing.engine: DuckDB's reading gives the Python reader's report, whichever files it reads."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+duckdb = pytest.importorskip("duckdb")
+pytest.importorskip("pyarrow")
+
+from proxy.commands import report as report_cli  # noqa: E402
+from proxy.recording import parquetlog as pl  # noqa: E402
+from proxy.recording.record import LengthRecord  # noqa: E402
+from proxy.sizing import report as rep  # noqa: E402
+
+FIELDS = [f for f, _ in pl.COLUMNS]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def varied(seed: int, n: int) -> list[dict[str, Any]]:
+    """Records over every branch of the reduction: batches, n > 1, no usage, refusals, finish reasons, limits."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        prompt = rng.choice([None, rng.randint(0, 9000), int(rng.lognormvariate(7, 1))])
+        longest = rng.choice([None, None, None, (prompt or 0) // 2])
+        own = rng.choice([prompt, prompt, None if prompt is None else prompt + 3])
+        out.append(LengthRecord(
+            ts=1_700_000_000.0 + i * rng.choice([1, 7]), model=rng.choice(["qwen", "qwen", "llama", None]),
+            endpoint=rng.choice(["chat", "completions", "responses", "messages", "embeddings"]),
+            stream=rng.random() < 0.5, request_id=f"r{i}", n=rng.choice([1, 1, 1, 2, 4]),
+            max_model_len=rng.choice([None, 4096, 8192, 8192]), prompt_tokens=own, longest_prompt_tokens=longest,
+            upstream_prompt_tokens=rng.choice([None, prompt]),
+            requested_max_tokens=rng.choice([None, 0, 16, 512, 3000]),
+            granted_max_tokens=rng.choice([None, 200, 512]), completion_tokens=rng.choice([None, rng.randint(0, 3000)]),
+            finish_reasons=rng.choice([[], ["stop"], ["length"], ["stop", "length"]]),
+            action=rng.choice(["pass", "pass", "clamped", "rejected", "upstream_error", "uncounted"]),  # type: ignore[arg-type]
+            status=rng.choice([200, 200, 400, 413, 502, 503]),
+            error_code=rng.choice([None, None, "context_length_exceeded", "invalid_media", "upstream_timeout",
+                                   "client_disconnected", "something_new"]),  # type: ignore[arg-type]
+            length_retries=rng.choice([0, 1]), latency_ms=rng.random() * 100, ttfb_ms=None,
+        ).to_dict())
+    return out
+
+
+MALFORMED = ["not json", '{"ts": "x"}', "[1,2]", "{truncated", '{"ts": 1, "prompt_tokens": -1}',
+             '{"ts": 1, "prompt_tokens": 1.5}', '{"ts": 1, "n": 0}', '{"ts": 1, "model": 3}',
+             '{"ts": 1, "finish_reasons": "stop"}', '{"ts": 1, "action": null}', '{"ts": true}',
+             '{"ts": 1, "upstream_prompt_tokens": 100000000000000000000000000000}', '{"ts": 1, "endpoint": 7}',
+             '{"ts": 1, "n": 2, "granted_max_tokens": -5}', "   ", "",
+             # well-formed oddities: a falsy finish_reasons, a bad own count behind the upstream's, an int code
+             '{"ts": 5, "finish_reasons": 0, "prompt_tokens": "x", "upstream_prompt_tokens": 7}',
+             '{"ts": 6, "error_code": 5, "status": 500, "max_model_len": -3, "n": null}']
+
+
+def write_jsonl(path: Path, records: list[dict[str, Any]], extra: list[str] = ()) -> Path:  # type: ignore[assignment]
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wt") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+        for line in extra:
+            f.write(line + "\n")
+    return path
+
+
+def state(builder: rep.ReportBuilder) -> dict[str, Any]:
+    """Everything the report is computed from, dict order aside."""
+    st = builder.stats
+    models = {}
+    for name, m in builder.models.items():
+        d = m.demand
+        models[name] = (m.requests, m.actions, m.endpoints, m.with_finish_reasons, m.finished_length,
+                        m.parallel_sampling, m.max_model_len_seen, m.prompt_counts, m.completion_counts,
+                        m.total_counts, m.sequence_counts, d.sequence, d.kv, d.refused_below, d.limits,
+                        d.lower_bounds, m.reasons)
+    return {"lines": st.lines, "records": st.records, "malformed": st.malformed, "filtered": st.filtered,
+            "models": models}
+
+
+def both(paths: list[str], **kw: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    return (state(rep.build_report(paths, engine_name="duckdb", **kw)),
+            state(rep.build_report(paths, engine_name="python", **kw)))
+
+
+def test_duckdb_reads_json_lines_and_gzip_as_python_does_malformed_lines_included(tmp_path: Path) -> None:
+    recs = varied(1, 3000)
+    a = write_jsonl(tmp_path / "a.jsonl", recs[:1500], MALFORMED)
+    b = write_jsonl(tmp_path / "b.jsonl.gz", recs[1500:], MALFORMED[:5])
+    duck, python = both([str(a), str(b)])
+    assert duck == python
+    assert python["malformed"] == 14 + 5 and python["records"] == 3002
+
+
+@pytest.mark.parametrize("kw", [{"model": "llama"}, {"since": 1_700_005_000.0}, {"model": "unknown"}])
+def test_the_model_and_since_filters_agree(tmp_path: Path, kw: dict[str, Any]) -> None:
+    path = write_jsonl(tmp_path / "a.jsonl", varied(2, 2000), MALFORMED)
+    duck, python = both([str(path)], **kw)
+    assert duck == python and python["filtered"] > 0
+
+
+def test_parquet_from_the_sink_and_from_duckdbs_copy_read_like_the_json_lines(tmp_path: Path) -> None:
+    recs = varied(3, 4000)
+    jsonl = write_jsonl(tmp_path / "all.jsonl", recs)
+    log = pl.ParquetLog(tmp_path / "sink", replica="a", flush_interval_s=0.01)
+    for r in recs[:2500]:
+        log.enqueue(r)
+    log.close()
+    [sink_file] = log.converted
+    copied = tmp_path / "copied.parquet"         # DuckDB's own types: BIGINT, VARCHAR, VARCHAR[]
+    tail = write_jsonl(tmp_path / "tail.jsonl", recs[2500:])
+    duckdb.sql(f"COPY (SELECT * FROM read_json('{tail}', format = 'newline_delimited')) TO '{copied}'")
+    reference = both([str(jsonl)])[1]
+    mixed = [str(sink_file), str(copied)]
+    duck, python = both(mixed)
+    assert duck == python == reference
+    glob_duck = state(rep.build_report([str(tmp_path / "sink" / "*.parquet"), str(tail)], engine_name="duckdb"))
+    assert glob_duck == reference
+
+
+def test_a_parquet_file_lacking_columns_or_with_other_types_agrees_too(tmp_path: Path) -> None:
+    path = tmp_path / "foreign.parquet"
+    duckdb.sql(f"""COPY (SELECT 1700000000 + i AS ts, 'm' || (i % 2) AS model, (i % 900)::INTEGER AS prompt_tokens,
+                   CASE WHEN i % 10 = 0 THEN (i % 37)::DOUBLE END AS completion_tokens,
+                   CASE WHEN i % 3 = 0 THEN ['length'] END AS finish_reasons
+                   FROM range(500) t(i)) TO '{path}'""")
+    duck, python = both([str(path)])
+    assert duck == python
+    assert (python["records"], python["malformed"]) == (450, 50)    # a float token count is malformed, as in JSON
+
+
+def test_the_cli_prints_the_same_report_with_either_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_jsonl(tmp_path / "a.jsonl", varied(4, 2000), MALFORMED)
+    outputs = {}
+    for engine in ("duckdb", "python"):
+        for fmt in ("json", "table"):
+            assert report_cli.main([str(path), "--engine", engine, "--format", fmt, "--percentile", "95"]) == 0
+            outputs[engine, fmt] = capsys.readouterr().out
+    assert outputs["duckdb", "json"] == outputs["python", "json"]
+    assert outputs["duckdb", "table"] == outputs["python", "table"]
+    assert json.loads(outputs["duckdb", "json"])["models"][0]["recommendation"] is not None
+
+
+def test_a_glob_matching_nothing_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert report_cli.main([str(tmp_path / "*.parquet")]) == 2
+    assert "no file matches" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_million_record_sample_of_the_fleet_day_gets_the_python_readers_recommendation(tmp_path: Path) -> None:
+    """bench/fleet_bench.py's day, 1,000,000 records in 4 files: DuckDB and the Python reader build the same
+    histograms, hence the same recommendation per model (the bench times the 100-million-record day)."""
+    pytest.importorskip("numpy")
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("fleet_bench", ROOT / "bench" / "fleet_bench.py")
+    assert spec is not None and spec.loader is not None
+    fleet_bench = importlib.util.module_from_spec(spec)
+    sys.modules["fleet_bench"] = fleet_bench
+    spec.loader.exec_module(fleet_bench)
+    fleet_bench.generate(tmp_path, 1_000_000, 2, 2)
+    files = [str(tmp_path / "*.parquet")]
+    duck = rep.build_report(files, engine_name="duckdb")
+    python = rep.build_report(files, engine_name="python")
+    assert state(duck) == state(python) and duck.stats.records == 1_000_000
+    for name in python.models:
+        expected = rep.model_report(python.models[name])
+        assert rep.model_report(duck.models[name]) == expected
+        assert expected["recommendation"]["max_model_len"] > 0
+
+
+@pytest.mark.slow
+def test_the_fleet_pages_examples_run(tmp_path: Path) -> None:
+    """docs/fleet.md's shell blocks, as written (brimful and python on the PATH): the day is generated, both
+    readers print the same report (its `cmp` line), the JSON lines join the Parquet files, DuckDB's SQL runs."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.support.docs import block
+
+    keys = ("\npython bench/fleet_bench.py --records 1000000", "TO '/tmp/old.jsonl' (FORMAT json)",
+            "FROM read_parquet('/tmp/fleet_day/*.parquet') GROUP BY model")
+    script = "\n".join(line for key in keys for line in block(key))
+    shutil.rmtree("/tmp/fleet_day", ignore_errors=True)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(["bash", "-e", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "same report" in done.stdout
+    assert "1,001,000 records from 5 file(s)" in done.stdout
+    assert "│ qwen3-8b " in done.stdout
+    shutil.rmtree("/tmp/fleet_day", ignore_errors=True)
