@@ -36,7 +36,7 @@ from proxy.sizing.lengths import IMPLICIT_MAX_TOKENS, MAX_PLAUSIBLE_TOKENS, UNKN
 
 FIELDS = ("ts", "model", "endpoint", "n", "action", "prompt_tokens", "upstream_prompt_tokens", "completion_tokens",
           "longest_prompt_tokens", "granted_max_tokens", "requested_max_tokens", "max_model_len", "status",
-          "error_code", "finish_reasons")
+          "error_code", "finish_reasons", "latency_ms")
 _INT_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER",
               "UBIGINT", "UHUGEINT")
 _NUM_TYPES = (*_INT_TYPES, "FLOAT", "DOUBLE")
@@ -226,6 +226,8 @@ def normalized(fields: dict[str, Field]) -> str:
         f"{f['max_model_len'].as_int()} AS mml_seen", f"{_lenient(f['max_model_len'])} AS mml",
         f"{f['status'].as_int()} AS status", f"{f['error_code'].text()} AS error_code",
         f"{_lenient(f['prompt_tokens'])} AS own_prompt",
+        f"CASE WHEN {f['latency_ms'].is_num()} AND {f['latency_ms'].num()} >= 0 "
+        f"THEN {f['latency_ms'].num()} / 1000.0 END AS latency_s",
     ])
 
 
@@ -275,6 +277,9 @@ def figures(min_completion: int) -> str:
         "AS d_refused",
         "CASE WHEN prompt IS NOT NULL THEN mml END AS d_limit",
         f"({reason}) AS reason",
+        # what `ModelStats.add_demand` gives the need estimate and the pools' routes
+        "n AS need_n", "requested AS need_asked", "granted_lenient AS need_granted", "longest AS need_longest",
+        "mml AS need_mml", "latency_s",
     ])
 
 
@@ -286,6 +291,10 @@ SMALL = ("action", "endpoint", "mml_seen", "d_limit", "reason", "has_reasons", "
          "d_lower")
 # Token counts, one grouping set each over (model, value): the exact histograms.
 HISTOGRAMS = ("prompt", "completion", "total", "sequence", "d_seq", "d_kv", "d_refused")
+# The need estimate's inputs (proxy.sizing.need.need_figures), one grouping set over (model, *NEED) of the kept
+# records, with their latencies summed: `proxy.sizing.report` feeds each group to the same Python maths.
+NEED = ("need_prompt", "need_completion", "need_n", "need_asked", "need_granted", "need_longest", "need_mml",
+        "need_endpoint", "need_has_reasons", "need_finished_length")
 
 
 def model_code(models: Sequence[str | None]) -> str:
@@ -301,7 +310,12 @@ def aggregate_sql(source: str, keep: str, min_completion: int, models: Sequence[
     record not kept (one integer hashes several times faster than (state, model string, value)).  `g` is
     GROUPING() over the histogram columns: all ones for the SMALL set, one zero bit for a histogram's set."""
     small = ", ".join(SMALL)
-    sets = ", ".join([f"(state, model, {small})"] + [f"({h})" for h in HISTOGRAMS])
+    need = ", ".join(NEED)
+    sets = ", ".join([f"(state, model, {small})"] + [f"({h})" for h in HISTOGRAMS] + [f"(model, {need})"])
+    kept = {"need_prompt": "prompt", "need_completion": "completion", "need_endpoint": "endpoint",
+            "need_has_reasons": "has_reasons", "need_finished_length": "finished_length"}
+    need_cols = ", ".join(f"CASE WHEN state = 0 AND prompt IS NOT NULL THEN {kept.get(c, c)} END AS {c}"
+                          for c in NEED)
     grouping = ", ".join(HISTOGRAMS)
     width = len(models)
     # HUGEINT: d_kv (prompt + n × a limit) times the model count may pass BIGINT; Python's ints do not overflow
@@ -311,8 +325,10 @@ def aggregate_sql(source: str, keep: str, min_completion: int, models: Sequence[
 WITH k AS (SELECT CASE WHEN NOT ok THEN 1 WHEN NOT ({keep}) THEN 2 ELSE 0 END::UTINYINT AS state, *
            FROM ({source})),
 f0 AS (SELECT state, {model_code(models)} AS mc, {figures(min_completion)} FROM k),
-f AS (SELECT state, model, {small}, {packed} FROM f0)
-SELECT GROUPING({grouping}) AS g, state, model, {small}, {grouping}, count(*) AS c
+f AS (SELECT state, model, {small}, {packed}, {need_cols},
+      CASE WHEN state = 0 AND prompt IS NOT NULL THEN latency_s END AS latency_s FROM f0)
+SELECT GROUPING({grouping}) AS g, GROUPING(state) AS gs, state, model, {small}, {grouping}, {need}, count(*) AS c,
+       sum(latency_s) AS lat, count(latency_s) AS nlat
 FROM f GROUP BY GROUPING SETS ({sets})"""
 
 

@@ -43,9 +43,9 @@ from datetime import UTC, datetime
 from typing import IO, Any, Literal, NamedTuple
 
 from proxy.sizing import demand as dm
+from proxy.sizing import engine
 from proxy.sizing import need as nd
 from proxy.sizing import pools as pl
-from proxy.sizing import engine
 from proxy.sizing.histogram import Histogram, percentile_key
 from proxy.sizing.lengths import (
     BLOCK_SIZE,
@@ -508,6 +508,20 @@ def _add_small(stats: ModelStats, row: dict[str, Any], count: int) -> None:
     stats.demand.lower_bounds += count * row["d_lower"]
 
 
+def _add_need(stats: ModelStats, row: dict[str, Any], count: int) -> None:
+    """One group of the engine's NEED set, fed to the need estimate and the routes as `add_demand` feeds them."""
+    reasons = (["length"] if row["need_finished_length"] else ["stop"]) if row["need_has_reasons"] else None
+    asked = row["need_asked"]
+    kind, prompt, value, upper = nd.need_figures(
+        int(row["need_prompt"]), int(row["need_n"]), asked, row["need_completion"], row["need_granted"], reasons,
+        str(row["need_endpoint"]), row["need_longest"], row["need_mml"])
+    stats.need.add_values(kind, prompt, value, upper, count)
+    key = pl.route_key(prompt, asked)
+    stats.routes.add(key, None if kind == "unknown" else value, prompt, None, count)
+    if row["nlat"]:
+        stats.routes.add_latency(key, float(row["lat"]), int(row["nlat"]))
+
+
 def _model_stats(builder: ReportBuilder, name: str) -> ModelStats:
     stats = builder.models.get(name)
     if stats is None:
@@ -525,6 +539,10 @@ def builder_from_aggregates(agg: engine.Aggregates, files: Sequence[str], model:
         row = dict(zip(agg.columns, values, strict=True))
         count, state = row["c"], row["state"]
         name = UNKNOWN_MODEL if row["model"] is None else row["model"]
+        if row["g"] == (1 << width) - 1 and row["gs"] == 1:   # the NEED set (kept records with a prompt)
+            if row["need_prompt"] is not None:
+                _add_need(_model_stats(builder, name), row, count)
+            continue
         if row["g"] == (1 << width) - 1:               # the SMALL set, with the record's state
             builder.stats.lines += count
             if state == 1:

@@ -77,7 +77,8 @@ def state(builder: rep.ReportBuilder) -> dict[str, Any]:
         models[name] = (m.requests, m.actions, m.endpoints, m.with_finish_reasons, m.finished_length,
                         m.parallel_sampling, m.max_model_len_seen, m.prompt_counts, m.completion_counts,
                         m.total_counts, m.sequence_counts, d.sequence, d.kv, d.refused_below, d.limits,
-                        d.lower_bounds, m.reasons)
+                        d.lower_bounds, m.reasons, m.need.exact, m.need.completions, m.need.cut, m.need.unknown,
+                        {k: [round(v, 6) for v in row] for k, row in m.routes.routes.items()})
     return {"lines": st.lines, "records": st.records, "malformed": st.malformed, "filtered": st.filtered,
             "models": models}
 
