@@ -70,6 +70,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("requested_max_tokens", "int64"), ("granted_max_tokens", "int64"), ("completion_tokens", "int64"),
     ("finish_reasons", "list<string>"), ("action", "dict"), ("status", "int32"), ("error_code", "dict"),
     ("length_retries", "int32"), ("latency_ms", "float64"), ("ttfb_ms", "float64"),
+    ("trimmed_messages", "int32"), ("trimmed_tokens", "int64"),
 )
 
 
