@@ -47,7 +47,7 @@ def fresh_loads() -> Iterator[None]:
     For a test that must load afresh (the self-check runs at load): the shared models loaded
     before it are put back afterwards, not dropped, so later modules need not load them again.
     """
-    tables: list[OrderedDict[Any, Any]] = [_model._loaded, _model._engines]
+    tables: list[OrderedDict[Any, Any]] = [_model._loaded, _model._engines, _model._built]
     with _model._loaded_lock:
         kept = [list(table.items()) for table in tables]
         for table in tables:

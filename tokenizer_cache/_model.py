@@ -49,7 +49,7 @@ from ._family import detect_family
 from ._harmony import HarmonyOptions
 from ._image_size import image_size
 from ._jinja import compile_template, parse_template
-from ._loader import TRANSFORMERS5, LoaderUnavailable, build_transformers5, hub_id, resolve_loader
+from ._loader import TRANSFORMERS5, BuiltBackend, LoaderUnavailable, build_transformers5, hub_id, resolve_loader
 from ._media import MediaItem, MediaModel, load_media_model
 from ._piece_cache import PieceCountCache
 from ._piece_count import PieceCounter, PieceTally
@@ -638,6 +638,33 @@ _engines: OrderedDict[tuple[bytes, str], tuple[Tokenizer, EncoderChoice]] = Orde
 _K = TypeVar("_K")
 _V = TypeVar("_V")
 
+# What transformers 5 built, kept by what AutoTokenizer reads (`_build_key`): folders that differ only
+# in what it ignores (a config.json's sizes, the weights) build once; a build takes 0.4-1.8 s of CPU.
+_built: OrderedDict[tuple[Any, ...], BuiltBackend] = OrderedDict()
+# the files AutoTokenizer and the tokenizer classes read, and config.json's fields that choose the class
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                    "tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "chat_template.jinja",
+                    "chat_template.json")
+_CLASS_FIELDS = ("model_type", "tokenizer_class", "auto_map", "architectures")
+
+
+def _build_key(source_dir: pathlib.Path, name_or_path: str | None) -> tuple[Any, ...]:
+    """The tokenizer files' bytes, the config fields that pick the tokenizer class, and the id vLLM passes
+    (an absolute folder path matches none of transformers' id patterns, so the folder itself is not in it)."""
+    digest = hashlib.blake2b(digest_size=20)
+    for name in _TOKENIZER_FILES:
+        try:
+            data = (source_dir / name).read_bytes()
+        except OSError:
+            continue
+        digest.update(f"{name}\0{len(data)}\0".encode())
+        digest.update(data)
+    config = _read_config(source_dir / "config.json")
+    text = config.get("text_config")
+    fields = {k: config.get(k) for k in _CLASS_FIELDS}
+    fields["text_config"] = {k: text.get(k) for k in _CLASS_FIELDS} if isinstance(text, dict) else None
+    return digest.digest(), json.dumps(fields, sort_keys=True, default=str), name_or_path
+
 
 def _folder_signature(source_dir: pathlib.Path) -> tuple[tuple[str, int, int], ...]:
     names = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json",
@@ -685,7 +712,8 @@ def _tokenizer_spec(
     if loader != TRANSFORMERS5:
         return raw, split_special_tokens, LoaderInfo()
     try:
-        built = build_transformers5(source_dir, name_or_path)
+        built = _kept(_built, _build_key(source_dir, name_or_path),
+                      lambda: build_transformers5(source_dir, name_or_path))
     except LoaderUnavailable as exc:
         _logger.warning("%s: counting with tokenizer.json as it is, not as vLLM's transformers 5 loads it: %s",
                         source_dir, exc)

@@ -14,10 +14,13 @@ import pytest
 
 from proxy.config import Config, ConfigError, load_config
 from proxy.upstream.models import ModelRegistry
+from tests.conftest import MODELS
 from tests.support import fakevllm
 from tests.support.stack import CHAT, MODEL, running_stack
 from tokenizer_cache import load_model_tokenizer, loader_for_vllm
 from tokenizer_cache._loader import hub_id, resolve_loader
+
+PHI3 = MODELS / "microsoft--Phi-3-mini-4k-instruct"
 
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "How far is a marathon?"}], "max_tokens": 8}
 
@@ -120,3 +123,32 @@ def test_the_override_is_validated(tmp_path: Path) -> None:
         load_config(path, env={})
     path.write_text('[models."m"]\ntokenizer_loader = "transformers5"\n')
     assert load_config(path, env={}).models["m"].tokenizer_loader == "transformers5"
+
+
+def test_folders_that_differ_only_in_what_autotokenizer_ignores_share_one_build(
+        tmp_path: Path, fresh_loads: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config.json's sizes do not change the tokenizer transformers 5 builds, its model_type does:
+    the build is kept by what AutoTokenizer reads, and only a different class choice builds again."""
+    from tokenizer_cache import _model
+
+    builds: list[Path] = []
+    real = _model.build_transformers5
+
+    def counting(directory: Path, name_or_path: str | None = None) -> Any:
+        builds.append(directory)
+        return real(directory, name_or_path)
+
+    monkeypatch.setattr(_model, "build_transformers5", counting)
+    folders = []
+    for name, config in [("a", {"model_type": "qwen3", "max_position_embeddings": 40960}),
+                         ("b", {"model_type": "qwen3", "max_position_embeddings": 2048}),
+                         ("c", {"model_type": "llama"})]:
+        folder = tmp_path / name
+        folder.mkdir()
+        for file in ("tokenizer.json", "tokenizer_config.json"):
+            (folder / file).symlink_to(PHI3 / file)
+        (folder / "config.json").write_text(json.dumps(config))
+        folders.append(folder)
+    counts = [load_model_tokenizer(f).count_text("<|user|>Hi there", add_special_tokens=False) for f in folders]
+    assert [b.name for b in builds] == ["a", "c"]
+    assert counts[0] == counts[1]
