@@ -7,13 +7,30 @@ as concatenating a dict to a string, a sandbox violation) becomes a
 
 from __future__ import annotations
 
+import contextlib
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import jinja2
 from jinja2.exceptions import SecurityError
 
 from ._errors import CountError
+
+
+@contextlib.contextmanager
+def _template_errors() -> Iterator[None]:
+    """A template's failure as the CountError brimful answers with (vLLM answers 400 for each)."""
+    try:
+        yield
+    except SecurityError as exc:
+        raise CountError(f"The chat template tried an operation its sandbox forbids: {exc}") from exc
+    except jinja2.TemplateError as exc:
+        raise CountError(f"The chat template refused the conversation: {exc}") from exc
+    except RecursionError as exc:
+        raise CountError("The chat template recursed too deeply while rendering.") from exc
+    except Exception as exc:  # the template's own errors: TypeError, KeyError, ...
+        raise CountError(f"The chat template failed while rendering: {exc}") from exc
 
 
 def render(
@@ -23,16 +40,8 @@ def render(
     continue_final_message: bool,
 ) -> str:
     """Render; with `continue_final_message`, cut right after the final message's content."""
-    try:
+    with _template_errors():
         text = _render(template, variables)
-    except SecurityError as exc:
-        raise CountError(f"The chat template tried an operation its sandbox forbids: {exc}") from exc
-    except jinja2.TemplateError as exc:
-        raise CountError(f"The chat template refused the conversation: {exc}") from exc
-    except RecursionError as exc:
-        raise CountError("The chat template recursed too deeply while rendering.") from exc
-    except Exception as exc:  # the template's own errors: TypeError, KeyError, ...
-        raise CountError(f"The chat template failed while rendering: {exc}") from exc
     if continue_final_message:
         text = cut_after_final_message(text, variables["messages"][-1].get("content"))
     return text
@@ -55,16 +64,8 @@ def rendered_length(
     """
     if continue_final_message:          # the cut needs the whole text (rare, and short of the bound)
         return len(render(template, variables, continue_final_message=True))
-    try:
+    with _template_errors():
         return _measure(template, variables, cap)
-    except SecurityError as exc:
-        raise CountError(f"The chat template tried an operation its sandbox forbids: {exc}") from exc
-    except jinja2.TemplateError as exc:
-        raise CountError(f"The chat template refused the conversation: {exc}") from exc
-    except RecursionError as exc:
-        raise CountError("The chat template recursed too deeply while rendering.") from exc
-    except Exception as exc:  # the template's own errors: TypeError, KeyError, ...
-        raise CountError(f"The chat template failed while rendering: {exc}") from exc
 
 
 def _measure(template: jinja2.Template, variables: dict[str, Any], cap: int) -> int:
