@@ -98,6 +98,7 @@ def chunk(rng: np.random.Generator, n: int, t0: float, t1: float) -> pa.RecordBa
                                                      pa.array(["context_length_exceeded"])),
         "length_retries": pa.array(np.zeros(n, np.int32)),
         "latency_ms": pa.array(rng.gamma(2.0, 400.0, n)), "ttfb_ms": _opt(rng.gamma(2.0, 40.0, n), ~refused),
+        "trimmed_messages": pa.nulls(n, pa.int32()), "trimmed_tokens": pa.nulls(n, pa.int64()),
     }
     return pa.RecordBatch.from_arrays([columns[name] for name, _ in pl.COLUMNS], schema=pl.schema())
 
