@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -252,12 +253,32 @@ def test_brimful_pages_on_a_listener_of_their_own(fake_paced: FakeVLLM, qwen3_di
 
 
 
+def burst_then_kill(brimful: BrimfulProcess, body: dict[str, Any]) -> int:
+    """Ten bursts of 25 concurrent chats, then kill -9 at once: how many were answered 200."""
+    import asyncio
+
+    async def bursts() -> int:
+        answered = 0
+        async with httpx.AsyncClient(base_url=brimful.base_url, timeout=30) as http:
+            for _ in range(10):
+                results = await asyncio.gather(*(http.post(CHAT, json=body) for _ in range(25)))
+                answered += sum(r.status_code == 200 for r in results)
+            brimful.proc.send_signal(signal.SIGKILL)
+        return answered
+
+    try:
+        answered = asyncio.run(bursts())
+        brimful.proc.wait(10)
+    finally:
+        brimful.stop(signal.SIGKILL)
+    return answered
+
+
 @pytest.mark.parametrize("interval,bound", [(0.0, 5), (0.02, 25)])
 def test_kill_9_loses_at_most_the_records_of_the_last_flush_interval(
         qwen3_dir: Path, tmp_path: Path, interval: float, bound: int) -> None:
     """The issue lost 18 of 250 answered requests' records (a 0.1 s round).  bench/lengthlog_bench.py has the
     figures; the bound here is loose (a busy machine delays the writer thread)."""
-    import asyncio
 
     log = tmp_path / "lengths.jsonl"
     body = {"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -265,21 +286,7 @@ def test_kill_9_loses_at_most_the_records_of_the_last_flush_interval(
         brimful = BrimfulProcess(fake.base_url, tmp_path, qwen3_dir,
                                    extra_toml=f"\n[length_log]\nflush_interval = {interval}",
                                    extra_args=["--length-log", str(log)])
-        answered = 0
-
-        async def burst_then_kill() -> None:
-            nonlocal answered
-            async with httpx.AsyncClient(base_url=brimful.base_url, timeout=30) as http:
-                for _ in range(10):
-                    results = await asyncio.gather(*(http.post(CHAT, json=body) for _ in range(25)))
-                    answered += sum(r.status_code == 200 for r in results)
-                brimful.proc.send_signal(signal.SIGKILL)
-
-        try:
-            asyncio.run(burst_then_kill())
-            brimful.proc.wait(10)
-        finally:
-            brimful.stop(signal.SIGKILL)
+        answered = burst_then_kill(brimful, body)
     lost = answered - len(log.read_text().splitlines())
     print(f"\n[G] kill -9 after {answered} answered, flush_interval {interval:g} s: {lost} records lost")
     assert answered == 250 and 0 <= lost <= bound
@@ -290,7 +297,6 @@ def test_kill_9_parquet_log_loses_at_most_the_records_of_the_last_flush_interval
         qwen3_dir: Path, tmp_path: Path, interval: float, bound: int) -> None:
     """length_log.format = "parquet" under the same bursts: after kill -9 the window's journal holds what the JSON
     log would; the next start of the replica converts it, and DuckDB reads every kept record from the Parquet."""
-    import asyncio
 
     duckdb = pytest.importorskip("duckdb")
     pytest.importorskip("pyarrow")
@@ -298,23 +304,9 @@ def test_kill_9_parquet_log_loses_at_most_the_records_of_the_last_flush_interval
     body = {"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     toml = (f'\n[length_log]\nformat = "parquet"\nreplica = "r1"\nflush_interval = {interval}\n'
             f'path = "{records}"\n')
-    answered = 0
     with FakeVLLM(record=False) as fake:
         brimful = BrimfulProcess(fake.base_url, tmp_path, qwen3_dir, extra_toml=toml)
-
-        async def burst_then_kill() -> None:
-            nonlocal answered
-            async with httpx.AsyncClient(base_url=brimful.base_url, timeout=30) as http:
-                for _ in range(10):
-                    results = await asyncio.gather(*(http.post(CHAT, json=body) for _ in range(25)))
-                    answered += sum(r.status_code == 200 for r in results)
-                brimful.proc.send_signal(signal.SIGKILL)
-
-        try:
-            asyncio.run(burst_then_kill())
-            brimful.proc.wait(10)
-        finally:
-            brimful.stop(signal.SIGKILL)
+        answered = burst_then_kill(brimful, body)
         assert not list(records.glob("*.parquet")) and len(list(records.glob("r1-*.open.jsonl"))) == 1
         restarted = BrimfulProcess(fake.base_url, tmp_path, qwen3_dir, extra_toml=toml)
         restarted.stop()
