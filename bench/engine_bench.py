@@ -438,7 +438,7 @@ def run_chat(args: argparse.Namespace) -> None:
 
     sources = source_texts()
     directory = MODELS / SPEED_MODELS[0]
-    model = load_model_tokenizer(directory)
+    model = load_model_tokenizer(directory, engine="fastokens")  # the steady state of "auto"
     spec = (directory / "tokenizer.json").read_text(encoding="utf-8")
     print(f"count_chat on {SPEED_MODELS[0]} (template rendering included, no piece/chat cache), engine: "
           f"{model.engine}.  CPU ms of all threads.  ebf = encode_batch_fast of the same rendered text.")

@@ -92,11 +92,11 @@ def main() -> int:
                         help="a vLLM serving the mistral_tekken_v3 tokenizer (tests/corpus/generate.py's model)")
     args = parser.parse_args()
     bodies = shapes()
-    baseline = load_model_tokenizer(QWEN3)
+    baseline = load_model_tokenizer(QWEN3, engine="fastokens")
     with tempfile.TemporaryDirectory() as tmp:
         for name in ("gptoss", "mistral_tekken_v3", "mistral_spm_v7"):
             start = time.perf_counter()
-            model = load_model_tokenizer(folder_for(name, pathlib.Path(tmp)))
+            model = load_model_tokenizer(folder_for(name, pathlib.Path(tmp)), engine="fastokens")
             print(f"{name}: loaded in {(time.perf_counter() - start) * 1000:.0f} ms ({type(model).__name__})")
             for shape, body in bodies.items():
                 try:

@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
 
     bodies = agent_trace(args.turns)
     for name in MODELS:
-        print_model(name, load_model_tokenizer(args.models_root / name), bodies, args.rounds)
+        print_model(name, load_model_tokenizer(args.models_root / name, engine="fastokens"), bodies, args.rounds)
     small, large = entry_bytes()
     print(f"\nmemory per cache entry (16-byte digest key + count, OrderedDict): {small:.0f} B with counts ≤ 256, "
           f"{large:.0f} B with larger counts; 65,536 entries ≈ {large * 65_536 / 2**20:.1f} MiB")

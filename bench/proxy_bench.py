@@ -186,11 +186,14 @@ def write_brimful_config(path: Path, upstream: str, models: dict[str, Path], len
     so with them on the figures would show the cost of a cache hit, not of counting.
     (`root`: the brimful source tree run; one without the chat cache gets no key for it.)"""
     lines = ["[upstream]", f'url = "{upstream}"', "", "[logging]", 'level = "warning"', ""]
-    tokenizers = [] if piece_cache else ["piece_cache_entries = 0"]
+    # The steady state: under "auto" a server moves to fastokens once counting has paid for its load
+    # (tokenizer_cache._encoder.DeferredEncoder); a bench of seconds would measure the move.
+    tokenizers = ['engine = "fastokens"']
+    if not piece_cache:
+        tokenizers.append("piece_cache_entries = 0")
     if not chat_cache and "chat_cache_entries" in (root / "proxy" / "config.py").read_text():
         tokenizers.append("chat_cache_entries = 0")
-    if tokenizers:
-        lines += ["[tokenizers]", *tokenizers, ""]
+    lines += ["[tokenizers]", *tokenizers, ""]
     if length_log is not None:
         lines += ["[length_log]", f'path = "{length_log}"', ""]
     for name, directory in models.items():

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     directory = MODELS / "Qwen--Qwen3-8B"
     spec = (directory / "tokenizer.json").read_text(encoding="utf-8")
-    model = load_model_tokenizer(directory)
+    model = load_model_tokenizer(directory, engine="fastokens")
     sources = source_texts()
     with tempfile.TemporaryDirectory() as logs:
         python, model_dir, _ = prepare(pathlib.Path(logs))

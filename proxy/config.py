@@ -178,6 +178,9 @@ class TokenizersConfig:
     # load-time self-check against `tokenizers` (the reference) and `tokenizers`
     # elsewhere; "fastokens" is still self-checked; "tokenizers" never tries it.
     engine: Literal["auto", "tokenizers", "fastokens"] = "auto"
+    # Where transformers 5's tokenizer builds are kept for the next process (a worker's replacement,
+    # a restart): unset = $XDG_CACHE_HOME/brimful/tokenizer-builds (~/.cache/...), "" = nowhere.
+    build_cache_dir: str | None = None
 
 
 @dataclass

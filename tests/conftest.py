@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tokenizer_cache import _model, load_model_tokenizer
+from tokenizer_cache._build_store import BuildStore
 
 pytest_plugins = ["tests.realvllm.fixture", "tests.realvllm.vl_fixture"]
 
@@ -41,12 +42,14 @@ def _tmp_folders_leave_the_loaded_cache(request: pytest.FixtureRequest) -> Itera
 
 
 @pytest.fixture
-def fresh_loads() -> Iterator[None]:
+def fresh_loads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No folder or tokenizer loaded before this test is reused by it, and none it loads outlives it.
 
     For a test that must load afresh (the self-check runs at load): the shared models loaded
     before it are put back afterwards, not dropped, so later modules need not load them again.
+    transformers builds afresh too: the builds kept on disk are not read.
     """
+    monkeypatch.setattr(_model, "build_store", lambda: BuildStore(None))
     tables: list[OrderedDict[Any, Any]] = [_model._loaded, _model._engines, _model._built]
     with _model._loaded_lock:
         kept = [list(table.items()) for table in tables]

@@ -18,7 +18,8 @@ def test_ruff_is_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_mypy_is_clean(tmp_path: Path) -> None:
-    # A fresh cache outside the clone: nothing for git to see, no stale results.
-    result = _run("mypy", "--cache-dir", str(tmp_path / "mypy_cache"))
+def test_mypy_is_clean() -> None:
+    # mypy's own incremental cache (.mypy_cache, ignored by git), shared with a `mypy` run by hand:
+    # 43 s of CPU cold, 1.3 s warm. mypy keys it by file contents, its version and the options.
+    result = _run("mypy")
     assert result.returncode == 0, result.stdout + result.stderr

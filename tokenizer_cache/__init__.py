@@ -27,6 +27,8 @@ Everything else lives in private modules; import from here.
 """
 
 from ._anthropic import count_messages
+from ._build_store import default_directory as default_build_cache_dir
+from ._build_store import use_build_store
 from ._cache import TokenizerCache
 from ._char_bound import CharBoundExceeded, char_bound, char_bound_message
 from ._chat_cache import DEFAULT_MAX_ENTRIES as DEFAULT_CHAT_CACHE_ENTRIES
@@ -71,10 +73,12 @@ __all__ = [
     "char_bound_message",
     "count_messages",
     "count_responses",
+    "default_build_cache_dir",
     "detect_family",
     "find_tokenizer_dir",
     "holds_tokenizer",
     "load_model_tokenizer",
     "loader_for_vllm",
     "responses_to_chat",
+    "use_build_store",
 ]

@@ -13,6 +13,14 @@ model counts with `tokenizers`, and `select_encoder` says why.  A fast
 engine that raises while counting (e.g. a regex resource limit on a
 pathological text) hands that text to `tokenizers`.
 
+Loading fastokens costs 3-4x what loading `tokenizers` does (1.7 s of CPU
+for Qwen3's tokenizer, 3.8 s for Qwen3.5's), and a model that is counted
+little never earns it back.  So under "auto" a model starts on `tokenizers`
+and loads fastokens in the background once counting has cost as much as
+the load is expected to (`DeferredEncoder`, the ski-rental rule: never more
+than twice the CPU of the better choice made in hindsight).  Start-up and a
+replaced worker are ready sooner; "fastokens" loads it at start-up.
+
 Both engines release the GIL while encoding and are safe to call from
 several threads at once (tests/tokenizer_cache/test_engine_exactness.py).
 """
@@ -20,8 +28,10 @@ several threads at once (tests/tokenizer_cache/test_engine_exactness.py).
 from __future__ import annotations
 
 import logging
+import os
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,7 +49,10 @@ ENGINES = (FASTOKENS, REFERENCE)  # preference order for "auto"
 class Encoder(Protocol):
     """Counts tokens of texts for one tokenizer; thread-safe."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """The engine counting now: "fastokens" or "tokenizers"."""
+        ...
 
     def count(self, text: str, add_special_tokens: bool) -> int: ...
 
@@ -179,6 +192,121 @@ def select_encoder(tokenizer: Tokenizer, spec: str, *, engine: str = "auto", sou
     if mismatch is not None:
         return _fallback(reference, f"fastokens failed the self-check: {mismatch}", source)
     return EncoderChoice(candidate)
+
+
+# What loading fastokens and its self-check cost, as a multiple of loading `tokenizers` (measured 2.7-3.6x
+# on the shipped tokenizers, docs/counting.md "Engines"): counting with `tokenizers` may cost this much first.
+LOAD_COST_RATIO = 4.0
+
+
+def _loaded() -> EncoderChoice:
+    raise RuntimeError("the fast engine was already loaded")
+
+
+def _in_background(work: Callable[[], None]) -> None:
+    threading.Thread(target=work, name="brimful-fastokens-load", daemon=True).start()
+
+
+class DeferredEncoder:
+    """`tokenizers` until counting with it has cost `budget_seconds`, then the fast engine if it loads
+    and passes the self-check (`load`, run by `start`: a background thread), else `tokenizers` for good."""
+
+    def __init__(self, reference: ReferenceEncoder, load: Callable[[], EncoderChoice], budget_seconds: float,
+                 start: Callable[[Callable[[], None]], None] = _in_background) -> None:
+        self._reference = reference
+        self._active: Encoder = reference
+        self._load = load
+        self._budget = budget_seconds
+        self._start = start
+        self._spent = 0.0
+        self._loading_pid: int | None = None  # the process whose thread is loading; a fork's child starts over
+        self._reason: str | None = None
+        self._done = False
+        self._settled = threading.Event()
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self._active.name
+
+    def wait_settled(self, timeout: float | None = None) -> bool:
+        """True once the fast engine is in use or refused (benchmarks and tests wait on this)."""
+        return self._settled.wait(timeout)
+
+    @property
+    def failures(self) -> int:
+        return int(getattr(self._active, "failures", 0))
+
+    @property
+    def fallback_reason(self) -> str | None:
+        """None once on the fast engine; why not yet, or why never."""
+        if self._done:
+            return self._reason
+        return (f"fastokens loads once counting with tokenizers has cost {self._budget:.2f} s "
+                f"({self._spent:.2f} s so far)")
+
+    def start_now(self) -> None:
+        """Load the fast engine now, whatever counting has cost so far."""
+        self._charge(0.0, force=True)
+
+    def _charge(self, seconds: float, *, force: bool = False) -> None:
+        with self._lock:
+            self._spent += seconds
+            if self._done or (self._spent < self._budget and not force):
+                return
+            if self._loading_pid == os.getpid():
+                return
+            self._loading_pid = os.getpid()
+        self._start(self._switch)
+
+    def _switch(self) -> None:
+        try:
+            choice = self._load()
+        except Exception as exc:  # never let the background load take counting down
+            choice = EncoderChoice(self._reference, f"fastokens could not be loaded: {str(exc)[:200]}")
+        self._reason = choice.fallback_reason
+        self._active = choice.encoder
+        self._done = True
+        self._load = _loaded  # lets go of the tokenizer.json it held
+        self._settled.set()
+
+    def count(self, text: str, add_special_tokens: bool) -> int:
+        active = self._active
+        if active is not self._reference:
+            return active.count(text, add_special_tokens)
+        started = time.perf_counter()
+        result = active.count(text, add_special_tokens)
+        self._charge(time.perf_counter() - started)
+        return result
+
+    def count_pieces(self, pieces: list[str]) -> list[int]:
+        active = self._active
+        if active is not self._reference:
+            return active.count_pieces(pieces)
+        started = time.perf_counter()
+        result = active.count_pieces(pieces)
+        self._charge(time.perf_counter() - started)
+        return result
+
+    def ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        active = self._active
+        if active is not self._reference:
+            return active.ids(text, add_special_tokens)
+        started = time.perf_counter()
+        result = active.ids(text, add_special_tokens)
+        self._charge(time.perf_counter() - started)
+        return result
+
+
+def deferred_encoder(tokenizer: Tokenizer, spec: bytes, *, budget_seconds: float, source: str = "",
+                     start: Callable[[Callable[[], None]], None] = _in_background) -> EncoderChoice:
+    """"auto" for a model being served: `tokenizers` now, the fast engine once it has paid for itself.
+
+    `spec` is kept as bytes until then (a str of tokenizer.json can take twice the memory)."""
+    deferred = DeferredEncoder(ReferenceEncoder(tokenizer),
+                               lambda: select_encoder(tokenizer, spec.decode("utf-8"), engine="auto", source=source),
+                               budget_seconds, start)
+    return EncoderChoice(deferred)
 
 
 def _fallback(reference: ReferenceEncoder, reason: str, source: str, *, quiet: bool = False) -> EncoderChoice:

@@ -16,6 +16,7 @@ import json
 import os
 import pathlib
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -26,12 +27,14 @@ import jinja2.meta
 from tokenizers import Tokenizer
 
 from . import _anthropic, _chat, _completion, _responses
+from ._build_store import build_store
 from ._char_bound import (
     char_bound,
     check_chars,
     config_token_texts,
     max_chars_per_token,
 )
+from ._char_bound import max_chars_per_token as _max_chars_per_token  # the name __init__'s argument hides
 from ._chat_cache import MAX_CHARS as CHAT_CACHE_MAX_CHARS
 from ._chat_cache import (
     ChatCountCache,
@@ -42,7 +45,15 @@ from ._chat_cache import (
 )
 from ._content_format import ContentFormat, detect_content_format
 from ._data_url import open_media_url
-from ._encoder import Encoder, EncoderChoice, ReferenceEncoder, select_encoder
+from ._encoder import (
+    LOAD_COST_RATIO,
+    DeferredEncoder,
+    Encoder,
+    EncoderChoice,
+    ReferenceEncoder,
+    deferred_encoder,
+    select_encoder,
+)
 from ._encoder import logger as _logger
 from ._errors import CountError, MediaNotCountable
 from ._family import detect_family
@@ -201,7 +212,7 @@ class ModelTokenizer:
         # Why media cannot be counted for this model ("" when they can).
         self.media_unsupported = media_unsupported
         if max_chars_per_token is None:
-            max_chars_per_token = _max_chars_per_token(tokenizer, {})
+            max_chars_per_token = _max_chars_per_token(tokenizer.get_vocab(with_added_tokens=True))
         # vLLM's longest token in characters: the character bound's factor (`_char_bound`).
         self.max_chars_per_token = max_chars_per_token
         self._chat_cache = chat_cache if identity is not None else None
@@ -426,6 +437,16 @@ class ModelTokenizer:
         """Which engine counts this model's tokens: "fastokens" or "tokenizers"."""
         return self._encoder.name
 
+    def engine_settled(self, timeout: float | None = None, *, now: bool = False) -> bool:
+        """True once this model counts with the engine it will keep (a deferred fast engine loaded or
+        refused).  `now` starts that load at once instead of after counting has paid for it."""
+        encoder = self._encoder
+        if not isinstance(encoder, DeferredEncoder):
+            return True
+        if now:
+            encoder.start_now()
+        return encoder.wait_settled(timeout)
+
     @property
     def engine_failures(self) -> int:
         """Texts the fast engine raised on since load (each counted by `tokenizers` instead)."""
@@ -434,7 +455,9 @@ class ModelTokenizer:
     @property
     def engine_fallback(self) -> str | None:
         """Why this model counts with `tokenizers` although a faster engine was wanted
-        (not installed, cannot load the tokenizer, failed the self-check); None otherwise."""
+        (not yet paid for, not installed, cannot load the tokenizer, failed the self-check); None otherwise."""
+        if isinstance(self._encoder, DeferredEncoder):
+            return self._encoder.fallback_reason
         return self._choice.fallback_reason
 
     @property
@@ -529,10 +552,6 @@ class ModelTokenizer:
             sizes.append(image_size(open_media_url(item.url, item.where), item.where))
         ids = self._encoder.ids(text, add_special_tokens)
         return model.count(list(ids), sizes, kwargs)
-
-
-def _max_chars_per_token(tokenizer: Tokenizer, config: Mapping[str, Any]) -> int:
-    return max_chars_per_token(tokenizer.get_vocab(with_added_tokens=True), config_token_texts(config))
 
 
 def _read_config(path: pathlib.Path) -> dict[str, Any]:
@@ -634,7 +653,7 @@ _loaded_lock = threading.Lock()
 # engine asked for: folders that ship the same tokenizer (fine-tunes, a base
 # model and its variants, one model behind two upstreams) parse it and build
 # and self-check the fast engine once.  Both are read-only once built.
-_engines: OrderedDict[tuple[bytes, str], tuple[Tokenizer, EncoderChoice]] = OrderedDict()
+_engines: OrderedDict[tuple[bytes, str], tuple[Tokenizer, EncoderChoice, int]] = OrderedDict()
 _K = TypeVar("_K")
 _V = TypeVar("_V")
 
@@ -699,6 +718,16 @@ def _load_hf_shared(source_dir: pathlib.Path, engine: str, loader: str, name_or_
     return _kept(_loaded, key, lambda: _load_hf(source_dir, engine, loader, name_or_path))
 
 
+def _stored_build(key: tuple[Any, ...], source_dir: pathlib.Path, name_or_path: str | None) -> BuiltBackend:
+    """The build this machine made before (`_build_store`), else a new one, kept for the next process."""
+    store = build_store()
+    built = store.get(key)
+    if built is None:
+        built = build_transformers5(source_dir, name_or_path)
+        store.put(key, built)
+    return built
+
+
 def _tokenizer_spec(
     source_dir: pathlib.Path, raw: bytes, config: Mapping[str, Any], loader: str, name_or_path: str | None
 ) -> tuple[bytes, bool, LoaderInfo]:
@@ -712,8 +741,8 @@ def _tokenizer_spec(
     if loader != TRANSFORMERS5:
         return raw, split_special_tokens, LoaderInfo()
     try:
-        built = _kept(_built, _build_key(source_dir, name_or_path),
-                      lambda: build_transformers5(source_dir, name_or_path))
+        key = _build_key(source_dir, name_or_path)
+        built = _kept(_built, key, lambda: _stored_build(key, source_dir, name_or_path))
     except LoaderUnavailable as exc:
         _logger.warning("%s: counting with tokenizer.json as it is, not as vLLM's transformers 5 loads it: %s",
                         source_dir, exc)
@@ -741,8 +770,8 @@ def _load_hf(
     # The file's bytes name the tokenizer in piece-cache keys (cheaper than
     # re-serialising it); split_special_tokens changes what the same file encodes.
     identity = hashlib.blake2b(raw + (b"\x01" if split_special_tokens else b"\x00"), digest_size=32).digest()
-    tokenizer, encoder = _kept(_engines, (identity, engine),
-                               lambda: _build_engine(engine, raw, split_special_tokens, tokenizer_file))
+    tokenizer, encoder, longest_token = _kept(_engines, (identity, engine),
+                                              lambda: _build_engine(engine, raw, split_special_tokens, tokenizer_file))
     templates = {
         name: _compile(name, source, source_dir)
         for name, source in _template_sources(source_dir, config).items()
@@ -758,23 +787,30 @@ def _load_hf(
         media_model=media_model,
         media_unsupported=media_unsupported,
         encoder=encoder,
-        max_chars_per_token=_max_chars_per_token(tokenizer, config),
+        max_chars_per_token=max(longest_token, max_chars_per_token((), config_token_texts(config))),
         loader_info=loader_info,
     )
 
 
 def _build_engine(
     engine: str, raw: bytes, split_special_tokens: bool, tokenizer_file: pathlib.Path
-) -> tuple[Tokenizer, EncoderChoice]:
-    """The parsed tokenizer and its self-checked encoder (kept in `_engines` by what they encode)."""
+) -> tuple[Tokenizer, EncoderChoice, int]:
+    """The parsed tokenizer, its encoder and its longest token in characters (vLLM's character
+    bound; reading the vocabulary costs 0.1-0.8 s), kept in `_engines` by what they encode."""
+    started = time.perf_counter()
     try:
         tokenizer = Tokenizer.from_buffer(raw)
     except Exception as exc:  # tokenizers raises its own Exception type
         raise ValueError(f"{tokenizer_file} could not be loaded by `tokenizers`: {exc}") from exc
+    loaded_in = time.perf_counter() - started
     # transformers counts without truncation/padding whatever tokenizer.json
     # stores, and splits special-token text only when the config asks to.
     tokenizer.no_truncation()
     tokenizer.no_padding()
     tokenizer.encode_special_tokens = split_special_tokens
-    encoder = select_encoder(tokenizer, raw.decode("utf-8"), engine=engine, source=str(tokenizer_file.parent))
-    return tokenizer, encoder
+    source = str(tokenizer_file.parent)
+    if engine == "auto":  # the fast engine once counting has paid for its load (`_encoder.DeferredEncoder`)
+        encoder = deferred_encoder(tokenizer, raw, budget_seconds=LOAD_COST_RATIO * loaded_in, source=source)
+    else:
+        encoder = select_encoder(tokenizer, raw.decode("utf-8"), engine=engine, source=source)
+    return tokenizer, encoder, _max_chars_per_token(tokenizer.get_vocab(with_added_tokens=True))

@@ -58,8 +58,10 @@ from tokenizer_cache import (
     ModelTokenizer,
     PieceCountCache,
     TokenizerCache,
+    default_build_cache_dir,
     find_tokenizer_dir,
     loader_for_vllm,
+    use_build_store,
 )
 from tokenizer_cache import char_bound as tokenizer_char_bound
 
@@ -222,6 +224,8 @@ class PromptCounter:
     def __init__(self, config: Config, backends: Backends) -> None:
         self._config = config
         self._backends = backends
+        build_dir = config.tokenizers.build_cache_dir
+        use_build_store(default_build_cache_dir() if build_dir is None else build_dir)
         self._cache = TokenizerCache(
             max_entries=config.tokenizers.cache_size,
             piece_cache_entries=config.tokenizers.piece_cache_entries,

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import Config, ConfigError, load_config
 from tests.support.stack import CHAT, MODEL, Stack, running_stack
+from tokenizer_cache import _model
 from tokenizer_cache._encoder import FastokensEncoder
 
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "How far is a marathon?"}], "max_tokens": 8}
@@ -39,11 +40,30 @@ def configured(**keys: Any) -> Any:
     return configure
 
 
-def test_the_default_engine_counts_with_fastokens_and_says_so(qwen3_dir: Path) -> None:
+def test_the_default_engine_starts_on_tokenizers_and_says_when_fastokens_loads(
+    qwen3_dir: Path, fresh_loads: None
+) -> None:
     with running_stack(qwen3_dir) as stack:
+        assert stack.http.post(CHAT, json=BODY).status_code == 200
+        stack.recorder.wait_for(1)
+        state = counting(stack)
+        metrics = samples(stack)
+    assert state["engine"] == "tokenizers"
+    assert re.fullmatch(r"fastokens loads once counting with tokenizers has cost [0-9.]+ s \([0-9.]+ s so far\)",
+                        state["engine_fallback"]), state["engine_fallback"]
+    assert metrics[("brimful_count_engine", (("engine", "tokenizers"), ("model", MODEL)))] == 1
+
+
+def test_the_default_engine_counts_with_fastokens_once_counting_has_paid_for_it(
+    qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch, fresh_loads: None
+) -> None:
+    monkeypatch.setattr(_model, "LOAD_COST_RATIO", 1e-9)   # the first count pays for the load
+    with running_stack(qwen3_dir) as stack:
+        assert stack.http.post(CHAT, json=BODY).status_code == 200
+        assert stack.app.counter._ready[MODEL].engine_settled(timeout=120)
         for _ in range(2):                       # the same chat twice: the second is a chat-cache hit
-            assert stack.http.post(CHAT, json=BODY).status_code == 200
-        stack.recorder.wait_for(2)
+            assert stack.http.post(CHAT, json={**BODY, "max_tokens": 9}).status_code == 200
+        stack.recorder.wait_for(3)
         state = counting(stack)
         metrics = samples(stack)
     assert (state["engine"], state["engine_fallback"], state["engine_failures"]) == ("fastokens", None, 0)

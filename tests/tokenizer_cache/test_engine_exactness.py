@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from tokenizer_cache import (
 from tokenizer_cache._encoder import (
     FASTOKENS,
     REFERENCE,
+    DeferredEncoder,
     FastokensEncoder,
     ReferenceEncoder,
     select_encoder,
@@ -47,7 +49,11 @@ MODEL_DIRS = sorted(d for d in MODELS.iterdir() if (d / "tokenizer.json").is_fil
 
 @pytest.fixture(scope="module")
 def models() -> dict[str, ModelTokenizer]:
-    return {d.name: load_model_tokenizer(d) for d in MODEL_DIRS}
+    """Each shipped model under "auto", its fast engine loaded now instead of after counting has paid for it."""
+    loaded = {d.name: load_model_tokenizer(d) for d in MODEL_DIRS}
+    for model in loaded.values():
+        assert model.engine_settled(timeout=300, now=True)
+    return loaded
 
 
 def _assert_same_ids(model: ModelTokenizer, texts: list[str]) -> None:
@@ -164,7 +170,7 @@ def test_a_disagreeing_engine_falls_back_and_says_so_once(monkeypatch, caplog):
 def test_a_model_whose_engine_disagrees_counts_with_tokenizers(monkeypatch, fresh_loads):
     monkeypatch.setattr(FastokensEncoder, "ids", lambda self, text, add: [])
     # loaded afresh (the self-check runs at load); the disagreeing engine is dropped after the test
-    model = load_model_tokenizer(MODELS / "Qwen--Qwen3-8B", piece_cache=PieceCountCache())
+    model = load_model_tokenizer(MODELS / "Qwen--Qwen3-8B", piece_cache=PieceCountCache(), engine="fastokens")
     assert model.engine == REFERENCE and "self-check" in (model.engine_fallback or "")
     assert model.count_text("Hello world", add_special_tokens=False) == 2
 
@@ -178,7 +184,9 @@ def test_engine_choice_can_be_forced():
 
 def test_a_text_the_engine_raises_on_is_counted_by_tokenizers(models: dict[str, ModelTokenizer], caplog):
     model = models["Qwen--Qwen3-8B"]
-    encoder = model._encoder
+    deferred = model._encoder
+    assert isinstance(deferred, DeferredEncoder)
+    encoder = deferred._active                                  # the fast engine it settled on
     assert isinstance(encoder, FastokensEncoder)
 
     class Raising:
@@ -210,3 +218,63 @@ def test_counts_from_many_threads_stay_exact(models: dict[str, ModelTokenizer]):
 def test_errors_stay_count_errors(models: dict[str, ModelTokenizer]):
     with pytest.raises(CountError):
         models["Qwen--Qwen3-8B"].count_chat({"messages": []})
+
+
+# -- "auto" defers the fast engine until counting has paid for its load (`_encoder.DeferredEncoder`) --
+
+PHI3 = MODELS / "microsoft--Phi-3-mini-4k-instruct" / "tokenizer.json"
+
+
+def _deferred(budget: float, load, started: list) -> DeferredEncoder:
+    def start(work) -> None:
+        started.append(work)
+        work()
+    return DeferredEncoder(ReferenceEncoder(Tokenizer.from_file(str(PHI3))), load, budget, start)
+
+
+def test_the_fast_engine_is_loaded_once_counting_has_cost_the_budget():
+    tokenizer = Tokenizer.from_file(str(PHI3))
+    started: list = []
+    deferred = _deferred(0.0, lambda: select_encoder(tokenizer, tokenizer.to_str()), started)
+    assert deferred.name == REFERENCE and "fastokens loads once" in (deferred.fallback_reason or "")
+    assert deferred.count("Hello world", False) == 2            # counted by tokenizers; this count paid
+    assert len(started) == 1 and deferred.wait_settled(0)
+    assert (deferred.name, deferred.fallback_reason) == (FASTOKENS, None)
+    assert deferred.count_pieces(["Hello", " world"]) == ReferenceEncoder(tokenizer).count_pieces(["Hello", " world"])
+    assert deferred.ids("Hello world", True) == tokenizer.encode("Hello world").ids
+    deferred.count("more", False)
+    assert len(started) == 1                                    # loaded once
+
+
+def test_a_model_counted_little_never_loads_the_fast_engine():
+    def load():
+        raise AssertionError("loaded although counting never paid for it")
+    started: list = []
+    deferred = _deferred(3600.0, load, started)
+    for _ in range(50):
+        assert deferred.count("Hello world", False) == 2
+    assert not started and not deferred.wait_settled(0) and deferred.name == REFERENCE
+
+
+def test_a_fast_engine_that_fails_its_self_check_is_never_used(monkeypatch):
+    tokenizer = Tokenizer.from_file(str(PHI3))
+    monkeypatch.setattr(FastokensEncoder, "ids", lambda self, text, add: [])
+    started: list = []
+    deferred = _deferred(0.0, lambda: select_encoder(tokenizer, tokenizer.to_str()), started)
+    deferred.count("Hello world", False)
+    assert deferred.wait_settled(0) and deferred.name == REFERENCE
+    assert "self-check" in (deferred.fallback_reason or "")
+    deferred.count("Hello world", False)
+    assert len(started) == 1                                    # refused once, for good
+
+
+def test_a_load_in_flight_is_started_once_per_process():
+    started: list = []
+    deferred = DeferredEncoder(ReferenceEncoder(Tokenizer.from_file(str(PHI3))), lambda: None,  # type: ignore
+                               0.0, started.append)             # never runs: stays in flight
+    deferred.count("a", False)
+    deferred.count("b", False)
+    assert len(started) == 1
+    deferred._loading_pid = os.getpid() + 1                    # as in a forked child: that thread is gone
+    deferred.count("c", False)
+    assert len(started) == 2

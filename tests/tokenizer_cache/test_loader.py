@@ -152,3 +152,84 @@ def test_folders_that_differ_only_in_what_autotokenizer_ignores_share_one_build(
     counts = [load_model_tokenizer(f).count_text("<|user|>Hi there", add_special_tokens=False) for f in folders]
     assert [b.name for b in builds] == ["a", "c"]
     assert counts[0] == counts[1]
+
+
+# -- transformers 5's builds kept on disk (`tokenizer_cache._build_store`) --
+
+def test_a_build_is_read_back_from_disk_by_the_next_process(
+        tmp_path: Path, fresh_loads: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What one process built, the next reads instead of building: same spec, no transformers call."""
+    from tokenizer_cache import _model
+    from tokenizer_cache._build_store import BuildStore
+
+    store = BuildStore(tmp_path / "builds")
+    monkeypatch.setattr(_model, "build_store", lambda: store)
+    first = load_model_tokenizer(PHI3, tokenizer_loader="transformers5")
+    assert len(list((tmp_path / "builds").glob("*.json"))) == 1
+    expected = first.count_text("<|user|>Hi there", add_special_tokens=False)
+    for table in (_model._loaded, _model._engines, _model._built):   # as in a new process
+        table.clear()
+
+    def no_build(directory: Path, name_or_path: str | None = None) -> Any:
+        raise AssertionError("built again although the build was on disk")
+
+    monkeypatch.setattr(_model, "build_transformers5", no_build)
+    second = load_model_tokenizer(PHI3, tokenizer_loader="transformers5")
+    assert second.count_text("<|user|>Hi there", add_special_tokens=False) == expected
+    assert second.loader_info == first.loader_info
+
+
+def test_a_damaged_or_foreign_build_file_is_rebuilt(tmp_path: Path) -> None:
+    from tokenizer_cache._build_store import BuildStore
+    from tokenizer_cache._loader import BuiltBackend
+
+    store = BuildStore(tmp_path)
+    key = (b"digest", "{}", None)
+    built = BuiltBackend(spec="{}", tokenizer_class="LlamaTokenizer", transformers_version="5.19.0",
+                         split_special_tokens=False)
+    store.put(key, built)
+    assert store.get(key) == built
+    assert store.get((b"other", "{}", None)) is None
+    (path,) = tmp_path.glob("*.json")
+    path.write_bytes(path.read_bytes()[:10])                 # cut short
+    assert store.get(key) is None
+    path.write_text(json.dumps({"spec": "{}"}))              # not a build
+    assert store.get(key) is None
+    assert not list(tmp_path.glob(".tmp-*"))                 # written whole or not at all
+    assert BuildStore(None).get(key) is None                 # "" in the config: nothing kept
+    BuildStore(None).put(key, built)
+
+
+def test_a_build_depends_on_the_releases_that_made_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tokenizer_cache import _build_store
+    from tokenizer_cache._loader import BuiltBackend
+
+    key = (b"digest", "{}", None)
+    built = BuiltBackend(spec="{}", tokenizer_class="Qwen2Tokenizer", transformers_version="5.19.0",
+                         split_special_tokens=False)
+    _build_store.BuildStore(tmp_path).put(key, built)
+    monkeypatch.setattr(_build_store, "_release", lambda package: "9.9.9")
+    assert _build_store.BuildStore(tmp_path).get(key) is None
+
+
+def test_the_build_cache_follows_the_config(tmp_path: Path) -> None:
+    from tokenizer_cache import _build_store, use_build_store
+
+    previous = use_build_store(tmp_path / "x")
+    try:
+        path = tmp_path / "brimful.toml"
+        path.write_text(f'[tokenizers]\nbuild_cache_dir = "{tmp_path / "builds"}"\n')
+        config = load_config(path, env={})
+        assert config.tokenizers.build_cache_dir == str(tmp_path / "builds")
+        from proxy.admitted.counting import PromptCounter
+        from proxy.upstream.backends import Backends
+        PromptCounter(config, Backends(config))
+        assert _build_store.build_store().directory == tmp_path / "builds"
+        config.tokenizers.build_cache_dir = ""
+        PromptCounter(config, Backends(config))
+        assert _build_store.build_store().directory is None
+        config.tokenizers.build_cache_dir = None
+        PromptCounter(config, Backends(config))
+        assert _build_store.build_store().directory == _build_store.default_directory()
+    finally:
+        _build_store._store = previous
