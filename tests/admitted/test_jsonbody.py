@@ -131,3 +131,15 @@ def test_rewrite_of_an_empty_object_adds_members_without_a_leading_comma() -> No
 def test_bodies_the_walk_does_not_take_get_no_layout() -> None:
     assert layout("{\"a\":1}".encode("utf-16")) is None      # json.loads reads UTF-16; it is re-serialised
     assert layout(b"[1]") is None
+
+
+def test_parse_object_refuses_an_unpaired_surrogate_whichever_parser_read_the_body() -> None:
+    """orjson refuses an unpaired surrogate escape, so json.loads reads such a body and the check
+    runs on it; a pair, or one in a field no tokenizer sees, passes as before."""
+    from proxy.errors import BrimfulError
+
+    with pytest.raises(BrimfulError, match="unpaired UTF-16 surrogate"):
+        jsonbody.parse_object(b'{"messages":[{"role":"user","content":"a\\ud800b"}]}')
+    assert jsonbody.parse_object(b'{"user":"\\udfff","n":1}') == {"user": "\udfff", "n": 1}
+    assert jsonbody.parse_object(b'{"content":"\\ud83d\\ude00"}') == {"content": "\U0001f600"}
+    assert type(jsonbody.parse_object(b'{"n":123456789012345678901234567890}')["n"]) is int
