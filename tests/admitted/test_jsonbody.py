@@ -58,7 +58,7 @@ ODD_BODIES = [
     b'{"x":NaN}', b'{"x":Infinity}', b'{"s":"\\ud83d\\ude00","t":"\\ud800"}', b'"\\udfff"',
     b"\xed\xa0\x80", b'{"a":"\xed\xa0\x80"}', b"\xef\xbb\xbf{}", "{\"a\":1}".encode("utf-16"),
     "{\"a\":1}".encode("utf-32"), b'{"a":1,"a":2.5}', b'{"a":"\x7f\xc3\xa9"}', b"[" * 2000 + b"]" * 2000,
-    b'{"a":"tab\there"}', b"", b" ", b"{} x",
+    b'{"a":"tab\there"}', b"", b" ", b"{} x", b'{"a":1,"b":0,"a":2,"c":{"x":1,"y":2,"x":3}}',
 ]
 
 
