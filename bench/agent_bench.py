@@ -1,6 +1,6 @@
 """An agent session through `brimful serve`: proxy CPU per turn against turn number.
 
-    python bench/agent_bench.py [--turns 50] [--sessions 3] [--brimful-root /work/main]
+    python bench/agent_bench.py [--turns 50] [--sessions 3] [--brimful-root /work/main] [--unique 3]
 
 The shape of a coding agent (Claude Code, Codex) at the chat surface: 20
 tools, a system prompt of 400 sentences, a task, then per turn one assistant
@@ -19,6 +19,11 @@ median over the sessions, for each `--brimful-root` given (main's tree beside
 this one makes the baseline of the same run), and checks that every count
 brimful answered (`x-brimful-prompt-tokens`) equals a full count of the same
 request made here with no cache at all.
+
+With --unique N it then sends N chats of ~100k tokens (~420 KB) that share no
+text with anything sent before (their own system prompt, tools and turns) and
+prints the proxy's CPU for each against tokenizers' `encode_batch_fast` of the
+same rendered text, measured in this process (the issue's whole-proxy ratio).
 
 Not a test: figures depend on the machine and on whatever else runs on it.
 """
@@ -142,6 +147,20 @@ def session(seed: int, turns: int) -> list[dict[str, Any]]:
     return bodies
 
 
+def unique_chat(seed: int, chars: int) -> dict[str, Any]:
+    """A chat of about `chars` characters of JSON whose every text is drawn from `seed` alone."""
+    rng = random.Random(seed)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt(rng)}]
+    size = len(messages[0]["content"])
+    while size < chars:
+        role = "user" if len(messages) % 2 else "assistant"
+        messages.append({"role": role, "content": tool_result(rng)})
+        size += len(messages[-1]["content"])
+    if messages[-1]["role"] != "user":
+        messages.append({"role": "user", "content": sentence(rng)})
+    return {"model": MODEL, "messages": messages, "tools": tools(rng), "max_tokens": MAX_TOKENS}
+
+
 def task_cpu_ns(pid: int) -> int:
     """Nanoseconds on CPU of every thread of `pid` (schedstat's first field)."""
     total = 0
@@ -152,6 +171,17 @@ def task_cpu_ns(pid: int) -> int:
         except OSError:
             pass   # a thread that just ended
     return total
+
+
+def encode_cpu_ms(full: Any, body: dict[str, Any], rounds: int = 3) -> float:
+    """Median CPU ms (this process, all threads) of tokenizers' encode_batch_fast of the chat's rendered text."""
+    rendered = full.render_chat(body)
+    times = []
+    for _ in range(rounds):
+        before = time.process_time()
+        full.tokenizer.encode_batch_fast([rendered], add_special_tokens=False)
+        times.append((time.process_time() - before) * 1000)
+    return statistics.median(times)
 
 
 def post(url: str, body: bytes) -> tuple[int, dict[str, str]]:
@@ -174,7 +204,8 @@ def write_config(path: Path, upstream: str) -> None:
 
 def run_target(root: Path, fake: Server, sessions: list[list[bytes]], counts: list[list[int]],
                workdir: Path) -> list[list[float]]:
-    """CPU ms per request, [session][turn], of one brimful tree; checks every count."""
+    """CPU ms per request, [session][turn], of one brimful tree; checks every count.  The unique
+    chats, if any, come as one more row after the sessions' (counts: their full counts last)."""
     config = workdir / "brimful.toml"
     write_config(config, fake.url)
     port = free_port()
@@ -208,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=3)
     parser.add_argument("--brimful-root", type=Path, action="append",
                         help="a brimful source tree to run (repeatable; default: this one)")
+    parser.add_argument("--unique", type=int, default=0, help="then this many unseen ~100k-token chats")
+    parser.add_argument("--unique-chars", type=int, default=400_000, help="characters of text in each")
     args = parser.parse_args(argv)
     roots = [r.resolve() for r in (args.brimful_root or [ROOT])]
     os.sched_setaffinity(0, {int(LOAD_CORE)})
@@ -225,6 +258,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"agent bench: {args.sessions} sessions x {args.turns} turns; turn 1 {counts[0][0]:,} tokens "
           f"({len(sessions[0][0]) // 1024} KiB), turn {args.turns} {counts[0][-1]:,} tokens "
           f"({len(sessions[0][-1]) // 1024} KiB); load average {loadavg()}")
+    unique = [unique_chat(10_000 + i, args.unique_chars) for i in range(args.unique)]
+    unique_counts = [full.count_chat(body) for body in unique]
+    ebf_ms = [encode_cpu_ms(full, body) for body in unique]
+    if unique:
+        sessions.append([json.dumps({**b, "user": f"prompt-tokens-{n}"}, separators=(",", ":"),
+                                    ensure_ascii=False).encode() for b, n in zip(unique, unique_counts, strict=True)])
+        counts.append(unique_counts)
+        print(f"unique chats: {', '.join(f'{n:,}' for n in unique_counts)} tokens "
+              f"({', '.join(str(len(b) // 1024) for b in sessions[-1])} KiB); "
+              f"encode_batch_fast of their rendered text {', '.join(f'{ms:.0f}' for ms in ebf_ms)} ms CPU")
     workdir = Path(tempfile.mkdtemp(prefix="brimful-agent-"))
     fake_port = free_port()
     fake = spawn("fake", [sys.executable, str(ROOT / "bench" / "fake_upstream.py"), "--port", str(fake_port),
@@ -234,6 +277,11 @@ def main(argv: list[str] | None = None) -> int:
         results = {root: run_target(root, fake, sessions, counts, workdir) for root in roots}
     finally:
         fake.stop()
+    if unique:
+        print("\nunique chats: proxy CPU ms per request (and / encode_batch_fast of the rendered text)")
+        for root, table in results.items():
+            cells = [f"{ms:.1f} ({ms / ebf:.3f}x)" for ms, ebf in zip(table.pop(), ebf_ms, strict=True)]
+            print(f"{str(root)[-22:]:>22}: " + ", ".join(cells))
     print_table(results, counts[0], args.turns)
     print(f"every count equal to a full count; {time.perf_counter() - started:.0f} s; load average {loadavg()}")
     return 0

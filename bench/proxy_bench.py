@@ -31,6 +31,7 @@ loaded and 1,000 idle keep-alive connections.
     python bench/proxy_bench.py                      # 5 rounds of 5 s per measurement (~10 min)
     python bench/proxy_bench.py --rounds 1 --duration 5
     python bench/proxy_bench.py --only chat-197B,stream --brimful-root /tmp/perf-main
+    python bench/proxy_bench.py --only chat-197B,chat-4KB --baseline-root /tmp/main   # two brimfuls, one run
 
 Needs `wrk` and `hey` (Debian packages; bench/run.sh installs them).  A benchmark,
 not a test: figures depend on the machine and on whatever else runs on it, so
@@ -68,7 +69,7 @@ THREE_MODELS = {"qwen3": "Qwen--Qwen3-8B", "deepseek-v3": "deepseek-ai--DeepSeek
 LOAD_CORE, PROXY_CORE = "0", "1"
 MODEL = "tiny-qwen"
 MAX_MODEL_LEN = 32768
-TARGETS = ("direct", "bare", "brimful")
+TARGETS = ("direct", "bare", "baseline", "brimful")   # baseline: brimful from --baseline-root
 SCENARIOS = ("chat-197B", "chat-4KB", "p50@1conn", "stream", "stream-strip", "paced", "long-mix", "workers",
              "counting", "startup", "memory")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -424,6 +425,9 @@ def print_table(title: str, rows: list[tuple[str, str, int]], results: Results, 
     header = f"{'target':<10}" + "".join(f"{label:>30}" for label, _, _ in rows)
     if ratio_metric:
         header += f"{'vs direct':>11}"
+    cpu_vs_bare = any((scenario, "bare", m) in results for _, m, _ in rows if m == "cpu_ms")
+    if cpu_vs_bare:
+        header += f"{'CPU / bare':>11}"
     for metric in added:
         header += f"{'added ' + metric:>16}"
     print(header)
@@ -437,6 +441,9 @@ def print_table(title: str, rows: list[tuple[str, str, int]], results: Results, 
         if ratio_metric:
             base = results.get((scenario, "direct", ratio_metric))
             mine = results.get((scenario, target, ratio_metric))
+            line += f"{(mine.median / base.median if base and mine else float('nan')):>10.2f}x"
+        if cpu_vs_bare:
+            base, mine = results.get((scenario, "bare", "cpu_ms")), results.get((scenario, target, "cpu_ms"))
             line += f"{(mine.median / base.median if base and mine else float('nan')):>10.2f}x"
         for metric in added:
             base = results.get((scenario, "direct", metric))
@@ -645,6 +652,18 @@ async def _idle_connections(port: int, count: int, rss: Callable[[], float]) -> 
             w.close()
 
 
+def spawn_baseline(args: argparse.Namespace, upstream: str, workdir: Path) -> Server:
+    """brimful from --baseline-root, configured as the measured one, on the proxy core too."""
+    root = args.baseline_root.resolve()
+    config = workdir / "baseline.toml"
+    write_brimful_config(config, upstream, {MODEL: QWEN3},
+                         None if args.no_length_log else workdir / "baseline-lengths.jsonl", args.piece_cache,
+                         args.chat_cache, root)
+    port = free_port()
+    return spawn("baseline", [*brimful_command(), "--config", str(config), "--port", str(port)], PROXY_CORE,
+                 port, workdir, {"PYTHONPATH": str(root)})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -654,6 +673,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", default=",".join(TARGETS))
     parser.add_argument("--brimful-root", type=Path, default=None,
                         help="run brimful from this source tree (e.g. a private copy with a patch)")
+    parser.add_argument("--baseline-root", type=Path, default=None,
+                        help="also run brimful from this source tree (target 'baseline', e.g. a worktree of main)")
     parser.add_argument("--no-length-log", action="store_true", help="run brimful without its length log")
     parser.add_argument("--piece-cache", action="store_true",
                         help="keep brimful's per-piece count cache on (the bench repeats one body: all hits)")
@@ -669,6 +690,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown scenarios {sorted(unknown)}; known: {', '.join(SCENARIOS)}")
     targets = [t for t in args.targets.split(",") if t in TARGETS]
+    if args.baseline_root and "baseline" not in targets:
+        targets.insert(targets.index("brimful") if "brimful" in targets else len(targets), "baseline")
     for tool in ("wrk", "hey", "taskset"):
         if shutil.which(tool) is None:
             parser.error(f"'{tool}' is not installed (bench/run.sh installs wrk and hey with apt-get)")
@@ -731,6 +754,8 @@ def main(argv: list[str] | None = None) -> int:
                     env["PYTHONPATH"] = str(root)
                 servers["brimful"] = spawn("brimful", [*brimful_command(), "--config", str(config),
                                                          "--port", str(port)], PROXY_CORE, port, workdir, env)
+                if "baseline" in targets:
+                    servers["baseline"] = spawn_baseline(args, fake.url, workdir)
                 status, headers, _ = post(servers["brimful"].url + "/v1/chat/completions", bodies["chat-197B"])
                 assert status == 200 and headers.get("x-brimful-action") == "clamped", (status, headers)
                 if "workers" in only:

@@ -31,12 +31,12 @@ Finish reasons are recorded in OpenAI's words whatever the surface
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from proxy.admitted import jsonbody
 from proxy.admitted.admission import (
     Decision,
     RequestedLimit,
@@ -825,6 +825,6 @@ ANSWERED: dict[str, Surface] = {MESSAGES_COUNT.path: MESSAGES_COUNT}
 def parse_json_payload(payload: bytes) -> Any:
     """A JSON answer or event, or None when it is not JSON (it is then relayed, not read)."""
     try:
-        return json.loads(payload)
+        return jsonbody.loads(payload)
     except (ValueError, RecursionError):     # nested past the interpreter's limit: not read either
         return None

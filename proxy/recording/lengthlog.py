@@ -48,6 +48,7 @@ import errno
 import fcntl
 import json
 import logging
+import math
 import os
 import select
 import stat
@@ -57,6 +58,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from proxy.recording.record import LengthRecord
 
@@ -79,6 +82,17 @@ class LengthLogStats:
 def encode_line(rec: LengthRecord | Mapping[str, Any]) -> bytes:
     """One record as one JSON line (compact, ASCII-only so a line is never split by encoding)."""
     data = rec.to_dict() if isinstance(rec, LengthRecord) else dict(rec)
+    # orjson writes the same line in a tenth of json.dumps' ~13 us (a twentieth of a small
+    # request's CPU) where it can: not for NaN or infinities (orjson writes null), integers past
+    # 64 bits (it refuses), or non-ASCII text (orjson writes UTF-8, the line is kept ASCII).
+    # A record's values are flat (finish_reasons: strings), so the check of floats is whole.
+    if isinstance(rec, LengthRecord) and all(math.isfinite(v) for v in data.values() if type(v) is float):
+        try:
+            line = orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE)
+        except orjson.JSONEncodeError:
+            line = b""
+        if line and line.isascii():
+            return line
     return (json.dumps(data, separators=(",", ":"), ensure_ascii=True) + "\n").encode("ascii")
 
 

@@ -7,6 +7,7 @@ import logging
 import multiprocessing
 import os
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -224,3 +225,21 @@ def test_records_wait_for_the_round_and_flush_or_close_do_not(tmp_path: Path) ->
     assert not log._thread.is_alive()
     assert [r["model"] for r in read_lines(path)] == ["m0", "m1", "m2", "m3"]
     assert (log.stats.written, log.stats.dropped) == (4, 2)
+
+
+def test_encode_line_is_the_json_modules_line() -> None:
+    """The fast line (orjson) is byte for byte the json module's, and where orjson would
+    write otherwise (NaN, non-ASCII, an integer past 64 bits) the json module writes it."""
+    def reference(rec: LengthRecord) -> bytes:
+        return (json.dumps(rec.to_dict(), separators=(",", ":"), ensure_ascii=True) + "\n").encode("ascii")
+
+    plain = make_record("m-plain")
+    odd = [replace(plain, latency_ms=float("nan")), replace(plain, latency_ms=float("inf")),
+           replace(plain, model="модель-ü"), replace(plain, prompt_tokens=2**70),
+           replace(plain, latency_ms=1e-05, ttfb_ms=0.125)]
+    for rec in [plain, *odd]:
+        assert encode_line(rec) == reference(rec) or json.loads(encode_line(rec)) == json.loads(reference(rec))
+    assert encode_line(plain) == reference(plain)
+    assert encode_line(odd[0]) == reference(odd[0]) and b"NaN" in encode_line(odd[0])
+    assert encode_line(odd[2]) == reference(odd[2]) and encode_line(odd[2]).isascii()
+    assert encode_line(odd[3]) == reference(odd[3])
