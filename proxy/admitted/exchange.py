@@ -285,23 +285,31 @@ class AdmittedExchange:
     async def fewest_drops(self, request: AdmittedRequest, model: str, plan: trimming.Plan, needed: int,
                            max_model_len: int) -> tuple[int, list[Any], Count] | None:
         """Binary search for the fewest units (in the plan's order) whose dropping fits: dropping
-        more never adds tokens. None when dropping every droppable unit is still too long."""
+        more never adds tokens; a candidate the template refuses counts as not fitting. None when
+        dropping every droppable unit is still too long (or refused)."""
         counter, surface, items = self.services.counter, self.surface, request.fields[plan.field]
 
-        async def attempt(k: int) -> tuple[list[Any], Count]:
+        async def attempt(k: int) -> tuple[list[Any], Count | None]:
+            """The conversation without k units, and its count (None: the template refused it)."""
             kept = plan.without(items, k)
-            return kept, await counter.count(model, surface, {**request.fields, plan.field: kept}, len(request.body))
+            try:
+                return kept, await counter.count(model, surface, {**request.fields, plan.field: kept},
+                                                 len(request.body))
+            except errors.BrimfulError as refused:
+                if refused.status >= 500:
+                    raise
+                return kept, None
 
         lo, hi = 1, len(plan.order)
         kept, counted = await attempt(hi)
-        if counted.total + needed > max_model_len:
+        if counted is None or counted.total + needed > max_model_len:
             return None
         best = (hi, kept, counted)
         while lo < hi:
             mid = (lo + hi) // 2
-            kept, counted = await attempt(mid)
-            if counted.total + needed <= max_model_len:
-                hi, best = mid, (mid, kept, counted)
+            kept, candidate = await attempt(mid)
+            if candidate is not None and candidate.total + needed <= max_model_len:
+                hi, best = mid, (mid, kept, candidate)
             else:
                 lo = mid + 1
         return best

@@ -13,6 +13,7 @@ Skipped when a CLI is not installed, unless BRIMFUL_REQUIRE_CLIENTS is set
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,18 +39,28 @@ def need(name: str) -> None:
     pytest.skip(reason)
 
 
+# How Codex 0.171's compaction request begins (its last input item: codex-rs core's compact prompt).
+CODEX_COMPACTION = "You are performing a CONTEXT CHECKPOINT COMPACTION"
+
+
 @dataclass
 class ShellLoop:
-    """Answer the first `calls` turns that offer the CLI's shell tool with a call to it, then "Done."."""
+    """Answer the first `calls` turns that offer the CLI's shell tool with a call to it, then "Done.";
+    a Codex compaction request with a summary."""
 
     tool: str
     arguments: dict[str, Any]
     calls: int
     made: int = 0
+    compactions: int = 0
     requests: list[dict[str, Any]] = field(default_factory=list)
 
     def __call__(self, surface: str, body: dict[str, Any]) -> Reply:
         self.requests.append(body)
+        items = body.get("input") if surface == "responses" else None
+        if isinstance(items, list) and items and CODEX_COMPACTION in json.dumps(items[-1]):
+            self.compactions += 1
+            return Reply("Summary: seq 1 600 ran several times; run it again until six runs are done.")
         offered = [t.get("name") or (t.get("function") or {}).get("name")
                    for t in body.get("tools") or [] if isinstance(t, dict)]
         if self.tool in offered and self.made < self.calls:
@@ -134,6 +145,30 @@ def test_codex_recognises_brimfuls_refusal_as_its_context_window_running_out(sta
     assert stack.recorder is not None and stack.recorder.records[-1].error_code == "context_length_exceeded"
 
 
+@pytest.mark.slow       # two Codex sessions of seven and eleven requests: ~40 s on 2 shared cores
+def test_codex_compacts_within_a_turn_when_its_config_names_the_context_window(stack_for: Any) -> None:
+    """Codex compacts mid-turn once the usage a response reports reaches 90 % of its
+    `model_context_window`; without it (an unknown local model) it never compacts, and the turn
+    that outgrows max_model_len ends on brimful's refusal. What a Codex user must set."""
+    need("codex")
+    script = codex_loop(6)
+    stack = stack_for(16384, script)
+    refused = agent_cli.run_codex(stack.base_url + "/v1", MODEL, PROMPT)
+    assert "Codex ran out of room in the model's context window" in refused.stdout and script.compactions == 0
+    assert stack.recorder is not None
+    before = len(stack.recorder.records)
+    script.made = 0
+    run = agent_cli.run_codex(stack.base_url + "/v1", MODEL, PROMPT, context_window=16384)
+    assert run.returncode == 0, run.stdout[-2000:]
+    assert '"type":"agent_message","text":"Done."' in run.stdout and script.made == 6
+    assert script.compactions >= 1
+    records = stack.recorder.wait_for(before + 6 + 1 + script.compactions)[before:]
+    assert not [r for r in records if r.action == "rejected"]
+    assert all(r.prompt_tokens is not None and r.prompt_tokens < 16384 for r in records)
+    assert all(r.upstream_prompt_tokens == r.prompt_tokens for r in records)     # counted exactly
+    assert sum(r.prompt_tokens or 0 for r in records) > 2 * 16384                # the session outgrew the context
+
+
 def test_claude_code_session_goes_on_without_a_refusal_when_it_asks_for_trimming(stack_for: Any) -> None:
     """ANTHROPIC_CUSTOM_HEADERS sends x-brimful-trim: the oldest tool rounds go instead of a refusal."""
     need("claude")
@@ -186,3 +221,28 @@ def test_ai_sdk_tool_loop_through_brimful_refuses_in_openais_words_or_goes_on_wh
     assert (trimmed["text"], trimmed["toolCalls"]) == ("Done.", 6)
     assert stack.recorder is not None
     assert any(r.action == "trimmed" for r in stack.recorder.records)
+
+
+@pytest.mark.slow       # an opencode session of ten requests: ~40 s on 2 shared cores
+def test_opencode_session_that_outgrows_the_context_is_clamped_then_compacts_by_itself(stack_for: Any) -> None:
+    """opencode 1.18 (`opencode run`, @ai-sdk/openai-compatible: chat completions) asks `max_tokens`
+    = its model's `limit.output` (4,096) on every step. Near the end of the context brimful
+    clamps what is left exactly (as vLLM 0.32 would), and opencode compacts by its `limit.context`
+    (a request without tools, then a shorter conversation): all six tool calls run."""
+    need("opencode")
+    script = ShellLoop("bash", {"command": "seq 1 600", "description": "count"}, 6)
+    stack = stack_for(16384, script)
+    run = agent_cli.run_opencode(stack.base_url + "/v1", MODEL, PROMPT, context=16384, output=4096)
+    assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:])
+    assert '"text":"Done."' in run.stdout and script.made == 6
+    assert stack.recorder is not None
+    records = stack.recorder.records
+    assert not [r for r in records if r.action == "rejected"]
+    assert all(r.upstream_prompt_tokens == r.prompt_tokens for r in records)     # counted exactly
+    clamped = [r for r in records if r.action == "clamped"]
+    assert clamped and all(r.prompt_tokens is not None and r.granted_max_tokens == 16384 - r.prompt_tokens
+                           for r in clamped)
+    prompts = [r.prompt_tokens or 0 for r in records]
+    peak = prompts.index(max(prompts))
+    assert min(prompts[peak:]) < max(prompts) // 2          # it compacted after the peak
+    assert any(not body.get("tools") for body in script.requests[1:])    # the compaction request

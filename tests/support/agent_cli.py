@@ -1,4 +1,4 @@
-"""The real agent CLIs (Claude Code, Codex), run non-interactively against a local base URL.
+"""The real agent CLIs (Claude Code, Codex, opencode), run non-interactively against a local base URL.
 
 They are npm packages installed outside the clone (`.ci/run`:
 `~/.cache/brimful/npm`, or `$BRIMFUL_NPM_DIR`). Each run gets a fresh HOME
@@ -27,7 +27,7 @@ def npm_dir() -> Path:
 
 
 def cli(name: str) -> Path | None:
-    """The installed CLI `claude` or `codex`, or None."""
+    """The installed CLI `claude`, `codex` or `opencode`, or None."""
     path = npm_dir() / "node_modules" / ".bin" / name
     return path if path.exists() else None
 
@@ -93,6 +93,32 @@ def run_codex(base_url: str, model: str, prompt: str, *, timeout: float = 240,
     return Run(done.returncode, done.stdout, done.stderr)
 
 
+def run_opencode(base_url: str, model: str, prompt: str, *, context: int, output: int,
+                 timeout: float = 240) -> Run:
+    """`opencode run --format json PROMPT` with an `@ai-sdk/openai-compatible` provider at `base_url`
+    (…/v1: chat completions), the model's `limit` as its config says (opencode compacts by it)."""
+    binary = cli("opencode")
+    assert binary is not None, "opencode is not installed"
+    with tempfile.TemporaryDirectory(prefix="brimful-opencode-") as tmp:
+        home, work = Path(tmp) / "home", Path(tmp) / "work"
+        home.mkdir()
+        work.mkdir()
+        provider = {"npm": "@ai-sdk/openai-compatible", "name": "brimful",
+                    "options": {"baseURL": base_url, "apiKey": "dummy"},
+                    "models": {model: {"name": model, "limit": {"context": context, "output": output}}}}
+        (work / "opencode.json").write_text(json.dumps({
+            "$schema": "https://opencode.ai/config.json", "model": f"brimful/{model}", "autoupdate": False,
+            "share": "disabled", "provider": {"brimful": provider}}))
+        env = {**_base_env(home), "XDG_DATA_HOME": str(home / ".local" / "share"),
+               "XDG_CACHE_HOME": str(home / ".cache"), "OPENCODE_DISABLE_MODELS_FETCH": "1",
+               "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+               "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1"}
+        done = subprocess.run([str(binary), "run", "--format", "json", prompt], cwd=work, env=env,
+                              capture_output=True, text=True, timeout=timeout, check=False,
+                              stdin=subprocess.DEVNULL)
+    return Run(done.returncode, done.stdout, done.stderr)
+
+
 AI_SDK_AGENT = Path(__file__).resolve().parents[1] / "clients" / "ai_sdk_agent.cjs"
 
 
@@ -109,7 +135,7 @@ def run_ai_sdk(base_url: str, model: str, max_output_tokens: int, *, trim: str |
 
 
 def have(name: str) -> bool:
-    """`claude`, `codex`, or `ai` (the AI SDK with @ai-sdk/openai-compatible)."""
+    """`claude`, `codex`, `opencode`, or `ai` (the AI SDK with @ai-sdk/openai-compatible)."""
     if name == "ai":
         modules = npm_dir() / "node_modules"
         return all((modules / p / "package.json").exists() for p in ("ai", "@ai-sdk/openai-compatible", "zod")) \

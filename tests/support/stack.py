@@ -28,7 +28,7 @@ from proxy.recording.recorder import Recorder
 from proxy.serving.server import uvicorn_settings
 from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread
-from tokenizer_cache import ModelTokenizer, load_model_tokenizer
+from tokenizer_cache import ModelTokenizer, count_messages, count_responses, load_model_tokenizer
 
 CHAT = "/v1/chat/completions"
 MODEL = "tiny-qwen"
@@ -52,9 +52,9 @@ def fake_counter(tok: Any, offset: int = 0) -> Callable[[str, dict], int]:
     """A FakeVLLM prompt counter from a brimful tokenizer (`offset` tokens off, to simulate drift)."""
     def count(endpoint: str, body: dict) -> int:
         if endpoint == "responses":
-            base = tok.count_responses(body)
+            base = count_responses(tok, body)     # as brimful converts for a tokenizer without its own
         elif endpoint == "messages":
-            base = tok.count_messages(body)
+            base = count_messages(tok, body)
         else:
             base = tok.count_chat(body) if endpoint == "chat" else sum(tok.count_completion(body))
         return base + offset
@@ -131,12 +131,15 @@ def running_stack(
     fake_kwargs: dict[str, Any] | None = None,
     recorder: Recorder | str | None = "list",
     configure: Callable[[Config], None] | None = None,
+    loaded: dict[Path, ModelTokenizer] | None = None,
     **config_kw: Any,
 ) -> Iterator[Stack]:
     """FakeVLLM + BrimfulApp under uvicorn; brimful stops before the fake.
 
     With a tokenizer, the fake counts prompts with it too (as vLLM would count
     them with the model's own files), unless `fake_kwargs` says otherwise.
+    `loaded` hands brimful tokenizers the test has loaded already (model folder ->
+    tokenizer; loading a dozen families twice takes minutes on this CPU).
     """
     fake_kwargs = dict(fake_kwargs or {})
     if tokenizer_dir is not None and "count_prompt" not in fake_kwargs:
@@ -148,8 +151,23 @@ def running_stack(
         if configure is not None:
             configure(config)
         app = BrimfulApp(config, recorder=rec)
+        if loaded:
+            _load_from(app, loaded)
         with serve_in_thread(app, settle=functools.partial(started_up, app), **uvicorn_settings(config)) as base:
             yield Stack(fake, base, app, rec if isinstance(rec, ListRecorder) else None)
+
+
+def _load_from(app: BrimfulApp, loaded: dict[Path, ModelTokenizer]) -> None:
+    """brimful's tokenizer cache loads these folders by handing back the given tokenizers."""
+    cache = app.counter._cache
+    real = cache._loader
+    by_dir = {folder.resolve(): tok for folder, tok in loaded.items()}
+
+    def load(directory: Path, **options: Any) -> Any:
+        found = by_dir.get(Path(directory).resolve())
+        return found if found is not None else real(directory, **options)
+
+    cache._loader = load
 
 
 async def started_up(app: BrimfulApp) -> None:

