@@ -5,9 +5,12 @@ the connection.  The primary (worker 0) answers both from every worker's
 share (proxy.workers.shard), and a sibling hands the request to it: the primary is
 also the one worker that scrapes the upstream's /metrics (proxy.recording.live_sizing),
 so the sizing gauges and `/stats` "upstream" come from one scrape, with the
-demand of all traffic.  A sibling that does not answer makes `/metrics` a
-503 rather than a page with counters gone backwards (Prometheus sees a reset);
-`/stats` still answers and names the worker in "workers".
+demand of all traffic.  Counters never go backwards (Prometheus would see a
+reset): the primary remembers every worker's last-seen counters in a file
+beside the sockets, so a worker that is gone (kill -9, OOM) keeps counting at
+its last-seen totals, even across a restart of the primary itself, and one
+that does not answer is shown at them, with `brimful_worker_up` 0.  `/stats`
+still answers and names the worker in "workers".
 
 `/ready` is ready when every worker is (each loads its own tokenizers);
 `/live` is live when every worker's event loop answers.
@@ -15,6 +18,9 @@ demand of all traffic.  A sibling that does not answer makes `/metrics` a
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +35,8 @@ from proxy.recording.recorder import Recorder
 from proxy.sizing.lengths import percentile
 from proxy.workers.shard import (
     FamiliesCollector,
+    Seen,
+    carry_totals,
     demand_to_wire,
     families_to_wire,
     merge_counting,
@@ -37,8 +45,9 @@ from proxy.workers.shard import (
     merge_windows,
     window_from_wire,
     window_to_wire,
+    worker_families,
 )
-from proxy.workers.siblings import Question, Siblings, SiblingUnavailable, WorkerSlot
+from proxy.workers.siblings import SLOTS_FILE, TOTALS_FILE, Question, Siblings, SiblingUnavailable, WorkerSlot
 
 PAGE_TIMEOUT_S = 10.0     # a share of a full window is a few MB of JSON at most
 READY_TIMEOUT_S = 2.0
@@ -61,6 +70,8 @@ class WorkerPages:
         self._counting = counting
         self._readiness = readiness
         self._sizing_collector = sizing_collector
+        self._seen: Seen | None = None          # the primary's memory of every worker's counters
+        self._accounting = asyncio.Lock()       # one /metrics at a time updates it, in the order seen
 
     # -- what a sibling may ask ---------------------------------------------------
 
@@ -125,10 +136,12 @@ class WorkerPages:
             except SiblingUnavailable as exc:
                 return _unavailable(str(exc))
             return page["status"], page["text"].encode(), page["content_type"]
-        shares, missing = await self._shares("demand")
-        if missing:
-            return _unavailable("; ".join(f"worker {i} did not answer: {why}" for i, why in sorted(missing.items())))
-        families = merge_families([share["families"] for share in shares])
+        async with self._accounting:
+            shares, missing = await self._shares("demand")
+            self._seen, carried = carry_totals(self._load_seen(), shares, missing)
+            await run_in_threadpool(self._save_seen, self._seen)
+        families = merge_families([share["families"] for share in shares] + carried)
+        families += worker_families(self.slot.count, [share["index"] for share in shares], self._slots())
         demand = merge_demand([share["demand"] for share in shares], self._recorder.window.max_records)
 
         def demand_kv(model: str, p: float = 95.0) -> float | None:
@@ -140,6 +153,29 @@ class WorkerPages:
         registry.register(FamiliesCollector(families))
         encoder, content_type = choose_encoder(accept or "")
         return 200, encoder(registry), content_type
+
+    def _load_seen(self) -> Seen:
+        """The memory kept so far, or the file a previous primary left (this one restarted)."""
+        if self._seen is None:
+            try:
+                self._seen = json.loads((self.slot.directory / TOTALS_FILE).read_text())
+            except (OSError, ValueError):
+                self._seen = {}
+        return self._seen
+
+    def _save_seen(self, seen: Seen) -> None:
+        path = self.slot.directory / TOTALS_FILE
+        tmp = path.with_suffix(".tmp")
+        with contextlib.suppress(OSError):
+            tmp.write_text(json.dumps(seen, separators=(",", ":")))
+            os.replace(tmp, path)
+
+    def _slots(self) -> dict[str, Any]:
+        try:
+            slots = json.loads((self.slot.directory / SLOTS_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        return slots if isinstance(slots, dict) else {}
 
     async def stats(self) -> tuple[int, dict[str, Any]]:
         """(status, document) of GET /stats for every worker, with a "workers" section."""

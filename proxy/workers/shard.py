@@ -82,6 +82,66 @@ def _combine(kind: str, family: str, sample: str, values: list[float]) -> float:
     return sum(values)
 
 
+# Families whose samples only ever grow while their process lives (a restart resets them).
+MONOTONE_TYPES = frozenset({"counter", "histogram", "summary"})
+
+Seen = dict[str, Any]   # {"retired": [WireFamily], "last": {"<index>": {"pid": int, "families": [WireFamily]}}}
+
+
+def sum_families(shares: Sequence[Sequence[WireFamily]]) -> list[WireFamily]:
+    """Several sets of families as one, in the wire form (the same rules as merge_families)."""
+    return families_to_wire(merge_families(shares))
+
+
+def carry_totals(seen: Seen, shares: Sequence[Mapping[str, Any]],
+                 missing: Iterable[int]) -> tuple[Seen, list[list[WireFamily]]]:
+    """The primary's memory of every worker's counters, so that merged counters never go backwards.
+
+    `seen` holds each slot's last-seen counters and histograms (with the pid
+    that counted them) and the "retired" totals of workers that are gone.  A
+    share from a new pid in a slot means the old worker died (kill -9, OOM):
+    its last-seen totals join the retired ones.  A worker that does not answer
+    (dead, restarting, backing off, slow) is shown at its last-seen totals.
+    Returns the new memory and the extra shares to merge with the answers.
+    """
+    last: dict[str, Any] = dict(seen.get("last", {}))
+    retired: list[WireFamily] = list(seen.get("retired", []))
+    gone = []
+    for share in shares:
+        key = str(share["index"])
+        previous = last.get(key)
+        if previous is not None and previous["pid"] != share["pid"]:
+            gone.append(previous["families"])
+        last[key] = {"pid": share["pid"],
+                     "families": [f for f in share["families"] if f["type"] in MONOTONE_TYPES]}
+    if gone:
+        retired = sum_families([retired, *gone])
+    stale = [last[str(i)]["families"] for i in sorted(missing) if str(i) in last]
+    return {"retired": retired, "last": last}, [retired, *stale]
+
+
+def worker_families(count: int, answered: Iterable[int], slots: Mapping[str, Mapping[str, Any]]) -> list[Metric]:
+    """The workers themselves on /metrics: who answered, how often each slot was restarted, who backs off.
+
+    `slots` is the supervisor's word on each slot (proxy.workers.supervisor writes it).
+    """
+    up = Metric("brimful_worker_up", "Whether the worker in each slot answered for this page (1) or not (0).",
+                "gauge")
+    restarts = Metric("brimful_worker_restarts", "Workers started in each slot to replace one that exited.",
+                      "counter")
+    waiting = Metric("brimful_worker_backing_off",
+                     "Whether each slot waits out a back-off before its next start (its workers keep exiting).",
+                     "gauge")
+    answered = set(answered)
+    for index in range(count):
+        labels = {"worker": str(index)}
+        slot = slots.get(str(index), {})
+        up.add_sample("brimful_worker_up", labels, float(index in answered))
+        restarts.add_sample("brimful_worker_restarts_total", labels, float(slot.get("restarts", 0)))
+        waiting.add_sample("brimful_worker_backing_off", labels, float(bool(slot.get("waiting"))))
+    return [up, restarts, waiting]
+
+
 class FamiliesCollector(Collector):
     """Merged families, for prometheus_client's encoders."""
 

@@ -29,6 +29,8 @@ Question = dict[str, Any]
 Answerer = Callable[[Question], Awaitable[Any]]
 
 MAX_QUESTION_BYTES = 64 * 1024
+SLOTS_FILE = "slots.json"      # in the directory: the supervisor's word on each slot, for /metrics
+TOTALS_FILE = "totals.json"    # in the directory: the primary's memory of every worker's counters
 
 
 class SiblingUnavailable(Exception):

@@ -48,7 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from proxy.workers.siblings import WorkerSlot
+from proxy.workers.siblings import SLOTS_FILE, WorkerSlot
 
 log = logging.getLogger("brimful.workers")
 
@@ -57,7 +57,6 @@ QUICK_EXIT_S = 5.0           # a worker that dies this soon after starting, thre
 QUICK_EXITS_TO_GIVE_UP = 3   # is not going to start: stop everything, if no other worker runs
 BACKOFF_FIRST_S = 1.0        # a slot that crash-loops waits 1, 2, 4 ... s before its next start
 BACKOFF_MAX_S = 30.0
-SLOTS_FILE = "slots.json"    # the supervisor's word on each slot, for /metrics
 BACKLOG = 2048               # uvicorn's default
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
