@@ -49,6 +49,7 @@ class WorkerSlot:
     index: int
     count: int
     directory: Path
+    replacement: bool = False      # started to replace a worker that exited (serves once ready)
 
     def path(self, index: int) -> Path:
         return self.directory / f"worker-{index}.sock"

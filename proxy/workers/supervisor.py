@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import json
 import logging
 import os
@@ -201,14 +202,15 @@ class Supervisor:
             self._leave_the_group(index)
         delay = backoff_s(quick_exits, code == STARTUP_FAILURE)
         self._restarts[index] = self._restarts.get(index, 0) + 1
+        slot = dataclasses.replace(worker.slot, replacement=True)
         if delay == 0:
             log.warning("worker %d (pid %d) exited with status %d; starting a new one", index, worker.pid, code)
-            self._start(worker.slot, quick_exits)
+            self._start(slot, quick_exits)
             return
         log.error("worker %d (pid %d) exited with status %d, %d times within %g s of starting; "
                   "starting a new one in %g s, the other workers serve meanwhile",
                   index, worker.pid, code, quick_exits, QUICK_EXIT_S, delay)
-        self._pending[index] = _Pending(worker.slot, time.monotonic() + delay, quick_exits)
+        self._pending[index] = _Pending(slot, time.monotonic() + delay, quick_exits)
         self._write_slots()
 
     def _others_running(self, index: int) -> bool:
@@ -223,8 +225,9 @@ class Supervisor:
 
         Otherwise the kernel keeps handing it new connections that nobody
         accepts until the replacement runs.  The replacement gets a socket
-        bound to the port but not listening: its server listens once it has
-        started, so no connection ever waits on a worker still starting.
+        bound to the port but not listening: its server listens once it is
+        ready (`WorkerSlot.replacement`, proxy.app), so no connection ever
+        waits on a worker still starting.
         """
         if len(self.sockets) < 2:
             return                          # one shared socket: the others accept from it
