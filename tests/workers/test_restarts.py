@@ -32,7 +32,8 @@ class Toy:
         assert self.proc.stdout is not None
         self.port = int(self.proc.stdout.readline())
         self.lines: list[str] = []
-        threading.Thread(target=self._drain, daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._drainer.start()
 
     def _drain(self) -> None:
         assert self.proc.stderr is not None
@@ -63,6 +64,7 @@ class Toy:
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
+            self._drainer.join(5)          # every line of its log read
 
 
 def test_connections_never_wait_on_a_dead_worker(tmp_path: Path) -> None:
@@ -109,3 +111,14 @@ def test_a_crash_looping_slot_backs_off_and_the_others_keep_serving(tmp_path: Pa
         code = toy.stop()
     assert code == 0, toy.lines
     assert any("worker 1" in line and "the other workers serve" in line for line in toy.lines)
+
+
+def test_workers_that_cannot_start_stop_everything_once_none_runs(tmp_path: Path) -> None:
+    (tmp_path / "cannot-start").touch()
+    toy = Toy(tmp_path)
+    try:
+        toy.proc.wait(30)
+    finally:
+        code = toy.stop()
+    assert code == 3, toy.lines
+    assert any("could not start and no other worker runs; stopping" in line for line in toy.lines), toy.lines

@@ -5,7 +5,8 @@ loopback port and prints it.  Each worker answers every connection with one
 line, "<slot> <pid>", and closes it.  Each start appends its pid to
 STATE/slot-<i>.starts; a replacement (not the slot's first start) of a slot
 with a STATE/gate-<i> FIFO blocks opening it until the test opens its other
-end, so a test can hold a replacement's start for as long as it needs.
+end, so a test can hold a replacement's start for as long as it needs.  With a
+STATE/cannot-start file every worker exits at once with uvicorn's start-up failure (3).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def main(state: Path, count: int) -> int:
         gate = state / f"gate-{slot.index}"
         with starts.open("a") as f:
             f.write(f"{os.getpid()}\n")
+        if (state / "cannot-start").exists():
+            return 3
         if not first and gate.exists():
             with gate.open() as f:         # blocks until the test opens the FIFO for writing
                 f.read()
