@@ -112,6 +112,8 @@ class BrimfulApp:
                              + health.routes(self.backends, self.counter, self.workers, self._pages_authorized))
         self._passthrough = Passthrough(self.backends, config.server.shutdown_timeout, config.upstream.models_timeout)
         self._background: set[asyncio.Task[Any]] = set()
+        # Whether the server was asked to stop (proxy.cli sets it to uvicorn's flag): ends a wait at start-up.
+        self.stop_requested: Callable[[], bool] = lambda: False
         self._api_keys = [k.encode() for k in config.server.api_keys]
         self._metrics_keys = [k.encode() for k in config.server.metrics_api_keys]
         self._metrics_port = config.server.metrics_port
@@ -154,6 +156,8 @@ class BrimfulApp:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + REPLACEMENT_READY_WAIT_S
         while not health.readiness(health.upstream_states(self.backends), self.counter.counted_by)[0]:
+            if self.stop_requested():
+                return                  # SIGTERM while loading: the server stops as soon as it starts
             if loop.time() > deadline:
                 log.warning("not ready after %g s; serving anyway", REPLACEMENT_READY_WAIT_S)
                 return

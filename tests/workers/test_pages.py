@@ -7,19 +7,23 @@ recorder directly.  tests/workers/test_supervisor.py runs the real `--workers 2`
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import BrimfulApp
 from proxy.config import UpstreamMetricsConfig
 from proxy.recording.metrics import Metrics
+from proxy.serving import health
 from proxy.workers.siblings import Siblings, SiblingUnavailable, WorkerSlot
-from tests.support.fakevllm import FakeVLLM
+from tests.support.fakevllm import FakeVLLM, FaultSpec
 from tests.support.stack import call_app, make_config
 from tests.workers.test_shard import records
 
@@ -135,3 +139,33 @@ async def test_siblings_ask_and_answer(tmp_path: Path) -> None:
         await second.stop()
     assert answers[1] == {"seen": {"op": "y"}}
     assert isinstance(answers[2], SiblingUnavailable)            # worker 2 never started
+
+
+async def test_a_replacement_starts_once_ready_or_once_asked_to_stop(tmp_path: Path) -> None:
+    """A replacement's start-up (then its server listens) waits for its upstream's models; SIGTERM ends the wait."""
+    gate = threading.Event()
+    with FakeVLLM() as fake:
+        models = httpx.get(fake.base_url + "/v1/models").json()
+        app = BrimfulApp(make_config(fake.base_url, None), worker=WorkerSlot(1, 2, tmp_path, replacement=True))
+        try:
+            for stop in (True, False):
+                fake.fail_next.append(FaultSpec(kind="respond", status=200, body=models, path="/v1/models",
+                                                gate=gate))
+                starting = asyncio.ensure_future(app.startup())
+                assert await fake.wait_until_async(lambda f: not f.fail_next), "no GET /v1/models"
+                await asyncio.sleep(0)
+                assert not starting.done()                       # held: its models are not known
+                if stop:
+                    app.stop_requested = lambda: True
+                    await asyncio.wait_for(starting, 2)
+                    await app.shutdown()
+                    app = BrimfulApp(make_config(fake.base_url, None),
+                                     worker=WorkerSlot(1, 2, tmp_path, replacement=True))
+                else:
+                    gate.set()
+                    await asyncio.wait_for(starting, 10)         # ready: its models and tokenizer loaded
+                    ready, _ = health.readiness(health.upstream_states(app.backends), app.counter.counted_by)
+                    assert ready
+        finally:
+            gate.set()
+            await app.shutdown()
