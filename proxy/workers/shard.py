@@ -95,14 +95,17 @@ def sum_families(shares: Sequence[Sequence[WireFamily]]) -> list[WireFamily]:
 
 def carry_totals(seen: Seen, shares: Sequence[Mapping[str, Any]],
                  missing: Iterable[int]) -> tuple[Seen, list[list[WireFamily]]]:
-    """The primary's memory of every worker's counters, so that merged counters never go backwards.
+    """The memory of every worker's counters, so that merged counters never go backwards.
 
     `seen` holds each slot's last-seen counters and histograms (with the pid
     that counted them) and the "retired" totals of workers that are gone.  A
     share from a new pid in a slot means the old worker died (kill -9, OOM):
-    its last-seen totals join the retired ones.  A worker that does not answer
-    (dead, restarting, backing off, slow) is shown at its last-seen totals.
-    Returns the new memory and the extra shares to merge with the answers.
+    its last-seen totals join the retired ones.  For the same pid the memory
+    keeps each sample's largest value (two pages answered at once may bring
+    their shares in either order).  A worker that does not answer (dead,
+    restarting, backing off, slow) is shown at its last-seen totals.
+    Returns the new memory and the counters and histograms to show: merge
+    them with the answers' other families (`without_monotone`).
     """
     last: dict[str, Any] = dict(seen.get("last", {}))
     retired: list[WireFamily] = list(seen.get("retired", []))
@@ -110,14 +113,39 @@ def carry_totals(seen: Seen, shares: Sequence[Mapping[str, Any]],
     for share in shares:
         key = str(share["index"])
         previous = last.get(key)
+        families = [f for f in share["families"] if f["type"] in MONOTONE_TYPES]
         if previous is not None and previous["pid"] != share["pid"]:
             gone.append(previous["families"])
-        last[key] = {"pid": share["pid"],
-                     "families": [f for f in share["families"] if f["type"] in MONOTONE_TYPES]}
+        elif previous is not None:
+            families = _largest(previous["families"], families)
+        last[key] = {"pid": share["pid"], "families": families}
     if gone:
         retired = sum_families([retired, *gone])
-    stale = [last[str(i)]["families"] for i in sorted(missing) if str(i) in last]
-    return {"retired": retired, "last": last}, [retired, *stale]
+    answered = {str(share["index"]) for share in shares}
+    shown = [last[key]["families"] for key in sorted(last) if key in answered or int(key) in set(missing)]
+    return {"retired": retired, "last": last}, [retired, *shown]
+
+
+def without_monotone(families: Iterable[WireFamily]) -> list[WireFamily]:
+    """A share's gauges and the like: what `carry_totals` does not show for it."""
+    return [f for f in families if f["type"] not in MONOTONE_TYPES]
+
+
+def _largest(old: Sequence[WireFamily], new: Sequence[WireFamily]) -> list[WireFamily]:
+    """`new`, each sample at least its value in `old` (`_created`: the earliest)."""
+    before = {(f["name"], s[0], tuple(sorted(s[1].items()))): s[2] for f in old for s in f["samples"]}
+    out = []
+    for family in new:
+        samples = []
+        for name, labels, value in family["samples"]:
+            prior = before.get((family["name"], name, tuple(sorted(labels.items()))))
+            if prior is not None:
+                value = min(value, prior) if name.endswith("_created") else max(value, prior)
+            samples.append([name, labels, value])
+        out.append({**family, "samples": samples})
+    names = {f["name"] for f in new}
+    out += [f for f in old if f["name"] not in names]     # a family the new share lacks: kept
+    return out
 
 
 def worker_families(count: int, answered: Iterable[int], slots: Mapping[str, Mapping[str, Any]]) -> list[Metric]:

@@ -102,8 +102,10 @@ async def test_a_sibling_that_does_not_answer(fake: FakeVLLM, tmp_path: Path) ->
         stats = json.loads((await call_app(apps[0], "GET", "/stats")).body)
         live = await call_app(apps[0], "GET", "/live")
         ready = json.loads((await call_app(apps[0], "GET", "/ready")).body)
+        await apps[1].workers.siblings.start()
         await apps[0].workers.siblings.stop()                   # the primary gone: worker 1 cannot relay
         relayed = await call_app(apps[1], "GET", "/stats")
+        by_sibling = await call_app(apps[1], "GET", "/metrics")  # answered by worker 1 itself
     finally:
         await stopped(apps)
     # Served by the primary alone, with worker 1 at its last-seen counters, and said so.
@@ -117,6 +119,11 @@ async def test_a_sibling_that_does_not_answer(fake: FakeVLLM, tmp_path: Path) ->
     assert live.status == 503
     assert ready["ready"] is False and any("worker 1 did not answer" in m for m in ready["missing"])
     assert relayed.status == 503 and "worker 0 did not answer" in json.loads(relayed.body)["error"]["message"]
+    assert by_sibling.status == 200
+    page = metric_samples(by_sibling.body)
+    assert sum(v for (name, _), v in page.items() if name == "brimful_requests_total") == 2   # worker 0's kept
+    assert page[("brimful_worker_up", (("worker", "0"),))] == 0
+    assert page[("brimful_worker_up", (("worker", "1"),))] == 1
 
 
 async def test_siblings_ask_and_answer(tmp_path: Path) -> None:

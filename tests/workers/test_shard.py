@@ -23,6 +23,7 @@ from proxy.workers.shard import (
     merge_windows,
     window_from_wire,
     window_to_wire,
+    without_monotone,
     worker_families,
 )
 
@@ -152,7 +153,7 @@ def _share(index: int, pid: int, requests: float, in_flight: float) -> dict:
 
 
 def _total(shares: list, carried: list, name: str) -> float:
-    return sum(s.value for f in merge_families([s["families"] for s in shares] + carried)
+    return sum(s.value for f in merge_families([without_monotone(s["families"]) for s in shares] + carried)
                for s in f.samples if s.name == name)
 
 
@@ -172,6 +173,14 @@ def test_carried_totals_never_go_backwards_when_a_worker_dies_or_does_not_answer
     assert totals == [150, 170, 185, 50 + 130 + 1 + 9]
     assert in_flight == [5, 1, 2, 0]                   # gauges are the living workers' alone
     assert totals == sorted(totals)
+
+
+def test_two_pages_bringing_their_shares_in_either_order_never_lower_a_total() -> None:
+    seen, _ = carry_totals({}, [_share(0, 10, 100, 0)], [])
+    seen, shown = carry_totals(seen, [_share(0, 10, 90, 0)], [])        # an older share, late
+    assert _total([], shown, "brimful_requests_total") == 100
+    seen, shown = carry_totals(seen, [_share(0, 11, 3, 0)], [])         # then the worker died
+    assert _total([], shown, "brimful_requests_total") == 103
 
 
 def test_worker_families_say_who_answered_and_who_backs_off() -> None:
