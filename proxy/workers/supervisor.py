@@ -232,7 +232,12 @@ class Supervisor:
         if len(self.sockets) < 2:
             return                          # one shared socket: the others accept from it
         old = self.sockets[index]
-        fresh = bound_socket(old.family, old.getsockname()[:2])
+        try:
+            fresh = bound_socket(old.family, old.getsockname()[:2])
+        except OSError as exc:              # keep the old one: its queue waits for the replacement
+            log.warning("worker %d: no new socket on the port (%s); its connections wait for the replacement",
+                        index, exc)
+            return
         old.close()                         # what it still queues is reset, like what the dead worker held
         self.sockets[index] = fresh
 
