@@ -51,6 +51,10 @@ LOCAL_PATHS = PAGES | health.PATHS                         # answered by brimful
 # vLLM's unauthenticated routes, relayed without an API key: exactly these
 # methods and paths (vLLM 0.32 serves /ping for GET and POST), and only
 # without a query, a percent-encoded path or a body (see `is_open_route`).
+# A replacement worker waits this long at most to be ready before it serves (then it serves anyway,
+# as a lone brimful would); polled, as readiness is the upstreams' and tokenizers' state.
+REPLACEMENT_READY_WAIT_S = 60.0
+READY_POLL_S = 0.05
 OPEN_ROUTES = frozenset({("GET", "/health"), ("GET", "/ping"), ("POST", "/ping"), ("GET", "/version")})
 
 
@@ -108,6 +112,8 @@ class BrimfulApp:
                              + health.routes(self.backends, self.counter, self.workers, self._pages_authorized))
         self._passthrough = Passthrough(self.backends, config.server.shutdown_timeout, config.upstream.models_timeout)
         self._background: set[asyncio.Task[Any]] = set()
+        # Whether the server was asked to stop (proxy.cli sets it to uvicorn's flag): ends a wait at start-up.
+        self.stop_requested: Callable[[], bool] = lambda: False
         self._api_keys = [k.encode() for k in config.server.api_keys]
         self._metrics_keys = [k.encode() for k in config.server.metrics_api_keys]
         self._metrics_port = config.server.metrics_port
@@ -140,6 +146,22 @@ class BrimfulApp:
         self.sizing.start()
         if self.workers is not None:
             await self.workers.siblings.start()
+            if self.workers.slot.replacement:
+                await self._until_ready()
+
+    async def _until_ready(self) -> None:
+        """A replacement worker's start-up ends once it can serve (its upstreams answered, its
+        tokenizers loaded): only then does its server listen, so while it loads, new connections
+        go to the workers that serve (proxy.workers.supervisor) instead of queueing on it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REPLACEMENT_READY_WAIT_S
+        while not health.readiness(health.upstream_states(self.backends), self.counter.counted_by)[0]:
+            if self.stop_requested():
+                return                  # SIGTERM while loading: the server stops as soon as it starts
+            if loop.time() > deadline:
+                log.warning("not ready after %g s; serving anyway", REPLACEMENT_READY_WAIT_S)
+                return
+            await asyncio.sleep(READY_POLL_S)
 
     async def shutdown(self) -> None:
         for task in list(self._background):

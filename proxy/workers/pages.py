@@ -5,8 +5,13 @@ the connection.  The primary (worker 0) answers both from every worker's
 share (proxy.workers.shard), and a sibling hands the request to it: the primary is
 also the one worker that scrapes the upstream's /metrics (proxy.recording.live_sizing),
 so the sizing gauges and `/stats` "upstream" come from one scrape, with the
-demand of all traffic.  A sibling that does not answer makes `/metrics` a
-503 rather than a page with counters gone backwards (Prometheus sees a reset);
+demand of all traffic.  Counters never go backwards (Prometheus would see a
+reset): every worker's last-seen counters are kept in a file beside the
+sockets (read and written under a lock), so a worker that is gone (kill -9,
+OOM) keeps counting at its last-seen totals, even across a restart of the
+primary itself, and one that does not answer is shown at them, with
+`brimful_worker_up` 0.  While the primary does not answer, a sibling answers
+`/metrics` itself from the same file (without the upstream's sizing gauges).
 `/stats` still answers and names the worker in "workers".
 
 `/ready` is ready when every worker is (each loads its own tokenizers);
@@ -15,6 +20,10 @@ demand of all traffic.  A sibling that does not answer makes `/metrics` a
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import fcntl
+import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +38,7 @@ from proxy.recording.recorder import Recorder
 from proxy.sizing.lengths import percentile
 from proxy.workers.shard import (
     FamiliesCollector,
+    carry_totals,
     demand_to_wire,
     families_to_wire,
     merge_counting,
@@ -37,8 +47,10 @@ from proxy.workers.shard import (
     merge_windows,
     window_from_wire,
     window_to_wire,
+    without_monotone,
+    worker_families,
 )
-from proxy.workers.siblings import Question, Siblings, SiblingUnavailable, WorkerSlot
+from proxy.workers.siblings import SLOTS_FILE, TOTALS_FILE, Question, Siblings, SiblingUnavailable, WorkerSlot
 
 PAGE_TIMEOUT_S = 10.0     # a share of a full window is a few MB of JSON at most
 READY_TIMEOUT_S = 2.0
@@ -61,6 +73,7 @@ class WorkerPages:
         self._counting = counting
         self._readiness = readiness
         self._sizing_collector = sizing_collector
+        self._accounting = asyncio.Lock()       # one /metrics of this worker at a time updates the totals
 
     # -- what a sibling may ask ---------------------------------------------------
 
@@ -118,28 +131,59 @@ class WorkerPages:
     # -- the pages ------------------------------------------------------------------
 
     async def metrics(self, accept: str | None) -> tuple[int, bytes, str]:
-        """(status, body, content type) of GET /metrics for every worker."""
+        """(status, body, content type) of GET /metrics for every worker.
+
+        A sibling relays to the primary; when the primary does not answer (dead,
+        restarting, backing off) the sibling answers for every worker itself,
+        without the upstream's sizing gauges (only the primary scrapes them).
+        """
         if not self.slot.primary:
             try:
                 page = await self._relay({"path": "/metrics", "accept": accept})
-            except SiblingUnavailable as exc:
-                return _unavailable(str(exc))
-            return page["status"], page["text"].encode(), page["content_type"]
-        shares, missing = await self._shares("demand")
-        if missing:
-            return _unavailable("; ".join(f"worker {i} did not answer: {why}" for i, why in sorted(missing.items())))
-        families = merge_families([share["families"] for share in shares])
-        demand = merge_demand([share["demand"] for share in shares], self._recorder.window.max_records)
+            except SiblingUnavailable:
+                pass
+            else:
+                return page["status"], page["text"].encode(), page["content_type"]
+        async with self._accounting:
+            shares, missing = await self._shares("demand")
+            shown = await run_in_threadpool(self._carry, shares, list(missing))
+        families = merge_families([without_monotone(share["families"]) for share in shares] + shown)
+        families += worker_families(self.slot.count, [share["index"] for share in shares], self._slots())
+        if self.slot.primary:
+            demand = merge_demand([share["demand"] for share in shares], self._recorder.window.max_records)
 
-        def demand_kv(model: str, p: float = 95.0) -> float | None:
-            values = sorted(demand.get(safe_label(model), []))
-            return percentile(values, p) if values else None
+            def demand_kv(model: str, p: float = 95.0) -> float | None:
+                values = sorted(demand.get(safe_label(model), []))
+                return percentile(values, p) if values else None
 
-        families.extend(self._sizing_collector(demand_kv).collect())
+            families.extend(self._sizing_collector(demand_kv).collect())
         registry = CollectorRegistry()
         registry.register(FamiliesCollector(families))
         encoder, content_type = choose_encoder(accept or "")
         return 200, encoder(registry), content_type
+
+    def _carry(self, shares: list[dict[str, Any]], missing: list[int]) -> list[list[Any]]:
+        """carry_totals over the file every worker answering /metrics shares, under its lock."""
+        path = self.slot.directory / TOTALS_FILE
+        with open(path.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                seen = json.loads(path.read_text())
+            except (OSError, ValueError):
+                seen = {}
+            seen, shown = carry_totals(seen if isinstance(seen, dict) else {}, shares, missing)
+            tmp = path.with_suffix(".tmp")
+            with contextlib.suppress(OSError):
+                tmp.write_text(json.dumps(seen, separators=(",", ":")))
+                os.replace(tmp, path)
+        return shown
+
+    def _slots(self) -> dict[str, Any]:
+        try:
+            slots = json.loads((self.slot.directory / SLOTS_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        return slots if isinstance(slots, dict) else {}
 
     async def stats(self) -> tuple[int, dict[str, Any]]:
         """(status, document) of GET /stats for every worker, with a "workers" section."""
@@ -188,8 +232,3 @@ class WorkerPages:
                 workers.append({"index": index, "live": True})
         live = all(w["live"] for w in workers)
         return live, {"live": live, "workers": sorted(workers, key=lambda w: w["index"])}
-
-
-def _unavailable(reason: str) -> tuple[int, bytes, str]:
-    return 503, f"# brimful: /metrics needs every worker's counts; {reason}\n".encode(), "text/plain; charset=utf-8"
-

@@ -82,6 +82,94 @@ def _combine(kind: str, family: str, sample: str, values: list[float]) -> float:
     return sum(values)
 
 
+# Families whose samples only ever grow while their process lives (a restart resets them).
+MONOTONE_TYPES = frozenset({"counter", "histogram", "summary"})
+
+Seen = dict[str, Any]   # {"retired": [WireFamily], "last": {"<index>": {"pid": int, "families": [WireFamily]}}}
+
+
+def sum_families(shares: Sequence[Sequence[WireFamily]]) -> list[WireFamily]:
+    """Several sets of families as one, in the wire form (the same rules as merge_families)."""
+    return families_to_wire(merge_families(shares))
+
+
+def carry_totals(seen: Seen, shares: Sequence[Mapping[str, Any]],
+                 missing: Iterable[int]) -> tuple[Seen, list[list[WireFamily]]]:
+    """The memory of every worker's counters, so that merged counters never go backwards.
+
+    `seen` holds each slot's last-seen counters and histograms (with the pid
+    that counted them) and the "retired" totals of workers that are gone.  A
+    share from a new pid in a slot means the old worker died (kill -9, OOM):
+    its last-seen totals join the retired ones.  For the same pid the memory
+    keeps each sample's largest value (two pages answered at once may bring
+    their shares in either order).  A worker that does not answer (dead,
+    restarting, backing off, slow) is shown at its last-seen totals.
+    Returns the new memory and the counters and histograms to show: merge
+    them with the answers' other families (`without_monotone`).
+    """
+    last: dict[str, Any] = dict(seen.get("last", {}))
+    retired: list[WireFamily] = list(seen.get("retired", []))
+    gone = []
+    for share in shares:
+        key = str(share["index"])
+        previous = last.get(key)
+        families = [f for f in share["families"] if f["type"] in MONOTONE_TYPES]
+        if previous is not None and previous["pid"] != share["pid"]:
+            gone.append(previous["families"])
+        elif previous is not None:
+            families = _largest(previous["families"], families)
+        last[key] = {"pid": share["pid"], "families": families}
+    if gone:
+        retired = sum_families([retired, *gone])
+    answered = {str(share["index"]) for share in shares}
+    shown = [last[key]["families"] for key in sorted(last) if key in answered or int(key) in set(missing)]
+    return {"retired": retired, "last": last}, [retired, *shown]
+
+
+def without_monotone(families: Iterable[WireFamily]) -> list[WireFamily]:
+    """A share's gauges and the like: what `carry_totals` does not show for it."""
+    return [f for f in families if f["type"] not in MONOTONE_TYPES]
+
+
+def _largest(old: Sequence[WireFamily], new: Sequence[WireFamily]) -> list[WireFamily]:
+    """`new`, each sample at least its value in `old` (`_created`: the earliest)."""
+    before = {(f["name"], s[0], tuple(sorted(s[1].items()))): s[2] for f in old for s in f["samples"]}
+    out = []
+    for family in new:
+        samples = []
+        for name, labels, value in family["samples"]:
+            prior = before.get((family["name"], name, tuple(sorted(labels.items()))))
+            if prior is not None:
+                value = min(value, prior) if name.endswith("_created") else max(value, prior)
+            samples.append([name, labels, value])
+        out.append({**family, "samples": samples})
+    names = {f["name"] for f in new}
+    out += [f for f in old if f["name"] not in names]     # a family the new share lacks: kept
+    return out
+
+
+def worker_families(count: int, answered: Iterable[int], slots: Mapping[str, Mapping[str, Any]]) -> list[Metric]:
+    """The workers themselves on /metrics: who answered, how often each slot was restarted, who backs off.
+
+    `slots` is the supervisor's word on each slot (proxy.workers.supervisor writes it).
+    """
+    up = Metric("brimful_worker_up", "Whether the worker in each slot answered for this page (1) or not (0).",
+                "gauge")
+    restarts = Metric("brimful_worker_restarts", "Workers started in each slot to replace one that exited.",
+                      "counter")
+    waiting = Metric("brimful_worker_backing_off",
+                     "Whether each slot waits out a back-off before its next start (its workers keep exiting).",
+                     "gauge")
+    answered = set(answered)
+    for index in range(count):
+        labels = {"worker": str(index)}
+        slot = slots.get(str(index), {})
+        up.add_sample("brimful_worker_up", labels, float(index in answered))
+        restarts.add_sample("brimful_worker_restarts_total", labels, float(slot.get("restarts", 0)))
+        waiting.add_sample("brimful_worker_backing_off", labels, float(bool(slot.get("waiting"))))
+    return [up, restarts, waiting]
+
+
 class FamiliesCollector(Collector):
     """Merged families, for prometheus_client's encoders."""
 

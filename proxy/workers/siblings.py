@@ -29,6 +29,8 @@ Question = dict[str, Any]
 Answerer = Callable[[Question], Awaitable[Any]]
 
 MAX_QUESTION_BYTES = 64 * 1024
+SLOTS_FILE = "slots.json"      # in the directory: the supervisor's word on each slot, for /metrics
+TOTALS_FILE = "totals.json"    # in the directory: the primary's memory of every worker's counters
 
 
 class SiblingUnavailable(Exception):
@@ -47,6 +49,7 @@ class WorkerSlot:
     index: int
     count: int
     directory: Path
+    replacement: bool = False      # started to replace a worker that exited (serves once ready)
 
     def path(self, index: int) -> Path:
         return self.directory / f"worker-{index}.sock"

@@ -7,12 +7,20 @@ sockets by a hash of their addresses.  Chosen over uvicorn's `workers=`
 (bench/workers_bench.py, docs/performance.md "Workers"): with one shared socket, whichever
 worker's loop wakes first takes every connection queued at that moment, so
 long-lived keep-alive connections (SDK pools, a load balancer's) can stay on
-one worker while the other idles.  The parent keeps every socket open while
-it runs, so the connections that land on a worker being replaced wait in its
-socket's queue for the replacement instead of being refused.
+one worker while the other idles.
 
-The parent serves nothing.  It restarts a worker that dies (one that cannot
-start stops everything: it would fail the same way again), forwards SIGTERM
+When a worker dies while another serves, its socket leaves the port's group
+(closed in the parent) so that new connections go to the living workers
+instead of waiting in a queue nobody accepts from; its replacement gets a
+socket bound to the port that listens only once its server has started.
+When no other worker serves, the dead worker's socket stays, and connections
+wait in its queue for the replacement rather than being refused.
+
+The parent serves nothing.  It restarts a worker that dies: at once after a
+worker that ran a while, after a back-off (1, 2, 4 ... 30 s) for a slot whose
+workers keep exiting soon after starting, while the other workers serve.
+Only when no other worker runs does a worker that cannot start stop
+everything (it would fail the same way again).  It forwards SIGTERM
 and SIGINT to every worker as SIGTERM (each drains as a lone brimful
 would), and exits 0 once all have exited 0.  Workers get SIGTERM if the
 parent dies (PR_SET_PDEATHSIG).
@@ -25,8 +33,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
+import json
 import logging
 import os
+import select
 import shutil
 import signal
 import socket
@@ -38,13 +49,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from proxy.workers.siblings import WorkerSlot
+from proxy.workers.siblings import SLOTS_FILE, WorkerSlot
 
 log = logging.getLogger("brimful.workers")
 
 STARTUP_FAILURE = 3          # uvicorn's exit status for a server that could not start
 QUICK_EXIT_S = 5.0           # a worker that dies this soon after starting, three times running,
-QUICK_EXITS_TO_GIVE_UP = 3   # is not going to start: stop everything
+QUICK_EXITS_TO_GIVE_UP = 3   # is not going to start: stop everything, if no other worker runs
+BACKOFF_FIRST_S = 1.0        # a slot that crash-loops waits 1, 2, 4 ... s before its next start
+BACKOFF_MAX_S = 30.0
 BACKLOG = 2048               # uvicorn's default
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -88,6 +101,15 @@ class _Worker:
 
 
 @dataclass
+class _Pending:
+    """A slot whose worker crash-loops: started again at `due`, after a back-off."""
+
+    slot: WorkerSlot
+    due: float
+    quick_exits: int
+
+
+@dataclass
 class Supervisor:
     """Forks, watches and stops the workers (see the module docstring)."""
 
@@ -96,19 +118,30 @@ class Supervisor:
     directory: Path
     count: int = 0                    # workers (0: one per socket)
     _workers: dict[int, _Worker] = field(default_factory=dict)    # pid -> worker
+    _pending: dict[int, _Pending] = field(default_factory=dict)   # slot index -> its next start
+    _restarts: dict[int, int] = field(default_factory=dict)       # slot index -> replacements started
     _stopping: bool = False
     _failed: int = 0                                               # the exit status once a worker failed
+    _wakeup: tuple[int, int] = (-1, -1)
 
     def run(self) -> int:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in _SIGNALS}
+        previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, _no_op)
+        self._wakeup = os.pipe()
+        for fd in self._wakeup:
+            os.set_blocking(fd, False)
+        old_wakeup = signal.set_wakeup_fd(self._wakeup[1], warn_on_full_buffer=False)
         count = self.count or len(self.sockets)
         try:
             for index in range(count):
                 self._start(WorkerSlot(index, count, self.directory))
             codes = self._wait()
         finally:
+            signal.set_wakeup_fd(old_wakeup)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            for fd in self._wakeup:
+                os.close(fd)
             self._close_sockets()
             shutil.rmtree(self.directory, ignore_errors=True)
         if self._failed:
@@ -116,37 +149,107 @@ class Supervisor:
         return 0 if all(code == 0 for code in codes) else 1
 
     def _wait(self) -> list[int]:
-        """Reap workers until none is left; the exit codes of those that stopped when asked."""
+        """Reap workers and start the backed-off ones until none is left; the codes of those asked to stop."""
         codes: list[int] = []
-        while self._workers:
-            try:
-                pid, status = os.wait()
-            except ChildProcessError:
-                break
-            worker = self._workers.pop(pid, None)
-            if worker is None:
-                continue
-            code = os.waitstatus_to_exitcode(status)
-            if self._stopping:
-                codes.append(code)
-                if code != 0:
-                    log.warning("worker %d (pid %d) exited with status %d", worker.slot.index, pid, code)
-                continue
-            self._replace(worker, code)
+        while self._workers or (self._pending and not self._stopping):
+            self._sleep(self._next_due())
+            for pid, status in _reap():
+                worker = self._workers.pop(pid, None)
+                if worker is None:
+                    continue
+                code = os.waitstatus_to_exitcode(status)
+                if self._stopping:
+                    codes.append(code)
+                    if code != 0:
+                        log.warning("worker %d (pid %d) exited with status %d", worker.slot.index, pid, code)
+                    continue
+                self._replace(worker, code)
+            now = time.monotonic()
+            for index, pending in list(self._pending.items()):
+                if self._stopping:
+                    self._pending.clear()
+                elif pending.due <= now:
+                    del self._pending[index]
+                    self._start(pending.slot, pending.quick_exits)
         return codes
 
+    def _next_due(self) -> float | None:
+        if not self._pending or self._stopping:
+            return None
+        return max(0.0, min(p.due for p in self._pending.values()) - time.monotonic())
+
+    def _sleep(self, timeout: float | None) -> None:
+        """Until a signal (a child's exit, SIGTERM) or `timeout`; signals wake it through the wakeup pipe."""
+        with contextlib.suppress(InterruptedError):
+            select.select([self._wakeup[0]], [], [], timeout)
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wakeup[0], 512):
+                pass
+
     def _replace(self, worker: _Worker, code: int) -> None:
+        """A worker died: start its slot again, at once or after a back-off; never stop the others for it."""
         index = worker.slot.index
         quick = time.monotonic() - worker.started < QUICK_EXIT_S
         quick_exits = worker.quick_exits + 1 if quick else 0
-        if code == STARTUP_FAILURE or quick_exits >= QUICK_EXITS_TO_GIVE_UP:
-            log.error("worker %d (pid %d) %s; stopping every worker", index, worker.pid,
+        serving = self._others_running(index)
+        if not serving and (code == STARTUP_FAILURE or quick_exits >= QUICK_EXITS_TO_GIVE_UP):
+            log.error("worker %d (pid %d) %s and no other worker runs; stopping", index, worker.pid,
                       "could not start" if code == STARTUP_FAILURE else f"exited {quick_exits} times on start")
             self._failed = code or 1
             self._stop()
             return
-        log.warning("worker %d (pid %d) exited with status %d; starting a new one", index, worker.pid, code)
-        self._start(worker.slot, quick_exits)
+        if serving:
+            self._leave_the_group(index)
+        delay = backoff_s(quick_exits, code == STARTUP_FAILURE)
+        self._restarts[index] = self._restarts.get(index, 0) + 1
+        slot = dataclasses.replace(worker.slot, replacement=True)
+        if delay == 0:
+            log.warning("worker %d (pid %d) exited with status %d; starting a new one", index, worker.pid, code)
+            self._start(slot, quick_exits)
+            return
+        log.error("worker %d (pid %d) exited with status %d, %d times within %g s of starting; "
+                  "starting a new one in %g s, the other workers serve meanwhile",
+                  index, worker.pid, code, quick_exits, QUICK_EXIT_S, delay)
+        self._pending[index] = _Pending(slot, time.monotonic() + delay, quick_exits)
+        self._write_slots()
+
+    def _others_running(self, index: int) -> bool:
+        return any(w.slot.index != index and _accepting(self._socket_of(w.slot.index))
+                   for w in self._workers.values())
+
+    def _socket_of(self, index: int) -> socket.socket:
+        return self.sockets[index if len(self.sockets) > 1 else 0]
+
+    def _leave_the_group(self, index: int) -> None:
+        """Take a dead worker's socket out of the port's SO_REUSEPORT group, while others serve.
+
+        Otherwise the kernel keeps handing it new connections that nobody
+        accepts until the replacement runs.  The replacement gets a socket
+        bound to the port but not listening: its server listens once it is
+        ready (`WorkerSlot.replacement`, proxy.app), so no connection ever
+        waits on a worker still starting.
+        """
+        if len(self.sockets) < 2:
+            return                          # one shared socket: the others accept from it
+        old = self.sockets[index]
+        try:
+            fresh = bound_socket(old.family, old.getsockname()[:2])
+        except OSError as exc:              # keep the old one: its queue waits for the replacement
+            log.warning("worker %d: no new socket on the port (%s); its connections wait for the replacement",
+                        index, exc)
+            return
+        old.close()                         # what it still queues is reset, like what the dead worker held
+        self.sockets[index] = fresh
+
+    def _write_slots(self) -> None:
+        """What /metrics says of each slot (proxy.workers.pages reads it): restarts, and a back-off under way."""
+        document = {str(i): {"restarts": self._restarts.get(i, 0), "waiting": i in self._pending}
+                    for i in range(self.count or len(self.sockets))}
+        path = self.directory / SLOTS_FILE
+        with contextlib.suppress(OSError):
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(document))
+            os.replace(tmp, path)
 
     def _start(self, slot: WorkerSlot, quick_exits: int = 0) -> None:
         sys.stdout.flush()
@@ -161,17 +264,22 @@ class Supervisor:
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
         self._workers[pid] = _Worker(slot, pid, time.monotonic(), quick_exits)
+        self._write_slots()
         if self._stopping:                                  # a signal came while forking
             os.kill(pid, signal.SIGTERM)
 
     def _child(self, slot: WorkerSlot, parent: int) -> None:  # pragma: no cover - runs in the worker
         code = 1
         try:
+            signal.set_wakeup_fd(-1)
+            for fd in self._wakeup:
+                os.close(fd)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             for sig in _SIGNALS:
                 signal.signal(sig, _exit_cleanly)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
             _die_with_parent(parent)
-            mine = self.sockets[slot.index if len(self.sockets) > 1 else 0]
+            mine = self._socket_of(slot.index)
             for sock in self.sockets:
                 if sock is not mine:
                     sock.close()
@@ -193,6 +301,7 @@ class Supervisor:
 
     def _stop(self) -> None:
         self._stopping = True
+        self._pending.clear()
         # The parent's copies closed first: once the workers close theirs the port refuses.
         self._close_sockets()
         for pid in list(self._workers):
@@ -202,6 +311,51 @@ class Supervisor:
     def _close_sockets(self) -> None:
         for sock in self.sockets:
             sock.close()
+
+
+def backoff_s(quick_exits: int, startup_failure: bool) -> float:
+    """How long a slot waits before its next start: none after a worker that ran a while, then doubling."""
+    if quick_exits == 0 and not startup_failure:
+        return 0.0
+    return float(min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** max(0, quick_exits - 1)))
+
+
+def bound_socket(family: int, address: tuple[str, int]) -> socket.socket:
+    """A socket bound to the port beside the others (SO_REUSEPORT), not yet listening."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _accepting(sock: socket.socket) -> bool:
+    """Whether a socket listens (a replacement's starts to once its server runs)."""
+    try:
+        return bool(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+    except OSError:
+        return False
+
+
+def _reap() -> list[tuple[int, int]]:
+    """Every child that has exited, without waiting."""
+    out: list[tuple[int, int]] = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return out
+        if pid == 0:
+            return out
+        out.append((pid, status))
+
+
+def _no_op(signum: int, frame: object) -> None:
+    """SIGCHLD's handler: its only job is to write the wakeup pipe."""
 
 
 def serve(host: str, port: int, count: int, run_worker: RunWorker) -> int:

@@ -7,19 +7,23 @@ recorder directly.  tests/workers/test_supervisor.py runs the real `--workers 2`
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import BrimfulApp
 from proxy.config import UpstreamMetricsConfig
 from proxy.recording.metrics import Metrics
+from proxy.serving import health
 from proxy.workers.siblings import Siblings, SiblingUnavailable, WorkerSlot
-from tests.support.fakevllm import FakeVLLM
+from tests.support.fakevllm import FakeVLLM, FaultSpec
 from tests.support.stack import call_app, make_config
 from tests.workers.test_shard import records
 
@@ -91,21 +95,35 @@ async def test_a_sibling_that_does_not_answer(fake: FakeVLLM, tmp_path: Path) ->
     apps = await started(fake, tmp_path)
     try:
         apps[0].recorder.record(records(1, start=time.time())[0])
+        apps[1].recorder.record(records(1, start=time.time())[0])
+        assert (await call_app(apps[0], "GET", "/metrics")).status == 200     # worker 1's counters seen
         await apps[1].workers.siblings.stop()                   # worker 1 gone (crashed, restarting)
         metrics = await call_app(apps[0], "GET", "/metrics")
         stats = json.loads((await call_app(apps[0], "GET", "/stats")).body)
         live = await call_app(apps[0], "GET", "/live")
         ready = json.loads((await call_app(apps[0], "GET", "/ready")).body)
+        await apps[1].workers.siblings.start()
         await apps[0].workers.siblings.stop()                   # the primary gone: worker 1 cannot relay
         relayed = await call_app(apps[1], "GET", "/stats")
+        by_sibling = await call_app(apps[1], "GET", "/metrics")  # answered by worker 1 itself
     finally:
         await stopped(apps)
-    assert metrics.status == 503 and b"worker 1 did not answer" in metrics.body   # never counters gone backwards
+    # Served by the primary alone, with worker 1 at its last-seen counters, and said so.
+    assert metrics.status == 200
+    page = metric_samples(metrics.body)
+    assert sum(v for (name, _), v in page.items() if name == "brimful_requests_total") == 2
+    assert page[("brimful_worker_up", (("worker", "0"),))] == 1
+    assert page[("brimful_worker_up", (("worker", "1"),))] == 0
     assert [(w["index"], w["answered"]) for w in stats["workers"]] == [(0, True), (1, False)]
-    assert stats["models"][0]["count"] == 1
+    assert stats["models"][0]["count"] == 1      # the recent window: only what answers
     assert live.status == 503
     assert ready["ready"] is False and any("worker 1 did not answer" in m for m in ready["missing"])
     assert relayed.status == 503 and "worker 0 did not answer" in json.loads(relayed.body)["error"]["message"]
+    assert by_sibling.status == 200
+    page = metric_samples(by_sibling.body)
+    assert sum(v for (name, _), v in page.items() if name == "brimful_requests_total") == 2   # worker 0's kept
+    assert page[("brimful_worker_up", (("worker", "0"),))] == 0
+    assert page[("brimful_worker_up", (("worker", "1"),))] == 1
 
 
 async def test_siblings_ask_and_answer(tmp_path: Path) -> None:
@@ -128,3 +146,33 @@ async def test_siblings_ask_and_answer(tmp_path: Path) -> None:
         await second.stop()
     assert answers[1] == {"seen": {"op": "y"}}
     assert isinstance(answers[2], SiblingUnavailable)            # worker 2 never started
+
+
+async def test_a_replacement_starts_once_ready_or_once_asked_to_stop(tmp_path: Path) -> None:
+    """A replacement's start-up (then its server listens) waits for its upstream's models; SIGTERM ends the wait."""
+    gate = threading.Event()
+    with FakeVLLM() as fake:
+        models = httpx.get(fake.base_url + "/v1/models").json()
+        app = BrimfulApp(make_config(fake.base_url, None), worker=WorkerSlot(1, 2, tmp_path, replacement=True))
+        try:
+            for stop in (True, False):
+                fake.fail_next.append(FaultSpec(kind="respond", status=200, body=models, path="/v1/models",
+                                                gate=gate))
+                starting = asyncio.ensure_future(app.startup())
+                assert await fake.wait_until_async(lambda f: not f.fail_next), "no GET /v1/models"
+                await asyncio.sleep(0)
+                assert not starting.done()                       # held: its models are not known
+                if stop:
+                    app.stop_requested = lambda: True
+                    await asyncio.wait_for(starting, 2)
+                    await app.shutdown()
+                    app = BrimfulApp(make_config(fake.base_url, None),
+                                     worker=WorkerSlot(1, 2, tmp_path, replacement=True))
+                else:
+                    gate.set()
+                    await asyncio.wait_for(starting, 10)         # ready: its models and tokenizer loaded
+                    ready, _ = health.readiness(health.upstream_states(app.backends), app.counter.counted_by)
+                    assert ready
+        finally:
+            gate.set()
+            await app.shutdown()

@@ -14,6 +14,7 @@ from proxy.recording.recorder import RecentWindow, Recorder
 from proxy.recording.stats import sample_of
 from proxy.workers.shard import (
     FamiliesCollector,
+    carry_totals,
     demand_to_wire,
     families_to_wire,
     merge_counting,
@@ -22,6 +23,8 @@ from proxy.workers.shard import (
     merge_windows,
     window_from_wire,
     window_to_wire,
+    without_monotone,
+    worker_families,
 )
 
 
@@ -139,3 +142,49 @@ def test_merged_counting_is_the_least_trusting_workers() -> None:
     assert merged["qwen"] == {**upstream, "drift_requests": 5, "max_under_count": 3, "max_over_count": 2,
                               "engine_failures": 1, "modes_by_worker": {"0": "local", "1": "upstream"}}
     assert merged["phi"] == local
+
+
+def _share(index: int, pid: int, requests: float, in_flight: float) -> dict:
+    return {"index": index, "pid": pid, "families": [
+        {"name": "brimful_requests", "documentation": "", "type": "counter", "unit": "",
+         "samples": [["brimful_requests_total", {"model": "m"}, requests]]},
+        {"name": "brimful_in_flight", "documentation": "", "type": "gauge", "unit": "",
+         "samples": [["brimful_in_flight", {}, in_flight]]}]}
+
+
+def _total(shares: list, carried: list, name: str) -> float:
+    return sum(s.value for f in merge_families([without_monotone(s["families"]) for s in shares] + carried)
+               for s in f.samples if s.name == name)
+
+
+def test_carried_totals_never_go_backwards_when_a_worker_dies_or_does_not_answer() -> None:
+    seen: dict = {}
+    steps = [  # (answers, missing): worker 1 killed (pid 11 -> 12), then the primary too (pid 10 -> 13)
+        ([_share(0, 10, 100, 2), _share(1, 11, 50, 3)], []),
+        ([_share(0, 10, 120, 1)], [1]),                                 # worker 1 dead, its replacement starting
+        ([_share(0, 10, 130, 1), _share(1, 12, 5, 1)], []),            # the replacement counts from 0
+        ([_share(0, 13, 1, 0), _share(1, 12, 9, 0)], []),              # the primary restarted
+    ]
+    totals, in_flight = [], []
+    for shares, missing in steps:
+        seen, carried = carry_totals(json.loads(json.dumps(seen)), shares, missing)   # as the file keeps it
+        totals.append(_total(shares, carried, "brimful_requests_total"))
+        in_flight.append(_total(shares, carried, "brimful_in_flight"))
+    assert totals == [150, 170, 185, 50 + 130 + 1 + 9]
+    assert in_flight == [5, 1, 2, 0]                   # gauges are the living workers' alone
+    assert totals == sorted(totals)
+
+
+def test_two_pages_bringing_their_shares_in_either_order_never_lower_a_total() -> None:
+    seen, _ = carry_totals({}, [_share(0, 10, 100, 0)], [])
+    seen, shown = carry_totals(seen, [_share(0, 10, 90, 0)], [])        # an older share, late
+    assert _total([], shown, "brimful_requests_total") == 100
+    seen, shown = carry_totals(seen, [_share(0, 11, 3, 0)], [])         # then the worker died
+    assert _total([], shown, "brimful_requests_total") == 103
+
+
+def test_worker_families_say_who_answered_and_who_backs_off() -> None:
+    text = render(worker_families(3, [0, 2], {"1": {"restarts": 3, "waiting": True}})).decode()
+    assert 'brimful_worker_up{worker="1"} 0.0' in text and 'brimful_worker_up{worker="2"} 1.0' in text
+    assert 'brimful_worker_restarts_total{worker="1"} 3.0' in text
+    assert 'brimful_worker_backing_off{worker="1"} 1.0' in text and 'brimful_worker_backing_off{worker="0"} 0.0' in text

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from proxy.recording.metrics import DEFAULT_TOKEN_BUCKETS
 from proxy.recording.stats import summarize
 from tests.e2e.test_lifecycle import _assert_complete, _refuses_connections
 from tests.recording.test_live_sizing import metrics_text
-from tests.support.fakevllm import FakeVLLM
+from tests.support.fakevllm import FakeVLLM, FaultSpec
 from tests.support.process import BrimfulProcess, wait_until
 from tests.support.stack import CHAT, MODEL, fake_counter
 from tokenizer_cache import load_model_tokenizer
@@ -150,23 +151,78 @@ def test_sigterm_drains_every_worker_and_exits_0(qwen3_dir: Path, tmp_path: Path
         assert not Path(f"/proc/{pid}").exists(), f"worker {pid} outlived the supervisor"
 
 
-def test_a_worker_that_dies_is_replaced(qwen3_dir: Path, tmp_path: Path) -> None:
+def chat(base_url: str, timeout: float = 30) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    with httpx.Client(base_url=base_url, timeout=timeout) as http:
+        assert http.post(CHAT, json=body).status_code == 200
+
+
+def requests_total(base_url: str) -> float:
+    page = get(base_url, "/metrics")
+    assert page.status_code == 200, page.text        # on main: 503 while a worker is replaced
+    return sum(v for (name, _), v in samples(page.text).items() if name == "brimful_requests_total")
+
+
+def test_a_worker_that_dies_is_replaced_and_no_counter_goes_backwards(qwen3_dir: Path, tmp_path: Path) -> None:
+    """The issue: after kill -9 of a worker, brimful_requests_total fell (11,641 -> 5,250)."""
     with FakeVLLM() as fake:
         brimful = two_workers(fake.base_url, tmp_path, qwen3_dir)
         try:
-            before = {w["index"]: w["pid"] for w in workers(brimful.base_url)}
-            os.kill(before[1], signal.SIGKILL)
+            for _ in range(30):
+                chat(brimful.base_url)
+            before = {w["index"]: w for w in workers(brimful.base_url)}
+            assert before[0]["records"] > 0 and before[1]["records"] > 0      # both served some
+            assert requests_total(brimful.base_url) == 30
+            os.kill(before[1]["pid"], signal.SIGKILL)
+            totals = []
 
             def replaced() -> bool:
+                totals.append(requests_total(brimful.base_url))
                 now = {w["index"]: w.get("pid") for w in workers(brimful.base_url)}
-                return now[0] == before[0] and now[1] not in (None, before[1])
+                return now[0] == before[0]["pid"] and now[1] not in (None, before[1]["pid"])
 
             assert wait_until(replaced, timeout=60)
             assert wait_until(lambda: all_ready(brimful.base_url), timeout=60)
             for _ in range(10):
-                body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
-                with httpx.Client(base_url=brimful.base_url, timeout=30) as http:
-                    assert http.post(CHAT, json=body).status_code == 200
+                chat(brimful.base_url)
+            after = requests_total(brimful.base_url)
+            page = samples(get(brimful.base_url, "/metrics").text)
         finally:
             assert brimful.stop() == 0
+    assert all(total >= 30 for total in totals), totals
+    assert after == 40                       # the dead worker's 30-odd kept, the ten since added
+    assert page[("brimful_worker_restarts_total", (("worker", "1"),))] == 1
+    assert page[("brimful_worker_up", (("worker", "1"),))] == 1
     assert any("worker 1" in line and "starting a new one" in line for line in brimful.lines)
+
+
+def test_chats_go_to_the_living_worker_while_a_replacement_loads(qwen3_dir: Path, tmp_path: Path) -> None:
+    """The issue: chats queued up to 9.4 s on a dead worker's socket until its replacement was up.
+
+    The replacement is held deterministically: its first GET /v1/models waits on a gate,
+    so it cannot be ready; every chat meanwhile must be served by worker 0 (before: those
+    hashed to slot 1 waited on the dead worker's socket, or on the replacement loading).
+    """
+    gate = threading.Event()
+    with FakeVLLM() as fake:
+        brimful = two_workers(fake.base_url, tmp_path, qwen3_dir)
+        try:
+            before = {w["index"]: w["pid"] for w in workers(brimful.base_url)}
+            models = httpx.get(fake.base_url + "/v1/models").json()
+            fake.fail_next.append(FaultSpec(kind="respond", status=200, body=models, path="/v1/models", gate=gate))
+            os.kill(before[1], signal.SIGKILL)
+            assert fake.wait_until(lambda f: not f.fail_next, timeout=60), "the replacement never asked"
+            slowest = 0.0
+            for _ in range(20):                      # each on a new connection: about half hash to slot 1
+                started = time.perf_counter()
+                chat(brimful.base_url, timeout=10)
+                slowest = max(slowest, time.perf_counter() - started)
+            assert not all_ready(brimful.base_url)   # the replacement was still held throughout
+            gate.set()
+            assert wait_until(lambda: all_ready(brimful.base_url), timeout=60)
+            after = {w["index"]: w["pid"] for w in workers(brimful.base_url)}
+        finally:
+            gate.set()
+            assert brimful.stop() == 0
+    assert after[0] == before[0] and after[1] != before[1]
+    assert slowest < 5.0, slowest                   # never the replacement's start-up (held indefinitely)

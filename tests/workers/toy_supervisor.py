@@ -1,0 +1,52 @@
+"""The real Supervisor over toy workers, for tests/workers/test_restarts.py.
+
+`python -m tests.workers.toy_supervisor STATE COUNT` serves COUNT workers on a free
+loopback port and prints it.  Each worker answers every connection with one
+line, "<slot> <pid>", and closes it.  Each start appends its pid to
+STATE/slot-<i>.starts; a replacement (not the slot's first start) of a slot
+with a STATE/gate-<i> FIFO blocks opening it until the test opens its other
+end, so a test can hold a replacement's start for as long as it needs.  With a
+STATE/cannot-start file every worker exits at once with uvicorn's start-up failure (3).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+from proxy.workers.siblings import WorkerSlot
+from proxy.workers.supervisor import Supervisor, listening_sockets
+
+
+def main(state: Path, count: int) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
+
+    def run_worker(slot: WorkerSlot, sock: socket.socket) -> int:
+        starts = state / f"slot-{slot.index}.starts"
+        first = not starts.exists()
+        gate = state / f"gate-{slot.index}"
+        with starts.open("a") as f:
+            f.write(f"{os.getpid()}\n")
+        if (state / "cannot-start").exists():
+            return 3
+        if not first and gate.exists():
+            with gate.open() as f:         # blocks until the test opens the FIFO for writing
+                f.read()
+        sock.listen(64)                    # as asyncio's server does when it starts serving
+        while True:
+            conn, _ = sock.accept()
+            with conn:
+                conn.sendall(f"{slot.index} {os.getpid()}\n".encode())
+
+    sockets = listening_sockets("127.0.0.1", 0, count)
+    print(sockets[0].getsockname()[1], flush=True)
+    directory = state / "workers"
+    directory.mkdir()
+    return Supervisor(sockets, run_worker, directory).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1]), int(sys.argv[2])))
