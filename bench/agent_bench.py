@@ -198,6 +198,7 @@ def post(url: str, body: bytes) -> tuple[int, dict[str, str]]:
 def write_config(path: Path, upstream: str) -> None:
     path.write_text("\n".join([
         "[upstream]", f'url = "{upstream}"', "", "[logging]", 'level = "warning"', "",
+        "[tokenizers]", 'engine = "fastokens"', "",   # the steady state of "auto" (DeferredEncoder)
         "[length_log]", f'path = "{path.parent / "lengths.jsonl"}"', "",
         f'[models."{MODEL}"]', f'tokenizer = "{QWEN3}"', ""]))
 
@@ -246,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     os.sched_setaffinity(0, {int(LOAD_CORE)})
     sys.path.insert(0, str(ROOT))
     from tokenizer_cache import load_model_tokenizer
-    full = load_model_tokenizer(QWEN3)          # no piece cache, no chat cache: a full count
+    full = load_model_tokenizer(QWEN3, engine="fastokens")  # no piece cache, no chat cache: a full count
 
     plain = [session(100 + s, args.turns) for s in range(args.sessions)]
     counts = [[full.count_chat(body) for body in bodies] for bodies in plain]
