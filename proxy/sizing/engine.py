@@ -32,7 +32,8 @@ from typing import Any
 
 from proxy.errors import ErrorCode
 from proxy.sizing import demand as dm
-from proxy.sizing.lengths import IMPLICIT_MAX_TOKENS, MAX_PLAUSIBLE_TOKENS, UNKNOWN_MODEL
+from proxy.sizing.lengths import BLOCK_SIZE, IMPLICIT_MAX_TOKENS, MAX_PLAUSIBLE_TOKENS, UNKNOWN_MODEL
+from proxy.sizing.pools import NO_ASK
 
 FIELDS = ("ts", "model", "endpoint", "n", "action", "prompt_tokens", "upstream_prompt_tokens", "completion_tokens",
           "longest_prompt_tokens", "granted_max_tokens", "requested_max_tokens", "max_model_len", "status",
@@ -277,10 +278,31 @@ def figures(min_completion: int) -> str:
         "AS d_refused",
         "CASE WHEN prompt IS NOT NULL THEN mml END AS d_limit",
         f"({reason}) AS reason",
-        # what `ModelStats.add_demand` gives the need estimate and the pools' routes
-        "n AS need_n", "requested AS need_asked", "granted_lenient AS need_granted", "longest AS need_longest",
-        "mml AS need_mml", "latency_s",
+        *_need_figures(implicit),
+        "latency_s",
     ])
+
+
+def _need_figures(implicit: str) -> list[str]:
+    """`proxy.sizing.need.need_figures` and `pools.route_key` in SQL, as `ModelStats.add_demand` feeds them:
+    the need's kind (0 exact, 1 cut, 2 unknown), its prompt, value and upper bound (-1: none), the route key."""
+    single = "coalesce(longest, prompt)"
+    asked = f"CASE WHEN requested > 0 THEN requested ELSE {implicit} END"
+    per_choice = ("CASE WHEN n = 1 AND longest IS NULL THEN completion "
+                  "ELSE least(completion, coalesce(nullif(granted_lenient, 0), completion)) END")
+    value = f"({single} + {per_choice})"
+    limit = f"coalesce(granted_lenient, {asked})"
+    cut = (f"CASE WHEN coalesce(has_reasons, false) THEN coalesce(finished_length, false) "
+           f"ELSE coalesce({per_choice} >= {limit}, false) OR coalesce({value} >= mml, false) END")
+    kind = (f"CASE WHEN completion IS NULL THEN 2 WHEN NOT ({cut}) OR coalesce({per_choice} >= {asked}, false) "
+            f"THEN 0 ELSE 1 END::UTINYINT")
+    return [
+        f"{kind} AS need_kind", f"{single} AS need_prompt",
+        f"CASE WHEN completion IS NULL THEN {single} + 1 ELSE {value} END AS need_value",
+        f"coalesce({single} + {asked}, -1) AS need_upper",
+        f"CASE WHEN requested > 0 THEN ({single} + requested + {BLOCK_SIZE - 1}) // {BLOCK_SIZE} * {BLOCK_SIZE} "
+        f"ELSE {NO_ASK} END AS need_route",
+    ]
 
 
 REASONS: tuple[str, ...] = typing.get_args(dm.Reason)
@@ -289,12 +311,15 @@ REASONS: tuple[str, ...] = typing.get_args(dm.Reason)
 # actions, endpoints, limits seen, reasons and counters are sums over it.
 SMALL = ("action", "endpoint", "mml_seen", "d_limit", "reason", "has_reasons", "finished_length", "parallel",
          "d_lower")
-# Token counts, one grouping set each over (model, value): the exact histograms.
-HISTOGRAMS = ("prompt", "completion", "total", "sequence", "d_seq", "d_kv", "d_refused")
-# The need estimate's inputs (proxy.sizing.need.need_figures), one grouping set over (model, *NEED) of the kept
-# records, with their latencies summed: `proxy.sizing.report` feeds each group to the same Python maths.
-NEED = ("need_prompt", "need_completion", "need_n", "need_asked", "need_granted", "need_longest", "need_mml",
-        "need_endpoint", "need_has_reasons", "need_finished_length")
+# Token counts, one grouping set each over a packed (model, value): the exact histograms.  The last two are
+# the need estimate's exact needs and their completions (`NeedTally.exact`, `.completions`).
+HISTOGRAMS = ("prompt", "completion", "total", "sequence", "d_seq", "d_kv", "d_refused", "need_exact",
+              "need_completion")
+# The grouping sets after the SMALL one and the histograms', by the one column of KEYS each groups by (with the
+# model's index): the need's cut and unknown requests (`NeedTally.cut`, `.unknown`) and the routes' sums.
+CUT = ("cut_prompt", "cut_value", "cut_upper")
+UNKNOWN = ("unknown_prompt", "unknown_upper")
+KEYS = ("state", *HISTOGRAMS, CUT[0], UNKNOWN[0], "route")
 
 
 def model_code(models: Sequence[str | None]) -> str:
@@ -305,30 +330,36 @@ def model_code(models: Sequence[str | None]) -> str:
 
 
 def aggregate_sql(source: str, keep: str, min_completion: int, models: Sequence[str | None]) -> str:
-    """One scan, GROUPING SETS: the SMALL set with the record's `state` (0 kept, 1 malformed, 2 filtered), and
-    one set per histogram over a single packed key, value × len(models) + the model's index, NULL for a
-    record not kept (one integer hashes several times faster than (state, model string, value)).  `g` is
-    GROUPING() over the histogram columns: all ones for the SMALL set, one zero bit for a histogram's set."""
+    """One scan, GROUPING SETS: the SMALL set with the record's `state` (0 kept, 1 malformed, 2 filtered), one
+    set per histogram over a single packed key, value × len(models) + the model's index `mc`, NULL for a record
+    not kept (one integer hashes several times faster than (state, model string, value)), and the CUT, UNKNOWN
+    and route sets over the model's index.  Every set's groups are few (distinct lengths, not records).  `g` is
+    GROUPING(KEYS): one zero bit, the set's key."""
     small = ", ".join(SMALL)
-    need = ", ".join(NEED)
-    sets = ", ".join([f"(state, model, {small})"] + [f"({h})" for h in HISTOGRAMS] + [f"(model, {need})"])
-    kept = {"need_prompt": "prompt", "need_completion": "completion", "need_endpoint": "endpoint",
-            "need_has_reasons": "has_reasons", "need_finished_length": "finished_length"}
-    need_cols = ", ".join(f"CASE WHEN state = 0 AND prompt IS NOT NULL THEN {kept.get(c, c)} END AS {c}"
-                          for c in NEED)
-    grouping = ", ".join(HISTOGRAMS)
+    sets = ", ".join([f"(state, model, {small})", *(f"({h})" for h in HISTOGRAMS), f"(mc, {', '.join(CUT)})",
+                      f"(mc, {', '.join(UNKNOWN)})", "(mc, route)"])
     width = len(models)
     # HUGEINT: d_kv (prompt + n × a limit) times the model count may pass BIGINT; Python's ints do not overflow
-    packed = ", ".join(f"CASE WHEN state = 0 THEN {h}::{'HUGEINT' if h == 'd_kv' else 'BIGINT'} * {width} + mc END "
-                       f"AS {h}" for h in HISTOGRAMS)
+    value = {"need_exact": "need_value", "need_completion": "need_value - need_prompt"}
+    need = "state = 0 AND prompt IS NOT NULL"
+    packed = ", ".join(f"CASE WHEN {need + ' AND need_kind = 0' if h in value else 'state = 0'} THEN "
+                       f"({value.get(h, h)})::{'HUGEINT' if h == 'd_kv' else 'BIGINT'} * {width} + mc END AS {h}"
+                       for h in HISTOGRAMS)
+    kinds = [(CUT, ("need_prompt", "need_value", "need_upper"), 1), (UNKNOWN, ("need_prompt", "need_upper"), 2)]
+    tallies = ", ".join(f"CASE WHEN {need} AND need_kind = {kind} THEN {expr} END AS {col}"
+                        for cols, exprs, kind in kinds for col, expr in zip(cols, exprs, strict=True))
+    routes = (f"CASE WHEN {need} THEN need_route END AS route, "
+              f"CASE WHEN {need} AND need_kind < 2 THEN need_value END AS known_need, "
+              f"CASE WHEN {need} AND need_kind = 2 THEN need_prompt END AS unknown_need, "
+              f"CASE WHEN {need} THEN latency_s END AS latency_s")
     return f"""
 WITH k AS (SELECT CASE WHEN NOT ok THEN 1 WHEN NOT ({keep}) THEN 2 ELSE 0 END::UTINYINT AS state, *
            FROM ({source})),
 f0 AS (SELECT state, {model_code(models)} AS mc, {figures(min_completion)} FROM k),
-f AS (SELECT state, model, {small}, {packed}, {need_cols},
-      CASE WHEN state = 0 AND prompt IS NOT NULL THEN latency_s END AS latency_s FROM f0)
-SELECT GROUPING({grouping}) AS g, GROUPING(state) AS gs, state, model, {small}, {grouping}, {need}, count(*) AS c,
-       sum(latency_s) AS lat, count(latency_s) AS nlat
+f AS (SELECT state, model, mc, {small}, {packed}, {tallies}, {routes} FROM f0)
+SELECT GROUPING({", ".join(KEYS)}) AS g, state, model, mc, {small}, {", ".join(HISTOGRAMS)}, {", ".join(CUT)},
+       {", ".join(UNKNOWN)}, route, count(*) AS c, sum(known_need) AS known_need, count(unknown_need) AS unknowns,
+       sum(unknown_need) AS unknown_need, sum(latency_s) AS lat, count(latency_s) AS nlat
 FROM f GROUP BY GROUPING SETS ({sets})"""
 
 
