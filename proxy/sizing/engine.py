@@ -41,6 +41,7 @@ FIELDS = ("ts", "model", "endpoint", "n", "action", "prompt_tokens", "upstream_p
 _INT_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER",
               "UBIGINT", "UHUGEINT")
 _NUM_TYPES = (*_INT_TYPES, "FLOAT", "DOUBLE")
+_BIGINT_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER")   # fit BIGINT
 
 
 def available() -> bool:
@@ -82,11 +83,21 @@ def _list(paths: Iterable[str]) -> str:
 
 
 class JsonField:
-    """A field of a JSON line: `v[i]` is its JSON text (SQL NULL when the key is absent)."""
+    """A field of a JSON line, from `json_source`'s inner projection, each computed once per line: `j{i}` its
+    JSON text (SQL NULL when the key is absent), `t{i}` its JSON type, `s{i}` its text (->>), `i{i}` its value
+    when a JSON integer that fits BIGINT, `d{i}` when a JSON number.  (Re-parsing the value in every test of
+    the reduction made it many times slower than DuckDB's own reading of the file.)"""
 
     def __init__(self, index: int) -> None:
-        self.v = f"v[{index}]"
-        self.t = f"json_type(v[{index}])"
+        self.v, self.t, self.s, self.i, self.d = (f"{c}{index}" for c in "jtsid")
+
+    @staticmethod
+    def columns(index: int) -> str:
+        """The inner projection's columns of field `index` (1-based) of `v`, the line's extracted values."""
+        j, t, s = f"j{index}", f"t{index}", f"s{index}"
+        return (f"v[{index}] AS {j}, json_type(v[{index}]) AS {t}, v[{index}]->>'$' AS {s}, "
+                f"CASE WHEN {t} IN ('BIGINT', 'UBIGINT') THEN TRY_CAST({s} AS BIGINT) END AS i{index}, "
+                f"CASE WHEN {t} IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN TRY_CAST({s} AS DOUBLE) END AS d{index}")
 
     def absent(self) -> str:
         return f"({self.v} IS NULL)"
@@ -95,26 +106,26 @@ class JsonField:
         return f"({self.t} = 'NULL')"
 
     def is_int(self) -> str:
-        return f"({self.t} IN ('BIGINT', 'UBIGINT') AND {self.as_int()} IS NOT NULL)"
+        return f"({self.i} IS NOT NULL)"
 
     def as_int(self) -> str:
-        return f"TRY_CAST({self.v}->>'$' AS BIGINT)"
+        return self.i
 
     def is_num(self) -> str:
         return f"({self.t} IN ('BIGINT', 'UBIGINT', 'DOUBLE'))"
 
     def num(self) -> str:
-        return f"TRY_CAST({self.v}->>'$' AS DOUBLE)"
+        return self.d
 
     def is_str(self) -> str:
         return f"({self.t} = 'VARCHAR')"
 
     def as_str(self) -> str:
-        return f"({self.v}->>'$')"
+        return f"CASE WHEN {self.is_str()} THEN {self.s} END"
 
     def text(self) -> str:
         """Python's str(value) for a string or an integer (what reason_of looks up)."""
-        return f"CASE WHEN {self.is_str()} THEN {self.as_str()} WHEN {self.is_int()} THEN {self.as_int()}::VARCHAR END"
+        return f"CASE WHEN {self.is_str()} THEN {self.s} WHEN {self.is_int()} THEN {self.i}::VARCHAR END"
 
     def reasons(self) -> tuple[str, str, str]:
         """(well-formed, has reasons, 'length' among them): Python's `rec.get(k) or []` then isinstance list."""
@@ -142,16 +153,22 @@ class ParquetField:
         return expr if self.kind in types else "NULL"
 
     def is_int(self) -> str:
-        return f"({self.as_int()} IS NOT NULL)"
+        return f"({self.c} IS NOT NULL)" if self.kind in _BIGINT_TYPES else f"({self.as_int()} IS NOT NULL)"
 
     def as_int(self) -> str:
+        """The column as BIGINT: as it is, or widened (no TRY_CAST per value: that is most of the reduction's
+        CPU), TRY_CAST only where values may not fit (UBIGINT, HUGEINT: they are malformed then)."""
+        if self.kind == "BIGINT":
+            return self.c
+        if self.kind in _BIGINT_TYPES:
+            return f"{self.c}::BIGINT"
         return self._typed(_INT_TYPES, f"TRY_CAST({self.c} AS BIGINT)")
 
     def is_num(self) -> str:
         return f"({self.num()} IS NOT NULL)"
 
     def num(self) -> str:
-        return self._typed(_NUM_TYPES, f"{self.c}::DOUBLE")
+        return self.c if self.kind == "DOUBLE" else self._typed(_NUM_TYPES, f"{self.c}::DOUBLE")
 
     def is_str(self) -> str:
         return f"({self.as_str()} IS NOT NULL)"
@@ -367,17 +384,21 @@ FROM f GROUP BY GROUPING SETS ({sets})"""
 # the sources
 
 
-def json_source(files: Sequence[str]) -> str:
-    """Every non-blank line of JSON-lines files (gzip too), as `normalized` rows plus `kept` flags."""
-    paths = ", ".join(f"'$.{name}'" for name in FIELDS)
-    fields: dict[str, Field] = {name: JsonField(i + 1) for i, name in enumerate(FIELDS)}
+def json_source(files: Sequence[str], names: Sequence[str] = FIELDS) -> str:
+    """Every non-blank line of JSON-lines files (gzip too), as `normalized` rows plus `kept` flags (`names`:
+    only those fields, for the models' pre-pass)."""
+    paths = ", ".join(f"'$.{name}'" for name in names)
+    fields: dict[str, Field] = {name: JsonField(i + 1) for i, name in enumerate(names)}
     blank = "' \t\r\n' || chr(11) || chr(12)"
+    columns = ", ".join(JsonField.columns(i + 1) for i in range(len(names)))
+    select = normalized(fields) if names == FIELDS else f"{fields['model'].as_str()} AS model"
     return f"""
-SELECT {normalized(fields)} FROM (
+SELECT {select} FROM (
+ SELECT {columns} FROM (
   SELECT CASE WHEN json_valid(line) AND json_type(line) = 'OBJECT' THEN json_extract(line, [{paths}]) END AS v
   FROM read_csv({_list(files)}, columns = {{'line': 'VARCHAR'}}, header = false, delim = chr(1), quote = '',
                 escape = '', auto_detect = false, strict_mode = false, compression = 'auto', nullstr = chr(2))
-  WHERE trim(line, {blank}) <> '')"""
+  WHERE trim(line, {blank}) <> ''))"""
 
 
 def parquet_source(con: Any, files: Sequence[str]) -> str:
@@ -429,7 +450,10 @@ def _aggregate(con: Any, files: Sequence[str], model: str | None, since: float |
     jsonl = [p for p in files if not is_parquet(p)]
     parts = ([json_source(jsonl)] if jsonl else []) + ([parquet_source(con, parquet)] if parquet else [])
     source = " UNION ALL ".join(f"({p})" for p in parts)
-    # the models first (for Parquet a scan of one dictionary column), to pack the histogram keys
-    models = [row[0] for row in con.sql(f"SELECT DISTINCT model FROM ({source}) ORDER BY ALL").fetchall()]
+    # the models first, to pack the histogram keys: for Parquet a scan of one dictionary column, for JSON lines
+    # the model field alone (a superset of the kept records' models: a code unused is harmless)
+    pre = " UNION ALL ".join(f"({p})" for p in ([json_source(jsonl, ("model",))] if jsonl else [])
+                             + ([f"SELECT model FROM ({parquet_source(con, parquet)})"] if parquet else []))
+    models = [row[0] for row in con.sql(f"SELECT DISTINCT model FROM ({pre}) ORDER BY ALL").fetchall()]
     rel = con.sql(aggregate_sql(source, _filter(model, since), min_completion, models))
     return Aggregates(rel.fetchall(), list(rel.columns), models)
