@@ -353,8 +353,7 @@ def aggregate_sql(source: str, keep: str, min_completion: int, models: Sequence[
     and route sets over the model's index.  Every set's groups are few (distinct lengths, not records).  `g` is
     GROUPING(KEYS): one zero bit, the set's key."""
     small = ", ".join(SMALL)
-    sets = ", ".join([f"(state, model, {small})", *(f"({h})" for h in HISTOGRAMS), f"(mc, {', '.join(CUT)})",
-                      f"(mc, {', '.join(UNKNOWN)})", "(mc, route)"])
+    sets = [f"state, model, {small}", *HISTOGRAMS, f"mc, {', '.join(CUT)}", f"mc, {', '.join(UNKNOWN)}", "mc, route"]
     width = len(models)
     # HUGEINT: d_kv (prompt + n × a limit) times the model count may pass BIGINT; Python's ints do not overflow
     value = {"need_exact": "need_value", "need_completion": "need_value - need_prompt"}
@@ -373,11 +372,25 @@ def aggregate_sql(source: str, keep: str, min_completion: int, models: Sequence[
 WITH k AS (SELECT CASE WHEN NOT ok THEN 1 WHEN NOT ({keep}) THEN 2 ELSE 0 END::UTINYINT AS state, *
            FROM ({source})),
 f0 AS (SELECT state, {model_code(models)} AS mc, {figures(min_completion)} FROM k),
-f AS (SELECT state, model, mc, {small}, {packed}, {tallies}, {routes} FROM f0)
-SELECT GROUPING({", ".join(KEYS)}) AS g, state, model, mc, {small}, {", ".join(HISTOGRAMS)}, {", ".join(CUT)},
-       {", ".join(UNKNOWN)}, route, count(*) AS c, sum(known_need) AS known_need, count(unknown_need) AS unknowns,
-       sum(unknown_need) AS unknown_need, sum(latency_s) AS lat, count(latency_s) AS nlat
-FROM f GROUP BY GROUPING SETS ({sets})"""
+f AS MATERIALIZED (SELECT state, model, mc, {small}, {packed}, {tallies}, {routes} FROM f0)
+{_sets_sql(sets)}"""
+
+
+def _sets_sql(sets: list[str]) -> str:
+    """The grouping sets, each its own GROUP BY over the CTE `f` (which DuckDB materializes once, as it does for
+    GROUPING SETS): a set counts only its rows (those with its key) and only the routes' set sums, where one
+    GROUPING SETS query computes every aggregate in every set.  `g` is what GROUPING(KEYS) would be."""
+    width = len(KEYS)
+    parts = []
+    for i, (key, cols) in enumerate(zip(KEYS, sets, strict=True)):
+        aggregates = "count(*) AS c"
+        if key == "route":
+            aggregates += (", sum(known_need) AS known_need, count(unknown_need) AS unknowns, "
+                           "sum(unknown_need) AS unknown_need, sum(latency_s) AS lat, count(latency_s) AS nlat")
+        where = "" if key == "state" else f" WHERE {key} IS NOT NULL"
+        grouping = ((1 << width) - 1) ^ (1 << (width - 1 - i))
+        parts.append(f"SELECT {grouping} AS g, {cols.strip('()')}, {aggregates} FROM f{where} GROUP BY ALL")
+    return "\nUNION ALL BY NAME\n".join(parts)
 
 
 # ---------------------------------------------------------------------------
