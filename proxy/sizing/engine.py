@@ -5,8 +5,9 @@ and folds it into a `ModelStats`: about 100k records per second of CPU, the
 better part of an hour for a fleet's day.  Here DuckDB does the reading and the
 folding: one query reduces every record to the same figures (`record_lengths`,
 `demand_figures`, `reason_of`, the validity rules of `_opt_int` and
-`_lenient_int`) and counts them per (model, figure, value) with GROUPING SETS,
-in one scan on every core.  What comes back is the exact value → count
+`_lenient_int`, `need_figures`, `route_key`) and counts them per (model,
+figure, value), one GROUP BY per figure over the figures computed once, in one
+scan on every core; every set's groups are distinct lengths, never records.  What comes back is the exact value → count
 histograms and counters `ModelStats` holds, so the percentiles, the demand
 recommendation and the output are the Python code's own (`model_report`),
 whichever reader ran: the two are tested to agree record for record.
@@ -347,11 +348,11 @@ def model_code(models: Sequence[str | None]) -> str:
 
 
 def aggregate_sql(source: str, keep: str, min_completion: int, models: Sequence[str | None]) -> str:
-    """One scan, GROUPING SETS: the SMALL set with the record's `state` (0 kept, 1 malformed, 2 filtered), one
-    set per histogram over a single packed key, value × len(models) + the model's index `mc`, NULL for a record
-    not kept (one integer hashes several times faster than (state, model string, value)), and the CUT, UNKNOWN
-    and route sets over the model's index.  Every set's groups are few (distinct lengths, not records).  `g` is
-    GROUPING(KEYS): one zero bit, the set's key."""
+    """One scan, then grouping sets (`_sets_sql`): the SMALL set with the record's `state` (0 kept, 1 malformed,
+    2 filtered), one set per histogram over a single packed key, value × len(models) + the model's index `mc`,
+    NULL for a record not kept (one integer hashes several times faster than (state, model string, value)), and
+    the CUT, UNKNOWN and route sets over the model's index.  Every set's groups are few (distinct lengths, not
+    records).  `g` is GROUPING(KEYS): one zero bit, the set's key."""
     small = ", ".join(SMALL)
     sets = [f"state, model, {small}", *HISTOGRAMS, f"mc, {', '.join(CUT)}", f"mc, {', '.join(UNKNOWN)}", "mc, route"]
     width = len(models)
@@ -423,7 +424,7 @@ def parquet_source(con: Any, files: Sequence[str]) -> str:
 
 @dataclass
 class Aggregates:
-    """The GROUPING SETS rows of `aggregate_sql` and their column names."""
+    """The grouping sets' rows of `aggregate_sql` and their column names."""
 
     rows: list[tuple[Any, ...]]
     columns: list[str]
@@ -441,7 +442,7 @@ def _filter(model: str | None, since: float | None) -> str:
 
 def run_query(files: Sequence[str], *, model: str | None = None, since: float | None = None,
               min_completion: int = 1, threads: int | None = None) -> Aggregates:
-    """Read `files` in DuckDB, one scan: the GROUPING SETS rows (see `aggregate_sql`)."""
+    """Read `files` in DuckDB, one scan: the grouping sets' rows (see `aggregate_sql`)."""
     import duckdb
 
     for path in files:
