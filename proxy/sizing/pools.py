@@ -89,12 +89,6 @@ class RouteTally:
         row[4] += latency_s
         row[5] += latencies
 
-    def add_latency(self, key: int, seconds: float, count: int) -> None:
-        """Latencies of `count` requests of a route already added, `seconds` in all (a reader's sums)."""
-        row = self.routes[key]
-        row[4] += seconds
-        row[5] += count
-
     @property
     def n(self) -> float:
         return sum(r[0] for r in self.routes.values())
