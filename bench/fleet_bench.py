@@ -2,6 +2,7 @@
 
     python bench/fleet_bench.py --records 100000000 --dir /work/fleet_day     # writes ~2 GB, times, deletes
     python bench/fleet_bench.py --records 1000000 --generate-only --dir /tmp/day   # only write a sample
+    python bench/fleet_bench.py --records 100000000 --dir /tmp/day --keep --baseline /work/main --jsonl-records 1000000
 
 The day: `--replicas` replicas' files (`proxy.recording.parquetlog`'s schema and names, one file per replica
 and `--files-per-replica` windows), records spread over 24 h, four models with their own prompt and
@@ -126,12 +127,14 @@ def generate(directory: Path, records: int, replicas: int, files_per_replica: in
     return paths
 
 
-def timed_report(pattern: str, engine: str) -> tuple[float, float, dict[str, Any]]:
-    """(wall s, CPU s, the JSON report) of `brimful report --engine ENGINE --format json PATTERN`."""
+def timed_report(pattern: str, engine: str, tree: Path = ROOT) -> tuple[float, float, dict[str, Any]]:
+    """(wall s, CPU s, the JSON report) of `brimful report --engine ENGINE --format json PATTERN`, run from the
+    checkout `tree` (another revision's: the baseline)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "proxy.commands.report", pattern, "--engine", engine,
-                          "--format", "json"], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+                          "--format", "json"], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                         check=True, capture_output=True, text=True).stdout
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -142,6 +145,19 @@ def recommendations(report: dict[str, Any]) -> dict[str, int | None]:
     return {m["model"]: (m["recommendation"] or {}).get("max_model_len") for m in report["models"]}
 
 
+def json_lines(sample: str, path: Path, records: int) -> tuple[float, float]:
+    """The sample's first `records` as JSON lines (DuckDB's COPY), and DuckDB's own reading of them: read_json
+    of every column with a trivial aggregate, in this process (wall s, CPU s): the report's baseline."""
+    import duckdb
+
+    duckdb.sql(f"COPY (SELECT * FROM read_parquet('{sample}') LIMIT {records}) TO '{path}' (FORMAT json)")
+    con = duckdb.connect()
+    before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    con.sql(f"SELECT count(*), max(COLUMNS(*)) FROM read_json('{path}', format = 'newline_delimited')").fetchall()
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return time.perf_counter() - start, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=100_000_000)
@@ -150,24 +166,47 @@ def main() -> int:
     ap.add_argument("--dir", type=Path, default=Path("/tmp/brimful_fleet_day"))
     ap.add_argument("--python-sample", type=int, default=1_000_000,
                     help="records the Python reader is timed on (the first file's, written apart)")
+    ap.add_argument("--baseline", type=Path, help="another checkout (e.g. a worktree of main): its report is "
+                    "timed on the sample beside this one's")
+    ap.add_argument("--jsonl-records", type=int, default=0,
+                    help="also write this many of the sample's records as JSON lines and time the report over "
+                    "them against DuckDB's own read_json of the file")
+    ap.add_argument("--skip-day", action="store_true", help="only the sample's timings (the day is not reported)")
     ap.add_argument("--keep", action="store_true", help="keep the files (default: delete them at the end)")
     ap.add_argument("--generate-only", action="store_true", help="write the files and stop (implies --keep)")
     args = ap.parse_args()
     try:
         t = time.perf_counter()
-        paths = generate(args.dir, args.records, args.replicas, args.files_per_replica)
+        paths = sorted(args.dir.glob("*.parquet"))
+        if len(paths) == args.replicas * args.files_per_replica and \
+                sum(pq.ParquetFile(p).metadata.num_rows for p in paths) == args.records:
+            print(f"reusing the {args.records:,} records in {args.dir} (a day written before, with --keep)")
+        else:
+            paths = generate(args.dir, args.records, args.replicas, args.files_per_replica)
         size = sum(p.stat().st_size for p in paths)
-        print(f"generated {args.records:,} records in {len(paths)} files, {size / 1e9:.2f} GB "
-              f"({size / args.records:.1f} B/record) in {time.perf_counter() - t:.0f} s")
+        print(f"{args.records:,} records in {len(paths)} files, {size / 1e9:.2f} GB "
+              f"({size / args.records:.1f} B/record), {time.perf_counter() - t:.0f} s")
         if args.generate_only:
             return 0
-        wall, cpu, day = timed_report(str(args.dir / "*.parquet"), "duckdb")
-        print(f"duckdb report over the day: {wall:.1f} s wall, {cpu:.1f} s CPU, {day['records']:,} records "
-              f"({args.records / wall / 1e6:.2f} M records/s wall); recommendations {recommendations(day)}")
+        if not args.skip_day:
+            wall, cpu, day = timed_report(str(args.dir / "*.parquet"), "duckdb")
+            print(f"duckdb report over the day: {wall:.1f} s wall, {cpu:.1f} s CPU, {day['records']:,} records "
+                  f"({args.records / cpu / 1e6:.2f} M records per CPU s); recommendations {recommendations(day)}")
         sample_dir = args.dir / "sample"
-        generate(sample_dir, args.python_sample, 1, 1)
+        if not sample_dir.is_dir():
+            generate(sample_dir, args.python_sample, 1, 1)
         sample = str(sample_dir / "*.parquet")
         dwall, dcpu, dsample = timed_report(sample, "duckdb")
+        if args.baseline:
+            bwall, bcpu, bsample = timed_report(sample, "duckdb", args.baseline.resolve())
+            print(f"{args.python_sample:,}-record sample, duckdb: this tree {dwall:.1f} s wall / {dcpu:.1f} s CPU, "
+                  f"{args.baseline} {bwall:.1f} s wall / {bcpu:.1f} s CPU: {bcpu / dcpu:.1f}x the CPU; "
+                  f"same report: {bsample == dsample}")
+        if args.jsonl_records:
+            jwall, jcpu = json_lines(sample, args.dir / "sample.jsonl", args.jsonl_records)
+            rwall, rcpu, _ = timed_report(str(args.dir / "sample.jsonl"), "duckdb")
+            print(f"{args.jsonl_records:,} JSON lines: DuckDB's read_json {jwall:.1f} s wall / {jcpu:.1f} s CPU, "
+                  f"the report {rwall:.1f} s wall / {rcpu:.1f} s CPU: {rcpu / jcpu:.1f}x the engine's reading")
         pwall, pcpu, psample = timed_report(sample, "python")
         print(f"{args.python_sample:,}-record sample: duckdb {dwall:.1f} s wall / {dcpu:.1f} s CPU, python "
               f"{pwall:.1f} s wall / {pcpu:.1f} s CPU ({args.python_sample / pcpu / 1e3:.0f}k records/s of CPU); "

@@ -5,8 +5,9 @@ and folds it into a `ModelStats`: about 100k records per second of CPU, the
 better part of an hour for a fleet's day.  Here DuckDB does the reading and the
 folding: one query reduces every record to the same figures (`record_lengths`,
 `demand_figures`, `reason_of`, the validity rules of `_opt_int` and
-`_lenient_int`) and counts them per (model, figure, value) with GROUPING SETS,
-in one scan on every core.  What comes back is the exact value → count
+`_lenient_int`, `need_figures`, `route_key`) and counts them per (model,
+figure, value), one GROUP BY per figure over the figures computed once, in one
+scan on every core; every set's groups are distinct lengths, never records.  What comes back is the exact value → count
 histograms and counters `ModelStats` holds, so the percentiles, the demand
 recommendation and the output are the Python code's own (`model_report`),
 whichever reader ran: the two are tested to agree record for record.
@@ -32,7 +33,8 @@ from typing import Any
 
 from proxy.errors import ErrorCode
 from proxy.sizing import demand as dm
-from proxy.sizing.lengths import IMPLICIT_MAX_TOKENS, MAX_PLAUSIBLE_TOKENS, UNKNOWN_MODEL
+from proxy.sizing.lengths import BLOCK_SIZE, IMPLICIT_MAX_TOKENS, MAX_PLAUSIBLE_TOKENS, UNKNOWN_MODEL
+from proxy.sizing.pools import NO_ASK
 
 FIELDS = ("ts", "model", "endpoint", "n", "action", "prompt_tokens", "upstream_prompt_tokens", "completion_tokens",
           "longest_prompt_tokens", "granted_max_tokens", "requested_max_tokens", "max_model_len", "status",
@@ -40,6 +42,7 @@ FIELDS = ("ts", "model", "endpoint", "n", "action", "prompt_tokens", "upstream_p
 _INT_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER",
               "UBIGINT", "UHUGEINT")
 _NUM_TYPES = (*_INT_TYPES, "FLOAT", "DOUBLE")
+_BIGINT_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER")   # fit BIGINT
 
 
 def available() -> bool:
@@ -81,11 +84,21 @@ def _list(paths: Iterable[str]) -> str:
 
 
 class JsonField:
-    """A field of a JSON line: `v[i]` is its JSON text (SQL NULL when the key is absent)."""
+    """A field of a JSON line, from `json_source`'s inner projection, each computed once per line: `j{i}` its
+    JSON text (SQL NULL when the key is absent), `t{i}` its JSON type, `s{i}` its text (->>), `i{i}` its value
+    when a JSON integer that fits BIGINT, `d{i}` when a JSON number.  (Re-parsing the value in every test of
+    the reduction made it many times slower than DuckDB's own reading of the file.)"""
 
     def __init__(self, index: int) -> None:
-        self.v = f"v[{index}]"
-        self.t = f"json_type(v[{index}])"
+        self.v, self.t, self.s, self.i, self.d = (f"{c}{index}" for c in "jtsid")
+
+    @staticmethod
+    def columns(index: int) -> str:
+        """The inner projection's columns of field `index` (1-based) of `v`, the line's extracted values."""
+        j, t, s = f"j{index}", f"t{index}", f"s{index}"
+        return (f"v[{index}] AS {j}, json_type(v[{index}]) AS {t}, v[{index}]->>'$' AS {s}, "
+                f"CASE WHEN {t} IN ('BIGINT', 'UBIGINT') THEN TRY_CAST({s} AS BIGINT) END AS i{index}, "
+                f"CASE WHEN {t} IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN TRY_CAST({s} AS DOUBLE) END AS d{index}")
 
     def absent(self) -> str:
         return f"({self.v} IS NULL)"
@@ -94,26 +107,26 @@ class JsonField:
         return f"({self.t} = 'NULL')"
 
     def is_int(self) -> str:
-        return f"({self.t} IN ('BIGINT', 'UBIGINT') AND {self.as_int()} IS NOT NULL)"
+        return f"({self.i} IS NOT NULL)"
 
     def as_int(self) -> str:
-        return f"TRY_CAST({self.v}->>'$' AS BIGINT)"
+        return self.i
 
     def is_num(self) -> str:
         return f"({self.t} IN ('BIGINT', 'UBIGINT', 'DOUBLE'))"
 
     def num(self) -> str:
-        return f"TRY_CAST({self.v}->>'$' AS DOUBLE)"
+        return self.d
 
     def is_str(self) -> str:
         return f"({self.t} = 'VARCHAR')"
 
     def as_str(self) -> str:
-        return f"({self.v}->>'$')"
+        return f"CASE WHEN {self.is_str()} THEN {self.s} END"
 
     def text(self) -> str:
         """Python's str(value) for a string or an integer (what reason_of looks up)."""
-        return f"CASE WHEN {self.is_str()} THEN {self.as_str()} WHEN {self.is_int()} THEN {self.as_int()}::VARCHAR END"
+        return f"CASE WHEN {self.is_str()} THEN {self.s} WHEN {self.is_int()} THEN {self.i}::VARCHAR END"
 
     def reasons(self) -> tuple[str, str, str]:
         """(well-formed, has reasons, 'length' among them): Python's `rec.get(k) or []` then isinstance list."""
@@ -141,16 +154,22 @@ class ParquetField:
         return expr if self.kind in types else "NULL"
 
     def is_int(self) -> str:
-        return f"({self.as_int()} IS NOT NULL)"
+        return f"({self.c} IS NOT NULL)" if self.kind in _BIGINT_TYPES else f"({self.as_int()} IS NOT NULL)"
 
     def as_int(self) -> str:
+        """The column as BIGINT: as it is, or widened (no TRY_CAST per value: that is most of the reduction's
+        CPU), TRY_CAST only where values may not fit (UBIGINT, HUGEINT: they are malformed then)."""
+        if self.kind == "BIGINT":
+            return self.c
+        if self.kind in _BIGINT_TYPES:
+            return f"{self.c}::BIGINT"
         return self._typed(_INT_TYPES, f"TRY_CAST({self.c} AS BIGINT)")
 
     def is_num(self) -> str:
         return f"({self.num()} IS NOT NULL)"
 
     def num(self) -> str:
-        return self._typed(_NUM_TYPES, f"{self.c}::DOUBLE")
+        return self.c if self.kind == "DOUBLE" else self._typed(_NUM_TYPES, f"{self.c}::DOUBLE")
 
     def is_str(self) -> str:
         return f"({self.as_str()} IS NOT NULL)"
@@ -277,10 +296,31 @@ def figures(min_completion: int) -> str:
         "AS d_refused",
         "CASE WHEN prompt IS NOT NULL THEN mml END AS d_limit",
         f"({reason}) AS reason",
-        # what `ModelStats.add_demand` gives the need estimate and the pools' routes
-        "n AS need_n", "requested AS need_asked", "granted_lenient AS need_granted", "longest AS need_longest",
-        "mml AS need_mml", "latency_s",
+        *_need_figures(implicit),
+        "latency_s",
     ])
+
+
+def _need_figures(implicit: str) -> list[str]:
+    """`proxy.sizing.need.need_figures` and `pools.route_key` in SQL, as `ModelStats.add_demand` feeds them:
+    the need's kind (0 exact, 1 cut, 2 unknown), its prompt, value and upper bound (-1: none), the route key."""
+    single = "coalesce(longest, prompt)"
+    asked = f"CASE WHEN requested > 0 THEN requested ELSE {implicit} END"
+    per_choice = ("CASE WHEN n = 1 AND longest IS NULL THEN completion "
+                  "ELSE least(completion, coalesce(nullif(granted_lenient, 0), completion)) END")
+    value = f"({single} + {per_choice})"
+    limit = f"coalesce(granted_lenient, {asked})"
+    cut = (f"CASE WHEN coalesce(has_reasons, false) THEN coalesce(finished_length, false) "
+           f"ELSE coalesce({per_choice} >= {limit}, false) OR coalesce({value} >= mml, false) END")
+    kind = (f"CASE WHEN completion IS NULL THEN 2 WHEN NOT ({cut}) OR coalesce({per_choice} >= {asked}, false) "
+            f"THEN 0 ELSE 1 END::UTINYINT")
+    return [
+        f"{kind} AS need_kind", f"{single} AS need_prompt",
+        f"CASE WHEN completion IS NULL THEN {single} + 1 ELSE {value} END AS need_value",
+        f"coalesce({single} + {asked}, -1) AS need_upper",
+        f"CASE WHEN requested > 0 THEN ({single} + requested + {BLOCK_SIZE - 1}) // {BLOCK_SIZE} * {BLOCK_SIZE} "
+        f"ELSE {NO_ASK} END AS need_route",
+    ]
 
 
 REASONS: tuple[str, ...] = typing.get_args(dm.Reason)
@@ -289,12 +329,15 @@ REASONS: tuple[str, ...] = typing.get_args(dm.Reason)
 # actions, endpoints, limits seen, reasons and counters are sums over it.
 SMALL = ("action", "endpoint", "mml_seen", "d_limit", "reason", "has_reasons", "finished_length", "parallel",
          "d_lower")
-# Token counts, one grouping set each over (model, value): the exact histograms.
-HISTOGRAMS = ("prompt", "completion", "total", "sequence", "d_seq", "d_kv", "d_refused")
-# The need estimate's inputs (proxy.sizing.need.need_figures), one grouping set over (model, *NEED) of the kept
-# records, with their latencies summed: `proxy.sizing.report` feeds each group to the same Python maths.
-NEED = ("need_prompt", "need_completion", "need_n", "need_asked", "need_granted", "need_longest", "need_mml",
-        "need_endpoint", "need_has_reasons", "need_finished_length")
+# Token counts, one grouping set each over a packed (model, value): the exact histograms.  The last two are
+# the need estimate's exact needs and their completions (`NeedTally.exact`, `.completions`).
+HISTOGRAMS = ("prompt", "completion", "total", "sequence", "d_seq", "d_kv", "d_refused", "need_exact",
+              "need_completion")
+# The grouping sets after the SMALL one and the histograms', by the one column of KEYS each groups by (with the
+# model's index): the need's cut and unknown requests (`NeedTally.cut`, `.unknown`) and the routes' sums.
+CUT = ("cut_prompt", "cut_value", "cut_upper")
+UNKNOWN = ("unknown_prompt", "unknown_upper")
+KEYS = ("state", *HISTOGRAMS, CUT[0], UNKNOWN[0], "route")
 
 
 def model_code(models: Sequence[str | None]) -> str:
@@ -305,48 +348,71 @@ def model_code(models: Sequence[str | None]) -> str:
 
 
 def aggregate_sql(source: str, keep: str, min_completion: int, models: Sequence[str | None]) -> str:
-    """One scan, GROUPING SETS: the SMALL set with the record's `state` (0 kept, 1 malformed, 2 filtered), and
-    one set per histogram over a single packed key, value × len(models) + the model's index, NULL for a
-    record not kept (one integer hashes several times faster than (state, model string, value)).  `g` is
-    GROUPING() over the histogram columns: all ones for the SMALL set, one zero bit for a histogram's set."""
+    """One scan, then grouping sets (`_sets_sql`): the SMALL set with the record's `state` (0 kept, 1 malformed,
+    2 filtered), one set per histogram over a single packed key, value × len(models) + the model's index `mc`,
+    NULL for a record not kept (one integer hashes several times faster than (state, model string, value)), and
+    the CUT, UNKNOWN and route sets over the model's index.  Every set's groups are few (distinct lengths, not
+    records).  `g` is GROUPING(KEYS): one zero bit, the set's key."""
     small = ", ".join(SMALL)
-    need = ", ".join(NEED)
-    sets = ", ".join([f"(state, model, {small})"] + [f"({h})" for h in HISTOGRAMS] + [f"(model, {need})"])
-    kept = {"need_prompt": "prompt", "need_completion": "completion", "need_endpoint": "endpoint",
-            "need_has_reasons": "has_reasons", "need_finished_length": "finished_length"}
-    need_cols = ", ".join(f"CASE WHEN state = 0 AND prompt IS NOT NULL THEN {kept.get(c, c)} END AS {c}"
-                          for c in NEED)
-    grouping = ", ".join(HISTOGRAMS)
+    sets = [f"state, model, {small}", *HISTOGRAMS, f"mc, {', '.join(CUT)}", f"mc, {', '.join(UNKNOWN)}", "mc, route"]
     width = len(models)
     # HUGEINT: d_kv (prompt + n × a limit) times the model count may pass BIGINT; Python's ints do not overflow
-    packed = ", ".join(f"CASE WHEN state = 0 THEN {h}::{'HUGEINT' if h == 'd_kv' else 'BIGINT'} * {width} + mc END "
-                       f"AS {h}" for h in HISTOGRAMS)
+    value = {"need_exact": "need_value", "need_completion": "need_value - need_prompt"}
+    need = "state = 0 AND prompt IS NOT NULL"
+    packed = ", ".join(f"CASE WHEN {need + ' AND need_kind = 0' if h in value else 'state = 0'} THEN "
+                       f"({value.get(h, h)})::{'HUGEINT' if h == 'd_kv' else 'BIGINT'} * {width} + mc END AS {h}"
+                       for h in HISTOGRAMS)
+    kinds = [(CUT, ("need_prompt", "need_value", "need_upper"), 1), (UNKNOWN, ("need_prompt", "need_upper"), 2)]
+    tallies = ", ".join(f"CASE WHEN {need} AND need_kind = {kind} THEN {expr} END AS {col}"
+                        for cols, exprs, kind in kinds for col, expr in zip(cols, exprs, strict=True))
+    routes = (f"CASE WHEN {need} THEN need_route END AS route, "
+              f"CASE WHEN {need} AND need_kind < 2 THEN need_value END AS known_need, "
+              f"CASE WHEN {need} AND need_kind = 2 THEN need_prompt END AS unknown_need, "
+              f"CASE WHEN {need} THEN latency_s END AS latency_s")
     return f"""
 WITH k AS (SELECT CASE WHEN NOT ok THEN 1 WHEN NOT ({keep}) THEN 2 ELSE 0 END::UTINYINT AS state, *
            FROM ({source})),
 f0 AS (SELECT state, {model_code(models)} AS mc, {figures(min_completion)} FROM k),
-f AS (SELECT state, model, {small}, {packed}, {need_cols},
-      CASE WHEN state = 0 AND prompt IS NOT NULL THEN latency_s END AS latency_s FROM f0)
-SELECT GROUPING({grouping}) AS g, GROUPING(state) AS gs, state, model, {small}, {grouping}, {need}, count(*) AS c,
-       sum(latency_s) AS lat, count(latency_s) AS nlat
-FROM f GROUP BY GROUPING SETS ({sets})"""
+f AS MATERIALIZED (SELECT state, model, mc, {small}, {packed}, {tallies}, {routes} FROM f0)
+{_sets_sql(sets)}"""
+
+
+def _sets_sql(sets: list[str]) -> str:
+    """The grouping sets, each its own GROUP BY over the CTE `f` (which DuckDB materializes once, as it does for
+    GROUPING SETS): a set counts only its rows (those with its key) and only the routes' set sums, where one
+    GROUPING SETS query computes every aggregate in every set.  `g` is what GROUPING(KEYS) would be."""
+    width = len(KEYS)
+    parts = []
+    for i, (key, cols) in enumerate(zip(KEYS, sets, strict=True)):
+        aggregates = "count(*) AS c"
+        if key == "route":
+            aggregates += (", sum(known_need) AS known_need, count(unknown_need) AS unknowns, "
+                           "sum(unknown_need) AS unknown_need, sum(latency_s) AS lat, count(latency_s) AS nlat")
+        where = "" if key == "state" else f" WHERE {key} IS NOT NULL"
+        grouping = ((1 << width) - 1) ^ (1 << (width - 1 - i))
+        parts.append(f"SELECT {grouping} AS g, {cols.strip('()')}, {aggregates} FROM f{where} GROUP BY ALL")
+    return "\nUNION ALL BY NAME\n".join(parts)
 
 
 # ---------------------------------------------------------------------------
 # the sources
 
 
-def json_source(files: Sequence[str]) -> str:
-    """Every non-blank line of JSON-lines files (gzip too), as `normalized` rows plus `kept` flags."""
-    paths = ", ".join(f"'$.{name}'" for name in FIELDS)
-    fields: dict[str, Field] = {name: JsonField(i + 1) for i, name in enumerate(FIELDS)}
+def json_source(files: Sequence[str], names: Sequence[str] = FIELDS) -> str:
+    """Every non-blank line of JSON-lines files (gzip too), as `normalized` rows plus `kept` flags (`names`:
+    only those fields, for the models' pre-pass)."""
+    paths = ", ".join(f"'$.{name}'" for name in names)
+    fields: dict[str, Field] = {name: JsonField(i + 1) for i, name in enumerate(names)}
     blank = "' \t\r\n' || chr(11) || chr(12)"
+    columns = ", ".join(JsonField.columns(i + 1) for i in range(len(names)))
+    select = normalized(fields) if names == FIELDS else f"{fields['model'].as_str()} AS model"
     return f"""
-SELECT {normalized(fields)} FROM (
+SELECT {select} FROM (
+ SELECT {columns} FROM (
   SELECT CASE WHEN json_valid(line) AND json_type(line) = 'OBJECT' THEN json_extract(line, [{paths}]) END AS v
   FROM read_csv({_list(files)}, columns = {{'line': 'VARCHAR'}}, header = false, delim = chr(1), quote = '',
                 escape = '', auto_detect = false, strict_mode = false, compression = 'auto', nullstr = chr(2))
-  WHERE trim(line, {blank}) <> '')"""
+  WHERE trim(line, {blank}) <> ''))"""
 
 
 def parquet_source(con: Any, files: Sequence[str]) -> str:
@@ -358,7 +424,7 @@ def parquet_source(con: Any, files: Sequence[str]) -> str:
 
 @dataclass
 class Aggregates:
-    """The GROUPING SETS rows of `aggregate_sql` and their column names."""
+    """The grouping sets' rows of `aggregate_sql` and their column names."""
 
     rows: list[tuple[Any, ...]]
     columns: list[str]
@@ -376,7 +442,7 @@ def _filter(model: str | None, since: float | None) -> str:
 
 def run_query(files: Sequence[str], *, model: str | None = None, since: float | None = None,
               min_completion: int = 1, threads: int | None = None) -> Aggregates:
-    """Read `files` in DuckDB, one scan: the GROUPING SETS rows (see `aggregate_sql`)."""
+    """Read `files` in DuckDB, one scan: the grouping sets' rows (see `aggregate_sql`)."""
     import duckdb
 
     for path in files:
@@ -398,7 +464,10 @@ def _aggregate(con: Any, files: Sequence[str], model: str | None, since: float |
     jsonl = [p for p in files if not is_parquet(p)]
     parts = ([json_source(jsonl)] if jsonl else []) + ([parquet_source(con, parquet)] if parquet else [])
     source = " UNION ALL ".join(f"({p})" for p in parts)
-    # the models first (for Parquet a scan of one dictionary column), to pack the histogram keys
-    models = [row[0] for row in con.sql(f"SELECT DISTINCT model FROM ({source}) ORDER BY ALL").fetchall()]
+    # the models first, to pack the histogram keys: for Parquet a scan of one dictionary column, for JSON lines
+    # the model field alone (a superset of the kept records' models: a code unused is harmless)
+    pre = " UNION ALL ".join(f"({p})" for p in ([json_source(jsonl, ("model",))] if jsonl else [])
+                             + ([f"SELECT model FROM ({parquet_source(con, parquet)})"] if parquet else []))
+    models = [row[0] for row in con.sql(f"SELECT DISTINCT model FROM ({pre}) ORDER BY ALL").fetchall()]
     rel = con.sql(aggregate_sql(source, _filter(model, since), min_completion, models))
     return Aggregates(rel.fetchall(), list(rel.columns), models)

@@ -75,11 +75,19 @@ class RouteTally:
             row[4] += latency_s * count
             row[5] += count
 
-    def add_latency(self, key: int, seconds: float, count: int) -> None:
-        """Latencies of `count` requests of a route already added, `seconds` in all (a reader's sums)."""
-        row = self.routes[key]
-        row[4] += seconds
-        row[5] += count
+    def add_sums(self, key: int, count: int, known_need: int, unknown: int, unknown_prompts: int,
+                 latency_s: float, latencies: int) -> None:
+        """`count` requests of one route at once (a reader's sums): their known needs' sum, how many are
+        unknown and their prompts' sum, their latencies' sum and count."""
+        row = self.routes.get(key)
+        if row is None:
+            row = self.routes[key] = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+        row[0] += count
+        row[1] += known_need
+        row[2] += unknown
+        row[3] += unknown_prompts
+        row[4] += latency_s
+        row[5] += latencies
 
     @property
     def n(self) -> float:

@@ -481,14 +481,15 @@ def build_report(paths: Sequence[str], model: str | None = None, since: float | 
 
 
 # ModelStats' value → count dicts by the engine's histogram column (proxy.sizing.engine.HISTOGRAMS)
-_DICTS: dict[str, Callable[[ModelStats], dict[int, int]]] = {
+_DICTS: dict[str, Callable[[ModelStats], dict[int, Any]]] = {
     "prompt": lambda s: s.prompt_counts, "completion": lambda s: s.completion_counts,
     "total": lambda s: s.total_counts, "sequence": lambda s: s.sequence_counts,
     "d_seq": lambda s: s.demand.sequence, "d_kv": lambda s: s.demand.kv, "d_refused": lambda s: s.demand.refused_below,
+    "need_exact": lambda s: s.need.exact, "need_completion": lambda s: s.need.completions,
 }
 
 
-def _bump(counts: dict[Any, int], key: Any, count: int) -> None:
+def _bump(counts: dict[Any, Any], key: Any, count: int) -> None:
     if key is not None:
         counts[key] = counts.get(key, 0) + count
 
@@ -508,18 +509,16 @@ def _add_small(stats: ModelStats, row: dict[str, Any], count: int) -> None:
     stats.demand.lower_bounds += count * row["d_lower"]
 
 
-def _add_need(stats: ModelStats, row: dict[str, Any], count: int) -> None:
-    """One group of the engine's NEED set, fed to the need estimate and the routes as `add_demand` feeds them."""
-    reasons = (["length"] if row["need_finished_length"] else ["stop"]) if row["need_has_reasons"] else None
-    asked = row["need_asked"]
-    kind, prompt, value, upper = nd.need_figures(
-        int(row["need_prompt"]), int(row["need_n"]), asked, row["need_completion"], row["need_granted"], reasons,
-        str(row["need_endpoint"]), row["need_longest"], row["need_mml"])
-    stats.need.add_values(kind, prompt, value, upper, count)
-    key = pl.route_key(prompt, asked)
-    stats.routes.add(key, None if kind == "unknown" else value, prompt, None, count)
-    if row["nlat"]:
-        stats.routes.add_latency(key, float(row["lat"]), int(row["nlat"]))
+def _add_keyed(stats: ModelStats, key: str, row: dict[str, Any], count: int) -> None:
+    """One group of the engine's cut, unknown or route set: `NeedTally`'s and `RouteTally`'s sums, as
+    `add_demand` makes them record by record."""
+    if key == engine.CUT[0]:
+        _bump(stats.need.cut, tuple(int(row[c]) for c in engine.CUT), count)
+    elif key == engine.UNKNOWN[0]:
+        _bump(stats.need.unknown, tuple(int(row[c]) for c in engine.UNKNOWN), count)
+    else:
+        stats.routes.add_sums(int(row["route"]), count, int(row["known_need"] or 0), int(row["unknowns"]),
+                              int(row["unknown_need"] or 0), float(row["lat"] or 0.0), int(row["nlat"]))
 
 
 def _model_stats(builder: ReportBuilder, name: str) -> ModelStats:
@@ -529,39 +528,45 @@ def _model_stats(builder: ReportBuilder, name: str) -> ModelStats:
     return stats
 
 
+def _add_state(builder: ReportBuilder, row: dict[str, Any], count: int) -> None:
+    """One group of the SMALL set, with the record's state (0 kept, 1 malformed, 2 filtered)."""
+    builder.stats.lines += count
+    if row["state"] == 1:
+        builder.stats.malformed += count
+    elif row["state"] == 2:
+        builder.stats.filtered += count
+    else:
+        builder.stats.records += count
+        _add_small(_model_stats(builder, UNKNOWN_MODEL if row["model"] is None else row["model"]), row, count)
+
+
 def builder_from_aggregates(agg: engine.Aggregates, files: Sequence[str], model: str | None,
                             since: float | None) -> ReportBuilder:
     """The `ReportBuilder` the Python reader would have built from the same records, from DuckDB's counts."""
     builder = ReportBuilder(model=model, since=since)
     builder.stats.files.extend(files)
-    width = len(engine.HISTOGRAMS)
+    width = len(engine.KEYS)
+    # GROUPING(KEYS) has one zero bit per set, the set's key (the first bit is KEYS[0]'s)
+    key_of = {((1 << width) - 1) ^ (1 << (width - 1 - i)): key for i, key in enumerate(engine.KEYS)}
+    histograms = set(engine.HISTOGRAMS)
     for values in agg.rows:
         row = dict(zip(agg.columns, values, strict=True))
-        count, state = row["c"], row["state"]
-        name = UNKNOWN_MODEL if row["model"] is None else row["model"]
-        if row["g"] == (1 << width) - 1 and row["gs"] == 1:   # the NEED set (kept records with a prompt)
-            if row["need_prompt"] is not None:
-                _add_need(_model_stats(builder, name), row, count)
+        count, key = row["c"], key_of[row["g"]]
+        if key == "state":
+            _add_state(builder, row, count)
             continue
-        if row["g"] == (1 << width) - 1:               # the SMALL set, with the record's state
-            builder.stats.lines += count
-            if state == 1:
-                builder.stats.malformed += count
-            elif state == 2:
-                builder.stats.filtered += count
-            else:
-                builder.stats.records += count
-                _add_small(_model_stats(builder, name), row, count)
+        if row[key] is None:            # records not kept, or without this figure
             continue
-        for i, h in enumerate(engine.HISTOGRAMS):
-            if not row["g"] >> (width - 1 - i) & 1:    # this set groups by h
-                if row[h] is not None:                 # None: records not kept, or no such figure
-                    value, index = divmod(int(row[h]), len(agg.models))
-                    packed = agg.models[index]
-                    # += : a NULL model and "unknown" are one
-                    _bump(_DICTS[h](_model_stats(builder, UNKNOWN_MODEL if packed is None else packed)),
-                          value, count)
-                break
+        if key in histograms:
+            value, index = divmod(int(row[key]), len(agg.models))
+        else:
+            value, index = 0, int(row["mc"])
+        name = agg.models[index]
+        stats = _model_stats(builder, UNKNOWN_MODEL if name is None else name)   # a NULL model and "unknown" are one
+        if key in histograms:
+            _bump(_DICTS[key](stats), value, count)
+        else:
+            _add_keyed(stats, key, row, count)
     return builder
 
 
