@@ -93,7 +93,8 @@ class PieceCounter:
         later = first_only_variant(tokenizer)
         self._later: Encoder | None = None
         if later is not None:
-            self._later = self._encoder.never if isinstance(self._encoder, PrependFirstEncoder) else ReferenceEncoder(later)
+            encoder = self._encoder
+            self._later = encoder.never if isinstance(encoder, PrependFirstEncoder) else ReferenceEncoder(later)
         self._first_hasher = hashlib.blake2b(digest_size=16, key=identity[:64], person=b"offset 0")
 
     @classmethod
