@@ -15,8 +15,9 @@ tokenizer vLLM builds, for every tokenizer the project ships:
   the id offline from HF_HUB_CACHE, brimful reads the id from the snapshot
   path), so R1-Distill-Llama gets transformers' id rule;
 * the tiny model folders the real-vLLM tier serves from a local path
-  (tests/tokenizer_cache/test_loader_survey.py's SERVED), where transformers 5
-  rebuilds Phi-3 and R1-Distill-Llama as LlamaTokenizer.
+  (tests/tokenizer_cache/test_loader_survey.py's SERVED; their weightless
+  recipe where not built here), where transformers 5 rebuilds Phi-3 and
+  R1-Distill-Llama as LlamaTokenizer.
 
 brimful counts as the proxy does by default: loader auto, engine auto
 (fastokens where it passes its self-check), a piece cache.  The image probe is
@@ -96,7 +97,8 @@ def test_the_probes_find_no_drift_on_any_shipped_tokenizer(tmp_path: Path) -> No
     for name in SOURCES:
         models[name] = (SOURCES[name].hub_id, _snapshot(name, hub))
     for rel in SERVED:
-        models[rel] = (str(_served(rel)), _served(rel))
+        folder = _served(rel, tmp_path / "served")
+        models[rel] = (str(folder), folder)
     ours = {label: _brimful(folder) for label, (_, folder) in models.items()}
     theirs = _vllm_counts([{"model": served, "texts": ours[label][0]} for label, (served, _) in models.items()], hub)
     drift = {}
