@@ -3,6 +3,7 @@
     python bench/engine_bench.py exactness [--random 3000]
     python bench/engine_bench.py speed [--rounds 5]
     python bench/engine_bench.py chat [--rounds 5]
+    python bench/engine_bench.py rebuilt [--rounds 5]
 
 `exactness`: for every tokenizer in ../shared/models, every corpus request
 rendered with brimful's renderer plus `--random` texts from tests/support/textgen.py
@@ -19,6 +20,13 @@ engine releases the GIL: two threads counting at once vs one after the other.
 
 `chat`: count_chat of a 100k / 10k / 800-token chat on Qwen3-8B through
 brimful with each encoder (rendering included), CPU ms and ratio.
+
+`rebuilt`: Phi-3-mini and -medium as transformers 5 rebuilds them (a folder
+with a qwen3/llama config.json: LlamaTokenizer, Metaspace prepend_scheme
+"first"), count_text of the speed texts with `tokenizers` (what counted them
+before fastokens could load that form) against the engine the load picks now
+(fastokens over the Metaspace-free form, `_encoder.metaspace_as_normalizer`),
+same run, CPU ms and ratio; the counts must be equal.
 
 Candidates: fastokens, tokie, kitoken (PyPI; `pip install` them), bpe-openai
 (only OpenAI's own encodings, it cannot load a tokenizer.json).  Not a test.
@@ -505,15 +513,42 @@ def run_chat(args: argparse.Namespace) -> None:
         print(f"  {label:52} {us:8.1f} {us / base:6.2f}")
 
 
+def run_rebuilt(args: argparse.Namespace) -> None:
+    import tempfile
+
+    sources = source_texts()
+    for name in ("microsoft--Phi-3-mini-4k-instruct", "microsoft--Phi-3-medium-4k-instruct"):
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = pathlib.Path(tmp)
+            for file in ("tokenizer.json", "tokenizer_config.json"):
+                (folder / file).symlink_to(MODELS / name / file)
+            (folder / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+            before = load_model_tokenizer(folder, tokenizer_loader="transformers5", engine="tokenizers")
+            after = load_model_tokenizer(folder, tokenizer_loader="transformers5")
+            print(f"\n{name} (transformers 5: {after.loader_info.tokenizer_class}); engine after: {after.engine}")
+            print(f"  {'text':16} {'tokenizers ms':>14} {after.engine + ' ms':>14} {'ratio':>7}")
+            for kind, source in sources.items():
+                for target in (1_000, 10_000, 100_000):
+                    text = text_of_tokens(before.tokenizer, source, target)
+                    a = before.count_text(text, add_special_tokens=False)
+                    b = after.count_text(text, add_special_tokens=False)
+                    assert a == b, (name, kind, target, a, b)
+                    old, new = (timed(lambda m=m, text=text: m.count_text(text, add_special_tokens=False),
+                                      args.rounds)[0] for m in (before, after))
+                    print(f"  {kind + ' ' + str(a):16} {old * 1e3:14.2f} {new * 1e3:14.2f} {old / new:6.1f}x",
+                          flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["exactness", "speed", "gil", "chat"])
+    parser.add_argument("what", choices=["exactness", "speed", "gil", "chat", "rebuilt"])
     parser.add_argument("--random", type=int, default=3000, help="random texts per tokenizer (exactness)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--cold", type=int, default=3, help="fresh engine loads per cold figure (speed)")
     parser.add_argument("--engines", nargs="+", default=list(ENGINES))
     args = parser.parse_args(argv)
-    {"exactness": run_exactness, "speed": run_speed, "gil": run_gil, "chat": run_chat}[args.what](args)
+    {"exactness": run_exactness, "speed": run_speed, "gil": run_gil, "chat": run_chat,
+     "rebuilt": run_rebuilt}[args.what](args)
     return 0
 
 

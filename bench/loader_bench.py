@@ -14,6 +14,11 @@ loaded both ways in the same run:
   (no piece/chat cache) and through a piece cache with the same chat resent
   plus one turn, median of --rounds; with the engine each load chose.
 
+Names of the npm tokenizer packages (tests/support/npm_tokenizers.py: gemma3,
+llama3_1, gptoss) are loaded from their fetched folder with their official
+`model_type` (gemma3_text, llama, gpt_oss: gpt-oss renders with harmony).
+--load-only skips the count figures.
+
 Ratios are new / old.  Not a test.
 """
 
@@ -31,6 +36,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.support import npm_tokenizers  # noqa: E402
 from tokenizer_cache import PieceCountCache, load_model_tokenizer  # noqa: E402
 
 MODELS = ROOT.parent.parent / "shared" / "models"
@@ -51,7 +57,15 @@ print(json.dumps({{"wall": wall, "rss_mb": resource.getrusage(resource.RUSAGE_SE
 _IMPORT = "import time; s = time.perf_counter(); import transformers; print(time.perf_counter() - s)"
 
 
+NPM_MODEL_TYPES = {"gemma3": "gemma3_text", "llama3_1": "llama", "gptoss": "gpt_oss"}
+
+
 def model_folder(name: str, root: pathlib.Path) -> pathlib.Path:
+    if name in NPM_MODEL_TYPES:
+        folder = npm_tokenizers.model_folder(name, root / name, NPM_MODEL_TYPES[name])
+        if folder is None:
+            raise SystemExit(f"npm tokenizer {name} not fetched: python3 tests/support/npm_tokenizers.py {name}")
+        return folder
     folder = root / name
     folder.mkdir()
     for file in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
@@ -106,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--models", nargs="+", default=DEFAULT_MODELS)
+    parser.add_argument("--load-only", action="store_true", help="load time and memory only, no count figures")
     args = parser.parse_args(argv)
     imports = [float(subprocess.run([sys.executable, "-c", _IMPORT], capture_output=True, text=True,
                                     check=True).stdout.strip().splitlines()[-1]) for _ in range(args.rounds)]
@@ -114,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.models:
             folder = model_folder(name, pathlib.Path(tmp))
             load = {loader: load_figures(folder, loader, args.rounds) for loader in LOADERS}
-            count = {loader: count_figures(folder, loader, args.rounds) for loader in LOADERS}
+            count = {loader: {} if args.load_only else count_figures(folder, loader, args.rounds)
+                     for loader in LOADERS}
             old, new = load["tokenizer_json"], load["transformers5"]
             print(f"\n{name}: transformers5 builds {new['cls']}; engines {old['engine']} -> {new['engine']}")
             print(f"  {'':22} {'tokenizer_json':>15} {'transformers5':>14} {'ratio':>6}")

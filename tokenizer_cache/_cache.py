@@ -75,7 +75,7 @@ class TokenizerCache:
         self, directory: str | os.PathLike[str], tokenizer_mode: str = "auto", tokenizer_loader: str = AUTO,
         name_or_path: str | None = None,
     ) -> CountingModel:
-        """`name_or_path`: the model id vLLM was started with, when not this folder (`load_model_tokenizer`)."""
+        """`name_or_path`: the name transformers is to see, when not this folder (`load_model_tokenizer`)."""
         key = (pathlib.Path(directory).expanduser().resolve(), check_tokenizer_mode(tokenizer_mode),
                check_loader(tokenizer_loader), name_or_path)
         with self._lock:

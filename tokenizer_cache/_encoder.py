@@ -6,6 +6,10 @@ identical to it on the whole corpus and on large randomised sets for every
 shipped tokenizer, 10-90x faster (bench/engine_bench.py), but it is a
 reimplementation: it cannot load some components (Metaspace pre-tokenizers)
 and differs on some it can (ByteLevel with add_prefix_space before U+180E).
+transformers 5's LlamaTokenizer builds Metaspace(split=false, prepend_scheme
+"first"), which is a Replace(" " -> "▁") normalizer plus a "▁" before the piece
+at offset 0: fastokens loads that form (`metaspace_as_normalizer`) and
+`PrependFirstEncoder` adds the "▁" itself, under the same self-check.
 So each model gets it only after a self-check at load time: its ids must
 equal `tokenizers`' on the built-in texts of `_selfcheck` (derived from the
 model's own added tokens).  Otherwise, or when it is not installed, the
@@ -27,6 +31,7 @@ several threads at once (tests/tokenizer_cache/test_engine_exactness.py).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -37,6 +42,8 @@ from typing import Protocol
 
 from tokenizers import Tokenizer
 
+from ._added_split import AddedTokenSplitter
+from ._piece_support import split_tokens
 from ._selfcheck import self_check_texts
 
 logger = logging.getLogger("brimful.tokenizer")
@@ -134,6 +141,79 @@ class FastokensEncoder:
                                            split_special_tokens=self._split).ids)
 
 
+def metaspace_as_normalizer(spec: str) -> tuple[str, str, str] | None:
+    """`spec` with its Metaspace(split=false, prepend_scheme first|never) pre-tokenizer as a Replace normalizer.
+
+    Metaspace without split only replaces " " with its replacement and, for
+    "first", puts one before the piece at original offset 0 unless it starts
+    with one; the Replace normalizer does the first part on the same pieces
+    (the text between added tokens).  Returns (that spec, scheme, replacement),
+    or None where the rewrite would not be the same tokenizer: another
+    normalizer or pre-tokenizer, split=true, or added tokens matched on
+    normalized text (they would see the replacement instead of spaces).
+    """
+    data = json.loads(spec)
+    pre = data.get("pre_tokenizer")
+    if not (isinstance(pre, dict) and pre.get("type") == "Metaspace" and pre.get("split") is False
+            and pre.get("prepend_scheme") in ("first", "never") and data.get("normalizer") is None):
+        return None
+    if any(token.get("normalized") for token in data.get("added_tokens") or []):
+        return None
+    replacement = str(pre.get("replacement", "\u2581"))
+    data["pre_tokenizer"] = None
+    data["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": replacement}
+    return json.dumps(data, ensure_ascii=False), str(pre["prepend_scheme"]), replacement
+
+
+class PrependFirstEncoder:
+    """Metaspace prepend_scheme "first" over an engine of its "never" form: the replacement put before a
+    text whose first piece starts at offset 0 (no added token there) and does not start with " " or it."""
+
+    name = FASTOKENS
+
+    def __init__(self, never: FastokensEncoder, splitter: AddedTokenSplitter, replacement: str) -> None:
+        self.never = never  # the piece counter counts pieces not at offset 0 with it
+        self._splitter = splitter
+        self._replacement = replacement
+
+    @property
+    def failures(self) -> int:
+        return self.never.failures
+
+    def _text(self, text: str) -> str:
+        if not text or text[0] == " " or text[0] == self._replacement:
+            return text
+        return self._replacement + text if self._splitter.split_from_start(text)[2] else text
+
+    def count(self, text: str, add_special_tokens: bool) -> int:
+        return self.never.count(self._text(text), add_special_tokens)
+
+    def count_pieces(self, pieces: list[str]) -> list[int]:
+        return self.never.count_pieces([self._text(piece) for piece in pieces])
+
+    def ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self.never.ids(self._text(text), add_special_tokens)
+
+
+def _fast_candidate(tokenizer: Tokenizer, spec: str, reference: ReferenceEncoder) -> Encoder:
+    """fastokens over `spec`, or over its Metaspace-free form (`metaspace_as_normalizer`)."""
+    split = tokenizer.encode_special_tokens
+    rewritten = metaspace_as_normalizer(spec)
+    if rewritten is None:
+        return FastokensEncoder(spec, reference, split_special_tokens=split)
+    never_spec, scheme, replacement = rewritten
+    never_tokenizer = Tokenizer.from_str(never_spec)
+    never_tokenizer.no_truncation()
+    never_tokenizer.no_padding()
+    never_tokenizer.encode_special_tokens = split
+    # A text fastokens raises on goes to `tokenizers` over the same form, so the prefix stays right.
+    never = FastokensEncoder(never_spec, ReferenceEncoder(never_tokenizer), split_special_tokens=split)
+    if scheme == "never":
+        return never
+    return PrependFirstEncoder(never, AddedTokenSplitter(split_tokens(tokenizer), encode_special_tokens=split),
+                               replacement)
+
+
 @dataclass(frozen=True)
 class EncoderChoice:
     """The encoder a model counts with, and why it is not the preferred one (None when it is)."""
@@ -183,7 +263,7 @@ def select_encoder(tokenizer: Tokenizer, spec: str, *, engine: str = "auto", sou
     if engine == REFERENCE:
         return EncoderChoice(reference)
     try:
-        candidate = FastokensEncoder(spec, reference, split_special_tokens=tokenizer.encode_special_tokens)
+        candidate = _fast_candidate(tokenizer, spec, reference)
     except ImportError:
         return _fallback(reference, "fastokens is not installed", source, quiet=engine == "auto")
     except Exception as exc:  # fastokens refuses components it does not implement

@@ -76,9 +76,9 @@ def resolve_loader(name: str, directory: pathlib.Path) -> str:
     such a folder does not hold (the copies in shared/models name them in
     SOURCES.md): loaded bare, Phi-3's files would become a LlamaTokenizer,
     although vLLM serving microsoft/Phi-3-mini-4k-instruct (model_type phi3)
-    uses tokenizer.json as it is.  For every tokenizer the project ships, the
-    official repository's load equals tokenizer.json (tests/test_loader_survey.py);
-    "transformers5" forces the bare-folder load.
+    uses tokenizer.json as it is (tests/tokenizer_cache/test_loader_survey.py);
+    "transformers5" forces the bare-folder load.  A Hugging Face cache
+    snapshot has the model's config.json, so it gets transformers5.
     """
     if check_loader(name) != AUTO:
         return name
@@ -91,8 +91,9 @@ _SNAPSHOT = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)/snapshots/[^/]+/?$")
 def hub_id(directory: pathlib.Path) -> str | None:
     """The model id of a Hugging Face cache snapshot (".../models--org--name/snapshots/rev"), else None.
 
-    vLLM serving a hub id loads it from that cache, and transformers matches
-    some ids (deepseek-ai/deepseek-r1-distill-llama-*) to tokenizer.json as it is.
+    transformers matches some ids (deepseek-ai/deepseek-r1-distill-llama-*) to
+    tokenizer.json as it is, but vLLM 0.32 hands AutoTokenizer the snapshot's
+    path, not the id, so the counting loader does not pass it on by default.
     """
     match = _SNAPSHOT.search(directory.as_posix())
     return f"{match.group(1)}/{match.group(2)}" if match else None

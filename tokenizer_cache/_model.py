@@ -60,7 +60,7 @@ from ._family import detect_family
 from ._harmony import HarmonyOptions
 from ._image_size import image_size
 from ._jinja import compile_template, parse_template
-from ._loader import TRANSFORMERS5, BuiltBackend, LoaderUnavailable, build_transformers5, hub_id, resolve_loader
+from ._loader import TRANSFORMERS5, BuiltBackend, LoaderUnavailable, build_transformers5, resolve_loader
 from ._media import MediaItem, MediaModel, load_media_model
 from ._piece_cache import PieceCountCache
 from ._piece_count import PieceCounter, PieceTally
@@ -608,8 +608,12 @@ def load_model_tokenizer(
     tokenizer from the folder (`_loader`: "transformers5", as vLLM 0.32;
     "tokenizer_json", as vLLM before 0.19.1; "auto": transformers5 for a
     folder with a config.json, `_loader.resolve_loader`), and `name_or_path`
-    is the model id vLLM was started with when not the folder (default: the
-    id of a Hugging Face cache snapshot, else the folder).
+    is the name transformers is to see as the model's (default: the folder).
+    vLLM 0.32 resolves a hub id to its cache snapshot before AutoTokenizer
+    (`get_non_weight_snapshot_path`), so transformers sees the folder and its
+    id rules (deepseek-ai/deepseek-r1-distill-llama-* -> tokenizer.json as it
+    is) never apply: the default is what vLLM 0.32 builds
+    (tests/tokenizer_cache/test_probe_parity.py).
     Raises FileNotFoundError when the directory or its tokenizer file is
     missing, ValueError when a file is malformed or the tokenizer mode unknown.
     Never downloads.
@@ -623,7 +627,7 @@ def load_model_tokenizer(
 
         return load_mistral_tokenizer(source_dir)
     model = _load_hf_shared(source_dir, engine, resolve_loader(tokenizer_loader, source_dir),
-                            name_or_path or hub_id(source_dir))
+                            name_or_path)
     if chat_cache is not None:
         model = model.with_chat_cache(chat_cache)
     if family == "harmony":

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from tokenizers import Tokenizer
 
 from ._added_split import AddedTokenSplitter
-from ._encoder import Encoder, ReferenceEncoder
+from ._encoder import Encoder, PrependFirstEncoder, ReferenceEncoder
 from ._piece_cache import PieceCountCache
 from ._piece_support import fallback_reason, first_only_variant, split_tokens
 from ._prefix_count import choose_anchor, cut_offsets, cut_tokens
@@ -89,8 +89,12 @@ class PieceCounter:
         self._anchor: str | None = None
         # Metaspace prepend_scheme "first": only a piece at offset 0 gets "▁"; the
         # others are counted by the "never" copy, and that first piece has digests of its own.
+        # (the fast engine of "first" counts its "never" form already: that one, else `tokenizers`.)
         later = first_only_variant(tokenizer)
-        self._later: Encoder | None = ReferenceEncoder(later) if later is not None else None
+        self._later: Encoder | None = None
+        if later is not None:
+            encoder = self._encoder
+            self._later = encoder.never if isinstance(encoder, PrependFirstEncoder) else ReferenceEncoder(later)
         self._first_hasher = hashlib.blake2b(digest_size=16, key=identity[:64], person=b"offset 0")
 
     @classmethod

@@ -282,13 +282,6 @@ class PromptCounter:
             return override.tokenizer_loader
         return "tokenizer_json" if loader_for_vllm(self._backends.version(model)) == "tokenizer_json" else "auto"
 
-    def _name_or_path(self, model: str) -> str | None:
-        """What vLLM loaded the model from (`root` of /v1/models; a LoRA adapter's base model's)."""
-        info = self._backends.info(model)
-        if info is not None and info.parent and info.parent != model:
-            info = self._backends.info(info.parent) or info
-        return info.root if info is not None else None
-
     def _resolve(self, model: str, seen: set[str]) -> Path | None:
         seen.add(model)
         override = self._config.models.get(model)
@@ -352,8 +345,10 @@ class PromptCounter:
             self.counted_by[model] = "upstream"
             return None
         try:
+            # No model id for transformers: vLLM 0.32 hands AutoTokenizer the local snapshot of a hub id
+            # (vllm/transformers_utils/repo_utils.py get_non_weight_snapshot_path), so its id rules never apply.
             tok = await asyncio.to_thread(self._cache.get, directory, self.tokenizer_mode(model),
-                                          self.tokenizer_loader(model), self._name_or_path(model))
+                                          self.tokenizer_loader(model))
         except (OSError, ValueError) as exc:
             log.warning("cannot load the tokenizer of %s from %s: %s", model, directory, exc)
             self._dirs[model] = None
