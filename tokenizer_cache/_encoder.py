@@ -309,6 +309,11 @@ class DeferredEncoder:
     def name(self) -> str:
         return self._active.name
 
+    @property
+    def active(self) -> Encoder:
+        """The engine counting now."""
+        return self._active
+
     def wait_settled(self, timeout: float | None = None) -> bool:
         """True once the fast engine is in use or refused (benchmarks and tests wait on this)."""
         return self._settled.wait(timeout)

@@ -93,8 +93,7 @@ class PieceCounter:
         later = first_only_variant(tokenizer)
         self._later: Encoder | None = None
         if later is not None:
-            encoder = self._encoder
-            self._later = encoder.never if isinstance(encoder, PrependFirstEncoder) else ReferenceEncoder(later)
+            self._later = ReferenceEncoder(later)
         self._first_hasher = hashlib.blake2b(digest_size=16, key=identity[:64], person=b"offset 0")
 
     @classmethod
@@ -134,8 +133,13 @@ class PieceCounter:
         fresh = {}
         if first is not None and first in rest:
             fresh[first] = self._encoder.count_pieces([rest.pop(first)])[0]
-        fresh.update(zip(rest, self._later.count_pieces(list(rest.values())), strict=True))
+        fresh.update(zip(rest, self._later_encoder(self._later).count_pieces(list(rest.values())), strict=True))
         return fresh
+
+    def _later_encoder(self, reference: Encoder) -> Encoder:
+        """The fast engine's "never" form once the model counts with it (`DeferredEncoder.active`)."""
+        encoder = getattr(self._encoder, "active", self._encoder)
+        return encoder.never if isinstance(encoder, PrependFirstEncoder) else reference
 
     def count(self, text: str, *, add_special_tokens: bool) -> PieceTally:
         specials = self._specials if add_special_tokens else 0

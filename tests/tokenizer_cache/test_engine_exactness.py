@@ -153,7 +153,9 @@ def _rebuilt_phi3(name: str, folder: Path) -> ModelTokenizer:
         if (MODELS / name / file).is_file():
             (folder / file).symlink_to(MODELS / name / file)
     (folder / "config.json").write_text('{"model_type": "qwen3"}')
-    return load_model_tokenizer(folder, tokenizer_loader="transformers5")
+    model = load_model_tokenizer(folder, tokenizer_loader="transformers5")
+    assert model.engine_settled(timeout=300, now=True)   # the fast engine now, not once counting paid for it
+    return model
 
 
 @pytest.mark.slow
