@@ -275,7 +275,7 @@ def select_encoder(tokenizer: Tokenizer, spec: str, *, engine: str = "auto", sou
 
 
 # What loading fastokens and its self-check cost, as a multiple of loading `tokenizers` (measured 2.7-3.6x
-# on the shipped tokenizers, docs/counting.md "Engines"): counting with `tokenizers` may cost this much first.
+# on the shipped tokenizers, docs/counting.md "Counting engine"): counting with `tokenizers` may cost this much first.
 LOAD_COST_RATIO = 4.0
 
 
