@@ -10,6 +10,7 @@ shows vLLM alone beside brimful.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -255,3 +256,33 @@ def test_a_bad_trim_header_is_a_400(target: Target) -> None:
         target.openai().chat.completions.create(model=target.model, messages=user(5), max_tokens=4,  # type: ignore[arg-type]
                                                 extra_headers={"x-brimful-trim": "newest"})
     assert bad.value.code == "invalid_value" and "x-brimful-trim" in bad.value.message
+
+
+def test_a_trimmed_version_the_template_refuses_counts_as_not_fitting(qwen3_dir: Path, tmp_path: Path) -> None:
+    """A template may refuse a conversation that its untrimmed form passes (Gemma 3's two user turns in
+    a row, mistral-common's roles): such a candidate is skipped as one that does not fit, never
+    forwarded and never a 500; the version sent is one the template renders and that fits."""
+    history = long_chat(12)
+    body = {"model": "tiny-qwen", "messages": history, "max_tokens": 64}
+    trim = {"x-brimful-trim": "oldest"}
+    with running_stack(qwen3_dir) as plain:
+        fewest = plain.http.post("/v1/chat/completions", json=body, headers=trim)
+        assert fewest.status_code == 200 and fewest.headers["x-brimful-action"] == "trimmed"
+        refused_length = len(history) - int(fewest.headers["x-brimful-trimmed-messages"])
+    config = json.loads((qwen3_dir / "tokenizer_config.json").read_text())
+    config["chat_template"] = ("{% if messages|length == " + str(refused_length) + " %}"
+                               "{{ raise_exception('this template refuses that many messages') }}{% endif %}"
+                               + config["chat_template"])
+    picky = tmp_path / "picky-qwen3"
+    picky.mkdir()
+    (picky / "tokenizer.json").symlink_to(qwen3_dir / "tokenizer.json")
+    (picky / "tokenizer_config.json").write_text(json.dumps(config))
+    with running_stack(picky) as stack:
+        answer = stack.http.post("/v1/chat/completions", json=body, headers=trim)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-brimful-action"] == "trimmed"
+        kept = sent_to_vllm(stack, "/v1/chat/completions")["messages"]
+        assert len(kept) != refused_length
+        assert len(kept) == len(history) - int(answer.headers["x-brimful-trimmed-messages"])
+        prompt = int(answer.headers["x-brimful-prompt-tokens"])
+        assert prompt == answer.json()["usage"]["prompt_tokens"] and prompt + 64 <= MML
