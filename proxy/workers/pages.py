@@ -11,8 +11,8 @@ sockets (read and written under a lock), so a worker that is gone (kill -9,
 OOM) keeps counting at its last-seen totals, even across a restart of the
 primary itself, and one that does not answer is shown at them, with
 `brimful_worker_up` 0.  While the primary does not answer, a sibling answers
-`/metrics` itself from the same file (without the upstream's sizing gauges).
-`/stats` still answers and names the worker in "workers".
+`/metrics` itself from the same file (without the upstream's sizing gauges) and
+`/stats` from the workers that answer; either page names the missing worker.
 
 `/ready` is ready when every worker is (each loads its own tokenizers);
 `/live` is live when every worker's event loop answers.
@@ -186,13 +186,17 @@ class WorkerPages:
         return slots if isinstance(slots, dict) else {}
 
     async def stats(self) -> tuple[int, dict[str, Any]]:
-        """(status, document) of GET /stats for every worker, with a "workers" section."""
+        """(status, document) of GET /stats for every worker, with a "workers" section.
+
+        A sibling relays to the primary; when the primary does not answer, the sibling
+        answers from the workers that do (the primary listed as not answering)."""
         if not self.slot.primary:
             try:
                 page = await self._relay({"path": "/stats"})
-            except SiblingUnavailable as exc:
-                return 503, {"error": {"message": str(exc), "type": "brimful_unavailable"}}
-            return page["status"], page["document"]
+            except SiblingUnavailable:
+                pass
+            else:
+                return page["status"], page["document"]
         shares, missing = await self._shares("full")
         rec = self._recorder
         snapshot = merge_windows([window_from_wire(share["window"]) for share in shares], rec.window.max_records)

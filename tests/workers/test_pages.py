@@ -118,7 +118,11 @@ async def test_a_sibling_that_does_not_answer(fake: FakeVLLM, tmp_path: Path) ->
     assert stats["models"][0]["count"] == 1      # the recent window: only what answers
     assert live.status == 503
     assert ready["ready"] is False and any("worker 1 did not answer" in m for m in ready["missing"])
-    assert relayed.status == 503 and "worker 0 did not answer" in json.loads(relayed.body)["error"]["message"]
+    assert relayed.status == 200                                  # answered by worker 1 from who answers
+    by_worker_1 = json.loads(relayed.body)
+    assert [(w["index"], w["answered"]) for w in by_worker_1["workers"]] == [(0, False), (1, True)]
+    assert by_worker_1["workers"][0]["error"]                     # why it did not answer
+    assert by_worker_1["models"][0]["count"] == 1                 # worker 1's own record
     assert by_sibling.status == 200
     page = metric_samples(by_sibling.body)
     assert sum(v for (name, _), v in page.items() if name == "brimful_requests_total") == 2   # worker 0's kept
