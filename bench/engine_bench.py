@@ -524,7 +524,7 @@ def run_rebuilt(args: argparse.Namespace) -> None:
                 (folder / file).symlink_to(MODELS / name / file)
             (folder / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
             before = load_model_tokenizer(folder, tokenizer_loader="transformers5", engine="tokenizers")
-            after = load_model_tokenizer(folder, tokenizer_loader="transformers5")
+            after = load_model_tokenizer(folder, tokenizer_loader="transformers5", engine="fastokens")  # steady state
             print(f"\n{name} (transformers 5: {after.loader_info.tokenizer_class}); engine after: {after.engine}")
             print(f"  {'text':16} {'tokenizers ms':>14} {after.engine + ' ms':>14} {'ratio':>7}")
             for kind, source in sources.items():
