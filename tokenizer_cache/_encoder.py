@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from tokenizers import Tokenizer
 
@@ -47,6 +47,7 @@ from ._piece_support import split_tokens
 from ._selfcheck import self_check_texts
 
 logger = logging.getLogger("brimful.tokenizer")
+_R = TypeVar("_R")
 
 REFERENCE = "tokenizers"
 FASTOKENS = "fastokens"
@@ -355,32 +356,24 @@ class DeferredEncoder:
         self._load = _loaded  # lets go of the tokenizer.json it held
         self._settled.set()
 
-    def count(self, text: str, add_special_tokens: bool) -> int:
+    def _on_active(self, work: Callable[[Encoder], _R]) -> _R:
+        """`work` on the engine counting now; on `tokenizers`, its time is charged to the budget."""
         active = self._active
         if active is not self._reference:
-            return active.count(text, add_special_tokens)
+            return work(active)
         started = time.perf_counter()
-        result = active.count(text, add_special_tokens)
+        result = work(active)
         self._charge(time.perf_counter() - started)
         return result
+
+    def count(self, text: str, add_special_tokens: bool) -> int:
+        return self._on_active(lambda engine: engine.count(text, add_special_tokens))
 
     def count_pieces(self, pieces: list[str]) -> list[int]:
-        active = self._active
-        if active is not self._reference:
-            return active.count_pieces(pieces)
-        started = time.perf_counter()
-        result = active.count_pieces(pieces)
-        self._charge(time.perf_counter() - started)
-        return result
+        return self._on_active(lambda engine: engine.count_pieces(pieces))
 
     def ids(self, text: str, add_special_tokens: bool) -> list[int]:
-        active = self._active
-        if active is not self._reference:
-            return active.ids(text, add_special_tokens)
-        started = time.perf_counter()
-        result = active.ids(text, add_special_tokens)
-        self._charge(time.perf_counter() - started)
-        return result
+        return self._on_active(lambda engine: engine.ids(text, add_special_tokens))
 
 
 def deferred_encoder(tokenizer: Tokenizer, spec: bytes, *, budget_seconds: float, source: str = "",
