@@ -79,11 +79,8 @@ def listening_sockets(host: str, port: int, count: int, backlog: int = BACKLOG) 
     sockets: list[socket.socket] = []
     try:
         for _ in range(count):
-            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock = bound_socket(family, (host, port))
             sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((host, port))
             sock.listen(backlog)
     except OSError:
         for sock in sockets:
