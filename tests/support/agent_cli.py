@@ -52,6 +52,13 @@ def _base_env(home: Path) -> dict[str, str]:
             "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1"}
 
 
+def _run(command: list[str], work: Path, env: dict[str, str], timeout: float) -> Run:
+    """A CLI run to its end in `work`, with no terminal to ask on (stdin closed)."""
+    done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False, stdin=subprocess.DEVNULL)
+    return Run(done.returncode, done.stdout, done.stderr)
+
+
 def run_claude(base_url: str, model: str, prompt: str, *, timeout: float = 240,
                extra_env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> Run:
     """`claude -p PROMPT --output-format json` against `base_url` (Anthropic's API shape)."""
@@ -64,10 +71,7 @@ def run_claude(base_url: str, model: str, prompt: str, *, timeout: float = 240,
         env = {**_base_env(home), "ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": "dummy",
                "ANTHROPIC_MODEL": model, "ANTHROPIC_SMALL_FAST_MODEL": model,
                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", **(extra_env or {})}
-        done = subprocess.run([str(binary), "-p", prompt, "--output-format", "json", *args], cwd=work, env=env,
-                              capture_output=True, text=True, timeout=timeout, check=False,
-                              stdin=subprocess.DEVNULL)
-    return Run(done.returncode, done.stdout, done.stderr)
+        return _run([str(binary), "-p", prompt, "--output-format", "json", *args], work, env, timeout)
 
 
 def run_codex(base_url: str, model: str, prompt: str, *, timeout: float = 240,
@@ -87,10 +91,7 @@ def run_codex(base_url: str, model: str, prompt: str, *, timeout: float = 240,
             "request_max_retries = 0\nstream_max_retries = 0\n"
             + "".join(f'http_headers.{name} = "{value}"\n' for name, value in (headers or {}).items()))
         env = {**_base_env(home), "CODEX_HOME": str(codex_home), "BRIMFUL_TEST_KEY": "dummy", "RUST_LOG": "error"}
-        done = subprocess.run([str(binary), "exec", "--skip-git-repo-check", "--json", prompt], cwd=work, env=env,
-                              capture_output=True, text=True, timeout=timeout, check=False,
-                              stdin=subprocess.DEVNULL)
-    return Run(done.returncode, done.stdout, done.stderr)
+        return _run([str(binary), "exec", "--skip-git-repo-check", "--json", prompt], work, env, timeout)
 
 
 def run_opencode(base_url: str, model: str, prompt: str, *, context: int, output: int,
@@ -113,10 +114,7 @@ def run_opencode(base_url: str, model: str, prompt: str, *, context: int, output
                "XDG_CACHE_HOME": str(home / ".cache"), "OPENCODE_DISABLE_MODELS_FETCH": "1",
                "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
                "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1"}
-        done = subprocess.run([str(binary), "run", "--format", "json", prompt], cwd=work, env=env,
-                              capture_output=True, text=True, timeout=timeout, check=False,
-                              stdin=subprocess.DEVNULL)
-    return Run(done.returncode, done.stdout, done.stderr)
+        return _run([str(binary), "run", "--format", "json", prompt], work, env, timeout)
 
 
 AI_SDK_AGENT = Path(__file__).resolve().parents[1] / "clients" / "ai_sdk_agent.cjs"
