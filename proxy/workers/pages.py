@@ -21,7 +21,6 @@ primary itself, and one that does not answer is shown at them, with
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import json
 import os
@@ -50,7 +49,15 @@ from proxy.workers.shard import (
     without_monotone,
     worker_families,
 )
-from proxy.workers.siblings import SLOTS_FILE, TOTALS_FILE, Question, Siblings, SiblingUnavailable, WorkerSlot
+from proxy.workers.siblings import (
+    SLOTS_FILE,
+    TOTALS_FILE,
+    Question,
+    Siblings,
+    SiblingUnavailable,
+    WorkerSlot,
+    replace_json,
+)
 
 PAGE_TIMEOUT_S = 10.0     # a share of a full window is a few MB of JSON at most
 READY_TIMEOUT_S = 2.0
@@ -172,10 +179,7 @@ class WorkerPages:
             except (OSError, ValueError):
                 seen = {}
             seen, shown = carry_totals(seen if isinstance(seen, dict) else {}, shares, missing)
-            tmp = path.with_suffix(".tmp")
-            with contextlib.suppress(OSError):
-                tmp.write_text(json.dumps(seen, separators=(",", ":")))
-                os.replace(tmp, path)
+            replace_json(path, seen)
         return shown
 
     def _slots(self) -> dict[str, Any]:

@@ -33,6 +33,15 @@ SLOTS_FILE = "slots.json"      # in the directory: the supervisor's word on each
 TOTALS_FILE = "totals.json"    # in the directory: the primary's memory of every worker's counters
 
 
+def replace_json(path: Path, document: Any) -> None:
+    """`document` written as `path` whole or not at all (a reader never sees half of it); a failed
+    write leaves the old file, which the pages read as last said (SLOTS_FILE, TOTALS_FILE)."""
+    tmp = path.with_suffix(".tmp")
+    with contextlib.suppress(OSError):
+        tmp.write_text(json.dumps(document, separators=(",", ":")))
+        os.replace(tmp, path)
+
+
 class SiblingUnavailable(Exception):
     """A sibling did not answer (not started yet, restarting, too slow, or gone)."""
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
-import json
 import logging
 import os
 import select
@@ -49,7 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from proxy.workers.siblings import SLOTS_FILE, WorkerSlot
+from proxy.workers.siblings import SLOTS_FILE, WorkerSlot, replace_json
 
 log = logging.getLogger("brimful.workers")
 
@@ -242,11 +241,7 @@ class Supervisor:
         """What /metrics says of each slot (proxy.workers.pages reads it): restarts, and a back-off under way."""
         document = {str(i): {"restarts": self._restarts.get(i, 0), "waiting": i in self._pending}
                     for i in range(self.count or len(self.sockets))}
-        path = self.directory / SLOTS_FILE
-        with contextlib.suppress(OSError):
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(document))
-            os.replace(tmp, path)
+        replace_json(self.directory / SLOTS_FILE, document)
 
     def _start(self, slot: WorkerSlot, quick_exits: int = 0) -> None:
         sys.stdout.flush()
