@@ -121,8 +121,8 @@ def carry_totals(seen: Seen, shares: Sequence[Mapping[str, Any]],
         last[key] = {"pid": share["pid"], "families": families}
     if gone:
         retired = sum_families([retired, *gone])
-    answered = {str(share["index"]) for share in shares}
-    shown = [last[key]["families"] for key in sorted(last) if key in answered or int(key) in set(missing)]
+    shown_keys = {str(share["index"]) for share in shares} | {str(index) for index in missing}
+    shown = [last[key]["families"] for key in sorted(last) if key in shown_keys]
     return {"retired": retired, "last": last}, [retired, *shown]
 
 
