@@ -17,7 +17,7 @@ import os
 import pathlib
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -66,6 +66,7 @@ from ._piece_cache import PieceCountCache
 from ._piece_count import PieceCounter, PieceTally
 from ._protocol import CountingModel
 from ._render import render, rendered_length
+from ._template_floor import TemplateFloor
 
 # The special-token attributes transformers exposes to templates
 # (`special_tokens_map`, merged under the template kwargs in apply_chat_template).
@@ -91,6 +92,7 @@ class ChatTemplate:
     variables: frozenset[str]  # names the template reads from its context
     knows_developer: bool  # mentions the "developer" role, so keeps it
     pure: bool = False  # renders depend on the inputs alone (`_chat_cache.is_pure`)
+    floor: TemplateFloor | None = None  # the fewest characters it renders, by roles (`_template_floor`)
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,7 @@ def _compile(name: str, source: str, where: pathlib.Path) -> ChatTemplate:
         variables=frozenset(jinja2.meta.find_undeclared_variables(ast)),
         knows_developer='"developer"' in source or "'developer'" in source,
         pure=is_pure(ast),
+        floor=TemplateFloor(ast),
     )
 
 
@@ -173,6 +176,8 @@ class ModelTokenizer:
 
     # Which renderer vLLM uses for this model (`_family.Family`).
     family = "hf"
+    # Conversations shorter than this are rendered, never refused from their roles (`chat_chars_floor`).
+    floor_min_messages = 256
 
     def __init__(
         self,
@@ -290,6 +295,26 @@ class ModelTokenizer:
         template, variables, options, _ = self._prepare(body)
         return rendered_length(template.compiled, variables, continue_final_message=options.continue_final_message,
                                cap=cap)
+
+    def chat_chars_floor(self, body: Any) -> int:
+        """Characters this chat request's rendered prompt has at least, read from its messages' roles
+        alone (`_template_floor`), before any message is prepared or rendered; 0 where nothing is
+        proven.  Conversations under `floor_min_messages` messages get 0 unread: they are cheap to
+        render, and the floor counts no message's content, so only a great many messages can put it
+        over vLLM's character bound."""
+        if not isinstance(body, dict) or body.get("continue_final_message", False) is not False:
+            return 0        # the render is cut after the final message: what follows it is not kept
+        messages = body.get("messages")
+        if not isinstance(messages, list) or len(messages) < self.floor_min_messages:
+            return 0
+        try:
+            template = self._select_template(_chat.parse_tools(body))
+        except CountError:
+            return 0
+        roles = Counter(m.get("role") if isinstance(m, dict) else None for m in messages)
+        if template.floor is None or ("developer" in roles and not template.knows_developer):
+            return 0        # developer messages may merge into one system message (`_developer_as_system`)
+        return template.floor.chars(roles)
 
     def count_messages(self, body: dict[str, Any]) -> int:
         """Prompt tokens of an Anthropic /v1/messages (or count_tokens) request; raises CountError."""

@@ -158,6 +158,9 @@ EXACT_CHARS_FACTOR = 4
 def check_char_bound(surface: Surface, tok: CountingModel, body: dict[str, Any], bound: int,
                      max_model_len: int) -> None:
     """Refuse, as vLLM would, a prompt text longer than `bound` characters (before encoding it)."""
+    floor = surface.prompt_floor(tok, body)
+    if floor > bound:         # over the bound from the roles alone: nothing prepared or rendered
+        raise errors.prompt_over_char_bound(floor, bound, max_model_len, surface.prompt_param, at_least=True)
     cap = bound * EXACT_CHARS_FACTOR
     for chars in surface.prompt_lengths(tok, body, cap):
         if chars > bound:

@@ -154,6 +154,11 @@ class Surface:
         the render stopped there: a conversation's text is never built whole only to be refused)."""
         return [len(text) for text in self.prompt_texts(tokenizer, body)]
 
+    def prompt_floor(self, tokenizer: CountingModel, body: dict[str, Any]) -> int:
+        """Characters the prompt text has at least, proven from the body before anything is
+        prepared or rendered (a chat template's floor by message roles); 0: nothing proven."""
+        return 0
+
     def operator_truncates(self, policy: Policy) -> bool:
         """brimful itself makes vLLM truncate what is too long (then no character bound applies)."""
         return False
@@ -321,6 +326,10 @@ class ChatSurface(TruncatedPrompt, OpenAIStreamUsage, Surface):
             return [tokenizer.render_chat_length(body, cap)]
         return super().prompt_lengths(tokenizer, body, cap)
 
+    def prompt_floor(self, tokenizer: CountingModel, body: dict[str, Any]) -> int:
+        model = _template_model(tokenizer)
+        return 0 if model is None else model.chat_chars_floor(body)
+
     def tokenize_calls(self, model: str, body: Mapping[str, Any]) -> list[TokenizeCall]:
         return [UpstreamCount(_chat_tokenize_body(model, body))]
 
@@ -385,6 +394,12 @@ def _template_model(tokenizer: CountingModel) -> ModelTokenizer | None:
     return None
 
 
+def _many(items: object) -> bool:
+    """Enough items to convert the body once more for its floor (`prompt_floor`); a short body is
+    not worth it: its render, bounded by `prompt_lengths`, costs about what the conversion does."""
+    return isinstance(items, list) and len(items) >= ModelTokenizer.floor_min_messages
+
+
 class ResponsesSurface(Surface):
     """`/v1/responses`: `instructions` + `input` items, `tools`, `max_output_tokens`.
 
@@ -426,6 +441,12 @@ class ResponsesSurface(Surface):
         if model is None or body.get("truncation", "disabled") != "disabled":
             return []
         return [model.render_chat_length(model.responses_chat(body), cap)]
+
+    def prompt_floor(self, tokenizer: CountingModel, body: dict[str, Any]) -> int:
+        model = _template_model(tokenizer)
+        if model is None or body.get("truncation", "disabled") != "disabled" or not _many(body.get("input")):
+            return 0
+        return model.chat_chars_floor(model.responses_chat(body))
 
     def decide(self, request: Mapping[str, Any], prompt_tokens: list[int], max_model_len: int,
                limit: RequestedLimit, policy: Policy, *, model: str, count_exact: bool,
@@ -512,6 +533,12 @@ class MessagesSurface(Surface):
     def prompt_lengths(self, tokenizer: CountingModel, body: dict[str, Any], cap: int) -> list[int]:
         model = _template_model(tokenizer)
         return [] if model is None else [model.render_chat_length(model.messages_chat(body), cap)]
+
+    def prompt_floor(self, tokenizer: CountingModel, body: dict[str, Any]) -> int:
+        model = _template_model(tokenizer)
+        if model is None or not _many(body.get("messages")):
+            return 0
+        return model.chat_chars_floor(model.messages_chat(body))
 
     def tokenize_calls(self, model: str, body: Mapping[str, Any]) -> list[TokenizeCall]:
         request = {"model": model, **{k: body[k] for k in _MESSAGES_COUNT_KEYS if k in body}}

@@ -123,3 +123,34 @@ async def test_a_conversation_over_the_bound_is_refused_within_the_budget(qwen3_
     assert answer.status == 400 and "your prompt contains at least" in error["message"]
     assert taken and taken[0] >= len(body) * 16          # the render's memory was weighed first
     assert [r.path for r in transport.sent if r.path == CHAT] == []
+
+
+@pytest.mark.parametrize("path", [CHAT, "/v1/messages"])
+async def test_a_conversation_over_the_bound_by_its_roles_is_refused_unprepared(
+        qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    """50,000 empty user messages: Qwen3's template writes at least 28 characters for each, 1.4 M in
+    all, over the 1,048,576 of 8,192 tokens; refused with that floor, no message prepared."""
+    from tokenizer_cache import _chat
+    prepare = _chat.parse_messages
+
+    def small_only(body: Any, *args: Any) -> Any:     # the model's one-time probes render tiny chats
+        assert len(body["messages"]) < 10, "the long conversation's messages were prepared"
+        return prepare(body, *args)
+
+    monkeypatch.setattr(_chat, "parse_messages", small_only)
+    config = make_config("http://upstream.test", qwen3_dir)
+    config.tokenizers.parity_check = False
+    transport = MockTransport(_answer)
+    app = BrimfulApp(config, ListRecorder(), transport_for=lambda url: transport)
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": ""}] * 50_000}
+    if path != CHAT:
+        body["max_tokens"] = 16
+    await app.startup()
+    try:
+        answer = await call_app(app, "POST", path, json.dumps(body).encode())
+    finally:
+        await app.shutdown()
+    assert answer.status == 400, answer.body
+    text = answer.body.decode()
+    assert "your prompt contains at least 1400000 characters (more than 1048576 characters" in text
+    assert [r.path for r in transport.sent if r.path in (CHAT, path)] == []
