@@ -73,10 +73,10 @@ def test_connections_never_wait_on_a_dead_worker(tmp_path: Path) -> None:
     try:
         pids = toy.serving()
         os.kill(pids[1], signal.SIGKILL)
-        # The replacement has been forked and is held before it listens.
+        # The replacement has been forked and is held before it serves.
         assert wait_until(lambda: len(toy.starts(1)) == 2, timeout=30)
         # Every new connection is accepted by the living worker, none queued for the replacement
-        # (before: about half hashed to the dead worker's socket and waited there).
+        # (before round 3: about half hashed to the dead worker's socket and waited there).
         answers = [toy.ask(timeout=3.0) for _ in range(40)]
         assert answers == [(0, pids[0])] * 40
         with (tmp_path / "gate-1").open("w"):
