@@ -24,7 +24,8 @@ import functools
 import logging
 import socket
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import uvicorn
 
@@ -32,8 +33,10 @@ log = logging.getLogger("brimful.workers")
 
 SERVING, STOPPING, ADOPT, RELEASE = b"serving", b"stopping", b"adopt", b"release"
 MAX_MESSAGE = 64
+ACCEPT_BATCH = 100           # connections accepted per wake-up at most (asyncio's default backlog)
+ACCEPT_RETRY_S = 1.0         # after EMFILE and the like (asyncio's constants.ACCEPT_RETRY_DELAY)
 
-Adopt = Callable[[socket.socket], Awaitable[asyncio.AbstractServer]]
+Serve = Callable[[socket.socket], None]     # one accepted connection, to serve
 
 
 def channel_pair() -> tuple[socket.socket, int]:
@@ -91,29 +94,49 @@ def heard(channel: socket.socket) -> list[bytes] | None:
 
 
 class Handover:
-    """A worker's end of its channel: it says when it serves, and serves the sockets it is handed."""
+    """A worker's end of its channel: it says when it serves, and accepts from the sockets it is handed.
+
+    Its own accept loop, not an asyncio server per socket: closing an asyncio server while
+    connections it accepted wait for their transport fails them (Python 3.11's `Server._attach`
+    asserts the server is open; the connection is left unanswered, found by
+    tests/workers/test_restarts.py under load).  Here a connection is handed to `serve` in the
+    callback that accepted it, so letting go of a socket can never strand one.
+    """
 
     def __init__(self, fd: int) -> None:
         self._channel = socket.socket(fileno=fd) if fd >= 0 else None
-        self._orders: asyncio.Queue[tuple[bytes, list[int]]] = asyncio.Queue()
-        self._adopted: dict[int, asyncio.AbstractServer] = {}
-        self._follower: asyncio.Task[None] | None = None
+        self._adopted: dict[int, socket.socket] = {}
+        self._serve: Serve | None = None
+        self._stopped = False
 
-    def start(self, adopt: Adopt) -> None:
+    @property
+    def adopted(self) -> set[int]:
+        """The slots whose sockets this worker accepts from now."""
+        return set(self._adopted)
+
+    def start(self, serve: Serve) -> None:
         """Once this worker's server accepts: tell the supervisor, and follow its orders."""
         if self._channel is None:
             return
+        self._serve = serve
         self._channel.setblocking(False)
         asyncio.get_running_loop().add_reader(self._channel.fileno(), self._read)
-        self._follower = asyncio.get_running_loop().create_task(self._follow(adopt))
-        self.say(SERVING)
+        self._say(SERVING)
 
-    def say(self, word: bytes) -> None:
+    def stop(self) -> None:
+        """Before the drain: let go of every handed socket, take no more, and tell the supervisor."""
+        self._stopped = True
+        for index in list(self._adopted):
+            self._release(index)
+        self._say(STOPPING)
+
+    def _say(self, word: bytes) -> None:
         if self._channel is not None:
             with contextlib.suppress(OSError):
                 self._channel.send(word)
 
     def _read(self) -> None:
+        """The supervisor's orders, each carried out as it is read (so in the order given)."""
         assert self._channel is not None
         while True:
             try:
@@ -125,57 +148,77 @@ class Handover:
             if not message:                  # the supervisor is gone: PR_SET_PDEATHSIG stops this worker
                 asyncio.get_running_loop().remove_reader(self._channel.fileno())
                 return
-            self._orders.put_nowait((message, fds))
-
-    async def _follow(self, adopt: Adopt) -> None:
-        """The orders one at a time, in the order given (a release never overtakes its adopt)."""
-        while True:
-            message, fds = await self._orders.get()
+            handed = [socket.socket(fileno=fd) for fd in fds]
             verb, _, index = message.partition(b" ")
             try:
-                if verb == ADOPT and fds:
-                    sock = socket.socket(fileno=fds.pop())
-                    try:
-                        self._adopted[int(index)] = await adopt(sock)
-                    except OSError as exc:       # its queue waits for another worker
-                        log.warning("could not serve worker %s's socket: %s", index.decode(), exc)
-                        sock.close()
-                elif verb == RELEASE and (server := self._adopted.pop(int(index), None)) is not None:
-                    server.close()               # this worker's copy only: the supervisor keeps the socket
+                if verb == ADOPT and handed and not self._stopped:
+                    self._adopt(int(index), handed.pop())
+                elif verb == RELEASE:
+                    self._release(int(index))
             except ValueError:
                 log.warning("unknown order from the supervisor: %r", message)
-            for fd in fds:
-                socket.socket(fileno=fd).close()
+            for sock in handed:
+                sock.close()
+
+    def _adopt(self, index: int, sock: socket.socket) -> None:
+        self._release(index)
+        sock.setblocking(False)
+        self._adopted[index] = sock
+        self._listen(index, sock)
+
+    def _listen(self, index: int, sock: socket.socket) -> None:
+        if self._adopted.get(index) is sock:
+            asyncio.get_running_loop().add_reader(sock.fileno(), self._accept, index, sock)
+
+    def _release(self, index: int) -> None:
+        """This worker's copy closed; the socket stays open in the supervisor (and in the slot's worker)."""
+        sock = self._adopted.pop(index, None)
+        if sock is not None:
+            asyncio.get_running_loop().remove_reader(sock.fileno())
+            sock.close()
+
+    def _accept(self, index: int, sock: socket.socket) -> None:
+        assert self._serve is not None
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, _ = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:           # out of descriptors or memory: pause, as asyncio's servers do
+                log.warning("worker %d's socket: accept failed (%s); trying again in %g s",
+                            index, exc, ACCEPT_RETRY_S)
+                loop = asyncio.get_running_loop()
+                loop.remove_reader(sock.fileno())
+                loop.call_later(ACCEPT_RETRY_S, self._listen, index, sock)
+                return
+            self._serve(conn)
 
 
 class WorkerServer(uvicorn.Server):
     """uvicorn's server for one of `--workers N`, speaking to the supervisor through a Handover.
 
-    An adopted socket is served with the same protocol, limits and app state as the worker's
-    own, and is closed with it when the worker drains.
+    A connection accepted from a handed socket is served with the same protocol, limits and
+    app state as the worker's own, and is drained with them.
     """
 
     def __init__(self, config: uvicorn.Config, channel: int) -> None:
         super().__init__(config)
         self.handover = Handover(channel)
-        self._draining = False
+        self._starting: set[asyncio.Task[Any]] = set()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
-        self.handover.start(self._adopt)
+        self.handover.start(self._serve_handed)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        self._draining = True
-        self.handover.say(STOPPING)         # another worker takes this one's socket while it drains
+        self.handover.stop()                # another worker takes this one's socket while it drains
         await super().shutdown(sockets)
 
-    async def _adopt(self, sock: socket.socket) -> asyncio.AbstractServer:
+    def _serve_handed(self, conn: socket.socket) -> None:
         config = self.config
         protocol = functools.partial(config.http_protocol_class, config=config,  # type: ignore[call-arg]  # as uvicorn's own
                                      server_state=self.server_state, app_state=self.lifespan.state)
-        server = await asyncio.get_running_loop().create_server(protocol, sock=sock, backlog=config.backlog)
-        if self._draining:                  # began while it was being made: not past the drain's close
-            server.close()
-            raise OSError("this worker is draining")
-        self.servers = [s for s in self.servers if s.is_serving()] + [server]
-        return server
+        task = asyncio.get_running_loop().create_task(
+            asyncio.get_running_loop().connect_accepted_socket(protocol, conn))
+        self._starting.add(task)            # held until its transport is made (a task nobody holds may vanish)
+        task.add_done_callback(self._starting.discard)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -25,17 +26,24 @@ from proxy.workers.supervisor import Supervisor, listening_sockets
 
 
 async def serve(slot: WorkerSlot, sock: socket.socket) -> int:
+    line = f"{slot.index} {os.getpid()}\n".encode()
+
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(f"{slot.index} {os.getpid()}\n".encode())
+        writer.write(line)
         await writer.drain()
         writer.close()
 
-    async def adopt(handed: socket.socket) -> asyncio.AbstractServer:
-        return await asyncio.start_server(answer, sock=handed)
+    def answer_handed(conn: socket.socket) -> None:
+        with conn:
+            conn.sendall(line)             # one short line: the new socket's buffer takes it whole
 
+    # SIGTERM through the loop: the supervisor's handler raises SystemExit wherever the signal lands,
+    # and one that lands in a weakref callback (asyncio's WeakSet of tasks) is printed and ignored.
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await asyncio.start_server(answer, sock=sock)
-    Handover(slot.channel).start(adopt)
-    await asyncio.Event().wait()           # until SIGTERM (the supervisor's handler exits)
+    Handover(slot.channel).start(answer_handed)
+    await stop.wait()
     return 0
 
 
