@@ -7,9 +7,15 @@ brimful (two workers) in front of FakeVLLM on loopback.  Phases:
           ready, plus 3 s.  Printed: brimful_requests_total before the kill and the lowest after it,
           scrapes that were not 200, the chats sent from the kill until the replacement was ready,
           their slowest and failures.
+  stopkill  as kill, but worker 1 is first stopped (SIGSTOP) for --stop-s seconds, as a worker stuck
+          in one long computation is before the OOM killer takes it: the chats that reach its socket
+          meanwhile wait in its accept queue, and the kill decides what becomes of them.
   storm   worker 1 is killed, then each replacement about 1 s after it appears, three times (the issue's
           restart storm); then chats on new connections for 10 s.  Printed: whether the supervisor still
           runs, worker 0's pid unchanged, chats answered / failed.
+
+Every phase also prints net.ipv4.tcp_migrate_req (with 1 the kernel moves a closed listener's queue
+to another listener of the port instead of resetting it).
 
 Run it in a checkout of the code to measure (`cd <checkout> && python bench/workers_kill_bench.py`): the same
 script in two checkouts, one after the other, gives before and after.  A benchmark, not a test.
@@ -92,7 +98,7 @@ def children(pid: int) -> set[int]:
     return {int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
 
 
-def kill_phase(brimful: BrimfulProcess, args_warmup: float) -> dict[str, Any]:
+def kill_phase(brimful: BrimfulProcess, args_warmup: float, stop_s: float = 0.0) -> dict[str, Any]:
     base, stop = brimful.base_url, threading.Event()
     chats: list[tuple[float, float, bool]] = []          # (sent at, seconds, ok)
     scrapes: list[tuple[float, float | None]] = []
@@ -112,7 +118,10 @@ def kill_phase(brimful: BrimfulProcess, args_warmup: float) -> dict[str, Any]:
         t.start()
     time.sleep(args_warmup)
     pids = worker_pids(base)
-    killed = time.monotonic()
+    killed = time.monotonic()                            # from the stop, when there is one
+    if stop_s:
+        os.kill(pids[1], signal.SIGSTOP)
+        time.sleep(stop_s)
     os.kill(pids[1], signal.SIGKILL)
     wait(lambda: worker_pids(base).get(1) not in (None, pids[1]) and all_ready(base), 120)
     ready = time.monotonic()
@@ -158,6 +167,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--phases", default="kill,storm")
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds of chats before the kill")
+    parser.add_argument("--stop-s", type=float, default=1.0, help="stopkill: seconds worker 1 is stopped")
     args = parser.parse_args()
     for kind in args.phases.split(","):
         with FakeVLLM(record=False) as fake, tempfile.TemporaryDirectory() as tmp:
@@ -165,10 +175,15 @@ def main() -> None:
             try:
                 base = brimful.base_url
                 assert wait(lambda: all_ready(base), 120), "not ready"   # noqa: B023
-                result = kill_phase(brimful, args.warmup) if kind == "kill" else storm_phase(brimful)
+                if kind in ("kill", "stopkill"):
+                    result = kill_phase(brimful, args.warmup, args.stop_s if kind == "stopkill" else 0.0)
+                else:
+                    result = storm_phase(brimful)
             finally:
                 brimful.stop(signal.SIGKILL)
-        print(json.dumps({"phase": kind, **result}), flush=True)
+        migrate = Path("/proc/sys/net/ipv4/tcp_migrate_req")
+        print(json.dumps({"phase": kind, "tcp_migrate_req": migrate.read_text().strip() if migrate.exists() else None,
+                          **result}), flush=True)
 
 
 if __name__ == "__main__":

@@ -151,8 +151,8 @@ class BrimfulApp:
 
     async def _until_ready(self) -> None:
         """A replacement worker's start-up ends once it can serve (its upstreams answered, its
-        tokenizers loaded): only then does its server listen, so while it loads, new connections
-        go to the workers that serve (proxy.workers.supervisor) instead of queueing on it."""
+        tokenizers loaded): only then does its server accept from its socket, and while it loads a
+        worker that serves accepts from that socket for it (proxy.workers.handover)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + REPLACEMENT_READY_WAIT_S
         while not health.readiness(health.upstream_states(self.backends), self.counter.counted_by)[0]:

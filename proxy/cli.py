@@ -198,10 +198,11 @@ def worker_runner(config: Config) -> Callable[[WorkerSlot, socket.socket], int]:
     import uvicorn
 
     from proxy.app import BrimfulApp
+    from proxy.workers.handover import WorkerServer
 
     def run_worker(slot: WorkerSlot, sock: socket.socket) -> int:
         app = BrimfulApp(config, worker=slot)
-        server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options(config)))
+        server = WorkerServer(uvicorn.Config(app, **uvicorn_options(config)), slot.channel)
         app.stop_requested = lambda: server.should_exit    # a replacement's wait to be ready ends on SIGTERM
         server.run(sockets=[sock])
         return 0 if server.started else 1

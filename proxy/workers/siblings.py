@@ -59,6 +59,7 @@ class WorkerSlot:
     count: int
     directory: Path
     replacement: bool = False      # started to replace a worker that exited (serves once ready)
+    channel: int = -1              # this worker's end of its channel to the supervisor (proxy.workers.handover)
 
     def path(self, index: int) -> Path:
         return self.directory / f"worker-{index}.sock"

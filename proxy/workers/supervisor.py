@@ -9,12 +9,12 @@ worker's loop wakes first takes every connection queued at that moment, so
 long-lived keep-alive connections (SDK pools, a load balancer's) can stay on
 one worker while the other idles.
 
-When a worker dies while another serves, its socket leaves the port's group
-(closed in the parent) so that new connections go to the living workers
-instead of waiting in a queue nobody accepts from; its replacement gets a
-socket bound to the port that listens only once its server has started.
-When no other worker serves, the dead worker's socket stays, and connections
-wait in its queue for the replacement rather than being refused.
+The parent keeps every socket open while it runs: when a worker dies, its
+socket and what waits in its queue stay, and a worker that serves accepts
+from it until the slot's replacement serves (proxy.workers.handover), so no
+queued connection is reset and none waits on a replacement that is loading.
+With no other worker serving, connections wait in the queue for the
+replacement rather than being refused.
 
 The parent serves nothing.  It restarts a worker that dies: at once after a
 worker that ran a while, after a back-off (1, 2, 4 ... 30 s) for a slot whose
@@ -48,6 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from proxy.workers import handover
 from proxy.workers.siblings import SLOTS_FILE, WorkerSlot, replace_json
 
 log = logging.getLogger("brimful.workers")
@@ -93,7 +94,9 @@ class _Worker:
     slot: WorkerSlot
     pid: int
     started: float
+    channel: socket.socket | None     # the supervisor's end of its handover channel (None once it closed)
     quick_exits: int = 0
+    serving: bool = False             # it said so (proxy.workers.handover), and has not said it stops
 
 
 @dataclass
@@ -116,6 +119,7 @@ class Supervisor:
     _workers: dict[int, _Worker] = field(default_factory=dict)    # pid -> worker
     _pending: dict[int, _Pending] = field(default_factory=dict)   # slot index -> its next start
     _restarts: dict[int, int] = field(default_factory=dict)       # slot index -> replacements started
+    _adopted: dict[int, int] = field(default_factory=dict)        # slot index -> pid of the worker accepting for it
     _stopping: bool = False
     _failed: int = 0                                               # the exit status once a worker failed
     _wakeup: tuple[int, int] = (-1, -1)
@@ -148,11 +152,13 @@ class Supervisor:
         """Reap workers and start the backed-off ones until none is left; the codes of those asked to stop."""
         codes: list[int] = []
         while self._workers or (self._pending and not self._stopping):
-            self._sleep(self._next_due())
+            for talking in self._sleep(self._next_due()):
+                self._hear(talking)
             for pid, status in _reap():
                 worker = self._workers.pop(pid, None)
                 if worker is None:
                     continue
+                _close(worker)
                 code = os.waitstatus_to_exitcode(status)
                 if self._stopping:
                     codes.append(code)
@@ -167,6 +173,7 @@ class Supervisor:
                 elif pending.due <= now:
                     del self._pending[index]
                     self._start(pending.slot, pending.quick_exits)
+            self._hand_over()
         return codes
 
     def _next_due(self) -> float | None:
@@ -174,13 +181,58 @@ class Supervisor:
             return None
         return max(0.0, min(p.due for p in self._pending.values()) - time.monotonic())
 
-    def _sleep(self, timeout: float | None) -> None:
-        """Until a signal (a child's exit, SIGTERM) or `timeout`; signals wake it through the wakeup pipe."""
+    def _sleep(self, timeout: float | None) -> list[_Worker]:
+        """Until a signal (a child's exit, SIGTERM), a worker's word or `timeout`; the workers that spoke.
+
+        Signals wake it through the wakeup pipe.
+        """
+        talking = {w.channel.fileno(): w for w in self._workers.values() if w.channel is not None}
+        ready: list[int] = []
         with contextlib.suppress(InterruptedError):
-            select.select([self._wakeup[0]], [], [], timeout)
+            ready = select.select([self._wakeup[0], *talking], [], [], timeout)[0]
         with contextlib.suppress(BlockingIOError):
             while os.read(self._wakeup[0], 512):
                 pass
+        return [talking[fd] for fd in ready if fd in talking]
+
+    def _hear(self, worker: _Worker) -> None:
+        assert worker.channel is not None
+        messages = handover.heard(worker.channel)
+        if messages is None:                # it exited: reaped on its SIGCHLD
+            _close(worker)
+            return
+        for message in messages:
+            worker.serving = {handover.SERVING: True, handover.STOPPING: False}.get(message, worker.serving)
+
+    def _hand_over(self) -> None:
+        """Each slot whose worker does not serve to a worker that does, and back once it serves."""
+        if self._stopping or len(self.sockets) < 2:
+            return
+        serving = {w.slot.index: w.pid for w in self._workers.values() if w.serving}
+        chosen = handover.adoptions(range(len(self.sockets)), serving, self._adopted)
+        by_pid = {w.pid: w for w in self._workers.values()}
+        for index, pid in self._adopted.items():
+            adopter = by_pid.get(pid)
+            if chosen.get(index) != pid and adopter is not None and adopter.serving and adopter.channel:
+                handover.tell(adopter.channel, handover.RELEASE, index)
+        for index, pid in list(chosen.items()):
+            if self._adopted.get(index) == pid:
+                continue
+            adopter = by_pid[pid]
+            if adopter.channel is None or not handover.tell(adopter.channel, handover.ADOPT, index,
+                                                            self.sockets[index]):
+                del chosen[index]           # tried again at the next wake-up
+                continue
+            log.log(logging.DEBUG if self._starting(index) else logging.INFO,
+                    "worker %d (pid %d) accepts worker %d's connections until one of its own serves",
+                    adopter.slot.index, pid, index)
+        self._adopted = chosen
+
+    def _starting(self, index: int) -> bool:
+        """Whether the slot's first worker is still starting (the first to serve takes its socket
+        for a moment at every start: not worth a line)."""
+        return any(w.slot.index == index and not w.slot.replacement and w.channel is not None
+                   for w in self._workers.values())
 
     def _replace(self, worker: _Worker, code: int) -> None:
         """A worker died: start its slot again, at once or after a back-off; never stop the others for it."""
@@ -194,8 +246,6 @@ class Supervisor:
             self._failed = code or 1
             self._stop()
             return
-        if serving:
-            self._leave_the_group(index)
         delay = backoff_s(quick_exits, code == STARTUP_FAILURE)
         self._restarts[index] = self._restarts.get(index, 0) + 1
         slot = dataclasses.replace(worker.slot, replacement=True)
@@ -210,32 +260,11 @@ class Supervisor:
         self._write_slots()
 
     def _others_running(self, index: int) -> bool:
-        return any(w.slot.index != index and _accepting(self._socket_of(w.slot.index))
-                   for w in self._workers.values())
+        """Whether another worker serves or will: a first worker from its fork, a replacement once it serves."""
+        return any(w.slot.index != index and (w.serving or not w.slot.replacement) for w in self._workers.values())
 
     def _socket_of(self, index: int) -> socket.socket:
         return self.sockets[index if len(self.sockets) > 1 else 0]
-
-    def _leave_the_group(self, index: int) -> None:
-        """Take a dead worker's socket out of the port's SO_REUSEPORT group, while others serve.
-
-        Otherwise the kernel keeps handing it new connections that nobody
-        accepts until the replacement runs.  The replacement gets a socket
-        bound to the port but not listening: its server listens once it is
-        ready (`WorkerSlot.replacement`, proxy.app), so no connection ever
-        waits on a worker still starting.
-        """
-        if len(self.sockets) < 2:
-            return                          # one shared socket: the others accept from it
-        old = self.sockets[index]
-        try:
-            fresh = bound_socket(old.family, old.getsockname()[:2])
-        except OSError as exc:              # keep the old one: its queue waits for the replacement
-            log.warning("worker %d: no new socket on the port (%s); its connections wait for the replacement",
-                        index, exc)
-            return
-        old.close()                         # what it still queues is reset, like what the dead worker held
-        self.sockets[index] = fresh
 
     def _write_slots(self) -> None:
         """What /metrics says of each slot (proxy.workers.pages reads it): restarts, and a back-off under way."""
@@ -247,15 +276,19 @@ class Supervisor:
         sys.stdout.flush()
         sys.stderr.flush()
         parent = os.getpid()
+        channel, theirs = handover.channel_pair()
+        slot = dataclasses.replace(slot, channel=theirs)
         # Signals wait until the child has its own handlers: it must never run the parent's.
         signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
         try:
             pid = os.fork()
             if pid == 0:                                    # pragma: no cover - runs in the worker
+                channel.close()
                 self._child(slot, parent)
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
-        self._workers[pid] = _Worker(slot, pid, time.monotonic(), quick_exits)
+        os.close(theirs)
+        self._workers[pid] = _Worker(slot, pid, time.monotonic(), channel, quick_exits)
         self._write_slots()
         if self._stopping:                                  # a signal came while forking
             os.kill(pid, signal.SIGTERM)
@@ -274,7 +307,9 @@ class Supervisor:
             mine = self._socket_of(slot.index)
             for sock in self.sockets:
                 if sock is not mine:
-                    sock.close()
+                    sock.close()            # the others' come over the channel, when handed over
+            for worker in self._workers.values():
+                _close(worker)
             code = self.run_worker(slot, mine)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -325,12 +360,12 @@ def bound_socket(family: int, address: tuple[str, int]) -> socket.socket:
     return sock
 
 
-def _accepting(sock: socket.socket) -> bool:
-    """Whether a socket listens (a replacement's starts to once its server runs)."""
-    try:
-        return bool(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
-    except OSError:
-        return False
+def _close(worker: _Worker) -> None:
+    """The supervisor's end of a worker's channel, once the worker is gone (or in another worker)."""
+    if worker.channel is not None:
+        worker.channel.close()
+        worker.channel = None
+        worker.serving = False
 
 
 def _reap() -> list[tuple[int, int]]:

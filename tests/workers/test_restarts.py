@@ -27,6 +27,7 @@ pytestmark = pytest.mark.slow
 class Toy:
     def __init__(self, state: Path, count: int = 2) -> None:
         self.state = state
+        self.count = count
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.workers.toy_supervisor", str(state), str(count)],
                                      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
@@ -51,9 +52,9 @@ class Toy:
         return [int(line) for line in path.read_text().split()] if path.exists() else []
 
     def serving(self) -> dict[int, int]:
-        """slot -> pid, once both slots have answered (connections until they have)."""
+        """slot -> pid, once every slot has answered (connections until they have)."""
         seen: dict[int, int] = {}
-        assert wait_until(lambda: seen.update([self.ask()]) or len(seen) == 2, timeout=30)
+        assert wait_until(lambda: seen.update([self.ask()]) or len(seen) == self.count, timeout=30)
         return seen
 
     def stop(self) -> int:
@@ -73,10 +74,10 @@ def test_connections_never_wait_on_a_dead_worker(tmp_path: Path) -> None:
     try:
         pids = toy.serving()
         os.kill(pids[1], signal.SIGKILL)
-        # The replacement has been forked and is held before it listens.
+        # The replacement has been forked and is held before it serves.
         assert wait_until(lambda: len(toy.starts(1)) == 2, timeout=30)
         # Every new connection is accepted by the living worker, none queued for the replacement
-        # (before: about half hashed to the dead worker's socket and waited there).
+        # (before round 3: about half hashed to the dead worker's socket and waited there).
         answers = [toy.ask(timeout=3.0) for _ in range(40)]
         assert answers == [(0, pids[0])] * 40
         with (tmp_path / "gate-1").open("w"):
@@ -84,6 +85,30 @@ def test_connections_never_wait_on_a_dead_worker(tmp_path: Path) -> None:
         replacement = toy.starts(1)[1]
         assert wait_until(lambda: toy.ask() == (1, replacement), timeout=30), "the replacement never served"
     finally:
+        code = toy.stop()
+    assert code == 0, toy.lines
+
+
+def test_the_sockets_an_adopter_held_go_to_another_when_it_dies_too(tmp_path: Path) -> None:
+    for index in (0, 1):
+        os.mkfifo(tmp_path / f"gate-{index}")
+    toy = Toy(tmp_path, count=3)
+    try:
+        pids = toy.serving()
+        os.kill(pids[1], signal.SIGKILL)                 # slot 1's socket goes to worker 0 (fewest, lowest)
+        assert wait_until(lambda: len(toy.starts(1)) == 2, timeout=30)
+        assert wait_until(lambda: any("worker 0" in line and "accepts worker 1's" in line for line in toy.lines),
+                          timeout=30), toy.lines
+        os.kill(pids[0], signal.SIGKILL)                 # the adopter dies: slots 0 and 1 go to worker 2
+        assert wait_until(lambda: len(toy.starts(0)) == 2, timeout=30)
+        assert wait_until(lambda: sum("worker 2" in line and "accepts" in line for line in toy.lines) == 2,
+                          timeout=30), toy.lines
+        # Every connection is answered, by the one worker that serves (none waits on a held replacement).
+        assert [toy.ask(timeout=3.0) for _ in range(40)] == [(2, pids[2])] * 40
+    finally:
+        for index in (0, 1):
+            with (tmp_path / f"gate-{index}").open("w"):
+                pass
         code = toy.stop()
     assert code == 0, toy.lines
 

@@ -2,7 +2,8 @@
 
 `python -m tests.workers.toy_supervisor STATE COUNT` serves COUNT workers on a free
 loopback port and prints it.  Each worker answers every connection with one
-line, "<slot> <pid>", and closes it.  Each start appends its pid to
+line, "<slot> <pid>", and closes it, and serves the sockets the supervisor hands
+it (proxy.workers.handover) the same way.  Each start appends its pid to
 STATE/slot-<i>.starts; a replacement (not the slot's first start) of a slot
 with a STATE/gate-<i> FIFO blocks opening it until the test opens its other
 end, so a test can hold a replacement's start for as long as it needs.  With a
@@ -11,14 +12,39 @@ STATE/cannot-start file every worker exits at once with uvicorn's start-up failu
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
 
+from proxy.workers.handover import Handover
 from proxy.workers.siblings import WorkerSlot
 from proxy.workers.supervisor import Supervisor, listening_sockets
+
+
+async def serve(slot: WorkerSlot, sock: socket.socket) -> int:
+    line = f"{slot.index} {os.getpid()}\n".encode()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(line)
+        await writer.drain()
+        writer.close()
+
+    def answer_handed(conn: socket.socket) -> None:
+        with conn:
+            conn.sendall(line)             # one short line: the new socket's buffer takes it whole
+
+    # SIGTERM through the loop: the supervisor's handler raises SystemExit wherever the signal lands,
+    # and one that lands in a weakref callback (asyncio's WeakSet of tasks) is printed and ignored.
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await asyncio.start_server(answer, sock=sock)
+    Handover(slot.channel).start(answer_handed)
+    await stop.wait()
+    return 0
 
 
 def main(state: Path, count: int) -> int:
@@ -35,11 +61,7 @@ def main(state: Path, count: int) -> int:
         if not first and gate.exists():
             with gate.open() as f:         # blocks until the test opens the FIFO for writing
                 f.read()
-        sock.listen(64)                    # as asyncio's server does when it starts serving
-        while True:
-            conn, _ = sock.accept()
-            with conn:
-                conn.sendall(f"{slot.index} {os.getpid()}\n".encode())
+        return asyncio.run(serve(slot, sock))
 
     sockets = listening_sockets("127.0.0.1", 0, count)
     print(sockets[0].getsockname()[1], flush=True)
