@@ -199,12 +199,12 @@ Field = JsonField | ParquetField
 
 def _opt_int(f: Field) -> tuple[str, str]:
     """`proxy.sizing.report._opt_int`: (well-formed, value): absent/null, or an int in 0..MAX_PLAUSIBLE_TOKENS."""
-    value = f"CASE WHEN {f.is_int()} AND {f.as_int()} BETWEEN 0 AND {MAX_PLAUSIBLE_TOKENS} THEN {f.as_int()} END"
-    return f"({f.absent()} OR {f.null()} OR {value} IS NOT NULL)", value
+    in_range = f"({f.as_int()} BETWEEN 0 AND {MAX_PLAUSIBLE_TOKENS})"
+    return f"coalesce({in_range}, {f.absent()} OR {f.null()})", f"CASE WHEN {in_range} THEN {f.as_int()} END"
 
 
 def _lenient(f: Field) -> str:
-    return f"CASE WHEN {f.is_int()} AND {f.as_int()} >= 0 THEN {f.as_int()} END"
+    return f"CASE WHEN {f.as_int()} >= 0 THEN {f.as_int()} END"
 
 
 def _defaulted_str(f: Field, default: str) -> tuple[str, str]:
@@ -213,18 +213,19 @@ def _defaulted_str(f: Field, default: str) -> tuple[str, str]:
 
 
 def normalized(fields: dict[str, Field]) -> str:
-    """SELECT list: one row of plain figures per record, `ok` false where the Python reader finds it malformed."""
+    """SELECT list: one row of plain figures per record, `ok` false where the Python reader finds it malformed.
+    A figure of a kept record is its field's value; of a malformed one, anything that cannot overflow."""
     f = fields
     up_ok, up = _opt_int(f["upstream_prompt_tokens"])
     pt_ok, pt = _opt_int(f["prompt_tokens"])
     comp_ok, comp = _opt_int(f["completion_tokens"])
     long_ok, long_ = _opt_int(f["longest_prompt_tokens"])
-    gr_ok, gr = _opt_int(f["granted_max_tokens"])
+    gr_ok, _ = _opt_int(f["granted_max_tokens"])
     act_ok, act = _defaulted_str(f["action"], "pass")
     ep_ok, ep = _defaulted_str(f["endpoint"], "chat")
     fr_ok, has_fr, fin_len = f["finish_reasons"].reasons()
     n = f["n"]
-    n_val = f"CASE WHEN {n.absent()} OR {n.null()} THEN 1 WHEN {n.is_int()} AND {n.as_int()} >= 1 THEN {n.as_int()} END"
+    n_val = f"CASE WHEN {n.as_int()} >= 1 THEN {n.as_int()} WHEN {n.absent()} OR {n.null()} THEN 1 END"
     model = f["model"]
     ok = " AND ".join([
         f["ts"].is_num(), f"({model.absent()} OR {model.null()} OR {model.is_str()})", f"({n_val}) IS NOT NULL",
@@ -239,21 +240,16 @@ def normalized(fields: dict[str, Field]) -> str:
         f"{model.as_str()} AS model",
         f"{act} AS action", f"{ep} AS endpoint", f"{n_val} AS n",
         f"coalesce({up}, {pt}) AS prompt", f"{comp} AS completion", f"{long_} AS longest",
-        f"{gr} AS granted", f"{_lenient(f['granted_max_tokens'])} AS granted_lenient",
+        # the strict granted (`_opt_int`) only counts where n > 1 or longest is set, and there a kept record's
+        # is well-formed, hence this lenient one
+        f"{_lenient(f['granted_max_tokens'])} AS granted",
         f"{_lenient(f['requested_max_tokens'])} AS requested",
-        f"{has_fr} AS has_reasons", f"{fin_len} AS finished_length",
+        f"coalesce({has_fr}, false) AS has_reasons", f"coalesce({fin_len}, false) AS finished_length",
         f"{f['max_model_len'].as_int()} AS mml_seen", f"{_lenient(f['max_model_len'])} AS mml",
         f"{f['status'].as_int()} AS status", f"{f['error_code'].text()} AS error_code",
         f"{_lenient(f['prompt_tokens'])} AS own_prompt",
-        f"CASE WHEN {f['latency_ms'].is_num()} AND {f['latency_ms'].num()} >= 0 "
-        f"THEN {f['latency_ms'].num()} / 1000.0 END AS latency_s",
+        f"CASE WHEN {f['latency_ms'].num()} >= 0 THEN {f['latency_ms'].num()} / 1000.0 END AS latency_s",
     ])
-
-
-def _served_sequence(granted: str) -> str:
-    """`proxy.sizing.lengths.sequence_tokens` over the row's prompt, completion, n, `granted` and longest."""
-    return (f"coalesce(longest, prompt) + CASE WHEN (n > 1 OR longest IS NOT NULL) AND {granted} IS NOT NULL "
-            f"THEN least(completion, {granted}) ELSE completion END")
 
 
 def _implicit() -> str:
@@ -261,83 +257,96 @@ def _implicit() -> str:
     return f"CASE endpoint {cases} END" if cases else "NULL::BIGINT"
 
 
-def figures(min_completion: int) -> str:
-    """SELECT list over `normalized`: the histogram values of `ModelStats.add` and `add_demand`."""
-    implicit = _implicit()
-    single = "coalesce(longest, prompt)"
-    d_seq = (f"CASE WHEN prompt IS NULL THEN NULL WHEN requested > 0 THEN {single} + requested "
-             f"WHEN completion IS NOT NULL THEN {_served_sequence('granted_lenient')} "
-             f"WHEN {implicit} IS NOT NULL THEN {single} + {implicit} ELSE {single} + 1 END")
-    # HUGEINT: n × a limit overflows BIGINT where Python's ints do not
-    d_kv = (f"CASE WHEN prompt IS NULL THEN NULL WHEN requested > 0 THEN prompt + n::HUGEINT * requested "
-            f"WHEN completion IS NOT NULL THEN prompt + completion "
-            f"WHEN {implicit} IS NOT NULL THEN prompt + n::HUGEINT * {implicit} ELSE prompt + n::HUGEINT END")
-    d_lower = (f"CASE WHEN prompt IS NULL THEN NULL WHEN requested > 0 THEN false "
-               f"WHEN completion IS NOT NULL THEN coalesce(finished_length, false) "
-               f"WHEN {implicit} IS NOT NULL THEN false ELSE true END")
+def _reason() -> str:
+    """`proxy.sizing.demand.reason_of`, as the reason's index in REASONS (a small integer groups faster)."""
     failed = "(action IN ('rejected', 'upstream_error') OR status >= 400)"
-    # reason_of, as the reason's index in REASONS: a small integer groups faster than a computed string
     code = {name: i for i, name in enumerate(REASONS)}
     mapped = "CASE error_code " + " ".join(
         f"WHEN {_q(error)} THEN {code[reason]}" for error, reason in sorted(dm.ERROR_CODE_REASONS.items())
         if reason != "other") + f" ELSE {code['other']} END"
-    reason = (f"CASE WHEN error_code IS NULL AND NOT coalesce({failed}, false) THEN NULL "
-              f"WHEN error_code IS NULL THEN {code['other']} "
-              f"WHEN error_code = {_q(ErrorCode.CONTEXT_LENGTH_EXCEEDED)} AND own_prompt >= mml "
-              f"THEN {code['prompt_too_long']} ELSE {mapped} END::UTINYINT")
-    return ",\n".join([
-        "model", "action", "endpoint", "n > 1 AS parallel", "coalesce(has_reasons, false) AS has_reasons",
-        "coalesce(finished_length, false) AS finished_length", "mml_seen", "prompt", "completion",
-        "CASE WHEN completion IS NOT NULL THEN prompt + completion END AS total",
-        f"CASE WHEN prompt IS NOT NULL AND completion IS NOT NULL THEN {_served_sequence('granted')} END "
-        "AS sequence",
-        f"({d_seq}) AS d_seq", f"({d_kv}) AS d_kv", f"coalesce({d_lower}, false) AS d_lower",
-        f"CASE WHEN prompt IS NOT NULL THEN {single} + least(({d_seq}) - {single}, {min_completion}) END "
-        "AS d_refused",
-        "CASE WHEN prompt IS NOT NULL THEN mml END AS d_limit",
-        f"({reason}) AS reason",
-        *_need_figures(implicit),
-        "latency_s",
-    ])
+    return (f"CASE WHEN error_code IS NULL AND NOT coalesce({failed}, false) THEN NULL "
+            f"WHEN error_code IS NULL THEN {code['other']} "
+            f"WHEN error_code = {_q(ErrorCode.CONTEXT_LENGTH_EXCEEDED)} AND own_prompt >= mml "
+            f"THEN {code['prompt_too_long']} ELSE {mapped} END::UTINYINT")
 
 
-def _need_figures(implicit: str) -> list[str]:
-    """`proxy.sizing.need.need_figures` and `pools.route_key` in SQL, as `ModelStats.add_demand` feeds them:
-    the need's kind (0 exact, 1 cut, 2 unknown), its prompt, value and upper bound (-1: none), the route key."""
-    single = "coalesce(longest, prompt)"
-    asked = f"CASE WHEN requested > 0 THEN requested ELSE {implicit} END"
-    per_choice = ("CASE WHEN n = 1 AND longest IS NULL THEN completion "
-                  "ELSE least(completion, coalesce(nullif(granted_lenient, 0), completion)) END")
-    value = f"({single} + {per_choice})"
-    limit = f"coalesce(granted_lenient, {asked})"
-    cut = (f"CASE WHEN coalesce(has_reasons, false) THEN coalesce(finished_length, false) "
-           f"ELSE coalesce({per_choice} >= {limit}, false) OR coalesce({value} >= mml, false) END")
-    kind = (f"CASE WHEN completion IS NULL THEN 2 WHEN NOT ({cut}) OR coalesce({per_choice} >= {asked}, false) "
-            f"THEN 0 ELSE 1 END::UTINYINT")
+def figures() -> list[list[str]]:
+    """SELECT lists over `normalized`, every record, each over the one before: what more than one grouping set
+    reads.  `single` is the longest prompt of a batch, else the prompt (`demand_figures`' and `need_figures`'
+    prompt); `plain` a record of one prompt and one choice, the common case, for which sequence = total, d_kv =
+    d_seq and the need's value is the total (the grouping sets count those together); `served` the completion a
+    choice was served (`sequence_tokens`); `asked` the limit asked (`need_figures`); `dx` = d_seq - single
+    (`demand_figures`); `per_choice`, `need_kind` (0 exact, 1 cut, 2 unknown), `need_value` and `need_upper`
+    (-1: none) are `need_figures`'."""
+    implicit = _implicit()
+    cut = ("CASE WHEN has_reasons THEN finished_length ELSE coalesce(per_choice >= coalesce(granted, asked), false) "
+           "OR coalesce(single + per_choice >= mml, false) END")
     return [
-        f"{kind} AS need_kind", f"{single} AS need_prompt",
-        f"CASE WHEN completion IS NULL THEN {single} + 1 ELSE {value} END AS need_value",
-        f"coalesce({single} + {asked}, -1) AS need_upper",
-        f"CASE WHEN requested > 0 THEN ({single} + requested + {BLOCK_SIZE - 1}) // {BLOCK_SIZE} * {BLOCK_SIZE} "
-        f"ELSE {NO_ASK} END AS need_route",
+        ["coalesce(longest, prompt) AS single", "n = 1 AND longest IS NULL AS plain",
+         f"CASE WHEN requested > 0 THEN requested ELSE {implicit} END AS asked"],
+        # min(completion, granted) where it applies, in one test (DuckDB's least() ignores NULLs)
+        ["CASE WHEN NOT plain AND granted < completion THEN granted ELSE completion END AS served",
+         "CASE WHEN NOT plain AND granted > 0 AND granted < completion THEN granted ELSE completion END "
+         "AS per_choice"],
+        [f"CASE WHEN requested > 0 THEN requested ELSE coalesce(served, {implicit}, 1) END AS dx",
+         f"CASE WHEN prompt IS NULL OR requested > 0 THEN false WHEN completion IS NOT NULL THEN finished_length "
+         f"ELSE {implicit} IS NULL END AS d_lower",
+         f"({_reason()}) AS reason",
+         f"CASE WHEN completion IS NULL THEN 2 WHEN NOT ({cut}) OR coalesce(per_choice >= asked, false) THEN 0 "
+         "ELSE 1 END::UTINYINT AS need_kind",
+         "single + coalesce(per_choice, 1) AS need_value",
+         "coalesce(single + asked, -1) AS need_upper"],
     ]
 
 
 REASONS: tuple[str, ...] = typing.get_args(dm.Reason)
 
-# Low-cardinality figures, counted together in one grouping set (a few hundred groups per model): ModelStats'
-# actions, endpoints, limits seen, reasons and counters are sums over it.
-SMALL = ("action", "endpoint", "mml_seen", "d_limit", "reason", "has_reasons", "finished_length", "parallel",
-         "d_lower")
-# Token counts, one grouping set each over a packed (model, value): the exact histograms.  The last two are
-# the need estimate's exact needs and their completions (`NeedTally.exact`, `.completions`).
-HISTOGRAMS = ("prompt", "completion", "total", "sequence", "d_seq", "d_kv", "d_refused", "need_exact",
-              "need_completion")
-# The grouping sets after the SMALL one and the histograms', by the one column of KEYS each groups by (with the
-# model's index): the need's cut and unknown requests (`NeedTally.cut`, `.unknown`) and the routes' sums.
-CUT = ("cut_prompt", "cut_value", "cut_upper")
-UNKNOWN = ("unknown_prompt", "unknown_upper")
-KEYS = ("state", *HISTOGRAMS, CUT[0], UNKNOWN[0], "route")
+# The low-cardinality figures, grouped together with the record's state (0 kept, 1 malformed, 2 filtered) and
+# model, a few hundred groups: ModelStats' actions, endpoints, limits seen, reasons and counters are sums over it.
+SMALL = ("action", "endpoint", "mml_seen", "CASE WHEN prompt IS NOT NULL THEN mml END AS d_limit", "reason",
+         "has_reasons", "finished_length", "n > 1 AS parallel", "d_lower")
+
+
+@dataclass(frozen=True)
+class HistogramSet:
+    """One GROUP BY of the kept records with `where` on `key` packed with the model (key × len(models) + the
+    model's index): count(*), then one count per FILTER of `feeds`, each a histogram of `ModelStats`
+    (`proxy.sizing.report`'s `_DICTS`) counted at key + shift.  One hash table then counts several histograms
+    that share the key for most records (the `plain` ones)."""
+
+    key: str
+    where: str
+    feeds: tuple[tuple[str, int, str], ...]       # (histogram, shift, FILTER condition; "true": all rows)
+    rest: bool = False        # over `r`, the few kept records the shared keys do not count for every histogram
+
+
+def histogram_sets(min_completion: int) -> tuple[HistogramSet, ...]:
+    """Every histogram of `ModelStats.add` and `add_demand`, each record counted once in each: the four shared
+    keys, and the remaining records of the histograms they stand in for."""
+    m = min_completion
+    need = "prompt IS NOT NULL AND need_kind = 0"
+    both = "prompt IS NOT NULL AND completion IS NOT NULL"
+    d_kv = ("CASE WHEN requested > 0 THEN prompt + n::HUGEINT * requested WHEN completion IS NOT NULL "
+            f"THEN prompt + completion ELSE prompt + n::HUGEINT * coalesce({_implicit()}, 1) END")
+    return (
+        HistogramSet("prompt", "prompt IS NOT NULL", (("prompt", 0, "true"), ("d_refused", m, f"plain AND dx >= {m}"))),
+        HistogramSet("completion", "completion IS NOT NULL",
+                     (("completion", 0, "true"), ("need_completion", 0, f"plain AND {need}"))),
+        HistogramSet("prompt + completion", both,
+                     (("total", 0, "true"), ("sequence", 0, "plain"), ("need_exact", 0, "plain AND need_kind = 0"))),
+        HistogramSet("single + dx", "prompt IS NOT NULL", (("d_seq", 0, "true"), ("d_kv", 0, "plain"))),
+        HistogramSet("single + served", f"NOT plain AND {both}", (("sequence", 0, "true"),), True),
+        HistogramSet("need_value", f"NOT plain AND {need}", (("need_exact", 0, "true"),), True),
+        HistogramSet("per_choice", f"NOT plain AND {need}", (("need_completion", 0, "true"),), True),
+        HistogramSet(d_kv, "NOT plain AND prompt IS NOT NULL", (("d_kv", 0, "true"),), True),
+        HistogramSet(f"single + least(dx, {m})", f"prompt IS NOT NULL AND NOT (plain AND dx >= {m})",
+                     (("d_refused", 0, "true"),), True),
+    )
+
+
+# The grouping sets that are not histograms, by their `g`: the state set (SMALL), the need's cut and unknown
+# requests (`NeedTally.cut`, `.unknown`) and the routes' sums; the histogram sets follow, g = 3 + their index.
+STATE, CUT, ROUTE = range(3)
 
 
 def model_code(models: Sequence[str | None]) -> str:
@@ -348,50 +357,36 @@ def model_code(models: Sequence[str | None]) -> str:
 
 
 def aggregate_sql(source: str, keep: str, min_completion: int, models: Sequence[str | None]) -> str:
-    """One scan, then grouping sets (`_sets_sql`): the SMALL set with the record's `state` (0 kept, 1 malformed,
-    2 filtered), one set per histogram over a single packed key, value × len(models) + the model's index `mc`,
-    NULL for a record not kept (one integer hashes several times faster than (state, model string, value)), and
-    the CUT, UNKNOWN and route sets over the model's index.  Every set's groups are few (distinct lengths, not
-    records).  `g` is GROUPING(KEYS): one zero bit, the set's key."""
-    small = ", ".join(SMALL)
-    sets = [f"state, model, {small}", *HISTOGRAMS, f"mc, {', '.join(CUT)}", f"mc, {', '.join(UNKNOWN)}", "mc, route"]
+    """One scan of `source` into `f` (every record's state and figures, which DuckDB computes once and streams
+    to each set), then the grouping sets, each its own GROUP BY counting only its rows: the state set over every
+    record, the others over the kept ones.  Each set's groups are few (distinct lengths, not records)."""
+    state = f"CASE WHEN NOT ok THEN 1 WHEN NOT ({keep}) THEN 2 ELSE 0 END::UTINYINT AS state"
     width = len(models)
-    # HUGEINT: d_kv (prompt + n × a limit) times the model count may pass BIGINT; Python's ints do not overflow
-    value = {"need_exact": "need_value", "need_completion": "need_value - need_prompt"}
-    need = "state = 0 AND prompt IS NOT NULL"
-    packed = ", ".join(f"CASE WHEN {need + ' AND need_kind = 0' if h in value else 'state = 0'} THEN "
-                       f"({value.get(h, h)})::{'HUGEINT' if h == 'd_kv' else 'BIGINT'} * {width} + mc END AS {h}"
-                       for h in HISTOGRAMS)
-    kinds = [(CUT, ("need_prompt", "need_value", "need_upper"), 1), (UNKNOWN, ("need_prompt", "need_upper"), 2)]
-    tallies = ", ".join(f"CASE WHEN {need} AND need_kind = {kind} THEN {expr} END AS {col}"
-                        for cols, exprs, kind in kinds for col, expr in zip(cols, exprs, strict=True))
-    routes = (f"CASE WHEN {need} THEN need_route END AS route, "
-              f"CASE WHEN {need} AND need_kind < 2 THEN need_value END AS known_need, "
-              f"CASE WHEN {need} AND need_kind = 2 THEN need_prompt END AS unknown_need, "
-              f"CASE WHEN {need} THEN latency_s END AS latency_s")
+    kept = "FROM f WHERE state = 0 AND prompt IS NOT NULL"
+    layers = ",\n".join(f"f{i + 1} AS (SELECT *, {', '.join(cols)} FROM f{i})" for i, cols in enumerate(figures()))
+    parts = [
+        f"SELECT {STATE} AS g, state, model, {', '.join(SMALL)}, count(*) AS c0 FROM f GROUP BY ALL",
+        f"SELECT {CUT} AS g, mc, need_kind AS kind, single AS prompt, need_value AS value, need_upper AS upper, "
+        "count(*) AS c0 FROM r WHERE need_kind > 0 GROUP BY ALL",
+        f"SELECT {ROUTE} AS g, mc, CASE WHEN requested > 0 THEN (single + requested + {BLOCK_SIZE - 1}) // "
+        f"{BLOCK_SIZE} * {BLOCK_SIZE} ELSE {NO_ASK} END AS route, count(*) AS c0, "
+        "sum(need_value) FILTER (need_kind < 2) AS known_need, count(*) FILTER (need_kind = 2) AS unknowns, "
+        "sum(single) FILTER (need_kind = 2) AS unknown_need, sum(latency_s) AS lat, count(latency_s) AS nlat "
+        f"{kept} GROUP BY ALL",
+    ]
+    for h in histogram_sets(min_completion):
+        counts = ", ".join(f"count(*) FILTER ({cond}) AS c{j}" if cond != "true" else f"count(*) AS c{j}"
+                           for j, (_, _, cond) in enumerate(h.feeds))
+        rows = "r WHERE" if h.rest else "f WHERE state = 0 AND"
+        parts.append(f"SELECT {len(parts)} AS g, ({h.key}) * {width} + mc AS k, {counts} "
+                     f"FROM {rows} {h.where} GROUP BY ALL")
+    m = min_completion
     return f"""
-WITH k AS (SELECT CASE WHEN NOT ok THEN 1 WHEN NOT ({keep}) THEN 2 ELSE 0 END::UTINYINT AS state, *
-           FROM ({source})),
-f0 AS (SELECT state, {model_code(models)} AS mc, {figures(min_completion)} FROM k),
-f AS MATERIALIZED (SELECT state, model, mc, {small}, {packed}, {tallies}, {routes} FROM f0)
-{_sets_sql(sets)}"""
-
-
-def _sets_sql(sets: list[str]) -> str:
-    """The grouping sets, each its own GROUP BY over the CTE `f` (which DuckDB materializes once, as it does for
-    GROUPING SETS): a set counts only its rows (those with its key) and only the routes' set sums, where one
-    GROUPING SETS query computes every aggregate in every set.  `g` is what GROUPING(KEYS) would be."""
-    width = len(KEYS)
-    parts = []
-    for i, (key, cols) in enumerate(zip(KEYS, sets, strict=True)):
-        aggregates = "count(*) AS c"
-        if key == "route":
-            aggregates += (", sum(known_need) AS known_need, count(unknown_need) AS unknowns, "
-                           "sum(unknown_need) AS unknown_need, sum(latency_s) AS lat, count(latency_s) AS nlat")
-        where = "" if key == "state" else f" WHERE {key} IS NOT NULL"
-        grouping = ((1 << width) - 1) ^ (1 << (width - 1 - i))
-        parts.append(f"SELECT {grouping} AS g, {cols.strip('()')}, {aggregates} FROM f{where} GROUP BY ALL")
-    return "\nUNION ALL BY NAME\n".join(parts)
+WITH f0 AS (SELECT {state}, {model_code(models)} AS mc, * FROM ({source})),
+{layers},
+f AS MATERIALIZED (SELECT * FROM f{len(figures())}),
+r AS MATERIALIZED (SELECT * {kept} AND (NOT plain OR dx < {m} OR need_kind > 0))
+{chr(10).join(('UNION ALL BY NAME ' if i else '') + p for i, p in enumerate(parts))}"""
 
 
 # ---------------------------------------------------------------------------
@@ -429,6 +424,7 @@ class Aggregates:
     rows: list[tuple[Any, ...]]
     columns: list[str]
     models: list[str | None]        # a histogram key is value × len(models) + the model's index here
+    histograms: tuple[HistogramSet, ...]      # the histogram sets, g = ROUTE + 1 + their index
 
 
 def _filter(model: str | None, since: float | None) -> str:
@@ -470,4 +466,4 @@ def _aggregate(con: Any, files: Sequence[str], model: str | None, since: float |
                              + ([f"SELECT model FROM ({parquet_source(con, parquet)})"] if parquet else []))
     models = [row[0] for row in con.sql(f"SELECT DISTINCT model FROM ({pre}) ORDER BY ALL").fetchall()]
     rel = con.sql(aggregate_sql(source, _filter(model, since), min_completion, models))
-    return Aggregates(rel.fetchall(), list(rel.columns), models)
+    return Aggregates(rel.fetchall(), list(rel.columns), models, histogram_sets(min_completion))
