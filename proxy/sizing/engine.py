@@ -197,14 +197,20 @@ Field = JsonField | ParquetField
 # the record → figures reduction, in SQL
 
 
-def _opt_int(f: Field) -> tuple[str, str]:
-    """`proxy.sizing.report._opt_int`: (well-formed, value): absent/null, or an int in 0..MAX_PLAUSIBLE_TOKENS."""
-    in_range = f"({f.as_int()} BETWEEN 0 AND {MAX_PLAUSIBLE_TOKENS})"
-    return f"coalesce({in_range}, {f.absent()} OR {f.null()})", f"CASE WHEN {in_range} THEN {f.as_int()} END"
+def _opt_ok(f: Field) -> str:
+    """`proxy.sizing.report._opt_int` accepts the field: absent/null, or an int in 0..MAX_PLAUSIBLE_TOKENS."""
+    return f"coalesce({f.as_int()} BETWEEN 0 AND {MAX_PLAUSIBLE_TOKENS}, {f.absent()} OR {f.null()})"
 
 
 def _lenient(f: Field) -> str:
-    return f"CASE WHEN {f.as_int()} >= 0 THEN {f.as_int()} END"
+    """`_lenient_int`: a non-negative int, else NULL (greatest/nullif: no CASE, the cheapest form in DuckDB)."""
+    return f"nullif(greatest({f.as_int()}, -1), -1)"
+
+
+def _clamped(value: str) -> str:
+    """A token count a kept record has as it is (`ok` checked it), a malformed one's brought into as small a
+    range (NULL kept, no CASE evaluated): the sums over every record's figures cannot overflow."""
+    return f"({value}) % {MAX_PLAUSIBLE_TOKENS + 1}"
 
 
 def _defaulted_str(f: Field, default: str) -> tuple[str, str]:
@@ -213,14 +219,10 @@ def _defaulted_str(f: Field, default: str) -> tuple[str, str]:
 
 
 def normalized(fields: dict[str, Field]) -> str:
-    """SELECT list: one row of plain figures per record, `ok` false where the Python reader finds it malformed.
-    A figure of a kept record is its field's value; of a malformed one, anything that cannot overflow."""
+    """SELECT list: one row per record, `ok` false where the Python reader finds it malformed, and its fields
+    as the reduction reads them (a malformed record's figures are computed too, and never counted)."""
     f = fields
-    up_ok, up = _opt_int(f["upstream_prompt_tokens"])
-    pt_ok, pt = _opt_int(f["prompt_tokens"])
-    comp_ok, comp = _opt_int(f["completion_tokens"])
-    long_ok, long_ = _opt_int(f["longest_prompt_tokens"])
-    gr_ok, _ = _opt_int(f["granted_max_tokens"])
+    up, pt, long_ = (f[k].as_int() for k in ("upstream_prompt_tokens", "prompt_tokens", "longest_prompt_tokens"))
     act_ok, act = _defaulted_str(f["action"], "pass")
     ep_ok, ep = _defaulted_str(f["endpoint"], "chat")
     fr_ok, has_fr, fin_len = f["finish_reasons"].reasons()
@@ -229,8 +231,9 @@ def normalized(fields: dict[str, Field]) -> str:
     model = f["model"]
     ok = " AND ".join([
         f["ts"].is_num(), f"({model.absent()} OR {model.null()} OR {model.is_str()})", f"({n_val}) IS NOT NULL",
-        up_ok, f"({up} IS NOT NULL OR {pt_ok})", comp_ok, act_ok, fr_ok, long_ok, ep_ok,
-        f"(NOT (({n_val}) > 1 OR ({long_}) IS NOT NULL) OR {gr_ok})",
+        _opt_ok(f["upstream_prompt_tokens"]), f"({up} IS NOT NULL OR {_opt_ok(f['prompt_tokens'])})",
+        _opt_ok(f["completion_tokens"]), act_ok, fr_ok, _opt_ok(f["longest_prompt_tokens"]), ep_ok,
+        f"(NOT (({n_val}) > 1 OR {long_} IS NOT NULL) OR {_opt_ok(f['granted_max_tokens'])})",
     ])
     return ",\n".join([
         f"coalesce({ok}, false) AS ok",
@@ -239,11 +242,13 @@ def normalized(fields: dict[str, Field]) -> str:
         # column itself keeps a Parquet file's dictionary, many times faster than computed strings
         f"{model.as_str()} AS model",
         f"{act} AS action", f"{ep} AS endpoint", f"{n_val} AS n",
-        f"coalesce({up}, {pt}) AS prompt", f"{comp} AS completion", f"{long_} AS longest",
+        # brimful's own count is read only where the upstream reported none (`record_lengths`)
+        f"{_clamped(f'coalesce({up}, {pt})')} AS prompt", f"{_clamped(f['completion_tokens'].as_int())} AS completion",
+        f"{_clamped(long_)} AS longest",
         # the strict granted (`_opt_int`) only counts where n > 1 or longest is set, and there a kept record's
         # is well-formed, hence this lenient one
         f"{_lenient(f['granted_max_tokens'])} AS granted",
-        f"{_lenient(f['requested_max_tokens'])} AS requested",
+        f"{f['requested_max_tokens'].as_int()} AS requested",      # only ever read where > 0
         f"coalesce({has_fr}, false) AS has_reasons", f"coalesce({fin_len}, false) AS finished_length",
         f"{f['max_model_len'].as_int()} AS mml_seen", f"{_lenient(f['max_model_len'])} AS mml",
         f"{f['status'].as_int()} AS status", f"{f['error_code'].text()} AS error_code",
@@ -253,6 +258,7 @@ def normalized(fields: dict[str, Field]) -> str:
 
 
 def _implicit() -> str:
+    """The engine's own completion limit of the record's endpoint (`IMPLICIT_MAX_TOKENS`), else NULL."""
     cases = " ".join(f"WHEN {_q(ep)} THEN {limit}" for ep, limit in sorted(IMPLICIT_MAX_TOKENS.items()))
     return f"CASE endpoint {cases} END" if cases else "NULL::BIGINT"
 
@@ -270,41 +276,42 @@ def _reason() -> str:
             f"THEN {code['prompt_too_long']} ELSE {mapped} END::UTINYINT")
 
 
+REASONS: tuple[str, ...] = typing.get_args(dm.Reason)
+
+# The state set: the record's state (0 kept, 1 malformed, 2 filtered) and model with the low-cardinality
+# figures, a few hundred groups over every record: ModelStats' actions, endpoints, limits seen, reasons and
+# counters are sums over it.  Comparisons only (no sums), so a malformed record's fields cannot overflow.
+SMALL = ("action", "endpoint", "mml_seen", "CASE WHEN prompt IS NOT NULL THEN mml END AS d_limit",
+         f"({_reason()}) AS reason", "has_reasons", "finished_length", "n > 1 AS parallel",
+         # demand_figures' lower bound: no limit asked, and nothing served that reached its own
+         f"prompt IS NOT NULL AND NOT coalesce(requested > 0, false) AND (completion IS NOT NULL AND finished_length "
+         f"OR completion IS NULL AND {_implicit()} IS NULL) AS d_lower")
+
+
 def figures() -> list[list[str]]:
-    """SELECT lists over `normalized`, every record, each over the one before: what more than one grouping set
-    reads.  `single` is the longest prompt of a batch, else the prompt (`demand_figures`' and `need_figures`'
-    prompt); `plain` a record of one prompt and one choice, the common case, for which sequence = total, d_kv =
-    d_seq and the need's value is the total (the grouping sets count those together); `served` the completion a
-    choice was served (`sequence_tokens`); `asked` the limit asked (`need_figures`); `dx` = d_seq - single
-    (`demand_figures`); `per_choice`, `need_kind` (0 exact, 1 cut, 2 unknown), `need_value` and `need_upper`
-    (-1: none) are `need_figures`'."""
-    implicit = _implicit()
+    """SELECT lists over `normalized`, each over the one before (every record's; only kept ones are counted, and
+    a malformed one's cannot overflow: `_clamped`).  `single` is the
+    longest prompt of a batch, else the prompt (`demand_figures`' and `need_figures`' prompt); `plain` a record
+    of one prompt and one choice, the common case, for which sequence = total, d_kv = d_seq and the need's
+    value is the total (the shared sets count those together); `ask` the limit asked, NULL for none; `served`
+    the completion a choice was served (`sequence_tokens`); `asked` the limit `need_figures` bounds by; `dx` =
+    d_seq - single (`demand_figures`); `per_choice`, `need_kind` (0 exact, 1 cut, 2 unknown), `need_value` and
+    `need_upper` (-1: none) are `need_figures`'."""
     cut = ("CASE WHEN has_reasons THEN finished_length ELSE coalesce(per_choice >= coalesce(granted, asked), false) "
            "OR coalesce(single + per_choice >= mml, false) END")
     return [
         ["coalesce(longest, prompt) AS single", "n = 1 AND longest IS NULL AS plain",
-         f"CASE WHEN requested > 0 THEN requested ELSE {implicit} END AS asked"],
+         "nullif(greatest(requested, 0), 0) AS ask", f"{_implicit()} AS implicit"],
         # min(completion, granted) where it applies, in one test (DuckDB's least() ignores NULLs)
         ["CASE WHEN NOT plain AND granted < completion THEN granted ELSE completion END AS served",
          "CASE WHEN NOT plain AND granted > 0 AND granted < completion THEN granted ELSE completion END "
-         "AS per_choice"],
-        [f"CASE WHEN requested > 0 THEN requested ELSE coalesce(served, {implicit}, 1) END AS dx",
-         f"CASE WHEN prompt IS NULL OR requested > 0 THEN false WHEN completion IS NOT NULL THEN finished_length "
-         f"ELSE {implicit} IS NULL END AS d_lower",
-         f"({_reason()}) AS reason",
+         "AS per_choice", "coalesce(ask, implicit) AS asked"],
+        ["coalesce(ask, served, implicit, 1) AS dx",
          f"CASE WHEN completion IS NULL THEN 2 WHEN NOT ({cut}) OR coalesce(per_choice >= asked, false) THEN 0 "
          "ELSE 1 END::UTINYINT AS need_kind",
          "single + coalesce(per_choice, 1) AS need_value",
          "coalesce(single + asked, -1) AS need_upper"],
     ]
-
-
-REASONS: tuple[str, ...] = typing.get_args(dm.Reason)
-
-# The low-cardinality figures, grouped together with the record's state (0 kept, 1 malformed, 2 filtered) and
-# model, a few hundred groups: ModelStats' actions, endpoints, limits seen, reasons and counters are sums over it.
-SMALL = ("action", "endpoint", "mml_seen", "CASE WHEN prompt IS NOT NULL THEN mml END AS d_limit", "reason",
-         "has_reasons", "finished_length", "n > 1 AS parallel", "d_lower")
 
 
 @dataclass(frozen=True)
@@ -317,36 +324,41 @@ class HistogramSet:
     key: str
     where: str
     feeds: tuple[tuple[str, int, str], ...]       # (histogram, shift, FILTER condition; "true": all rows)
-    rest: bool = False        # over `r`, the few kept records the shared keys do not count for every histogram
 
 
-def histogram_sets(min_completion: int) -> tuple[HistogramSet, ...]:
-    """Every histogram of `ModelStats.add` and `add_demand`, each record counted once in each: the four shared
-    keys, and the remaining records of the histograms they stand in for."""
+def shared_sets(min_completion: int) -> tuple[HistogramSet, ...]:
+    """The four keys that count every kept record, and with it the histograms they share for plain ones."""
     m = min_completion
     need = "prompt IS NOT NULL AND need_kind = 0"
-    both = "prompt IS NOT NULL AND completion IS NOT NULL"
-    d_kv = ("CASE WHEN requested > 0 THEN prompt + n::HUGEINT * requested WHEN completion IS NOT NULL "
-            f"THEN prompt + completion ELSE prompt + n::HUGEINT * coalesce({_implicit()}, 1) END")
     return (
         HistogramSet("prompt", "prompt IS NOT NULL", (("prompt", 0, "true"), ("d_refused", m, f"plain AND dx >= {m}"))),
         HistogramSet("completion", "completion IS NOT NULL",
                      (("completion", 0, "true"), ("need_completion", 0, f"plain AND {need}"))),
-        HistogramSet("prompt + completion", both,
+        HistogramSet("prompt + completion", "prompt IS NOT NULL AND completion IS NOT NULL",
                      (("total", 0, "true"), ("sequence", 0, "plain"), ("need_exact", 0, "plain AND need_kind = 0"))),
         HistogramSet("single + dx", "prompt IS NOT NULL", (("d_seq", 0, "true"), ("d_kv", 0, "plain"))),
-        HistogramSet("single + served", f"NOT plain AND {both}", (("sequence", 0, "true"),), True),
-        HistogramSet("need_value", f"NOT plain AND {need}", (("need_exact", 0, "true"),), True),
-        HistogramSet("per_choice", f"NOT plain AND {need}", (("need_completion", 0, "true"),), True),
-        HistogramSet(d_kv, "NOT plain AND prompt IS NOT NULL", (("d_kv", 0, "true"),), True),
-        HistogramSet(f"single + least(dx, {m})", f"prompt IS NOT NULL AND NOT (plain AND dx >= {m})",
-                     (("d_refused", 0, "true"),), True),
     )
 
 
-# The grouping sets that are not histograms, by their `g`: the state set (SMALL), the need's cut and unknown
-# requests (`NeedTally.cut`, `.unknown`) and the routes' sums; the histogram sets follow, g = 3 + their index.
-STATE, CUT, ROUTE = range(3)
+def rest_sets(min_completion: int) -> tuple[tuple[str, str, str], ...]:
+    """(histogram, value, condition): what the shared sets leave out, counted over the few records that are not
+    plain or demand less than `min_completion` (embeddings)."""
+    m = min_completion
+    d_kv = ("CASE WHEN ask IS NOT NULL THEN prompt + n::HUGEINT * ask WHEN completion IS NOT NULL "
+            "THEN prompt + completion ELSE prompt + n::HUGEINT * coalesce(implicit, 1) END")
+    return (
+        ("sequence", "single + served", "NOT plain AND completion IS NOT NULL"),
+        ("need_exact", "need_value", "NOT plain AND need_kind = 0"),
+        ("need_completion", "per_choice", "NOT plain AND need_kind = 0"),
+        ("d_kv", d_kv, "NOT plain"),
+        ("d_refused", f"single + least(dx, {m})", f"NOT (plain AND dx >= {m})"),
+    )
+
+
+# The grouping sets by their `g`: the state set (SMALL), the routes' sums, the need's cut and unknown requests
+# (`NeedTally.cut` and `.unknown`), the rest sets (h<i>: rest_sets()[i]'s map), then the shared sets, g = SHARED +
+# their index.
+STATE, ROUTE, NEED, REST, SHARED = range(5)
 
 
 def model_code(models: Sequence[str | None]) -> str:
@@ -357,35 +369,40 @@ def model_code(models: Sequence[str | None]) -> str:
 
 
 def aggregate_sql(source: str, keep: str, min_completion: int, models: Sequence[str | None]) -> str:
-    """One scan of `source` into `f` (every record's state and figures, which DuckDB computes once and streams
-    to each set), then the grouping sets, each its own GROUP BY counting only its rows: the state set over every
-    record, the others over the kept ones.  Each set's groups are few (distinct lengths, not records)."""
+    """One scan of `source` into `f`, every record's state, SMALL figures and figures, which DuckDB computes
+    once and streams to each grouping set (one CTE: a second one fed from it would be stored whole): the state
+    set over every record, the routes, the need's cut and unknown, the rest and the shared sets over the kept
+    ones.  Each set's groups are few (distinct lengths, not records)."""
+    m, width = min_completion, len(models)
     state = f"CASE WHEN NOT ok THEN 1 WHEN NOT ({keep}) THEN 2 ELSE 0 END::UTINYINT AS state"
-    width = len(models)
+    small = [c.rsplit(" AS ", 1)[-1] for c in SMALL]
+    layers = f"(SELECT {state}, {model_code(models)} AS mc, *, {', '.join(SMALL)} FROM ({source}))"
+    for cols in figures():
+        layers = f"(SELECT *, {', '.join(cols)} FROM {layers})"
     kept = "FROM f WHERE state = 0 AND prompt IS NOT NULL"
-    layers = ",\n".join(f"f{i + 1} AS (SELECT *, {', '.join(cols)} FROM f{i})" for i, cols in enumerate(figures()))
+    rest = rest_sets(m)
+    hists = ", ".join(f"histogram(CASE WHEN {cond} THEN {value} END) AS h{i}"
+                      for i, (_, value, cond) in enumerate(rest))
     parts = [
-        f"SELECT {STATE} AS g, state, model, {', '.join(SMALL)}, count(*) AS c0 FROM f GROUP BY ALL",
-        f"SELECT {CUT} AS g, mc, need_kind AS kind, single AS prompt, need_value AS value, need_upper AS upper, "
-        "count(*) AS c0 FROM r WHERE need_kind > 0 GROUP BY ALL",
-        f"SELECT {ROUTE} AS g, mc, CASE WHEN requested > 0 THEN (single + requested + {BLOCK_SIZE - 1}) // "
+        f"SELECT {STATE} AS g, state, model, {', '.join(small)}, count(*) AS c0 FROM f GROUP BY ALL",
+        f"SELECT {ROUTE} AS g, mc, CASE WHEN ask IS NOT NULL THEN (single + ask + {BLOCK_SIZE - 1}) // "
         f"{BLOCK_SIZE} * {BLOCK_SIZE} ELSE {NO_ASK} END AS route, count(*) AS c0, "
         "sum(need_value) FILTER (need_kind < 2) AS known_need, count(*) FILTER (need_kind = 2) AS unknowns, "
         "sum(single) FILTER (need_kind = 2) AS unknown_need, sum(latency_s) AS lat, count(latency_s) AS nlat "
         f"{kept} GROUP BY ALL",
+        f"SELECT {NEED} AS g, mc, need_kind, single, need_value, need_upper, count(*) AS c0 {kept} AND need_kind > 0 "
+        "GROUP BY ALL",
+        # the rest's histograms: value → count maps per model, one GROUP BY over the few records (an unnest of
+        # each record's values would make DuckDB store `f` whole)
+        f"SELECT {REST} AS g, mc, {hists} {kept} AND (NOT plain OR dx < {m}) GROUP BY ALL",
     ]
-    for h in histogram_sets(min_completion):
+    for i, h in enumerate(shared_sets(m)):
         counts = ", ".join(f"count(*) FILTER ({cond}) AS c{j}" if cond != "true" else f"count(*) AS c{j}"
                            for j, (_, _, cond) in enumerate(h.feeds))
-        rows = "r WHERE" if h.rest else "f WHERE state = 0 AND"
-        parts.append(f"SELECT {len(parts)} AS g, ({h.key}) * {width} + mc AS k, {counts} "
-                     f"FROM {rows} {h.where} GROUP BY ALL")
-    m = min_completion
+        parts.append(f"SELECT {SHARED + i} AS g, ({h.key}) * {width} + mc AS k, {counts} "
+                     f"FROM f WHERE state = 0 AND {h.where} GROUP BY ALL")
     return f"""
-WITH f0 AS (SELECT {state}, {model_code(models)} AS mc, * FROM ({source})),
-{layers},
-f AS MATERIALIZED (SELECT * FROM f{len(figures())}),
-r AS MATERIALIZED (SELECT * {kept} AND (NOT plain OR dx < {m} OR need_kind > 0))
+WITH f AS MATERIALIZED (SELECT * FROM {layers})
 {chr(10).join(('UNION ALL BY NAME ' if i else '') + p for i, p in enumerate(parts))}"""
 
 
@@ -424,7 +441,7 @@ class Aggregates:
     rows: list[tuple[Any, ...]]
     columns: list[str]
     models: list[str | None]        # a histogram key is value × len(models) + the model's index here
-    histograms: tuple[HistogramSet, ...]      # the histogram sets, g = ROUTE + 1 + their index
+    min_completion: int
 
 
 def _filter(model: str | None, since: float | None) -> str:
@@ -466,4 +483,4 @@ def _aggregate(con: Any, files: Sequence[str], model: str | None, since: float |
                              + ([f"SELECT model FROM ({parquet_source(con, parquet)})"] if parquet else []))
     models = [row[0] for row in con.sql(f"SELECT DISTINCT model FROM ({pre}) ORDER BY ALL").fetchall()]
     rel = con.sql(aggregate_sql(source, _filter(model, since), min_completion, models))
-    return Aggregates(rel.fetchall(), list(rel.columns), models, histogram_sets(min_completion))
+    return Aggregates(rel.fetchall(), list(rel.columns), models, min_completion)

@@ -509,16 +509,10 @@ def _add_small(stats: ModelStats, row: dict[str, Any], count: int) -> None:
     stats.demand.lower_bounds += count * row["d_lower"]
 
 
-def _add_keyed(stats: ModelStats, g: int, row: dict[str, Any], count: int) -> None:
-    """One group of the engine's cut, unknown or route set: `NeedTally`'s and `RouteTally`'s sums, as
-    `add_demand` makes them record by record."""
-    if g == engine.CUT and row["kind"] == 1:
-        _bump(stats.need.cut, (int(row["prompt"]), int(row["value"]), int(row["upper"])), count)
-    elif g == engine.CUT:
-        _bump(stats.need.unknown, (int(row["prompt"]), int(row["upper"])), count)
-    else:
-        stats.routes.add_sums(int(row["route"]), count, int(row["known_need"] or 0), int(row["unknowns"]),
-                              int(row["unknown_need"] or 0), float(row["lat"] or 0.0), int(row["nlat"]))
+def _add_route(stats: ModelStats, row: dict[str, Any], count: int) -> None:
+    """One group of the engine's route set: `RouteTally`'s sums, as `add_demand` makes them record by record."""
+    stats.routes.add_sums(int(row["route"]), count, int(row["known_need"] or 0), int(row["unknowns"]),
+                          int(row["unknown_need"] or 0), float(row["lat"] or 0.0), int(row["nlat"]))
 
 
 def _model_stats(builder: ReportBuilder, name: str | None) -> ModelStats:
@@ -541,15 +535,19 @@ def _add_state(builder: ReportBuilder, row: dict[str, Any], count: int) -> None:
         _add_small(_model_stats(builder, row["model"]), row, count)
 
 
-def _add_histograms(builder: ReportBuilder, agg: engine.Aggregates, h: engine.HistogramSet,
-                    row: dict[str, Any]) -> None:
-    """One group of a histogram set: each of its counts into the histogram it feeds, at the key + shift."""
-    value, index = divmod(int(row["k"]), len(agg.models))
-    stats = _model_stats(builder, agg.models[index])
-    for i, (name, shift, _) in enumerate(h.feeds):
-        count = row[f"c{i}"]
-        if count:
-            _bump(_DICTS[name](stats), value + shift, count)
+def _add_keyed(builder: ReportBuilder, agg: engine.Aggregates, name: str, key: int, count: int) -> None:
+    """`count` records of the histogram `name` at a packed key (value × len(models) + the model's index)."""
+    value, index = divmod(int(key), len(agg.models))
+    _bump(_DICTS[name](_model_stats(builder, agg.models[index])), value, count)
+
+
+def _add_need(stats: ModelStats, row: dict[str, Any], count: int) -> None:
+    """One group of the need's cut (kind 1) or unknown (kind 2) requests: `NeedTally.add_values`' tuples."""
+    single, upper = int(row["single"]), int(row["need_upper"])
+    if row["need_kind"] == 1:
+        _bump(stats.need.cut, (single, int(row["need_value"]), upper), count)
+    else:
+        _bump(stats.need.unknown, (single, upper), count)
 
 
 def builder_from_aggregates(agg: engine.Aggregates, files: Sequence[str], model: str | None,
@@ -557,15 +555,25 @@ def builder_from_aggregates(agg: engine.Aggregates, files: Sequence[str], model:
     """The `ReportBuilder` the Python reader would have built from the same records, from DuckDB's counts."""
     builder = ReportBuilder(model=model, since=since)
     builder.stats.files.extend(files)
+    shared = engine.shared_sets(agg.min_completion)
     for values in agg.rows:
         row = dict(zip(agg.columns, values, strict=True))
         g = row["g"]
         if g == engine.STATE:
             _add_state(builder, row, row["c0"])
-        elif g > engine.ROUTE:
-            _add_histograms(builder, agg, agg.histograms[g - engine.ROUTE - 1], row)
-        else:
-            _add_keyed(_model_stats(builder, agg.models[int(row["mc"])]), g, row, row["c0"])
+        elif g == engine.ROUTE:
+            _add_route(_model_stats(builder, agg.models[int(row["mc"])]), row, row["c0"])
+        elif g == engine.NEED:
+            _add_need(_model_stats(builder, agg.models[int(row["mc"])]), row, row["c0"])
+        elif g == engine.REST:
+            stats = _model_stats(builder, agg.models[int(row["mc"])])
+            for i, (name, _, _) in enumerate(engine.rest_sets(agg.min_completion)):
+                for value, count in (row[f"h{i}"] or {}).items():
+                    _bump(_DICTS[name](stats), int(value), count)
+        else:       # a shared set: each of its counts into the histogram it feeds, at the key + shift
+            for i, (name, shift, _) in enumerate(shared[g - engine.SHARED].feeds):
+                if row[f"c{i}"]:
+                    _add_keyed(builder, agg, name, row["k"] + shift * len(agg.models), row[f"c{i}"])
     return builder
 
 
