@@ -84,27 +84,29 @@ def _list(paths: Iterable[str]) -> str:
 
 
 class JsonField:
-    """A field of a JSON line, from `json_source`'s inner projection, each computed once per line: `j{i}` its
-    JSON text (SQL NULL when the key is absent), `t{i}` its JSON type, `s{i}` its text (->>), `i{i}` its value
-    when a JSON integer that fits BIGINT, `d{i}` when a JSON number.  (Re-parsing the value in every test of
-    the reduction made it many times slower than DuckDB's own reading of the file.)"""
+    """A field of a JSON line, from `json_source`'s inner projection: `j{i}` its JSON text as `json_extract` writes
+    it (SQL NULL when the key is absent, 'null' for a null; an integer as its digits, any other number with a
+    '.', an exponent or as NaN/Infinity; a string quoted, escaped only where it must be), `i{i}` its value when a
+    JSON integer that fits BIGINT, `d{i}` when a JSON number.  The line is parsed once, and each field's type
+    read from its text: a second parse of every value (json_type, ->>) cost more than DuckDB's whole reading."""
 
     def __init__(self, index: int) -> None:
-        self.v, self.t, self.s, self.i, self.d = (f"{c}{index}" for c in "jtsid")
+        self.v, self.i, self.d = (f"{c}{index}" for c in "jid")
 
     @staticmethod
     def columns(index: int) -> str:
         """The inner projection's columns of field `index` (1-based) of `v`, the line's extracted values."""
-        j, t, s = f"j{index}", f"t{index}", f"s{index}"
-        return (f"v[{index}] AS {j}, json_type(v[{index}]) AS {t}, v[{index}]->>'$' AS {s}, "
-                f"CASE WHEN {t} IN ('BIGINT', 'UBIGINT') THEN TRY_CAST({s} AS BIGINT) END AS i{index}, "
-                f"CASE WHEN {t} IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN TRY_CAST({s} AS DOUBLE) END AS d{index}")
+        j, c = f"j{index}", f"c{index}"
+        # as text (a cast from JSON reads true as 1); an int's text is its digits exactly as BIGINT prints them
+        # (TRY_CAST alone would round '1.5' and read '1000.0')
+        return (f"v[{index}]::VARCHAR AS {j}, TRY_CAST({j} AS BIGINT) AS {c}, "
+                f"CASE WHEN {c}::VARCHAR = {j} THEN {c} END AS i{index}, TRY_CAST({j} AS DOUBLE) AS d{index}")
 
     def absent(self) -> str:
         return f"({self.v} IS NULL)"
 
     def null(self) -> str:
-        return f"({self.t} = 'NULL')"
+        return f"({self.v} = 'null')"
 
     def is_int(self) -> str:
         return f"({self.i} IS NOT NULL)"
@@ -113,28 +115,32 @@ class JsonField:
         return self.i
 
     def is_num(self) -> str:
-        return f"({self.t} IN ('BIGINT', 'UBIGINT', 'DOUBLE'))"
+        return f"({self.d} IS NOT NULL)"
 
     def num(self) -> str:
         return self.d
 
     def is_str(self) -> str:
-        return f"({self.t} = 'VARCHAR')"
+        return f"starts_with({self.v}, '\"')"
 
     def as_str(self) -> str:
-        return f"CASE WHEN {self.is_str()} THEN {self.s} END"
+        """The string's value: its text unquoted, unescaped by a parse only where it has an escape."""
+        return (f"CASE WHEN NOT {self.is_str()} THEN NULL WHEN contains({self.v}, '\\') THEN {self.v}->>'$' "
+                f"ELSE {self.v}[2:-2] END")
 
     def text(self) -> str:
         """Python's str(value) for a string or an integer (what reason_of looks up)."""
-        return f"CASE WHEN {self.is_str()} THEN {self.s} WHEN {self.is_int()} THEN {self.i}::VARCHAR END"
+        return f"coalesce({self.as_str()}, {self.i}::VARCHAR)"
 
     def reasons(self) -> tuple[str, str, str]:
-        """(well-formed, has reasons, 'length' among them): Python's `rec.get(k) or []` then isinstance list."""
-        falsy = (f"({self.absent()} OR {self.null()} OR {self.v} IN ('false', '0', '\"\"', '[]', '{{}}') "
-                 f"OR ({self.t} = 'DOUBLE' AND {self.num()} = 0))")
-        listed = f"({self.t} = 'ARRAY' AND {self.v} <> '[]')"
-        return (f"({falsy} OR {listed})", listed,
-                f"({listed} AND list_contains(json_extract_string({self.v}, '$[*]'), 'length'))")
+        """(well-formed, has reasons, 'length' among them): Python's `rec.get(k) or []` then isinstance list
+        (a number's cast only where the field is no list: most records have one)."""
+        listed = f"(starts_with({self.v}, '[') AND {self.v} <> '[]')"
+        well_formed = (f"CASE WHEN {self.absent()} OR starts_with({self.v}, '[') THEN true "
+                       f"ELSE {self.v} IN ('null', 'false', '\"\"', '{{}}') OR {self.d} = 0 END")
+        return (well_formed, listed,
+                f"({listed} AND contains({self.v}, '\"length\"') "
+                f"AND list_contains(json_extract_string({self.v}, '$[*]'), 'length'))")
 
 
 class ParquetField:
@@ -361,19 +367,23 @@ def rest_sets(min_completion: int) -> tuple[tuple[str, str, str], ...]:
 STATE, ROUTE, NEED, REST, SHARED = range(5)
 
 
-def model_code(models: Sequence[str | None]) -> str:
-    """SQL: the model's index in `models` (NULL, the unknown model, included)."""
+def model_code(models: Sequence[str | None] | None) -> str:
+    """SQL: the model's index in `models` (NULL, the unknown model, included); without `models` the model itself
+    (the sets then group by it beside the value)."""
+    if models is None:
+        return "model"
     cases = " ".join(f"WHEN {_q(m)} THEN {i}" for i, m in enumerate(models) if m is not None)
     unknown = models.index(None) if None in models else "NULL"
     return f"CASE WHEN model IS NULL THEN {unknown} " + (f"ELSE CASE model {cases} END END" if cases else "END")
 
 
-def aggregate_sql(source: str, keep: str, min_completion: int, models: Sequence[str | None]) -> str:
+def aggregate_sql(source: str, keep: str, min_completion: int, models: Sequence[str | None] | None) -> str:
     """One scan of `source` into `f`, every record's state, SMALL figures and figures, which DuckDB computes
     once and streams to each grouping set (one CTE: a second one fed from it would be stored whole): the state
     set over every record, the routes, the need's cut and unknown, the rest and the shared sets over the kept
     ones.  Each set's groups are few (distinct lengths, not records)."""
-    m, width = min_completion, len(models)
+    m = min_completion
+    packed = "{} AS k" if models is None else f"({{}}) * {len(models)} + mc AS k"
     state = f"CASE WHEN NOT ok THEN 1 WHEN NOT ({keep}) THEN 2 ELSE 0 END::UTINYINT AS state"
     small = [c.rsplit(" AS ", 1)[-1] for c in SMALL]
     layers = f"(SELECT {state}, {model_code(models)} AS mc, *, {', '.join(SMALL)} FROM ({source}))"
@@ -399,7 +409,7 @@ def aggregate_sql(source: str, keep: str, min_completion: int, models: Sequence[
     for i, h in enumerate(shared_sets(m)):
         counts = ", ".join(f"count(*) FILTER ({cond}) AS c{j}" if cond != "true" else f"count(*) AS c{j}"
                            for j, (_, _, cond) in enumerate(h.feeds))
-        parts.append(f"SELECT {SHARED + i} AS g, ({h.key}) * {width} + mc AS k, {counts} "
+        parts.append(f"SELECT {SHARED + i} AS g, mc, {packed.format(h.key)}, {counts} "
                      f"FROM f WHERE state = 0 AND {h.where} GROUP BY ALL")
     return f"""
 WITH f AS MATERIALIZED (SELECT * FROM {layers})
@@ -410,21 +420,21 @@ WITH f AS MATERIALIZED (SELECT * FROM {layers})
 # the sources
 
 
-def json_source(files: Sequence[str], names: Sequence[str] = FIELDS) -> str:
-    """Every non-blank line of JSON-lines files (gzip too), as `normalized` rows plus `kept` flags (`names`:
-    only those fields, for the models' pre-pass)."""
-    paths = ", ".join(f"'$.{name}'" for name in names)
-    fields: dict[str, Field] = {name: JsonField(i + 1) for i, name in enumerate(names)}
-    blank = "' \t\r\n' || chr(11) || chr(12)"
-    columns = ", ".join(JsonField.columns(i + 1) for i in range(len(names)))
-    select = normalized(fields) if names == FIELDS else f"{fields['model'].as_str()} AS model"
+def json_source(files: Sequence[str]) -> str:
+    """Every non-blank line of JSON-lines files (gzip too), as `normalized` rows: each line parsed once, by
+    `json_extract` of every field (TRY: an invalid line gives no fields, hence no `ts`, and is malformed, as
+    is any line not an object, whose fields are all absent)."""
+    paths = ", ".join(f"'$.{name}'" for name in FIELDS)
+    fields: dict[str, Field] = {name: JsonField(i + 1) for i, name in enumerate(FIELDS)}
+    blank = "' \t\r\n' || chr(11) || chr(12)"     # bytes.isspace(); ltrim: trim() scans the whole line
+    columns = ", ".join(JsonField.columns(i + 1) for i in range(len(FIELDS)))
     return f"""
-SELECT {select} FROM (
+SELECT {normalized(fields)} FROM (
  SELECT {columns} FROM (
-  SELECT CASE WHEN json_valid(line) AND json_type(line) = 'OBJECT' THEN json_extract(line, [{paths}]) END AS v
+  SELECT TRY(json_extract(line, [{paths}])) AS v
   FROM read_csv({_list(files)}, columns = {{'line': 'VARCHAR'}}, header = false, delim = chr(1), quote = '',
                 escape = '', auto_detect = false, strict_mode = false, compression = 'auto', nullstr = chr(2))
-  WHERE trim(line, {blank}) <> ''))"""
+  WHERE ltrim(line, {blank}) <> ''))"""
 
 
 def parquet_source(con: Any, files: Sequence[str]) -> str:
@@ -440,7 +450,8 @@ class Aggregates:
 
     rows: list[tuple[Any, ...]]
     columns: list[str]
-    models: list[str | None]        # a histogram key is value × len(models) + the model's index here
+    # a histogram's key is value × len(models) + the model's index here; None: the value, the model in `mc`
+    models: list[str | None] | None
     min_completion: int
 
 
@@ -477,10 +488,9 @@ def _aggregate(con: Any, files: Sequence[str], model: str | None, since: float |
     jsonl = [p for p in files if not is_parquet(p)]
     parts = ([json_source(jsonl)] if jsonl else []) + ([parquet_source(con, parquet)] if parquet else [])
     source = " UNION ALL ".join(f"({p})" for p in parts)
-    # the models first, to pack the histogram keys: for Parquet a scan of one dictionary column, for JSON lines
-    # the model field alone (a superset of the kept records' models: a code unused is harmless)
-    pre = " UNION ALL ".join(f"({p})" for p in ([json_source(jsonl, ("model",))] if jsonl else [])
-                             + ([f"SELECT model FROM ({parquet_source(con, parquet)})"] if parquet else []))
-    models = [row[0] for row in con.sql(f"SELECT DISTINCT model FROM ({pre}) ORDER BY ALL").fetchall()]
+    # Parquet alone: the models first, to pack the histogram keys (a scan of one dictionary column).  JSON lines
+    # would be parsed twice for them: there the sets group by the model itself
+    models = None if jsonl else [row[0] for row in con.sql(
+        f"SELECT DISTINCT model FROM ({parquet_source(con, parquet)}) ORDER BY ALL").fetchall()]
     rel = con.sql(aggregate_sql(source, _filter(model, since), min_completion, models))
     return Aggregates(rel.fetchall(), list(rel.columns), models, min_completion)

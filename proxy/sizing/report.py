@@ -535,10 +535,21 @@ def _add_state(builder: ReportBuilder, row: dict[str, Any], count: int) -> None:
         _add_small(_model_stats(builder, row["model"]), row, count)
 
 
-def _add_keyed(builder: ReportBuilder, agg: engine.Aggregates, name: str, key: int, count: int) -> None:
-    """`count` records of the histogram `name` at a packed key (value × len(models) + the model's index)."""
-    value, index = divmod(int(key), len(agg.models))
-    _bump(_DICTS[name](_model_stats(builder, agg.models[index])), value, count)
+def _model_of(agg: engine.Aggregates, mc: Any) -> str | None:
+    """The model of a group's `mc`: its index in the models, or the model itself."""
+    return mc if agg.models is None else agg.models[int(mc)]
+
+
+def _add_keyed(builder: ReportBuilder, agg: engine.Aggregates, row: dict[str, Any], name: str, shift: int,
+               count: int) -> None:
+    """`count` records of the histogram `name` at a shared set's key (+ shift): packed, value × len(models) +
+    the model's index, or the value beside the model."""
+    if agg.models is None:
+        value, model = int(row["k"]), row["mc"]
+    else:
+        value, index = divmod(int(row["k"]), len(agg.models))
+        model = agg.models[index]
+    _bump(_DICTS[name](_model_stats(builder, model)), value + shift, count)
 
 
 def _add_need(stats: ModelStats, row: dict[str, Any], count: int) -> None:
@@ -562,18 +573,18 @@ def builder_from_aggregates(agg: engine.Aggregates, files: Sequence[str], model:
         if g == engine.STATE:
             _add_state(builder, row, row["c0"])
         elif g == engine.ROUTE:
-            _add_route(_model_stats(builder, agg.models[int(row["mc"])]), row, row["c0"])
+            _add_route(_model_stats(builder, _model_of(agg, row["mc"])), row, row["c0"])
         elif g == engine.NEED:
-            _add_need(_model_stats(builder, agg.models[int(row["mc"])]), row, row["c0"])
+            _add_need(_model_stats(builder, _model_of(agg, row["mc"])), row, row["c0"])
         elif g == engine.REST:
-            stats = _model_stats(builder, agg.models[int(row["mc"])])
+            stats = _model_stats(builder, _model_of(agg, row["mc"]))
             for i, (name, _, _) in enumerate(engine.rest_sets(agg.min_completion)):
                 for value, count in (row[f"h{i}"] or {}).items():
                     _bump(_DICTS[name](stats), int(value), count)
         else:       # a shared set: each of its counts into the histogram it feeds, at the key + shift
             for i, (name, shift, _) in enumerate(shared[g - engine.SHARED].feeds):
                 if row[f"c{i}"]:
-                    _add_keyed(builder, agg, name, row["k"] + shift * len(agg.models), row[f"c{i}"])
+                    _add_keyed(builder, agg, row, name, shift, row[f"c{i}"])
     return builder
 
 
