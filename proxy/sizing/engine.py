@@ -6,8 +6,11 @@ better part of an hour for a fleet's day.  Here DuckDB does the reading and the
 folding: one query reduces every record to the same figures (`record_lengths`,
 `demand_figures`, `reason_of`, the validity rules of `_opt_int` and
 `_lenient_int`, `need_figures`, `route_key`) and counts them per (model,
-figure, value), one GROUP BY per figure over the figures computed once, in one
-scan on every core; every set's groups are distinct lengths, never records.  What comes back is the exact value → count
+figure, value) in one scan on every core: the figures are computed once and
+streamed to a few GROUP BYs, four of which count every record's lengths and,
+with it, the histograms that share them for a record of one prompt and one
+choice (sequence = total, d_kv = d_seq, need = total); every set's groups are
+distinct lengths, never records.  What comes back is the exact value → count
 histograms and counters `ModelStats` holds, so the percentiles, the demand
 recommendation and the output are the Python code's own (`model_report`),
 whichever reader ran: the two are tested to agree record for record.
