@@ -6,8 +6,11 @@ better part of an hour for a fleet's day.  Here DuckDB does the reading and the
 folding: one query reduces every record to the same figures (`record_lengths`,
 `demand_figures`, `reason_of`, the validity rules of `_opt_int` and
 `_lenient_int`, `need_figures`, `route_key`) and counts them per (model,
-figure, value), one GROUP BY per figure over the figures computed once, in one
-scan on every core; every set's groups are distinct lengths, never records.  What comes back is the exact value → count
+figure, value) in one scan on every core: the figures are computed once and
+streamed to a few GROUP BYs, four of which count every record's lengths and,
+with it, the histograms that share them for a record of one prompt and one
+choice (sequence = total, d_kv = d_seq, need = total); every set's groups are
+distinct lengths, never records.  What comes back is the exact value → count
 histograms and counters `ModelStats` holds, so the percentiles, the demand
 recommendation and the output are the Python code's own (`model_report`),
 whichever reader ran: the two are tested to agree record for record.
@@ -84,27 +87,29 @@ def _list(paths: Iterable[str]) -> str:
 
 
 class JsonField:
-    """A field of a JSON line, from `json_source`'s inner projection, each computed once per line: `j{i}` its
-    JSON text (SQL NULL when the key is absent), `t{i}` its JSON type, `s{i}` its text (->>), `i{i}` its value
-    when a JSON integer that fits BIGINT, `d{i}` when a JSON number.  (Re-parsing the value in every test of
-    the reduction made it many times slower than DuckDB's own reading of the file.)"""
+    """A field of a JSON line, from `json_source`'s inner projection: `j{i}` its JSON text as `json_extract` writes
+    it (SQL NULL when the key is absent, 'null' for a null; an integer as its digits, any other number with a
+    '.', an exponent or as NaN/Infinity; a string quoted, escaped only where it must be), `i{i}` its value when a
+    JSON integer that fits BIGINT, `d{i}` when a JSON number.  The line is parsed once, and each field's type
+    read from its text: a second parse of every value (json_type, ->>) cost more than DuckDB's whole reading."""
 
     def __init__(self, index: int) -> None:
-        self.v, self.t, self.s, self.i, self.d = (f"{c}{index}" for c in "jtsid")
+        self.v, self.i, self.d = (f"{c}{index}" for c in "jid")
 
     @staticmethod
     def columns(index: int) -> str:
         """The inner projection's columns of field `index` (1-based) of `v`, the line's extracted values."""
-        j, t, s = f"j{index}", f"t{index}", f"s{index}"
-        return (f"v[{index}] AS {j}, json_type(v[{index}]) AS {t}, v[{index}]->>'$' AS {s}, "
-                f"CASE WHEN {t} IN ('BIGINT', 'UBIGINT') THEN TRY_CAST({s} AS BIGINT) END AS i{index}, "
-                f"CASE WHEN {t} IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN TRY_CAST({s} AS DOUBLE) END AS d{index}")
+        j, c = f"j{index}", f"c{index}"
+        # as text (a cast from JSON reads true as 1); an int's text is its digits exactly as BIGINT prints them
+        # (TRY_CAST alone would round '1.5' and read '1000.0')
+        return (f"v[{index}]::VARCHAR AS {j}, TRY_CAST({j} AS BIGINT) AS {c}, "
+                f"CASE WHEN {c}::VARCHAR = {j} THEN {c} END AS i{index}, TRY_CAST({j} AS DOUBLE) AS d{index}")
 
     def absent(self) -> str:
         return f"({self.v} IS NULL)"
 
     def null(self) -> str:
-        return f"({self.t} = 'NULL')"
+        return f"({self.v} = 'null')"
 
     def is_int(self) -> str:
         return f"({self.i} IS NOT NULL)"
@@ -113,28 +118,32 @@ class JsonField:
         return self.i
 
     def is_num(self) -> str:
-        return f"({self.t} IN ('BIGINT', 'UBIGINT', 'DOUBLE'))"
+        return f"({self.d} IS NOT NULL)"
 
     def num(self) -> str:
         return self.d
 
     def is_str(self) -> str:
-        return f"({self.t} = 'VARCHAR')"
+        return f"starts_with({self.v}, '\"')"
 
     def as_str(self) -> str:
-        return f"CASE WHEN {self.is_str()} THEN {self.s} END"
+        """The string's value: its text unquoted, unescaped by a parse only where it has an escape."""
+        return (f"CASE WHEN NOT {self.is_str()} THEN NULL WHEN contains({self.v}, '\\') THEN {self.v}->>'$' "
+                f"ELSE {self.v}[2:-2] END")
 
     def text(self) -> str:
         """Python's str(value) for a string or an integer (what reason_of looks up)."""
-        return f"CASE WHEN {self.is_str()} THEN {self.s} WHEN {self.is_int()} THEN {self.i}::VARCHAR END"
+        return f"coalesce({self.as_str()}, {self.i}::VARCHAR)"
 
     def reasons(self) -> tuple[str, str, str]:
-        """(well-formed, has reasons, 'length' among them): Python's `rec.get(k) or []` then isinstance list."""
-        falsy = (f"({self.absent()} OR {self.null()} OR {self.v} IN ('false', '0', '\"\"', '[]', '{{}}') "
-                 f"OR ({self.t} = 'DOUBLE' AND {self.num()} = 0))")
-        listed = f"({self.t} = 'ARRAY' AND {self.v} <> '[]')"
-        return (f"({falsy} OR {listed})", listed,
-                f"({listed} AND list_contains(json_extract_string({self.v}, '$[*]'), 'length'))")
+        """(well-formed, has reasons, 'length' among them): Python's `rec.get(k) or []` then isinstance list
+        (a number's cast only where the field is no list: most records have one)."""
+        listed = f"(starts_with({self.v}, '[') AND {self.v} <> '[]')"
+        well_formed = (f"CASE WHEN {self.absent()} OR starts_with({self.v}, '[') THEN true "
+                       f"ELSE {self.v} IN ('null', 'false', '\"\"', '{{}}') OR {self.d} = 0 END")
+        return (well_formed, listed,
+                f"({listed} AND contains({self.v}, '\"length\"') "
+                f"AND list_contains(json_extract_string({self.v}, '$[*]'), 'length'))")
 
 
 class ParquetField:
@@ -197,14 +206,20 @@ Field = JsonField | ParquetField
 # the record → figures reduction, in SQL
 
 
-def _opt_int(f: Field) -> tuple[str, str]:
-    """`proxy.sizing.report._opt_int`: (well-formed, value): absent/null, or an int in 0..MAX_PLAUSIBLE_TOKENS."""
-    value = f"CASE WHEN {f.is_int()} AND {f.as_int()} BETWEEN 0 AND {MAX_PLAUSIBLE_TOKENS} THEN {f.as_int()} END"
-    return f"({f.absent()} OR {f.null()} OR {value} IS NOT NULL)", value
+def _opt_ok(f: Field) -> str:
+    """`proxy.sizing.report._opt_int` accepts the field: absent/null, or an int in 0..MAX_PLAUSIBLE_TOKENS."""
+    return f"coalesce({f.as_int()} BETWEEN 0 AND {MAX_PLAUSIBLE_TOKENS}, {f.absent()} OR {f.null()})"
 
 
 def _lenient(f: Field) -> str:
-    return f"CASE WHEN {f.is_int()} AND {f.as_int()} >= 0 THEN {f.as_int()} END"
+    """`_lenient_int`: a non-negative int, else NULL (greatest/nullif: no CASE, the cheapest form in DuckDB)."""
+    return f"nullif(greatest({f.as_int()}, -1), -1)"
+
+
+def _clamped(value: str) -> str:
+    """A token count a kept record has as it is (`ok` checked it), a malformed one's brought into as small a
+    range (NULL kept, no CASE evaluated): the sums over every record's figures cannot overflow."""
+    return f"({value}) % {MAX_PLAUSIBLE_TOKENS + 1}"
 
 
 def _defaulted_str(f: Field, default: str) -> tuple[str, str]:
@@ -213,23 +228,21 @@ def _defaulted_str(f: Field, default: str) -> tuple[str, str]:
 
 
 def normalized(fields: dict[str, Field]) -> str:
-    """SELECT list: one row of plain figures per record, `ok` false where the Python reader finds it malformed."""
+    """SELECT list: one row per record, `ok` false where the Python reader finds it malformed, and its fields
+    as the reduction reads them (a malformed record's figures are computed too, and never counted)."""
     f = fields
-    up_ok, up = _opt_int(f["upstream_prompt_tokens"])
-    pt_ok, pt = _opt_int(f["prompt_tokens"])
-    comp_ok, comp = _opt_int(f["completion_tokens"])
-    long_ok, long_ = _opt_int(f["longest_prompt_tokens"])
-    gr_ok, gr = _opt_int(f["granted_max_tokens"])
+    up, pt, long_ = (f[k].as_int() for k in ("upstream_prompt_tokens", "prompt_tokens", "longest_prompt_tokens"))
     act_ok, act = _defaulted_str(f["action"], "pass")
     ep_ok, ep = _defaulted_str(f["endpoint"], "chat")
     fr_ok, has_fr, fin_len = f["finish_reasons"].reasons()
     n = f["n"]
-    n_val = f"CASE WHEN {n.absent()} OR {n.null()} THEN 1 WHEN {n.is_int()} AND {n.as_int()} >= 1 THEN {n.as_int()} END"
+    n_val = f"CASE WHEN {n.as_int()} >= 1 THEN {n.as_int()} WHEN {n.absent()} OR {n.null()} THEN 1 END"
     model = f["model"]
     ok = " AND ".join([
         f["ts"].is_num(), f"({model.absent()} OR {model.null()} OR {model.is_str()})", f"({n_val}) IS NOT NULL",
-        up_ok, f"({up} IS NOT NULL OR {pt_ok})", comp_ok, act_ok, fr_ok, long_ok, ep_ok,
-        f"(NOT (({n_val}) > 1 OR ({long_}) IS NOT NULL) OR {gr_ok})",
+        _opt_ok(f["upstream_prompt_tokens"]), f"({up} IS NOT NULL OR {_opt_ok(f['prompt_tokens'])})",
+        _opt_ok(f["completion_tokens"]), act_ok, fr_ok, _opt_ok(f["longest_prompt_tokens"]), ep_ok,
+        f"(NOT (({n_val}) > 1 OR {long_} IS NOT NULL) OR {_opt_ok(f['granted_max_tokens'])})",
     ])
     return ",\n".join([
         f"coalesce({ok}, false) AS ok",
@@ -238,181 +251,193 @@ def normalized(fields: dict[str, Field]) -> str:
         # column itself keeps a Parquet file's dictionary, many times faster than computed strings
         f"{model.as_str()} AS model",
         f"{act} AS action", f"{ep} AS endpoint", f"{n_val} AS n",
-        f"coalesce({up}, {pt}) AS prompt", f"{comp} AS completion", f"{long_} AS longest",
-        f"{gr} AS granted", f"{_lenient(f['granted_max_tokens'])} AS granted_lenient",
-        f"{_lenient(f['requested_max_tokens'])} AS requested",
-        f"{has_fr} AS has_reasons", f"{fin_len} AS finished_length",
+        # brimful's own count is read only where the upstream reported none (`record_lengths`)
+        f"{_clamped(f'coalesce({up}, {pt})')} AS prompt", f"{_clamped(f['completion_tokens'].as_int())} AS completion",
+        f"{_clamped(long_)} AS longest",
+        # the strict granted (`_opt_int`) only counts where n > 1 or longest is set, and there a kept record's
+        # is well-formed, hence this lenient one
+        f"{_lenient(f['granted_max_tokens'])} AS granted",
+        f"{f['requested_max_tokens'].as_int()} AS requested",      # only ever read where > 0
+        f"coalesce({has_fr}, false) AS has_reasons", f"coalesce({fin_len}, false) AS finished_length",
         f"{f['max_model_len'].as_int()} AS mml_seen", f"{_lenient(f['max_model_len'])} AS mml",
         f"{f['status'].as_int()} AS status", f"{f['error_code'].text()} AS error_code",
         f"{_lenient(f['prompt_tokens'])} AS own_prompt",
-        f"CASE WHEN {f['latency_ms'].is_num()} AND {f['latency_ms'].num()} >= 0 "
-        f"THEN {f['latency_ms'].num()} / 1000.0 END AS latency_s",
+        f"CASE WHEN {f['latency_ms'].num()} >= 0 THEN {f['latency_ms'].num()} / 1000.0 END AS latency_s",
     ])
 
 
-def _served_sequence(granted: str) -> str:
-    """`proxy.sizing.lengths.sequence_tokens` over the row's prompt, completion, n, `granted` and longest."""
-    return (f"coalesce(longest, prompt) + CASE WHEN (n > 1 OR longest IS NOT NULL) AND {granted} IS NOT NULL "
-            f"THEN least(completion, {granted}) ELSE completion END")
-
-
 def _implicit() -> str:
+    """The engine's own completion limit of the record's endpoint (`IMPLICIT_MAX_TOKENS`), else NULL."""
     cases = " ".join(f"WHEN {_q(ep)} THEN {limit}" for ep, limit in sorted(IMPLICIT_MAX_TOKENS.items()))
     return f"CASE endpoint {cases} END" if cases else "NULL::BIGINT"
 
 
-def figures(min_completion: int) -> str:
-    """SELECT list over `normalized`: the histogram values of `ModelStats.add` and `add_demand`."""
-    implicit = _implicit()
-    single = "coalesce(longest, prompt)"
-    d_seq = (f"CASE WHEN prompt IS NULL THEN NULL WHEN requested > 0 THEN {single} + requested "
-             f"WHEN completion IS NOT NULL THEN {_served_sequence('granted_lenient')} "
-             f"WHEN {implicit} IS NOT NULL THEN {single} + {implicit} ELSE {single} + 1 END")
-    # HUGEINT: n × a limit overflows BIGINT where Python's ints do not
-    d_kv = (f"CASE WHEN prompt IS NULL THEN NULL WHEN requested > 0 THEN prompt + n::HUGEINT * requested "
-            f"WHEN completion IS NOT NULL THEN prompt + completion "
-            f"WHEN {implicit} IS NOT NULL THEN prompt + n::HUGEINT * {implicit} ELSE prompt + n::HUGEINT END")
-    d_lower = (f"CASE WHEN prompt IS NULL THEN NULL WHEN requested > 0 THEN false "
-               f"WHEN completion IS NOT NULL THEN coalesce(finished_length, false) "
-               f"WHEN {implicit} IS NOT NULL THEN false ELSE true END")
+def _reason() -> str:
+    """`proxy.sizing.demand.reason_of`, as the reason's index in REASONS (a small integer groups faster)."""
     failed = "(action IN ('rejected', 'upstream_error') OR status >= 400)"
-    # reason_of, as the reason's index in REASONS: a small integer groups faster than a computed string
     code = {name: i for i, name in enumerate(REASONS)}
     mapped = "CASE error_code " + " ".join(
         f"WHEN {_q(error)} THEN {code[reason]}" for error, reason in sorted(dm.ERROR_CODE_REASONS.items())
         if reason != "other") + f" ELSE {code['other']} END"
-    reason = (f"CASE WHEN error_code IS NULL AND NOT coalesce({failed}, false) THEN NULL "
-              f"WHEN error_code IS NULL THEN {code['other']} "
-              f"WHEN error_code = {_q(ErrorCode.CONTEXT_LENGTH_EXCEEDED)} AND own_prompt >= mml "
-              f"THEN {code['prompt_too_long']} ELSE {mapped} END::UTINYINT")
-    return ",\n".join([
-        "model", "action", "endpoint", "n > 1 AS parallel", "coalesce(has_reasons, false) AS has_reasons",
-        "coalesce(finished_length, false) AS finished_length", "mml_seen", "prompt", "completion",
-        "CASE WHEN completion IS NOT NULL THEN prompt + completion END AS total",
-        f"CASE WHEN prompt IS NOT NULL AND completion IS NOT NULL THEN {_served_sequence('granted')} END "
-        "AS sequence",
-        f"({d_seq}) AS d_seq", f"({d_kv}) AS d_kv", f"coalesce({d_lower}, false) AS d_lower",
-        f"CASE WHEN prompt IS NOT NULL THEN {single} + least(({d_seq}) - {single}, {min_completion}) END "
-        "AS d_refused",
-        "CASE WHEN prompt IS NOT NULL THEN mml END AS d_limit",
-        f"({reason}) AS reason",
-        *_need_figures(implicit),
-        "latency_s",
-    ])
-
-
-def _need_figures(implicit: str) -> list[str]:
-    """`proxy.sizing.need.need_figures` and `pools.route_key` in SQL, as `ModelStats.add_demand` feeds them:
-    the need's kind (0 exact, 1 cut, 2 unknown), its prompt, value and upper bound (-1: none), the route key."""
-    single = "coalesce(longest, prompt)"
-    asked = f"CASE WHEN requested > 0 THEN requested ELSE {implicit} END"
-    per_choice = ("CASE WHEN n = 1 AND longest IS NULL THEN completion "
-                  "ELSE least(completion, coalesce(nullif(granted_lenient, 0), completion)) END")
-    value = f"({single} + {per_choice})"
-    limit = f"coalesce(granted_lenient, {asked})"
-    cut = (f"CASE WHEN coalesce(has_reasons, false) THEN coalesce(finished_length, false) "
-           f"ELSE coalesce({per_choice} >= {limit}, false) OR coalesce({value} >= mml, false) END")
-    kind = (f"CASE WHEN completion IS NULL THEN 2 WHEN NOT ({cut}) OR coalesce({per_choice} >= {asked}, false) "
-            f"THEN 0 ELSE 1 END::UTINYINT")
-    return [
-        f"{kind} AS need_kind", f"{single} AS need_prompt",
-        f"CASE WHEN completion IS NULL THEN {single} + 1 ELSE {value} END AS need_value",
-        f"coalesce({single} + {asked}, -1) AS need_upper",
-        f"CASE WHEN requested > 0 THEN ({single} + requested + {BLOCK_SIZE - 1}) // {BLOCK_SIZE} * {BLOCK_SIZE} "
-        f"ELSE {NO_ASK} END AS need_route",
-    ]
+    return (f"CASE WHEN error_code IS NULL AND NOT coalesce({failed}, false) THEN NULL "
+            f"WHEN error_code IS NULL THEN {code['other']} "
+            f"WHEN error_code = {_q(ErrorCode.CONTEXT_LENGTH_EXCEEDED)} AND own_prompt >= mml "
+            f"THEN {code['prompt_too_long']} ELSE {mapped} END::UTINYINT")
 
 
 REASONS: tuple[str, ...] = typing.get_args(dm.Reason)
 
-# Low-cardinality figures, counted together in one grouping set (a few hundred groups per model): ModelStats'
-# actions, endpoints, limits seen, reasons and counters are sums over it.
-SMALL = ("action", "endpoint", "mml_seen", "d_limit", "reason", "has_reasons", "finished_length", "parallel",
-         "d_lower")
-# Token counts, one grouping set each over a packed (model, value): the exact histograms.  The last two are
-# the need estimate's exact needs and their completions (`NeedTally.exact`, `.completions`).
-HISTOGRAMS = ("prompt", "completion", "total", "sequence", "d_seq", "d_kv", "d_refused", "need_exact",
-              "need_completion")
-# The grouping sets after the SMALL one and the histograms', by the one column of KEYS each groups by (with the
-# model's index): the need's cut and unknown requests (`NeedTally.cut`, `.unknown`) and the routes' sums.
-CUT = ("cut_prompt", "cut_value", "cut_upper")
-UNKNOWN = ("unknown_prompt", "unknown_upper")
-KEYS = ("state", *HISTOGRAMS, CUT[0], UNKNOWN[0], "route")
+# The state set: the record's state (0 kept, 1 malformed, 2 filtered) and model with the low-cardinality
+# figures, a few hundred groups over every record: ModelStats' actions, endpoints, limits seen, reasons and
+# counters are sums over it.  Comparisons only (no sums), so a malformed record's fields cannot overflow.
+SMALL = ("action", "endpoint", "mml_seen", "CASE WHEN prompt IS NOT NULL THEN mml END AS d_limit",
+         f"({_reason()}) AS reason", "has_reasons", "finished_length", "n > 1 AS parallel",
+         # demand_figures' lower bound: no limit asked, and nothing served that reached its own
+         f"prompt IS NOT NULL AND NOT coalesce(requested > 0, false) AND (completion IS NOT NULL AND finished_length "
+         f"OR completion IS NULL AND {_implicit()} IS NULL) AS d_lower")
 
 
-def model_code(models: Sequence[str | None]) -> str:
-    """SQL: the model's index in `models` (NULL, the unknown model, included)."""
+def figures() -> list[list[str]]:
+    """SELECT lists over `normalized`, each over the one before (every record's; only kept ones are counted, and
+    a malformed one's cannot overflow: `_clamped`).  `single` is the
+    longest prompt of a batch, else the prompt (`demand_figures`' and `need_figures`' prompt); `plain` a record
+    of one prompt and one choice, the common case, for which sequence = total, d_kv = d_seq and the need's
+    value is the total (the shared sets count those together); `ask` the limit asked, NULL for none; `served`
+    the completion a choice was served (`sequence_tokens`); `asked` the limit `need_figures` bounds by; `dx` =
+    d_seq - single (`demand_figures`); `per_choice`, `need_kind` (0 exact, 1 cut, 2 unknown), `need_value` and
+    `need_upper` (-1: none) are `need_figures`'."""
+    cut = ("CASE WHEN has_reasons THEN finished_length ELSE coalesce(per_choice >= coalesce(granted, asked), false) "
+           "OR coalesce(single + per_choice >= mml, false) END")
+    return [
+        ["coalesce(longest, prompt) AS single", "n = 1 AND longest IS NULL AS plain",
+         "nullif(greatest(requested, 0), 0) AS ask", f"{_implicit()} AS implicit"],
+        # min(completion, granted) where it applies, in one test (DuckDB's least() ignores NULLs)
+        ["CASE WHEN NOT plain AND granted < completion THEN granted ELSE completion END AS served",
+         "CASE WHEN NOT plain AND granted > 0 AND granted < completion THEN granted ELSE completion END "
+         "AS per_choice", "coalesce(ask, implicit) AS asked"],
+        ["coalesce(ask, served, implicit, 1) AS dx",
+         f"CASE WHEN completion IS NULL THEN 2 WHEN NOT ({cut}) OR coalesce(per_choice >= asked, false) THEN 0 "
+         "ELSE 1 END::UTINYINT AS need_kind",
+         "single + coalesce(per_choice, 1) AS need_value",
+         "coalesce(single + asked, -1) AS need_upper"],
+    ]
+
+
+@dataclass(frozen=True)
+class HistogramSet:
+    """One GROUP BY of the kept records with `where` on `key` packed with the model (key × len(models) + the
+    model's index): count(*), then one count per FILTER of `feeds`, each a histogram of `ModelStats`
+    (`proxy.sizing.report`'s `_DICTS`) counted at key + shift.  One hash table then counts several histograms
+    that share the key for most records (the `plain` ones)."""
+
+    key: str
+    where: str
+    feeds: tuple[tuple[str, int, str], ...]       # (histogram, shift, FILTER condition; "true": all rows)
+
+
+def shared_sets(min_completion: int) -> tuple[HistogramSet, ...]:
+    """The four keys that count every kept record, and with it the histograms they share for plain ones."""
+    m = min_completion
+    need = "prompt IS NOT NULL AND need_kind = 0"
+    return (
+        HistogramSet("prompt", "prompt IS NOT NULL", (("prompt", 0, "true"), ("d_refused", m, f"plain AND dx >= {m}"))),
+        HistogramSet("completion", "completion IS NOT NULL",
+                     (("completion", 0, "true"), ("need_completion", 0, f"plain AND {need}"))),
+        HistogramSet("prompt + completion", "prompt IS NOT NULL AND completion IS NOT NULL",
+                     (("total", 0, "true"), ("sequence", 0, "plain"), ("need_exact", 0, "plain AND need_kind = 0"))),
+        HistogramSet("single + dx", "prompt IS NOT NULL", (("d_seq", 0, "true"), ("d_kv", 0, "plain"))),
+    )
+
+
+def rest_sets(min_completion: int) -> tuple[tuple[str, str, str], ...]:
+    """(histogram, value, condition): what the shared sets leave out, counted over the few records that are not
+    plain or demand less than `min_completion` (embeddings)."""
+    m = min_completion
+    d_kv = ("CASE WHEN ask IS NOT NULL THEN prompt + n::HUGEINT * ask WHEN completion IS NOT NULL "
+            "THEN prompt + completion ELSE prompt + n::HUGEINT * coalesce(implicit, 1) END")
+    return (
+        ("sequence", "single + served", "NOT plain AND completion IS NOT NULL"),
+        ("need_exact", "need_value", "NOT plain AND need_kind = 0"),
+        ("need_completion", "per_choice", "NOT plain AND need_kind = 0"),
+        ("d_kv", d_kv, "NOT plain"),
+        ("d_refused", f"single + least(dx, {m})", f"NOT (plain AND dx >= {m})"),
+    )
+
+
+# The grouping sets by their `g`: the state set (SMALL), the routes' sums, the need's cut and unknown requests
+# (`NeedTally.cut` and `.unknown`), the rest sets (h<i>: rest_sets()[i]'s map), then the shared sets, g = SHARED +
+# their index.
+STATE, ROUTE, NEED, REST, SHARED = range(5)
+
+
+def model_code(models: Sequence[str | None] | None) -> str:
+    """SQL: the model's index in `models` (NULL, the unknown model, included); without `models` the model itself
+    (the sets then group by it beside the value)."""
+    if models is None:
+        return "model"
     cases = " ".join(f"WHEN {_q(m)} THEN {i}" for i, m in enumerate(models) if m is not None)
     unknown = models.index(None) if None in models else "NULL"
     return f"CASE WHEN model IS NULL THEN {unknown} " + (f"ELSE CASE model {cases} END END" if cases else "END")
 
 
-def aggregate_sql(source: str, keep: str, min_completion: int, models: Sequence[str | None]) -> str:
-    """One scan, then grouping sets (`_sets_sql`): the SMALL set with the record's `state` (0 kept, 1 malformed,
-    2 filtered), one set per histogram over a single packed key, value × len(models) + the model's index `mc`,
-    NULL for a record not kept (one integer hashes several times faster than (state, model string, value)), and
-    the CUT, UNKNOWN and route sets over the model's index.  Every set's groups are few (distinct lengths, not
-    records).  `g` is GROUPING(KEYS): one zero bit, the set's key."""
-    small = ", ".join(SMALL)
-    sets = [f"state, model, {small}", *HISTOGRAMS, f"mc, {', '.join(CUT)}", f"mc, {', '.join(UNKNOWN)}", "mc, route"]
-    width = len(models)
-    # HUGEINT: d_kv (prompt + n × a limit) times the model count may pass BIGINT; Python's ints do not overflow
-    value = {"need_exact": "need_value", "need_completion": "need_value - need_prompt"}
-    need = "state = 0 AND prompt IS NOT NULL"
-    packed = ", ".join(f"CASE WHEN {need + ' AND need_kind = 0' if h in value else 'state = 0'} THEN "
-                       f"({value.get(h, h)})::{'HUGEINT' if h == 'd_kv' else 'BIGINT'} * {width} + mc END AS {h}"
-                       for h in HISTOGRAMS)
-    kinds = [(CUT, ("need_prompt", "need_value", "need_upper"), 1), (UNKNOWN, ("need_prompt", "need_upper"), 2)]
-    tallies = ", ".join(f"CASE WHEN {need} AND need_kind = {kind} THEN {expr} END AS {col}"
-                        for cols, exprs, kind in kinds for col, expr in zip(cols, exprs, strict=True))
-    routes = (f"CASE WHEN {need} THEN need_route END AS route, "
-              f"CASE WHEN {need} AND need_kind < 2 THEN need_value END AS known_need, "
-              f"CASE WHEN {need} AND need_kind = 2 THEN need_prompt END AS unknown_need, "
-              f"CASE WHEN {need} THEN latency_s END AS latency_s")
+def aggregate_sql(source: str, keep: str, min_completion: int, models: Sequence[str | None] | None) -> str:
+    """One scan of `source` into `f`, every record's state, SMALL figures and figures, which DuckDB computes
+    once and streams to each grouping set (one CTE: a second one fed from it would be stored whole): the state
+    set over every record, the routes, the need's cut and unknown, the rest and the shared sets over the kept
+    ones.  Each set's groups are few (distinct lengths, not records)."""
+    m = min_completion
+    packed = "{} AS k" if models is None else f"({{}}) * {len(models)} + mc AS k"
+    state = f"CASE WHEN NOT ok THEN 1 WHEN NOT ({keep}) THEN 2 ELSE 0 END::UTINYINT AS state"
+    small = [c.rsplit(" AS ", 1)[-1] for c in SMALL]
+    layers = f"(SELECT {state}, {model_code(models)} AS mc, *, {', '.join(SMALL)} FROM ({source}))"
+    for cols in figures():
+        layers = f"(SELECT *, {', '.join(cols)} FROM {layers})"
+    kept = "FROM f WHERE state = 0 AND prompt IS NOT NULL"
+    rest = rest_sets(m)
+    hists = ", ".join(f"histogram(CASE WHEN {cond} THEN {value} END) AS h{i}"
+                      for i, (_, value, cond) in enumerate(rest))
+    parts = [
+        f"SELECT {STATE} AS g, state, model, {', '.join(small)}, count(*) AS c0 FROM f GROUP BY ALL",
+        f"SELECT {ROUTE} AS g, mc, CASE WHEN ask IS NOT NULL THEN (single + ask + {BLOCK_SIZE - 1}) // "
+        f"{BLOCK_SIZE} * {BLOCK_SIZE} ELSE {NO_ASK} END AS route, count(*) AS c0, "
+        "sum(need_value) FILTER (need_kind < 2) AS known_need, count(*) FILTER (need_kind = 2) AS unknowns, "
+        "sum(single) FILTER (need_kind = 2) AS unknown_need, sum(latency_s) AS lat, count(latency_s) AS nlat "
+        f"{kept} GROUP BY ALL",
+        f"SELECT {NEED} AS g, mc, need_kind, single, need_value, need_upper, count(*) AS c0 {kept} AND need_kind > 0 "
+        "GROUP BY ALL",
+        # the rest's histograms: value → count maps per model, one GROUP BY over the few records (an unnest of
+        # each record's values would make DuckDB store `f` whole)
+        f"SELECT {REST} AS g, mc, {hists} {kept} AND (NOT plain OR dx < {m}) GROUP BY ALL",
+    ]
+    for i, h in enumerate(shared_sets(m)):
+        counts = ", ".join(f"count(*) FILTER ({cond}) AS c{j}" if cond != "true" else f"count(*) AS c{j}"
+                           for j, (_, _, cond) in enumerate(h.feeds))
+        parts.append(f"SELECT {SHARED + i} AS g, mc, {packed.format(h.key)}, {counts} "
+                     f"FROM f WHERE state = 0 AND {h.where} GROUP BY ALL")
     return f"""
-WITH k AS (SELECT CASE WHEN NOT ok THEN 1 WHEN NOT ({keep}) THEN 2 ELSE 0 END::UTINYINT AS state, *
-           FROM ({source})),
-f0 AS (SELECT state, {model_code(models)} AS mc, {figures(min_completion)} FROM k),
-f AS MATERIALIZED (SELECT state, model, mc, {small}, {packed}, {tallies}, {routes} FROM f0)
-{_sets_sql(sets)}"""
-
-
-def _sets_sql(sets: list[str]) -> str:
-    """The grouping sets, each its own GROUP BY over the CTE `f` (which DuckDB materializes once, as it does for
-    GROUPING SETS): a set counts only its rows (those with its key) and only the routes' set sums, where one
-    GROUPING SETS query computes every aggregate in every set.  `g` is what GROUPING(KEYS) would be."""
-    width = len(KEYS)
-    parts = []
-    for i, (key, cols) in enumerate(zip(KEYS, sets, strict=True)):
-        aggregates = "count(*) AS c"
-        if key == "route":
-            aggregates += (", sum(known_need) AS known_need, count(unknown_need) AS unknowns, "
-                           "sum(unknown_need) AS unknown_need, sum(latency_s) AS lat, count(latency_s) AS nlat")
-        where = "" if key == "state" else f" WHERE {key} IS NOT NULL"
-        grouping = ((1 << width) - 1) ^ (1 << (width - 1 - i))
-        parts.append(f"SELECT {grouping} AS g, {cols.strip('()')}, {aggregates} FROM f{where} GROUP BY ALL")
-    return "\nUNION ALL BY NAME\n".join(parts)
+WITH f AS MATERIALIZED (SELECT * FROM {layers})
+{chr(10).join(('UNION ALL BY NAME ' if i else '') + p for i, p in enumerate(parts))}"""
 
 
 # ---------------------------------------------------------------------------
 # the sources
 
 
-def json_source(files: Sequence[str], names: Sequence[str] = FIELDS) -> str:
-    """Every non-blank line of JSON-lines files (gzip too), as `normalized` rows plus `kept` flags (`names`:
-    only those fields, for the models' pre-pass)."""
-    paths = ", ".join(f"'$.{name}'" for name in names)
-    fields: dict[str, Field] = {name: JsonField(i + 1) for i, name in enumerate(names)}
-    blank = "' \t\r\n' || chr(11) || chr(12)"
-    columns = ", ".join(JsonField.columns(i + 1) for i in range(len(names)))
-    select = normalized(fields) if names == FIELDS else f"{fields['model'].as_str()} AS model"
+def json_source(files: Sequence[str]) -> str:
+    """Every non-blank line of JSON-lines files (gzip too), as `normalized` rows: each line parsed once, by
+    `json_extract` of every field (TRY: an invalid line gives no fields, hence no `ts`, and is malformed, as
+    is any line not an object, whose fields are all absent)."""
+    paths = ", ".join(f"'$.{name}'" for name in FIELDS)
+    fields: dict[str, Field] = {name: JsonField(i + 1) for i, name in enumerate(FIELDS)}
+    blank = "' \t\r\n' || chr(11) || chr(12)"     # bytes.isspace(); ltrim: trim() scans the whole line
+    columns = ", ".join(JsonField.columns(i + 1) for i in range(len(FIELDS)))
     return f"""
-SELECT {select} FROM (
+SELECT {normalized(fields)} FROM (
  SELECT {columns} FROM (
-  SELECT CASE WHEN json_valid(line) AND json_type(line) = 'OBJECT' THEN json_extract(line, [{paths}]) END AS v
+  SELECT TRY(json_extract(line, [{paths}])) AS v
   FROM read_csv({_list(files)}, columns = {{'line': 'VARCHAR'}}, header = false, delim = chr(1), quote = '',
                 escape = '', auto_detect = false, strict_mode = false, compression = 'auto', nullstr = chr(2))
-  WHERE trim(line, {blank}) <> ''))"""
+  WHERE ltrim(line, {blank}) <> ''))"""
 
 
 def parquet_source(con: Any, files: Sequence[str]) -> str:
@@ -428,7 +453,9 @@ class Aggregates:
 
     rows: list[tuple[Any, ...]]
     columns: list[str]
-    models: list[str | None]        # a histogram key is value × len(models) + the model's index here
+    # a histogram's key is value × len(models) + the model's index here; None: the value, the model in `mc`
+    models: list[str | None] | None
+    min_completion: int
 
 
 def _filter(model: str | None, since: float | None) -> str:
@@ -464,10 +491,9 @@ def _aggregate(con: Any, files: Sequence[str], model: str | None, since: float |
     jsonl = [p for p in files if not is_parquet(p)]
     parts = ([json_source(jsonl)] if jsonl else []) + ([parquet_source(con, parquet)] if parquet else [])
     source = " UNION ALL ".join(f"({p})" for p in parts)
-    # the models first, to pack the histogram keys: for Parquet a scan of one dictionary column, for JSON lines
-    # the model field alone (a superset of the kept records' models: a code unused is harmless)
-    pre = " UNION ALL ".join(f"({p})" for p in ([json_source(jsonl, ("model",))] if jsonl else [])
-                             + ([f"SELECT model FROM ({parquet_source(con, parquet)})"] if parquet else []))
-    models = [row[0] for row in con.sql(f"SELECT DISTINCT model FROM ({pre}) ORDER BY ALL").fetchall()]
+    # Parquet alone: the models first, to pack the histogram keys (a scan of one dictionary column).  JSON lines
+    # would be parsed twice for them: there the sets group by the model itself
+    models = None if jsonl else [row[0] for row in con.sql(
+        f"SELECT DISTINCT model FROM ({parquet_source(con, parquet)}) ORDER BY ALL").fetchall()]
     rel = con.sql(aggregate_sql(source, _filter(model, since), min_completion, models))
-    return Aggregates(rel.fetchall(), list(rel.columns), models)
+    return Aggregates(rel.fetchall(), list(rel.columns), models, min_completion)

@@ -480,7 +480,7 @@ def build_report(paths: Sequence[str], model: str | None = None, since: float | 
     return builder
 
 
-# ModelStats' value → count dicts by the engine's histogram column (proxy.sizing.engine.HISTOGRAMS)
+# ModelStats' value → count dicts by the name the engine's histogram sets feed (proxy.sizing.engine.HistogramSet)
 _DICTS: dict[str, Callable[[ModelStats], dict[int, Any]]] = {
     "prompt": lambda s: s.prompt_counts, "completion": lambda s: s.completion_counts,
     "total": lambda s: s.total_counts, "sequence": lambda s: s.sequence_counts,
@@ -495,7 +495,7 @@ def _bump(counts: dict[Any, Any], key: Any, count: int) -> None:
 
 
 def _add_small(stats: ModelStats, row: dict[str, Any], count: int) -> None:
-    """One group of the engine's SMALL set: its share of ModelStats' counters and low-cardinality dicts."""
+    """One group of the engine's state set: its share of ModelStats' counters and low-cardinality dicts."""
     stats.requests += count
     _bump(stats.actions, row["action"], count)
     _bump(stats.endpoints, row["endpoint"], count)
@@ -509,19 +509,14 @@ def _add_small(stats: ModelStats, row: dict[str, Any], count: int) -> None:
     stats.demand.lower_bounds += count * row["d_lower"]
 
 
-def _add_keyed(stats: ModelStats, key: str, row: dict[str, Any], count: int) -> None:
-    """One group of the engine's cut, unknown or route set: `NeedTally`'s and `RouteTally`'s sums, as
-    `add_demand` makes them record by record."""
-    if key == engine.CUT[0]:
-        _bump(stats.need.cut, tuple(int(row[c]) for c in engine.CUT), count)
-    elif key == engine.UNKNOWN[0]:
-        _bump(stats.need.unknown, tuple(int(row[c]) for c in engine.UNKNOWN), count)
-    else:
-        stats.routes.add_sums(int(row["route"]), count, int(row["known_need"] or 0), int(row["unknowns"]),
-                              int(row["unknown_need"] or 0), float(row["lat"] or 0.0), int(row["nlat"]))
+def _add_route(stats: ModelStats, row: dict[str, Any], count: int) -> None:
+    """One group of the engine's route set: `RouteTally`'s sums, as `add_demand` makes them record by record."""
+    stats.routes.add_sums(int(row["route"]), count, int(row["known_need"] or 0), int(row["unknowns"]),
+                          int(row["unknown_need"] or 0), float(row["lat"] or 0.0), int(row["nlat"]))
 
 
-def _model_stats(builder: ReportBuilder, name: str) -> ModelStats:
+def _model_stats(builder: ReportBuilder, name: str | None) -> ModelStats:
+    name = UNKNOWN_MODEL if name is None else name      # a NULL model and "unknown" are one
     stats = builder.models.get(name)
     if stats is None:
         stats = builder.models[name] = ModelStats(name)
@@ -529,7 +524,7 @@ def _model_stats(builder: ReportBuilder, name: str) -> ModelStats:
 
 
 def _add_state(builder: ReportBuilder, row: dict[str, Any], count: int) -> None:
-    """One group of the SMALL set, with the record's state (0 kept, 1 malformed, 2 filtered)."""
+    """One group of the state set, with the record's state (0 kept, 1 malformed, 2 filtered)."""
     builder.stats.lines += count
     if row["state"] == 1:
         builder.stats.malformed += count
@@ -537,7 +532,33 @@ def _add_state(builder: ReportBuilder, row: dict[str, Any], count: int) -> None:
         builder.stats.filtered += count
     else:
         builder.stats.records += count
-        _add_small(_model_stats(builder, UNKNOWN_MODEL if row["model"] is None else row["model"]), row, count)
+        _add_small(_model_stats(builder, row["model"]), row, count)
+
+
+def _model_of(agg: engine.Aggregates, mc: Any) -> str | None:
+    """The model of a group's `mc`: its index in the models, or the model itself."""
+    return mc if agg.models is None else agg.models[int(mc)]
+
+
+def _add_keyed(builder: ReportBuilder, agg: engine.Aggregates, row: dict[str, Any], name: str, shift: int,
+               count: int) -> None:
+    """`count` records of the histogram `name` at a shared set's key (+ shift): packed, value × len(models) +
+    the model's index, or the value beside the model."""
+    if agg.models is None:
+        value, model = int(row["k"]), row["mc"]
+    else:
+        value, index = divmod(int(row["k"]), len(agg.models))
+        model = agg.models[index]
+    _bump(_DICTS[name](_model_stats(builder, model)), value + shift, count)
+
+
+def _add_need(stats: ModelStats, row: dict[str, Any], count: int) -> None:
+    """One group of the need's cut (kind 1) or unknown (kind 2) requests: `NeedTally.add_values`' tuples."""
+    single, upper = int(row["single"]), int(row["need_upper"])
+    if row["need_kind"] == 1:
+        _bump(stats.need.cut, (single, int(row["need_value"]), upper), count)
+    else:
+        _bump(stats.need.unknown, (single, upper), count)
 
 
 def builder_from_aggregates(agg: engine.Aggregates, files: Sequence[str], model: str | None,
@@ -545,28 +566,25 @@ def builder_from_aggregates(agg: engine.Aggregates, files: Sequence[str], model:
     """The `ReportBuilder` the Python reader would have built from the same records, from DuckDB's counts."""
     builder = ReportBuilder(model=model, since=since)
     builder.stats.files.extend(files)
-    width = len(engine.KEYS)
-    # GROUPING(KEYS) has one zero bit per set, the set's key (the first bit is KEYS[0]'s)
-    key_of = {((1 << width) - 1) ^ (1 << (width - 1 - i)): key for i, key in enumerate(engine.KEYS)}
-    histograms = set(engine.HISTOGRAMS)
+    shared = engine.shared_sets(agg.min_completion)
     for values in agg.rows:
         row = dict(zip(agg.columns, values, strict=True))
-        count, key = row["c"], key_of[row["g"]]
-        if key == "state":
-            _add_state(builder, row, count)
-            continue
-        if row[key] is None:            # records not kept, or without this figure
-            continue
-        if key in histograms:
-            value, index = divmod(int(row[key]), len(agg.models))
-        else:
-            value, index = 0, int(row["mc"])
-        name = agg.models[index]
-        stats = _model_stats(builder, UNKNOWN_MODEL if name is None else name)   # a NULL model and "unknown" are one
-        if key in histograms:
-            _bump(_DICTS[key](stats), value, count)
-        else:
-            _add_keyed(stats, key, row, count)
+        g = row["g"]
+        if g == engine.STATE:
+            _add_state(builder, row, row["c0"])
+        elif g == engine.ROUTE:
+            _add_route(_model_stats(builder, _model_of(agg, row["mc"])), row, row["c0"])
+        elif g == engine.NEED:
+            _add_need(_model_stats(builder, _model_of(agg, row["mc"])), row, row["c0"])
+        elif g == engine.REST:
+            stats = _model_stats(builder, _model_of(agg, row["mc"]))
+            for i, (name, _, _) in enumerate(engine.rest_sets(agg.min_completion)):
+                for value, count in (row[f"h{i}"] or {}).items():
+                    _bump(_DICTS[name](stats), int(value), count)
+        else:       # a shared set: each of its counts into the histogram it feeds, at the key + shift
+            for i, (name, shift, _) in enumerate(shared[g - engine.SHARED].feeds):
+                if row[f"c{i}"]:
+                    _add_keyed(builder, agg, row, name, shift, row[f"c{i}"])
     return builder
 
 

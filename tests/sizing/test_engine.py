@@ -100,6 +100,26 @@ def test_duckdb_reads_json_lines_and_gzip_as_python_does_malformed_lines_include
     assert python["malformed"] == 14 + 5 and python["records"] == 3004
 
 
+# Each field's JSON type is read from the text json_extract writes (the line is parsed once): floats, exponents
+# and booleans are no ints, escaped strings are unescaped, a nested list is no finish reason.
+TYPED = ['{"ts": 1, "prompt_tokens": 1e3}', '{"ts": 1, "completion_tokens": 5.0}', '{"ts": 1, "n": true}',
+         '{"ts": 1, "finish_reasons": {"a": 1}}', '{"ts": false}', '{"ts": "1"}', chr(11), "\t \f",
+         '{"ts": 2, "model": "q\\"w\\u00e9n", "action": "cl\\u0061mped", "endpoint": "chat", "prompt_tokens": 7}',
+         '{"ts": 3, "finish_reasons": [["length"]], "completion_tokens": 5, "prompt_tokens": 5}',
+         '{"ts": 4, "prompt_tokens": -0, "finish_reasons": -0.0, "status": 4e2, "max_model_len": 1.0}',
+         '{"ts": 5, "finish_reasons": {}, "error_code": "a\\\\b", "latency_ms": "5", "prompt_tokens": 3}',
+         '{"ts": 6.5e1, "n": 3, "granted_max_tokens": 0, "completion_tokens": 9, "prompt_tokens": 1}',
+         '{"ts": NaN, "prompt_tokens": 2}']
+
+
+def test_json_types_are_read_from_each_fields_text_as_python_reads_them(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "typed.jsonl", varied(5, 200), TYPED)
+    duck, python = both([str(path)])
+    assert duck == python
+    assert (python["malformed"], python["records"]) == (6, 206)
+    assert {"q\"wén", "unknown"} <= set(python["models"])
+
+
 @pytest.mark.parametrize("kw", [{"model": "llama"}, {"since": 1_700_005_000.0}, {"model": "unknown"}])
 def test_the_model_and_since_filters_agree(tmp_path: Path, kw: dict[str, Any]) -> None:
     path = write_jsonl(tmp_path / "a.jsonl", varied(2, 2000), MALFORMED)
