@@ -14,7 +14,6 @@ Skipped when a CLI is not installed, unless BRIMFUL_REQUIRE_CLIENTS is set
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,20 +22,11 @@ from typing import Any
 import pytest
 
 from tests.support import agent_cli
+from tests.support.agent_cli import need
 from tests.support.agent_replies import Reply
 from tests.support.stack import Stack, running_stack
 
-REQUIRE = os.environ.get("BRIMFUL_REQUIRE_CLIENTS", "").lower() in ("1", "true", "yes", "require")
 MODEL = "tiny-qwen"
-
-
-def need(name: str) -> None:
-    if agent_cli.have(name):
-        return
-    reason = f"{name} is not installed in {agent_cli.npm_dir()} (.ci/run installs it: npm i into that folder)"
-    if REQUIRE:
-        pytest.fail(reason + " but BRIMFUL_REQUIRE_CLIENTS is set")
-    pytest.skip(reason)
 
 
 # How Codex 0.171's compaction request begins (its last input item: codex-rs core's compact prompt).
