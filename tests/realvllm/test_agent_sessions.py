@@ -96,12 +96,16 @@ def exact(records: list[LengthRecord]) -> bool:
 
 
 def summary(name: str, records: list[LengthRecord], started: float, **figures: Any) -> None:
-    """One line of the figures docs/agents.md quotes (shown with `pytest -s`)."""
+    """The figures docs/agents.md quotes (shown with `pytest -s`): each request's action and prompt
+    tokens (and the completion limit granted, or the items and tokens trimmed), then the totals."""
     actions = [str(r.action) for r in records]
     prompts = [r.prompt_tokens or 0 for r in records]
-    print(f"\n{name}: {len(records)} requests, {actions.count('clamped')} clamped, {actions.count('trimmed')} trimmed, "
-          f"{actions.count('rejected')} refused, prompts {min(prompts)}..{max(prompts)} tokens, "
-          f"{sum(prompts)} in all; {figures}; {time.monotonic() - started:.0f} s")
+    steps = " ".join(f"{r.action}:{r.prompt_tokens}" + (f"/{r.granted_max_tokens}" if r.action == "clamped" else "")
+                     + (f"(-{r.trimmed_messages}:{r.trimmed_tokens})" if r.action == "trimmed" else "")
+                     for r in records)
+    print(f"\n{name}: {steps}\n  {len(records)} requests, {actions.count('clamped')} clamped, "
+          f"{actions.count('trimmed')} trimmed, {actions.count('rejected')} refused, {sum(prompts)} prompt tokens; "
+          f"{figures}; {time.monotonic() - started:.0f} s")
 
 
 @realvllm
