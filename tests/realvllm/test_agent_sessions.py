@@ -14,8 +14,8 @@ tools) is ~18,750 Qwen3 tokens, brimful's Messages floor 3,000, which leaves
 ~9,000 tokens of conversation; and it is below the 32,000 `max_tokens` Claude
 Code asks, which vLLM alone refuses on any smaller context.
 
-One server for the module (~80 s to start), under a lock file in the cache
-(`SERVER_LOCK`), so two runs on one machine do not serve at once. CLIs missing:
+One server for the module (~80 s to start; like every real vLLM of the tests,
+once no other process on the machine serves one: tests/realvllm/server.py). CLIs missing:
 skipped, failed under BRIMFUL_REQUIRE_CLIENTS (tests/support/agent_cli.py).
 """
 
@@ -44,7 +44,6 @@ from tests.support.surface_scenarios import Target, words
 
 MAX_MODEL_LEN = 31_000
 MESSAGES_FLOOR = 3_000          # brimful's default floor on /v1/messages (docs/agents.md)
-SERVER_LOCK = ".real-vllm-server.lock"
 START_TIMEOUT_S = 600.0
 realvllm = pytest.mark.realvllm      # on each test but the pure one: the conftest makes them slow
 
@@ -67,7 +66,6 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealVllm]:
             model_dir = cache_root() / "tiny-qwen3-reply"
             with exclusive_lock(cache_root() / ".tiny-qwen3-reply.lock"):
                 ensure_reply_model(model_dir, QWEN3_TOKENIZER_DIR, venv.python, log_dir / "build.log")
-            stack.enter_context(exclusive_lock(cache_root() / SERVER_LOCK))
             server = stack.enter_context(running_server(venv.python, model_dir, log_dir / "vllm-server.log",
                                                         timeout=START_TIMEOUT_S, max_model_len=MAX_MODEL_LEN))
         yield RealVllm(base_url=server.base_url, model=SERVED_MODEL_NAME, max_model_len=MAX_MODEL_LEN,
