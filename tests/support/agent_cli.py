@@ -1,7 +1,9 @@
 """The real agent CLIs (Claude Code, Codex, opencode), run non-interactively against a local base URL.
 
 They are npm packages installed outside the clone (`.ci/run`:
-`~/.cache/brimful/npm`, or `$BRIMFUL_NPM_DIR`). Each run gets a fresh HOME
+`~/.cache/brimful/npm`, or `$BRIMFUL_NPM_DIR`; opencode's plugin package in
+its `opencode-config` folder, so opencode finds it installed and downloads
+nothing: `_opencode_config`). Each run gets a fresh HOME
 (and CODEX_HOME), an empty working directory, no telemetry and a timeout;
 the URL is loopback, so nothing leaves the machine. A run given a `session`
 folder keeps its HOME and working directory there instead, so the next run in
@@ -35,6 +37,12 @@ def npm_dir() -> Path:
         return Path(override).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "brimful" / "npm"
+
+
+# What opencode installs into each of its config folders at start-up (its `Npm.install`), put
+# there by .ci/run once; opencode skips the install when the folder's node_modules exists and
+# its package-lock.json names every package of its package.json.
+OPENCODE_CONFIG = "opencode-config"
 
 
 def cli(name: str) -> Path | None:
@@ -87,6 +95,19 @@ def opencode_compactions(session: Path) -> int:
     with contextlib.closing(sqlite3.connect(database)) as connection:
         rows = connection.execute("SELECT data FROM message").fetchall()
     return sum(1 for (data,) in rows if json.loads(data).get("mode") == "compaction")
+
+
+def _opencode_config(home: Path) -> None:
+    """opencode's config folder in a fresh HOME, its dependencies already installed: the plugin
+    package .ci/run installed (`OPENCODE_CONFIG`), linked, with its package.json and lock. Without
+    them each run npm-installs `@opencode-ai/plugin` from registry.npmjs.org into the folder."""
+    installed = npm_dir() / OPENCODE_CONFIG
+    folder = home / ".config" / "opencode"
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / "node_modules").exists():
+        (folder / "node_modules").symlink_to(installed / "node_modules", target_is_directory=True)
+    for name in ("package.json", "package-lock.json"):
+        shutil.copyfile(installed / name, folder / name)
 
 
 def _base_env(home: Path) -> dict[str, str]:
@@ -156,6 +177,7 @@ def run_opencode(base_url: str, model: str, prompt: str, *, context: int, output
     binary = cli("opencode")
     assert binary is not None, "opencode is not installed"
     with _folders(session, "brimful-opencode-", "home", "work") as (home, work):
+        _opencode_config(home)
         provider = {"npm": "@ai-sdk/openai-compatible", "name": "brimful",
                     "options": {"baseURL": base_url, "apiKey": "dummy"},
                     "models": {model: {"name": model, "limit": {"context": context, "output": output}}}}
@@ -166,8 +188,10 @@ def run_opencode(base_url: str, model: str, prompt: str, *, context: int, output
                "XDG_CACHE_HOME": str(home / ".cache"), "OPENCODE_DISABLE_MODELS_FETCH": "1",
                "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
                "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1"}
-        return _run([str(binary), "run", "--format", "json", *(["--continue"] if resume else []), prompt],
-                    work, env, timeout)
+        run = _run([str(binary), "run", "--format", "json", *(["--continue"] if resume else []), prompt],
+                   work, env, timeout)
+        assert not (home / ".npm").exists(), "opencode ran npm (a download at test time): see _opencode_config"
+        return run
 
 
 AI_SDK_AGENT = Path(__file__).resolve().parents[1] / "clients" / "ai_sdk_agent.cjs"
@@ -186,11 +210,14 @@ def run_ai_sdk(base_url: str, model: str, max_output_tokens: int, *, trim: str |
 
 
 def have(name: str) -> bool:
-    """`claude`, `codex`, `opencode`, or `ai` (the AI SDK with @ai-sdk/openai-compatible)."""
+    """`claude`, `codex`, `opencode` (with its plugin package, `OPENCODE_CONFIG`), or `ai` (the AI SDK
+    with @ai-sdk/openai-compatible)."""
     if name == "ai":
         modules = npm_dir() / "node_modules"
         return all((modules / p / "package.json").exists() for p in ("ai", "@ai-sdk/openai-compatible", "zod")) \
             and shutil.which("node") is not None
+    if name == "opencode" and not (npm_dir() / OPENCODE_CONFIG / "package-lock.json").exists():
+        return False
     return cli(name) is not None and shutil.which("node") is not None
 
 
