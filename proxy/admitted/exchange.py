@@ -135,7 +135,9 @@ class AdmittedExchange:
                 self.finish()
                 return
             try:
-                if await until_disconnect(self.receive, self.forward_and_relay()):
+                # A client that leaves once it has the stream's last event got the whole answer
+                # (Codex closes on `response.completed`; vLLM may end the body milliseconds later).
+                if await until_disconnect(self.receive, self.forward_and_relay()) and not self.outcome.delivered:
                     self.outcome.error_code = ErrorCode.CLIENT_DISCONNECTED
             except asyncio.CancelledError as exc:
                 if not is_shutdown_deadline(exc):
@@ -535,6 +537,7 @@ class AdmittedExchange:
                     else:
                         scanner.feed(chunk)
                     await send_chunk(send, chunk)
+                    outcome.delivered = scanner.done or (scanner.failed and self.surface.error_ends_stream)
             except asyncio.CancelledError as exc:
                 response.close()
                 if not is_shutdown_deadline(exc):
