@@ -165,41 +165,45 @@ CODEX_TURNS = [5000, 5000, 5000, 8000, 20, 20]
 CODEX_DONE = '"type":"agent_message","text":"Done."'
 
 
-def codex_session(base_url: str, session: Path, headers: dict[str, str] | None = None) -> list[Run]:
+def codex_session(base_url: str, session: Path, sizes: list[int] | None = None,
+                  headers: dict[str, str] | None = None) -> list[Run]:
     """Codex with `model_context_window` = the served max_model_len (docs/agents.md), one turn a run."""
     return [agent_cli.run_codex(base_url + "/v1", SERVED_MODEL_NAME, turn(i, size), context_window=MAX_MODEL_LEN,
                                 headers=headers, session=session, resume=i > 0)
-            for i, size in enumerate(CODEX_TURNS)]
+            for i, size in enumerate(sizes or CODEX_TURNS)]
 
 
 @realvllm
-def test_codex_session_against_vllm_alone_and_through_brimful(vllm: RealVllm, target: Target,
-                                                               tmp_path: Path) -> None:
+def test_codex_session_compacts_after_the_refused_turn_through_brimful_as_against_vllm_alone(
+        vllm: RealVllm, target: Target, tmp_path: Path) -> None:
     """Three turns fit; the fourth (an 8,000-token prompt) jumps past max_model_len from below
-    Codex's 90 % compaction mark, so Codex sends it and it fails, alone and through brimful alike.
+    Codex's 90 % compaction mark, so Codex sends it and it fails, alone and through brimful alike;
+    the next `codex exec resume` compacts first and the session goes on, alone and through brimful.
 
-    Measured with Codex 0.171, not wished: against vLLM alone (a 400 it does not recognise) the next
-    `codex exec resume` compacts first and the session goes on. Through brimful it recognises the
-    refusal ("ran out of room in the model's context window"), marks its usage as the full window,
-    which leaves its last-request usage at 0 once the session's cumulative usage is past the window,
-    and so the next resumes do not compact and are refused again. With `x-brimful-trim: oldest` in
-    the provider's http_headers every turn is served."""
+    brimful refuses a Codex turn with a code Codex 0.171 does not take for its window running out
+    (proxy.admitted.codex): on `context_length_exceeded` it marks its usage full in a way that
+    leaves its last request's usage at 0 once the session's summed usage is past the window, and
+    did not compact (the 5th and 6th were refused too). With `x-brimful-trim: oldest` in the
+    provider's http_headers every turn is served, trimmed instead."""
     need("codex")
     started = time.monotonic()
     alone = codex_session(vllm.base_url, tmp_path / "alone")
     assert [run.returncode for run in alone] == [0, 0, 0, 1, 0, 0]
     assert "maximum context length is 31000 tokens" in alone[3].stdout and "ran out of room" not in alone[3].stdout
     assert all(CODEX_DONE in run.stdout for i, run in enumerate(alone) if i != 3)
-    assert agent_cli.codex_compactions(tmp_path / "alone") >= 1
+    compactions_alone = agent_cli.codex_compactions(tmp_path / "alone")
+    assert compactions_alone >= 1
 
-    refused = codex_session(target.brimful, tmp_path / "refused")
-    assert [run.returncode for run in refused] == [0, 0, 0, 1, 1, 1]
-    assert all("Codex ran out of room in the model's context window" in run.stdout for run in refused[3:])
-    assert agent_cli.codex_compactions(tmp_path / "refused") == 0
+    through = codex_session(target.brimful, tmp_path / "through")
+    assert [run.returncode for run in through] == [0, 0, 0, 1, 0, 0]
+    assert f"its config.toml sets model_context_window = {MAX_MODEL_LEN}" in through[3].stdout
+    assert all(CODEX_DONE in run.stdout for i, run in enumerate(through) if i != 3)
+    assert agent_cli.codex_compactions(tmp_path / "through") == compactions_alone
     records = list(target.recorder.records)
-    assert [r.action for r in records] == ["pass"] * 3 + ["rejected"] * 3 and exact(records)
-    assert all(r.error_code == "context_length_exceeded" and (r.prompt_tokens or 0) > MAX_MODEL_LEN
-               for r in records[3:])
+    # three turns, the fourth refused, the compaction request, the fifth and sixth turns
+    assert [r.action for r in records] == ["pass"] * 3 + ["rejected"] + ["pass"] * 3 and exact(records)
+    assert records[3].error_code == "context_length_exceeded" and (records[3].prompt_tokens or 0) > MAX_MODEL_LEN
+    assert all(r.error_code is None for r in served(records))       # every answer delivered whole
 
     trimmed = codex_session(target.brimful, tmp_path / "trimmed", headers={"x-brimful-trim": "oldest"})
     assert all(run.returncode == 0 and CODEX_DONE in run.stdout for run in trimmed)
@@ -207,8 +211,33 @@ def test_codex_session_against_vllm_alone_and_through_brimful(vllm: RealVllm, ta
     assert not [r for r in records if r.action == "rejected"] and exact(records)
     assert [r.action for r in records[3:]] == ["trimmed"] * 3
     assert all((r.prompt_tokens or 0) <= MAX_MODEL_LEN and (r.trimmed_tokens or 0) > 0 for r in records[3:])
-    summary("Codex", target.recorder.records, started,
-            compactions_alone=agent_cli.codex_compactions(tmp_path / "alone"))
+    summary("Codex", target.recorder.records, started, compactions_alone=compactions_alone,
+            compactions_through=agent_cli.codex_compactions(tmp_path / "through"))
+
+
+@realvllm
+def test_codex_compaction_too_long_for_the_context_fails_against_vllm_alone_and_is_trimmed_through_brimful(
+        vllm: RealVllm, target: Target, tmp_path: Path) -> None:
+    """The fourth turn jumps 14,000 tokens: Codex's compaction request before the fifth (the history,
+    without the tools) is too long itself. vLLM's own 400 fails it, every turn after it does the
+    same, and the session is stuck; brimful refuses it with OpenAI's `context_length_exceeded`,
+    on which Codex drops its oldest items and sends it again, until it fits: the session goes on."""
+    need("codex")
+    started = time.monotonic()
+    sizes = [*CODEX_TURNS[:3], 14_000, *CODEX_TURNS[4:]]
+    alone = codex_session(vllm.base_url, tmp_path / "alone", sizes)
+    assert [run.returncode for run in alone] == [0, 0, 0, 1, 1, 1]
+    assert agent_cli.codex_compactions(tmp_path / "alone") == 0
+    through = codex_session(target.brimful, tmp_path / "through", sizes)
+    assert [run.returncode for run in through] == [0, 0, 0, 1, 0, 0]
+    assert agent_cli.codex_compactions(tmp_path / "through") == 1
+    records = target.recorder.records
+    trims = len(records) - 7          # compaction requests refused, each sent again shorter
+    assert trims >= 1 and [r.action for r in records] == ["pass"] * 3 + ["rejected"] * (1 + trims) + ["pass"] * 3
+    assert [r.prompt_tokens or 0 for r in records[4:4 + trims]] == sorted(
+        (r.prompt_tokens or 0 for r in records[4:4 + trims]), reverse=True)      # shorter each time
+    assert exact(records)
+    summary("Codex, a compaction too long", records, started, trims=trims)
 
 
 OPENCODE_TURNS = [4000, 4000, 4000, 6000, 6000, 4000, 4000]
