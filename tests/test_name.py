@@ -58,7 +58,8 @@ def test_users_meet_brimful(tmp_path: Path) -> None:
     assert (ROOT / "config" / "brimful.toml").is_file()
     assert (ROOT / "config" / "grafana" / "dashboards" / "brimful.json").is_file()
     source = "\n".join(p.read_text() for p in (ROOT / "proxy").rglob("*.py"))
-    headers = set(re.findall(r'b"(x-[a-z]+)-[a-z-]+"', source)) - {"x-request"}
+    # x-request-id is everyone's; x-codex-turn-metadata is Codex's, only read (proxy/admitted/codex.py)
+    headers = set(re.findall(r'b"(x-[a-z]+)-[a-z-]+"', source)) - {"x-request", "x-codex"}
     assert headers == {"x-brimful"}
     # every metric family and every environment variable brimful reads carries the new name
     families = exported_families(tmp_path)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy import errors
-from proxy.admitted import jsonbody, trimming
+from proxy.admitted import codex, jsonbody, trimming
 from proxy.admitted.admission import Decision, completion_floor, decide_uncounted, retry_limit
 from proxy.admitted.answer import AnswerScanner
 from proxy.admitted.counting import Count, PromptCounter
@@ -135,7 +135,9 @@ class AdmittedExchange:
                 self.finish()
                 return
             try:
-                if await until_disconnect(self.receive, self.forward_and_relay()):
+                # A client that leaves once it has the stream's last event got the whole answer
+                # (Codex closes on `response.completed`; vLLM may end the body milliseconds later).
+                if await until_disconnect(self.receive, self.forward_and_relay()) and not self.outcome.delivered:
                     self.outcome.error_code = ErrorCode.CLIENT_DISCONNECTED
             except asyncio.CancelledError as exc:
                 if not is_shutdown_deadline(exc):
@@ -535,6 +537,7 @@ class AdmittedExchange:
                     else:
                         scanner.feed(chunk)
                     await send_chunk(send, chunk)
+                    outcome.delivered = scanner.done or (scanner.failed and self.surface.error_ends_stream)
             except asyncio.CancelledError as exc:
                 response.close()
                 if not is_shutdown_deadline(exc):
@@ -571,7 +574,8 @@ class AdmittedExchange:
     # -- answers and the record ---------------------------------------------------------------
 
     async def answer_error(self, err: BrimfulError, action: Action) -> None:
-        """The error in the surface's shape; the record and x-brimful-action say what happened."""
+        """The error in the surface's shape (a Codex turn's length refusal in the code Codex still
+        compacts after: proxy.admitted.codex); the record and x-brimful-action say what happened."""
         if action == Action.UPSTREAM_ERROR and err.status >= 500 and self.backend is not None:
             # The operator's view: which upstream, and the transport's own cause (never the
             # upstream's message, which may quote the prompt).
@@ -580,6 +584,7 @@ class AdmittedExchange:
         self.outcome.status = err.status
         self.outcome.fail(action, err.code)
         self.info = _replace_header(self.info, b"x-brimful-action", action)
+        err = codex.refusal(err, self.scope["headers"])
         await send_whole(self.send, err.status, self.surface.error_body(err), err.response_headers(self.info))
 
     async def answer_shutdown(self) -> None:

@@ -57,6 +57,7 @@ class Outcome:
     upstream_prompt_tokens: int | None = None
     completion_tokens: int | None = None
     finish_reasons: list[str] = field(default_factory=list)
+    delivered: bool = False                     # the client was sent the stream's last event
 
     def fail(self, action: Action, code: ErrorCode | None) -> None:
         """The request ended in `action`; the first error code seen is kept."""

@@ -14,7 +14,6 @@ Skipped when a CLI is not installed, unless BRIMFUL_REQUIRE_CLIENTS is set
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,20 +22,12 @@ from typing import Any
 import pytest
 
 from tests.support import agent_cli
+from tests.support.agent_cli import need
 from tests.support.agent_replies import Reply
 from tests.support.stack import Stack, running_stack
+from tests.support.surface_scenarios import words
 
-REQUIRE = os.environ.get("BRIMFUL_REQUIRE_CLIENTS", "").lower() in ("1", "true", "yes", "require")
 MODEL = "tiny-qwen"
-
-
-def need(name: str) -> None:
-    if agent_cli.have(name):
-        return
-    reason = f"{name} is not installed in {agent_cli.npm_dir()} (.ci/run installs it: npm i into that folder)"
-    if REQUIRE:
-        pytest.fail(reason + " but BRIMFUL_REQUIRE_CLIENTS is set")
-    pytest.skip(reason)
 
 
 # How Codex 0.171's compaction request begins (its last input item: codex-rs core's compact prompt).
@@ -132,7 +123,10 @@ def codex_loop(calls: int) -> ShellLoop:
     return ShellLoop("exec_command", {"cmd": "seq 1 600"}, calls)
 
 
-def test_codex_recognises_brimfuls_refusal_as_its_context_window_running_out(stack_for: Any) -> None:
+def test_codex_shows_brimfuls_refusal_of_a_turn_with_the_setting_that_makes_it_compact(stack_for: Any) -> None:
+    """A Codex turn (its x-codex-turn-metadata) is refused with a code Codex 0.171 does not take
+    for its window running out (proxy.admitted.codex): it shows the answer as vLLM's own 400,
+    and keeps its usage, so its next turn compacts."""
     need("codex")
     script = codex_loop(6)
     stack = stack_for(16384, script)
@@ -141,7 +135,10 @@ def test_codex_recognises_brimfuls_refusal_as_its_context_window_running_out(sta
     assert "exceeds this limit" in direct.stdout
     script.made = 0
     through = agent_cli.run_codex(stack.base_url + "/v1", MODEL, PROMPT)
-    assert "Codex ran out of room in the model's context window" in through.stdout
+    assert through.returncode != 0 and "ran out of room" not in through.stdout
+    shown = [e["message"] for e in through.events() if e.get("type") == "error"]
+    assert shown and json.loads(shown[-1])["error"]["code"] == "prompt_too_long"
+    assert "its config.toml sets model_context_window = 16384" in shown[-1]
     assert stack.recorder is not None and stack.recorder.records[-1].error_code == "context_length_exceeded"
 
 
@@ -154,7 +151,7 @@ def test_codex_compacts_within_a_turn_when_its_config_names_the_context_window(s
     script = codex_loop(6)
     stack = stack_for(16384, script)
     refused = agent_cli.run_codex(stack.base_url + "/v1", MODEL, PROMPT)
-    assert "Codex ran out of room in the model's context window" in refused.stdout and script.compactions == 0
+    assert "model_context_window = 16384" in refused.stdout and script.compactions == 0
     assert stack.recorder is not None
     before = len(stack.recorder.records)
     script.made = 0
@@ -167,6 +164,53 @@ def test_codex_compacts_within_a_turn_when_its_config_names_the_context_window(s
     assert all(r.prompt_tokens is not None and r.prompt_tokens < 16384 for r in records)
     assert all(r.upstream_prompt_tokens == r.prompt_tokens for r in records)     # counted exactly
     assert sum(r.prompt_tokens or 0 for r in records) > 2 * 16384                # the session outgrew the context
+
+
+CODEX_WINDOW = 31_000
+
+
+def codex_session(base_url: str, session: Path, sizes: list[int]) -> list[agent_cli.Run]:
+    """One `codex exec` (then `codex exec resume --last`) per turn, each a user prompt of about
+    `size` Qwen3 tokens, with `model_context_window` = max_model_len (docs/agents.md)."""
+    return [agent_cli.run_codex(base_url + "/v1", MODEL, f"Turn {i}: answer Done. {words(size)}",
+                                context_window=CODEX_WINDOW, session=session, resume=i > 0)
+            for i, size in enumerate(sizes)]
+
+
+@pytest.mark.slow       # two sessions of six `codex exec` runs: ~5 s at load 2 on 2 shared cores
+@pytest.mark.parametrize("jump", [8000, 14000])
+def test_codex_compacts_after_brimfuls_refusal_of_a_turn_at_least_as_after_vllms_own(
+        stack_for: Any, tmp_path: Path, jump: int) -> None:
+    """Three turns fit; the fourth jumps past max_model_len from below Codex's 90 % compaction mark,
+    and fails alone and through brimful alike; Codex 0.171 then compacts before the fifth.
+
+    Jumping 8,000 tokens, its compaction request fits: the sessions are the same. Jumping 14,000,
+    the compaction request itself (the history without the tools) is too long: vLLM's own 400
+    fails it, and every compaction after it, so the session is stuck; brimful's refusal of it
+    keeps OpenAI's `context_length_exceeded`, on which Codex drops its oldest items and sends it
+    again, and the session goes on. (Before brimful worded a turn's refusal for Codex, Codex reset
+    its usage on it and never compacted: the fifth and sixth turns were refused too.)"""
+    need("codex")
+    script = codex_loop(0)
+    stack = stack_for(CODEX_WINDOW, script)
+    sizes = [5000, 5000, 5000, jump, 20, 20]
+    alone = codex_session(stack.fake.base_url, tmp_path / "alone", sizes)
+    compactions_alone = script.compactions
+    through = codex_session(stack.base_url, tmp_path / "through", sizes)
+    assert [run.returncode for run in through] == [0, 0, 0, 1, 0, 0]
+    assert agent_cli.codex_compactions(tmp_path / "through") == script.compactions - compactions_alone == 1
+    if jump == 8000:
+        assert [run.returncode for run in alone] == [0, 0, 0, 1, 0, 0] and compactions_alone == 1
+    else:
+        assert [run.returncode for run in alone] == [0, 0, 0, 1, 1, 1] and compactions_alone == 0
+    assert stack.recorder is not None
+    records = stack.recorder.records
+    trims = len(records) - 7        # compaction requests refused, each sent again one item shorter
+    assert (trims == 0) if jump == 8000 else (trims >= 1)
+    # three turns, the fourth refused, [its compaction refused while too long], the compaction, two turns
+    assert [r.action for r in records] == ["pass"] * 3 + ["rejected"] * (1 + trims) + ["pass"] * 3
+    assert all(r.error_code == "context_length_exceeded" for r in records if r.action == "rejected")
+    assert all(r.upstream_prompt_tokens == r.prompt_tokens for r in records if r.action == "pass")
 
 
 def test_claude_code_session_goes_on_without_a_refusal_when_it_asks_for_trimming(stack_for: Any) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import threading
 import time
@@ -72,6 +73,9 @@ def stack(_shared_stack: Stack) -> Iterator[Stack]:
     fake.fail_next.clear()
     fake.engine_dead = False
     fake.tokens_per_second = None
+    if fake.stream_end_gate is not None:
+        fake.stream_end_gate.set()
+        fake.stream_end_gate = None
 
 
 
@@ -91,6 +95,10 @@ def sse_data(text: str) -> list[str]:
 
 def chat(max_tokens: int = 5, stream: bool = False, **extra: Any) -> dict[str, Any]:
     return {"model": "tiny-qwen", "messages": HELLO, "max_tokens": max_tokens, "stream": stream, **extra}
+
+
+def responses(max_output_tokens: int) -> dict[str, Any]:
+    return {"model": "tiny-qwen", "input": "Hello!", "max_output_tokens": max_output_tokens, "stream": True}
 
 
 def raw_http(port: int, request: bytes) -> socket.socket:
@@ -529,6 +537,31 @@ def test_client_disconnect_before_the_answer_closes_the_upstream_request(stack: 
     delay = _upstream_release_delay(stack, sock, before_chat)
     print(f"\n[G] client disconnect before the answer -> upstream closed: {delay * 1000:.1f} ms")
     assert delay < 2.0
+    assert stack.next_record(before).error_code == "client_disconnected"
+
+
+def test_a_client_that_leaves_after_the_streams_last_event_had_the_whole_answer(stack: Stack) -> None:
+    """Codex 0.171 closes the connection on `response.completed`; vLLM 0.32 may end the body
+    milliseconds later. Recorded before as client_disconnected (a Codex session on the real
+    vLLM); the answer was whole: the record has its usage and no error."""
+    gate = stack.fake.stream_end_gate = threading.Event()
+    before = len(stack.recorder.records)
+    sock = raw_http(stack.port, raw_post("/v1/responses", json.dumps(responses(5)).encode()))
+    data = read_until(sock, b'"type":"response.completed"')
+    while not re.search(rb'"type":"response\.completed".*\n\n', data, re.S):
+        data += sock.recv(65536)
+    sock.close()                         # the body's end is still held upstream
+    record = stack.next_record(before)
+    assert not gate.is_set()
+    assert (record.error_code, record.finish_reasons, record.completion_tokens) == (None, ["length"], 5)
+
+
+def test_a_client_that_leaves_before_the_streams_last_event_is_recorded_as_gone(stack: Stack) -> None:
+    stack.fake.tokens_per_second = 20                # 1,000 tokens would take 50 s
+    before = len(stack.recorder.records)
+    sock = raw_http(stack.port, raw_post("/v1/responses", json.dumps(responses(1000)).encode()))
+    read_until(sock, b"response.output_text.delta")
+    sock.close()
     assert stack.next_record(before).error_code == "client_disconnected"
 
 

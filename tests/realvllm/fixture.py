@@ -74,6 +74,21 @@ def parse_mode(value: str | None) -> str:
     raise pytest.UsageError(f"{MODE_ENV}={value!r}: expected auto, require or off")
 
 
+@contextlib.contextmanager
+def setup_or_skip(what: str = "real vLLM") -> Iterator[None]:
+    """Around a fixture's setup: ``BRIMFUL_REAL_VLLM=off`` skips before it; a `SetupError` in it
+    skips the tests that need `what`, or is the error itself under ``require``."""
+    mode = parse_mode(os.environ.get(MODE_ENV))
+    if mode == "off":
+        pytest.skip(f"{MODE_ENV}=off")
+    try:
+        yield
+    except SetupError as error:
+        if mode == "require":
+            raise
+        pytest.skip(f"{what} unavailable ({MODE_ENV}=require makes this an error): {error}")
+
+
 def prepare(log_dir: Path) -> tuple[Path, Path, dict[str, float]]:
     """Make sure the vLLM venv and the tiny model exist; return (python, model dir, timings)."""
     timings: dict[str, float] = {}
@@ -114,19 +129,12 @@ def real_vllm_pooling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Real
 
 
 def _serve(tmp_path_factory: pytest.TempPathFactory, name: str, extra: tuple[str, ...]) -> Iterator[RealVllm]:
-    mode = parse_mode(os.environ.get(MODE_ENV))
-    if mode == "off":
-        pytest.skip(f"{MODE_ENV}=off")
     log_dir = tmp_path_factory.mktemp(name)
     with contextlib.ExitStack() as stack:
-        try:
+        with setup_or_skip():
             python, model_dir, timings = prepare(log_dir)
             server = stack.enter_context(running_server(python, model_dir, log_dir / "vllm-server.log",
                                                         extra_args=extra))
-        except SetupError as error:
-            if mode == "require":
-                raise
-            pytest.skip(f"real vLLM unavailable ({MODE_ENV}=require makes this an error): {error}")
         timings["startup_s"] = server.startup_seconds
         yield RealVllm(
             base_url=server.base_url,

@@ -8,6 +8,12 @@ offline hub access and no usage statistics.
 
 All server output goes to a log file: a failed start shows its tail in the
 exception, a passing run keeps the test output clean.
+
+Every server starts under one lock file in the cache (`SERVER_LOCK`): while a
+process serves a real vLLM, another process on the machine waits before it
+starts one (two would share the cores and the memory, and each one's start
+and timing figures would be the other's too). A process's own servers share
+the lock (the session's server beside a module's, test_pools' two).
 """
 
 from __future__ import annotations
@@ -26,13 +32,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .venv import SetupError, log_tail, quiet_env
+from .locking import process_lock
+from .venv import SetupError, cache_root, log_tail, quiet_env
 
 LAUNCHER = Path(__file__).with_name("launcher.py")
 SERVED_MODEL_NAME = "tiny-qwen"
 MAX_MODEL_LEN = 2048
 KV_CACHE_BYTES = 64 * 1024 * 1024  # 2 layers x 2 KV heads x 32 x bf16 = 512 B/token -> 131,072 tokens
 HEALTH_TIMEOUT_S = 180.0
+SERVER_LOCK = ".real-vllm-server.lock"
 STOP_TIMEOUT_S = 30.0
 # The same tiny model as an embedding model: vLLM 0.32 then serves /v1/embeddings, /pooling,
 # /score and /rerank (and no generation routes), converting the causal LM's last hidden state.
@@ -188,16 +196,18 @@ def running_server(
     timeout: float = HEALTH_TIMEOUT_S,
     **options: Any,
 ) -> Iterator[RunningServer]:
-    """Start vLLM, wait for health, yield it, and always stop it (`options` go to `start_server`)."""
-    port = free_port()
-    started = time.monotonic()
-    process = start_server(python, model_dir, log_path, port, **options)
-    try:
-        base_url = f"http://127.0.0.1:{port}"
-        wait_until_healthy(process, base_url, log_path, timeout)
-        yield RunningServer(process, base_url, port, log_path, time.monotonic() - started)
-    finally:
-        stop_server(process)
+    """Start vLLM (once no other process serves one: `SERVER_LOCK`), wait for health, yield it,
+    and always stop it (`options` go to `start_server`)."""
+    with process_lock(cache_root() / SERVER_LOCK):
+        port = free_port()
+        started = time.monotonic()
+        process = start_server(python, model_dir, log_path, port, **options)
+        try:
+            base_url = f"http://127.0.0.1:{port}"
+            wait_until_healthy(process, base_url, log_path, timeout)
+            yield RunningServer(process, base_url, port, log_path, time.monotonic() - started)
+        finally:
+            stop_server(process)
 
 
 def process_tree_rss_bytes(pid: int) -> int:

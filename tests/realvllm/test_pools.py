@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,9 +20,8 @@ import pytest
 
 from proxy.app import BrimfulApp
 from proxy.config import Config, UpstreamConfig, UpstreamEntry
-from tests.realvllm.fixture import MODE_ENV, parse_mode, prepare
+from tests.realvllm.fixture import prepare, setup_or_skip
 from tests.realvllm.server import SERVED_MODEL_NAME, running_server
-from tests.realvllm.venv import SetupError
 from tests.support.servers import serve_in_thread
 from tests.support.stack import started_up
 
@@ -46,22 +44,15 @@ class TwoPools:
 
 @pytest.fixture(scope="module")
 def pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoPools]:
-    mode = parse_mode(os.environ.get(MODE_ENV))
-    if mode == "off":
-        pytest.skip(f"{MODE_ENV}=off")
     log_dir = tmp_path_factory.mktemp("realvllm-pools")
     with contextlib.ExitStack() as stack:
-        try:
+        with setup_or_skip():
             python, model_dir, _ = prepare(log_dir)
             # one after the other, each given time: the machine's cores are shared
             short = stack.enter_context(running_server(python, model_dir, log_dir / "short.log",
                                                        timeout=START_TIMEOUT_S, max_model_len=1024))
             long = stack.enter_context(running_server(python, model_dir, log_dir / "long.log",
                                                       timeout=START_TIMEOUT_S))
-        except SetupError as error:
-            if mode == "require":
-                raise
-            pytest.skip(f"real vLLM unavailable ({MODE_ENV}=require makes this an error): {error}")
         config = Config(upstream=UpstreamConfig(url=short.base_url, timeout=120.0),
                         upstreams=[UpstreamEntry(name="long", url=long.base_url)])
         app = BrimfulApp(config)

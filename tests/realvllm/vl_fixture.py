@@ -15,7 +15,6 @@ the same server. Neither flag changes anything else vLLM does.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from . import tiny_gemma3_vl_model, tiny_llava_model, tiny_vl_model
-from .fixture import MODE_ENV, SHARED_DIR, RealVllm, parse_mode
+from .fixture import SHARED_DIR, RealVllm, setup_or_skip
 from .locking import exclusive_lock
 from .server import MAX_MODEL_LEN, running_server
 from .venv import SetupError, cache_root, ensure_vllm_venv
@@ -47,13 +46,10 @@ def _serve(
     version: int,
     needs_torchvision: bool,
 ) -> Iterator[RealVllm]:
-    mode = parse_mode(os.environ.get(MODE_ENV))
-    if mode == "off":
-        pytest.skip(f"{MODE_ENV}=off")
     log_dir = tmp_path_factory.mktemp(served_name)
     timings: dict[str, float] = {}
     with contextlib.ExitStack() as stack:
-        try:
+        with setup_or_skip(f"real vLLM ({served_name})"):
             venv = ensure_vllm_venv(log_path=log_dir / "vllm-venv-install.log")
             env = {}
             if needs_torchvision:
@@ -77,10 +73,6 @@ def _serve(
                     extra_env=env,
                 )
             )
-        except SetupError as error:
-            if mode == "require":
-                raise
-            pytest.skip(f"real vLLM ({served_name}) unavailable ({MODE_ENV}=require makes this an error): {error}")
         timings["startup_s"] = server.startup_seconds
         yield RealVllm(
             base_url=server.base_url,

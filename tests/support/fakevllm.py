@@ -1341,6 +1341,11 @@ class FakeVLLM:
       script(surface, body) -> Reply: chat, Responses and Messages answer this reply (text, tool
         calls; cut at the limit) instead of the run of `completion_text_token`, so an agent's loop
         goes on (tests/support/agent_replies.py).
+
+    `stream_end_gate` (a threading.Event, None by default) holds every stream's end: its events
+    are sent, the body's end only once the gate is set (or the client leaves). vLLM 0.32 leaves
+    such a gap by itself, milliseconds long (9 ms between `response.completed` and the end of
+    the body, measured on a first request), which a client that closes on its last event meets.
     """
 
     def __init__(self, *, model: str = "tiny-qwen", max_model_len: int = 2048,
@@ -1360,6 +1365,7 @@ class FakeVLLM:
         self.completion_text_token = completion_text_token
         self.detokenize = detokenize
         self.metrics_text: str | None = None
+        self.stream_end_gate: threading.Event | None = None
         self.record = record
         self.cards: list[dict] = [{"id": model, "root": root, "parent": None, "max_model_len": max_model_len}]
         for extra in extra_models or []:
@@ -1689,6 +1695,16 @@ class FakeVLLM:
             f.cancel()
         raise _Disconnected()
 
+    async def _hold(self, conn: _Connection, gate: threading.Event) -> None:
+        """Until `gate` is set; the client leaving first is a disconnect."""
+        await conn.drain()
+        opened = asyncio.ensure_future(asyncio.to_thread(gate.wait))
+        gone = asyncio.ensure_future(conn.closed_event.wait())
+        await asyncio.wait({opened, gone}, return_when=asyncio.FIRST_COMPLETED)
+        gone.cancel()
+        if not opened.done():
+            raise _Disconnected()
+
     def _send(self, conn: _Connection, record: RecordedRequest, status: int, body: bytes,
               content_type: str | None, extra: dict[str, str] | None = None) -> None:
         record.status = status
@@ -1880,6 +1896,9 @@ class FakeVLLM:
                 self._flush(conn, pending)
                 await conn.drain()
         else:
+            if self.stream_end_gate is not None:
+                self._flush(conn, pending)
+                await self._hold(conn, self.stream_end_gate)
             pending.append(b"0\r\n\r\n")
             self._flush(conn, pending)
         with self._cond:
