@@ -7,7 +7,8 @@ answers each turn with a shell tool call whose output (`seq 1 600`, ~2,340
 Qwen3 tokens) grows the conversation, as vLLM 0.32 validates and limits it.
 Each test shows the same CLI against the fake alone beside it.
 
-Skipped when a CLI is not installed, unless BRIMFUL_REQUIRE_CLIENTS is set
+The multi-turn sessions are in the slow tier; the fast tier runs each CLI's reading of
+brimful's refusal. Skipped when a CLI is not installed, unless BRIMFUL_REQUIRE_CLIENTS is set
 (CI), where a missing CLI fails.
 """
 
@@ -83,6 +84,7 @@ def claude_session(stack_for: Any, max_model_len: int, calls: int, **config: Any
 PROMPT = "Count to six hundred with the Bash tool, several times."
 
 
+@pytest.mark.slow       # a whole session of a real CLI (node): 2-4 s of CPU each
 def test_claude_code_fails_against_vllm_alone_and_completes_a_session_that_outgrows_the_context(stack_for: Any,
                                                                                                  ) -> None:
     need("claude")
@@ -213,6 +215,7 @@ def test_codex_compacts_after_brimfuls_refusal_of_a_turn_at_least_as_after_vllms
     assert all(r.upstream_prompt_tokens == r.prompt_tokens for r in records if r.action == "pass")
 
 
+@pytest.mark.slow       # a whole session of a real CLI (node): 2-4 s of CPU each
 def test_claude_code_session_goes_on_without_a_refusal_when_it_asks_for_trimming(stack_for: Any) -> None:
     """ANTHROPIC_CUSTOM_HEADERS sends x-brimful-trim: the oldest tool rounds go instead of a refusal."""
     need("claude")
@@ -229,6 +232,7 @@ def test_claude_code_session_goes_on_without_a_refusal_when_it_asks_for_trimming
     assert all((r.granted_max_tokens or 0) >= 3000 for r in trimmed)              # with the floor
 
 
+@pytest.mark.slow       # a whole session of a real CLI (node): 2-4 s of CPU each
 def test_codex_session_completes_when_its_provider_asks_for_trimming(stack_for: Any) -> None:
     """Codex sends no max_output_tokens; its provider's http_headers carry x-brimful-trim."""
     need("codex")
@@ -245,6 +249,7 @@ def test_codex_session_completes_when_its_provider_asks_for_trimming(stack_for: 
     assert all(r.prompt_tokens is not None and r.prompt_tokens < 16384 for r in trimmed)
 
 
+@pytest.mark.slow       # a whole session of a real CLI (node): 2-4 s of CPU each
 def test_ai_sdk_tool_loop_through_brimful_refuses_in_openais_words_or_goes_on_when_trimming(stack_for: Any) -> None:
     """The AI SDK (`generateText` with a tool, @ai-sdk/openai-compatible: chat completions) asks
     maxOutputTokens 16,384 of an 8,192 model: vLLM alone refuses its first step. Through brimful
