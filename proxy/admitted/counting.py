@@ -59,8 +59,10 @@ from tokenizer_cache import (
     PieceCountCache,
     TokenizerCache,
     default_build_cache_dir,
+    encoded_chars,
     find_tokenizer_dir,
     loader_for_vllm,
+    start_encode_meter,
     use_build_store,
 )
 from tokenizer_cache import char_bound as tokenizer_char_bound
@@ -116,7 +118,9 @@ RENDER_BYTES_PER_BODY_BYTE = 16
 # A count of many inputs (embeddings) goes in slices of at most this share of the budget each.
 SLICES_PER_BUDGET = 8
 # Counts (and refusals) of larger bodies give their freed heap back: malloc_trim
-# took 1.7 ms after a 250 KB prompt, 10.6 ms after 4 MB, on the counting thread.
+# took 1.7 ms after a 250 KB prompt, 10.6 ms after 4 MB, on the counting thread.  The
+# encode is what costs the memory (95-240 MiB per MB encoded), so a count that encoded at
+# most this many characters (the new turn of a conversation counted before) does not trim.
 TRIM_ABOVE_BYTES = 128 * 1024
 _libc: Any = None
 
@@ -685,11 +689,17 @@ PARITY_PROBES: dict[str, dict[str, Any]] = {
 
 
 def _call_and_trim(count: Callable[[], _T], trim: bool) -> _T:
+    """`count()`, then the heap handed back when the body was large, unless the count is known to
+    have encoded little: a conversation whose earlier turns were counted before encodes only its new
+    pieces (tokenizer_cache's meter), and trimming after each turn cost more than the count."""
+    start_encode_meter()
     try:
         return count()
     finally:
         if trim:
-            _trim_heap()
+            encoded = encoded_chars()
+            if encoded is None or encoded > TRIM_ABOVE_BYTES:
+                _trim_heap()
 
 
 def _check_and_trim(surface: Surface, tok: CountingModel, body: dict[str, Any], bound: int, max_model_len: int,
