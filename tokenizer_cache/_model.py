@@ -293,18 +293,24 @@ class ModelTokenizer:
                     bound: int | None, max_model_len: int | None) -> tuple[PieceTally, int] | None:
         """(count, characters) of a long chat from the iterations of its message loop rendered before
         (`_render_memo`), or None to render it whole: no proof for the template, no piece counter,
-        a short chat, `continue_final_message` (cut by the final message's text), or the memo gave up."""
+        a short chat, the first chat seen with its opening (`_render_memo.seen`), `continue_final_message`
+        (cut by the final message's text), or the memo gave up."""
         proof, counter = template.loop_proof, self._piece_counter
         key = self._template_keys.get(template.name)
         if proof is None or counter is None or key is None or options.continue_final_message:
             return None
-        if message_chars(variables["messages"]) < _piece_count.PREFIX_MIN_CHARS:
+        messages = variables["messages"]
+        if message_chars(messages) < _piece_count.PREFIX_MIN_CHARS:
+            return None
+        if not _render_memo.seen(counter.cache, key, messages):
             return None
         done = _render_memo.render(proof, variables, key, counter.cache)
         if done is None or (done.reused and done.text and not counter.starts_with_cut(done.text)):
             return None
         chars = done.prefix_chars + len(done.text)
         check_chars(chars, bound, max_model_len)
+        if not done.reused and not done.spans:     # the memo went off: counted as a text
+            return self.tally_text(done.text, add_special_tokens=options.add_special_tokens), chars
         tally = _render_memo.tally(done, counter, self._loop_cut_tokens(template))
         specials = counter.specials if options.add_special_tokens else 0
         return dataclasses.replace(tally, tokens=tally.tokens + specials), chars

@@ -182,6 +182,7 @@ class PieceCountCache:
         self.traces = TraceTable(max_entries // PREFIX_ENTRIES_PER_PIECE, self._lock)
         self.loop_cuts: BoundedTable[tuple[int, int, int]] = BoundedTable(
             max_entries // PREFIX_ENTRIES_PER_PIECE, self._lock)
+        self.openings: BoundedTable[bool] = BoundedTable(max_entries // PREFIX_ENTRIES_PER_PIECE, self._lock)
 
     def get_many(self, keys: Sequence[bytes]) -> list[int | None]:
         """The cached count of each key (None when absent); hits become most recent."""
@@ -230,3 +231,4 @@ class PieceCountCache:
         self.prefixes.clear()
         self.traces.clear()
         self.loop_cuts.clear()
+        self.openings.clear()

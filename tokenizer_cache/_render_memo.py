@@ -88,6 +88,24 @@ def message_digest(message: Any) -> bytes:
     return hashlib.sha256(data).digest()[:_DIGEST]
 
 
+def seen(cache: PieceCountCache, base_key: bytes, messages: list[Any]) -> bool:
+    """Whether a chat of this template and tokenizer opening with this first message came before.
+
+    The first such chat is rendered whole, unrecorded: recording costs a digest
+    of every message and a hook per read, which only pays when the conversation
+    comes back one turn longer (an agent), not for a long prompt seen once.
+    Only when to record depends on it, never a count."""
+    try:
+        opening = orjson.dumps(messages[0], option=_ORJSON_STRICT) if messages else b""
+    except TypeError:
+        return True
+    key = _chain(base_key, opening)
+    if cache.openings.get(key) is not None:
+        return True
+    cache.openings.put_many([(key, True)])
+    return False
+
+
 def _text_digest(text: str) -> bytes:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:_DIGEST]
 

@@ -284,3 +284,14 @@ def test_an_edited_turn_is_rendered_again(tmp_path: Path) -> None:
     edited = copy.deepcopy(bodies[-1])
     edited["messages"][2]["content"] = str(edited["messages"][2].get("content")) + "!"
     assert memo.count_chat(edited) == full.count_chat(edited)
+
+
+def test_the_first_chat_of_an_opening_is_not_recorded(tmp_path: Path) -> None:
+    """Recording pays only when a conversation comes back: a long prompt seen once costs no digests;
+    the same opening again is recorded, and one turn longer reuses it."""
+    full, memo = _qwen3(tmp_path)
+    bodies = agent_session(random.Random(11), tools=True, reasoning=True, steps=3)
+    traces = memo.piece_counter.cache.traces
+    assert memo.count_chat(bodies[0]) == full.count_chat(bodies[0]) and len(traces) == 0
+    assert memo.count_chat(bodies[0]) == full.count_chat(bodies[0]) and len(traces) > 0
+    assert memo.count_chat(bodies[1]) == full.count_chat(bodies[1]) and traces.skipped > 0
