@@ -659,14 +659,15 @@ def _trims(monkeypatch: pytest.MonkeyPatch, count: Any) -> int:
 
     calls: list[int] = []
     monkeypatch.setattr(counting, "_trim_heap", lambda: calls.append(1))
-    counting._call_and_trim(count, True)
+    counting._call_and_trim(count, 1_000_000)
     return len(calls)
 
 
 def test_a_count_that_encoded_little_does_not_trim_the_heap(monkeypatch: pytest.MonkeyPatch) -> None:
     """malloc_trim after every turn of a long conversation cost more than counting it: the encode is
-    what grows the heap, so a count that encoded only a new turn's pieces leaves the heap as it is;
-    one that encoded much, or whose encoding is not metered (no piece cache), still trims."""
+    what grows the heap, so a count that encoded only a new turn's pieces leaves the heap as it is
+    (until TRIM_EVERY_BYTES of such bodies went by); one that encoded much, or whose encoding is not
+    metered (no piece cache), still trims."""
     from proxy.admitted import counting
     from tokenizer_cache import PieceCountCache
 
@@ -682,3 +683,6 @@ def test_a_count_that_encoded_little_does_not_trim_the_heap(monkeypatch: pytest.
     grown = {"messages": [*history, {"role": "assistant", "content": "short"}]}
     assert _trims(monkeypatch, lambda: pieces.count_chat(grown)) == 0         # only the new turn encoded
     assert _trims(monkeypatch, lambda: whole.count_chat(grown)) == 1          # not metered: unknown
+    monkeypatch.setattr(counting, "TRIM_EVERY_BYTES", 2_500_000)               # and after 2.5 bodies that did not
+    monkeypatch.setattr(counting, "_untrimmed_bytes", 0)
+    assert [_trims(monkeypatch, lambda: pieces.count_chat(grown)) for _ in range(4)] == [0, 0, 0, 1]
