@@ -7,7 +7,11 @@ the piece's length (about 140-170 bytes; bench/multiturn_bench.py measures it).
 
 Beside it, `prefixes` (`PrefixCounts`): digests of long texts' prefixes at
 proven cuts and their counts (`_prefix_count`), a quarter as many entries,
-about 250 bytes each (16,384 by default: ~4 MiB).
+about 250 bytes each (16,384 by default: ~4 MiB).  For chats rendered through
+their proven message loop (`_render_memo`): `traces`, what each iteration read,
+an eighth as many (8,192: ~1 KiB each, ~8 MiB), `loop_cuts`, the count at each
+iteration's last cut, and `openings`, the first messages seen, a quarter as many
+(~150 bytes each, ~2.5 MiB each).  All hold digests and numbers, never text.
 
 Lookups and inserts come in batches (all pieces of one prompt) under one lock
 acquisition, and the lock is never held while encoding: the proxy counts
@@ -26,6 +30,8 @@ V = TypeVar("V")
 DEFAULT_MAX_ENTRIES = 65_536
 # Piece entries per prefix entry: a turn adds a few prefixes but dozens of pieces.
 PREFIX_ENTRIES_PER_PIECE = 4
+# Piece entries per trace (`_render_memo`): a trace is ~1 KiB (its reads' digests), a piece ~170 B.
+TRACE_ENTRIES_PER_PIECE = 8
 
 
 @dataclass(frozen=True)
@@ -179,7 +185,7 @@ class PieceCountCache:
         self.prefixes = PrefixCounts(max_entries // PREFIX_ENTRIES_PER_PIECE, self._lock)
         # What each iteration of a proven message loop read, by the chain key before it, and the
         # counts at the last cut of each iteration rendered, by the chain key after it (`_render_memo`).
-        self.traces = TraceTable(max_entries // PREFIX_ENTRIES_PER_PIECE, self._lock)
+        self.traces = TraceTable(max_entries // TRACE_ENTRIES_PER_PIECE, self._lock)
         self.loop_cuts: BoundedTable[tuple[int, int, int]] = BoundedTable(
             max_entries // PREFIX_ENTRIES_PER_PIECE, self._lock)
         self.openings: BoundedTable[bool] = BoundedTable(max_entries // PREFIX_ENTRIES_PER_PIECE, self._lock)
