@@ -73,21 +73,6 @@ class Unmemoisable(Exception):
     """This render cannot be recorded or replayed: render the chat whole."""
 
 
-def message_digest(message: Any) -> bytes:
-    """A message's digest: equal digests, equal messages.
-
-    orjson writes every JSON value apart (1, 1.0 and true; key order; escapes) and
-    refuses subclasses, dataclasses and dates here (and integers past 64 bits: such
-    a chat is rendered whole).  A message is JSON data (what a request body parses
-    to, or brimful's conversion of one), as for the chat-count cache
-    (`_chat_cache.inputs_digest`): both would write a tuple as a list."""
-    try:
-        data = orjson.dumps(message, option=_ORJSON_STRICT)
-    except TypeError:       # an integer past 64 bits, or not JSON data
-        raise Unmemoisable("a message orjson does not write") from None
-    return hashlib.sha256(data).digest()[:_DIGEST]
-
-
 def seen(cache: PieceCountCache, base_key: bytes, messages: list[Any]) -> bool:
     """Whether a chat of this template and tokenizer opening with this first message came before.
 
@@ -157,14 +142,24 @@ class _Values:
     def __init__(self, messages: list[Any]) -> None:
         self.messages = messages
         self.ids = {id(message): index for index, message in enumerate(messages)}
-        self._digests: list[bytes | None] = [None] * len(messages)
+        self._digests: list[bytes] = []
+
+    def digest_all(self) -> None:
+        """Every message's digest, in one pass: a render through the memo reads them all (the
+        iterations' own, or their neighbours').  Equal digests, equal messages: orjson writes every
+        JSON value apart (1, 1.0 and true; key order; escapes) and refuses subclasses, dataclasses
+        and dates here (and integers past 64 bits: such a chat is rendered whole).  A message is
+        JSON data (what a request body parses to, or brimful's conversion of one), as for the
+        chat-count cache (`_chat_cache.inputs_digest`): both would write a tuple as a list."""
+        dumps, sha256 = orjson.dumps, hashlib.sha256
+        try:
+            self._digests = [sha256(dumps(message, option=_ORJSON_STRICT)).digest()[:_DIGEST]
+                             for message in self.messages]
+        except TypeError:
+            raise Unmemoisable("a message orjson does not write") from None
 
     def digest(self, index: int) -> bytes:
-        """The digest of message `index`, made once per render."""
-        digest = self._digests[index]
-        if digest is None:
-            digest = self._digests[index] = message_digest(self.messages[index])
-        return digest
+        return self._digests[index]
 
     def item(self, value: Any) -> Any:
         index = self.ids.get(id(value))
@@ -337,6 +332,7 @@ class Recorder:
         self._iterated = iterated
         self._positions = [self.values.ids[id(item)] for item in iterated]
         try:
+            self.values.digest_all()
             outer = self._outer_key()
         except Unmemoisable:
             self._mode = "off"
