@@ -295,3 +295,22 @@ def test_the_first_chat_of_an_opening_is_not_recorded(tmp_path: Path) -> None:
     assert memo.count_chat(bodies[0]) == full.count_chat(bodies[0]) and len(traces) == 0
     assert memo.count_chat(bodies[0]) == full.count_chat(bodies[0]) and len(traces) > 0
     assert memo.count_chat(bodies[1]) == full.count_chat(bodies[1]) and traces.skipped > 0
+
+
+def test_responses_and_messages_histories_go_through_the_memo(tmp_path: Path) -> None:
+    """Responses and Messages are counted as the chat they convert to, so their histories skip the
+    turns rendered before too, with a full count's result."""
+    full, memo = _qwen3(tmp_path)
+    rng = random.Random(12)
+    items: list[dict[str, Any]] = [{"role": "user", "content": _text(rng, 80, 120)}]
+    turns: list[dict[str, Any]] = [{"role": "user", "content": _text(rng, 80, 120)}]
+    for _ in range(8):
+        items += [{"type": "message", "role": "assistant", "content": [
+            {"type": "output_text", "text": _text(rng, 5, 60)}]}, {"role": "user", "content": _text(rng, 5, 60)}]
+        turns += [{"role": "assistant", "content": [{"type": "text", "text": _text(rng, 5, 60)}]},
+                  {"role": "user", "content": [{"type": "text", "text": _text(rng, 5, 60)}]}]
+        responses = {"model": "m", "instructions": "Be brief.", "input": copy.deepcopy(items)}
+        messages = {"model": "m", "max_tokens": 100, "system": "Be brief.", "messages": copy.deepcopy(turns)}
+        assert memo.count_responses(responses) == full.count_responses(responses)
+        assert memo.count_messages(messages) == full.count_messages(messages)
+    assert memo.piece_counter.cache.traces.skipped >= 10
