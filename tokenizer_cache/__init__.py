@@ -44,7 +44,7 @@ from ._mistral import MistralTokenizer
 from ._model import ModelTokenizer, load_model_tokenizer
 from ._piece_cache import DEFAULT_MAX_ENTRIES as DEFAULT_PIECE_CACHE_ENTRIES
 from ._piece_cache import PieceCacheStats, PieceCountCache
-from ._piece_count import PieceCounter, PieceTally
+from ._piece_count import PieceCounter, PieceTally, encoded_chars, start_encode_meter
 from ._protocol import CountingModel
 from ._responses import count_responses
 from ._responses import to_chat_request as responses_to_chat
@@ -75,10 +75,12 @@ __all__ = [
     "count_responses",
     "default_build_cache_dir",
     "detect_family",
+    "encoded_chars",
     "find_tokenizer_dir",
     "holds_tokenizer",
     "load_model_tokenizer",
     "loader_for_vllm",
     "responses_to_chat",
+    "start_encode_meter",
     "use_build_store",
 ]

@@ -20,7 +20,9 @@ import jinja2
 import jinja2.ext
 import jinja2.nodes
 import jinja2.parser
+from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import Namespace
 
 
 class _GenerationBlock(jinja2.ext.Extension):
@@ -64,6 +66,9 @@ _DICT_ATTRIBUTES = frozenset(dir(dict))
 # str's public methods the sandbox hands out as they are: not private, not `format`/`format_map`
 # (which it wraps), and str is immutable, so none is refused as modifying.
 _STR_METHODS = frozenset(name for name in dir(str) if not name.startswith("_")) - {"format", "format_map"}
+# A LoopContext's public attributes (what templates read as `loop.<name>`).
+_LOOP_ATTRIBUTES = frozenset({"index", "index0", "revindex", "revindex0", "first", "last", "length", "depth",
+                              "depth0", "previtem", "nextitem", "cycle", "changed"})
 
 
 class _ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
@@ -95,7 +100,8 @@ class _ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
         dict's (an instance has no `__dict__`), so the subscript comes first
         for those names, with the same undefined when the key is missing.
         Likewise `content.startswith` on an exact `str`: the sandbox would find
-        the method, see it is no `format`, judge it safe and hand it out."""
+        the method, see it is no `format`, judge it safe and hand it out; and
+        `loop.index0` or `ns.flag` (`_plain_getattr`)."""
         kind = type(obj)
         if kind is dict and attribute not in _DICT_ATTRIBUTES:
             try:
@@ -104,7 +110,20 @@ class _ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
                 return self.undefined(obj=obj, name=attribute)
         if kind is str and attribute in _STR_METHODS:
             return getattr(obj, attribute)
+        if (kind is LoopContext and attribute in _LOOP_ATTRIBUTES) or (kind is Namespace and attribute[:1] != "_"):
+            return self._plain_getattr(obj, attribute)
         return super().getattr(obj, attribute)
+
+    def _plain_getattr(self, obj: Any, attribute: str) -> Any:
+        """`loop.index0`, `ns.flag`: the sandbox would find the attribute (a namespace's, or undefined
+        when it has none: it cannot be subscribed), wrap it only if it were a string's `format`, and
+        judge it safe (not private, not internal, neither type mutable): the same, without the checks."""
+        try:
+            value = getattr(obj, attribute)
+        except AttributeError:
+            return self.undefined(obj=obj, name=attribute)
+        wrapped = self.wrap_str_format(value)
+        return value if wrapped is None else wrapped
 
     def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
         key = (type(obj), attr)

@@ -10,6 +10,7 @@ counting then only validates the request, renders and encodes.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import hashlib
 import json
@@ -26,7 +27,7 @@ import jinja2
 import jinja2.meta
 from tokenizers import Tokenizer
 
-from . import _anthropic, _chat, _completion, _responses
+from . import _anthropic, _chat, _completion, _piece_count, _render_memo, _responses
 from ._build_store import build_store
 from ._char_bound import (
     char_bound,
@@ -61,6 +62,7 @@ from ._harmony import HarmonyOptions
 from ._image_size import image_size
 from ._jinja import compile_template, parse_template
 from ._loader import TRANSFORMERS5, BuiltBackend, LoaderUnavailable, build_transformers5, resolve_loader
+from ._loop_proof import LoopProof, NotProven, prove_loop
 from ._media import MediaItem, MediaModel, load_media_model
 from ._piece_cache import PieceCountCache
 from ._piece_count import PieceCounter, PieceTally
@@ -93,6 +95,7 @@ class ChatTemplate:
     knows_developer: bool  # mentions the "developer" role, so keeps it
     pure: bool = False  # renders depend on the inputs alone (`_chat_cache.is_pure`)
     floor: TemplateFloor | None = None  # the fewest characters it renders, by roles (`_template_floor`)
+    loop_proof: LoopProof | None = None  # its message loop, proven to skip unchanged turns (`_loop_proof`)
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,15 @@ def _compile(name: str, source: str, where: pathlib.Path) -> ChatTemplate:
         knows_developer='"developer"' in source or "'developer'" in source,
         pure=is_pure(ast),
         floor=TemplateFloor(ast),
+        loop_proof=_loop_proof(source),
     )
+
+
+def _loop_proof(source: str) -> LoopProof | None:
+    try:
+        return prove_loop(source)
+    except NotProven:
+        return None
 
 
 def _template_sources(directory: pathlib.Path, config: Mapping[str, Any]) -> dict[str, str]:
@@ -228,6 +239,7 @@ class ModelTokenizer:
         }
         self._merges_inline_system: bool | None = None
         self._disabled_thinking_effort: str | None = None
+        self._cut_tokens_by_template: dict[str, tuple[str, ...]] = {}
 
     # -- public ----------------------------------------------------------
 
@@ -260,6 +272,12 @@ class ModelTokenizer:
                 tokens, chars = hit
                 check_chars(chars, bound, max_model_len)
                 return PieceTally(tokens=tokens, pieces=0, added_tokens=0, encoded_pieces=0, encoded_tokens=0)
+        memo = None if media else self._tally_memo(template, variables, options, bound, max_model_len)
+        if memo is not None:
+            if digest is not None:
+                assert self._chat_cache is not None
+                self._chat_cache.put(digest, memo[0].tokens, memo[1])
+            return memo[0]
         text = render(template.compiled, variables, continue_final_message=options.continue_final_message)
         check_chars(len(text), bound, max_model_len)
         if media:
@@ -270,6 +288,41 @@ class ModelTokenizer:
             assert self._chat_cache is not None
             self._chat_cache.put(digest, tally.tokens, len(text))
         return tally
+
+    def _tally_memo(self, template: ChatTemplate, variables: dict[str, Any], options: _chat.ChatOptions,
+                    bound: int | None, max_model_len: int | None) -> tuple[PieceTally, int] | None:
+        """(count, characters) of a long chat from the iterations of its message loop rendered before
+        (`_render_memo`), or None to render it whole: no proof for the template, no piece counter,
+        a short chat, the first chat seen with its opening (`_render_memo.seen`), `continue_final_message`
+        (cut by the final message's text), or the memo gave up."""
+        proof, counter = template.loop_proof, self._piece_counter
+        key = self._template_keys.get(template.name)
+        if proof is None or counter is None or key is None or options.continue_final_message:
+            return None
+        messages = variables["messages"]
+        if message_chars(messages) < _piece_count.PREFIX_MIN_CHARS:
+            return None
+        if not _render_memo.seen(counter.cache, key, messages):
+            return None
+        done = _render_memo.render(proof, variables, key, counter.cache)
+        if done is None or (done.reused and done.text and not counter.starts_with_cut(done.text)):
+            return None
+        chars = done.prefix_chars + len(done.text)
+        check_chars(chars, bound, max_model_len)
+        if not done.reused and not done.spans:     # the memo went off: counted as a text
+            return self.tally_text(done.text, add_special_tokens=options.add_special_tokens), chars
+        tally = _render_memo.tally(done, counter, self._loop_cut_tokens(template))
+        specials = counter.specials if options.add_special_tokens else 0
+        return dataclasses.replace(tally, tokens=tally.tokens + specials), chars
+
+    def _loop_cut_tokens(self, template: ChatTemplate) -> tuple[str, ...]:
+        """The cut tokens (`_prefix_count`) the template's source writes: searched for in an iteration's text."""
+        found = self._cut_tokens_by_template.get(template.name)
+        if found is None:
+            assert self._piece_counter is not None
+            found = tuple(token for token in self._piece_counter.cut_tokens() if token in template.source)
+            self._cut_tokens_by_template[template.name] = found
+        return found
 
     def _chat_digest(self, template: ChatTemplate, variables: dict[str, Any], add_special_tokens: bool) -> bytes | None:
         key = self._template_keys.get(template.name) if self._chat_cache is not None else None

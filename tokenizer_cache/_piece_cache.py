@@ -7,7 +7,11 @@ the piece's length (about 140-170 bytes; bench/multiturn_bench.py measures it).
 
 Beside it, `prefixes` (`PrefixCounts`): digests of long texts' prefixes at
 proven cuts and their counts (`_prefix_count`), a quarter as many entries,
-about 250 bytes each (16,384 by default: ~4 MiB).
+about 250 bytes each (16,384 by default: ~4 MiB).  For chats rendered through
+their proven message loop (`_render_memo`): `traces`, what each iteration read,
+an eighth as many (8,192: ~1 KiB each, ~8 MiB), `loop_cuts`, the count at each
+iteration's last cut, and `openings`, the first messages seen, a quarter as many
+(~150 bytes each, ~2.5 MiB each).  All hold digests and numbers, never text.
 
 Lookups and inserts come in batches (all pieces of one prompt) under one lock
 acquisition, and the lock is never held while encoding: the proxy counts
@@ -20,10 +24,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
+V = TypeVar("V")
 DEFAULT_MAX_ENTRIES = 65_536
 # Piece entries per prefix entry: a turn adds a few prefixes but dozens of pieces.
 PREFIX_ENTRIES_PER_PIECE = 4
+# Piece entries per trace (`_render_memo`): a trace is ~1 KiB (its reads' digests), a piece ~170 B.
+TRACE_ENTRIES_PER_PIECE = 8
 
 
 @dataclass(frozen=True)
@@ -40,19 +48,68 @@ class PieceCacheStats:
     prefix_misses: int = 0
 
 
-class PrefixCounts:
-    """digest of a text's prefix → (its length in characters, its tokens): see `_prefix_count`.
-
-    A bounded LRU like the piece table, under the piece table's lock (one
-    acquisition per prompt for both).  A prompt looks up all its cut points
-    at once and keeps the longest hit: the hits of one prompt are prefixes of
-    each other, so evicting a shorter one never makes a longer one wrong.
-    """
+class BoundedTable(Generic[V]):
+    """digest → value, a bounded LRU under a lock it shares with the piece table (one acquisition
+    per prompt for all of them)."""
 
     def __init__(self, max_entries: int, lock: threading.Lock) -> None:
         self.max_entries = max(1, max_entries)
         self._lock = lock
-        self._entries: OrderedDict[bytes, tuple[int, int]] = OrderedDict()
+        self._entries: OrderedDict[bytes, V] = OrderedDict()
+
+    def get(self, key: bytes) -> V | None:
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+            return found
+
+    def peek(self, key: bytes) -> V | None:
+        """The value without the lock and without marking it recent (a dict read is atomic under
+        the GIL): for a walk over many entries, which `touch`es those it used once at the end."""
+        return self._entries.get(key)
+
+    def touch(self, keys: Iterable[bytes]) -> None:
+        """Mark these entries (those still here) most recently used."""
+        with self._lock:
+            entries = self._entries
+            for key in keys:
+                if key in entries:
+                    entries.move_to_end(key)
+
+    def put_many(self, items: Iterable[tuple[bytes, V]]) -> None:
+        with self._lock:
+            for key, value in items:
+                self._put(key, value)
+            self._trim()
+
+    def _put(self, key: bytes, value: V) -> None:
+        self._entries[key] = value
+        self._entries.move_to_end(key)
+
+    def _trim(self) -> None:
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+class PrefixCounts(BoundedTable[tuple[int, int]]):
+    """digest of a text's prefix → (its length in characters, its tokens): see `_prefix_count`.
+
+    A prompt looks up all its cut points at once and keeps the longest hit:
+    the hits of one prompt are prefixes of each other, so evicting a shorter
+    one never makes a longer one wrong.
+    """
+
+    def __init__(self, max_entries: int, lock: threading.Lock) -> None:
+        super().__init__(max_entries, lock)
         self.hits = 0
         self.misses = 0
 
@@ -71,23 +128,46 @@ class PrefixCounts:
             self.misses += 1
             return -1, 0
 
-    def put_many(self, items: Iterable[tuple[bytes, int, int]]) -> None:
+    def clear(self) -> None:
+        super().clear()
         with self._lock:
-            entries = self._entries
-            for key, chars, tokens in items:
-                entries[key] = (chars, tokens)
-                entries.move_to_end(key)
-            while len(entries) > self.max_entries:
-                entries.popitem(last=False)
+            self.hits = self.misses = 0
 
-    def __len__(self) -> int:
+
+@dataclass(frozen=True)
+class Trace:
+    """What one iteration of a proven message loop read and wrote, in order, and the chain key
+    of the text after it (`_render_memo`)."""
+
+    events: tuple[tuple[Any, ...], ...]
+    key: bytes
+
+
+# Traces kept per chain key (one iteration read differently, e.g. `loop.last` then and now).
+MAX_VARIANTS = 4
+
+
+class TraceTable(BoundedTable[tuple[Trace, ...]]):
+    """chain key before an iteration → the traces recorded there (`_render_memo`)."""
+
+    def __init__(self, max_entries: int, lock: threading.Lock) -> None:
+        super().__init__(max_entries, lock)
+        self.skipped = 0        # iterations not rendered since creation
+        self.rendered = 0       # iterations rendered and recorded
+
+    def add(self, items: Sequence[tuple[bytes, Trace]], skipped: int) -> None:
         with self._lock:
-            return len(self._entries)
+            for key, trace in items:
+                known = self._entries.get(key, ())
+                self._put(key, known if trace in known else (trace, *known[: MAX_VARIANTS - 1]))
+            self._trim()
+            self.skipped += skipped
+            self.rendered += len(items)
 
     def clear(self) -> None:
+        super().clear()
         with self._lock:
-            self._entries.clear()
-            self.hits = self.misses = 0
+            self.skipped = self.rendered = 0
 
 
 class PieceCountCache:
@@ -103,6 +183,12 @@ class PieceCountCache:
         self._misses = 0
         self._evictions = 0
         self.prefixes = PrefixCounts(max_entries // PREFIX_ENTRIES_PER_PIECE, self._lock)
+        # What each iteration of a proven message loop read, by the chain key before it, and the
+        # counts at the last cut of each iteration rendered, by the chain key after it (`_render_memo`).
+        self.traces = TraceTable(max_entries // TRACE_ENTRIES_PER_PIECE, self._lock)
+        self.loop_cuts: BoundedTable[tuple[int, int, int]] = BoundedTable(
+            max_entries // PREFIX_ENTRIES_PER_PIECE, self._lock)
+        self.openings: BoundedTable[bool] = BoundedTable(max_entries // PREFIX_ENTRIES_PER_PIECE, self._lock)
 
     def get_many(self, keys: Sequence[bytes]) -> list[int | None]:
         """The cached count of each key (None when absent); hits become most recent."""
@@ -149,3 +235,6 @@ class PieceCountCache:
             self._counts.clear()
             self._hits = self._misses = self._evictions = 0
         self.prefixes.clear()
+        self.traces.clear()
+        self.loop_cuts.clear()
+        self.openings.clear()

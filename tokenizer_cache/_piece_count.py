@@ -21,6 +21,7 @@ over the text and the new turn's pieces.
 from __future__ import annotations
 
 import hashlib
+import threading
 from dataclasses import dataclass
 
 from tokenizers import Tokenizer
@@ -36,6 +37,31 @@ _IDENTITY_BYTES = 32
 # Texts shorter than this are counted piece by piece only: hashing their
 # prefixes would cost about what their pieces' lookups cost.
 PREFIX_MIN_CHARS = 8192
+
+
+# Characters encoded (not found counted) on this thread since `start_encode_meter`: the proxy hands
+# the heap back after a count only when the count encoded much (proxy/admitted/counting.py).
+_meter = threading.local()
+
+
+def start_encode_meter() -> None:
+    """Start metering this thread's encodes: until the next start, only piece counting adds to it."""
+    _meter.chars = 0
+    _meter.metered = False
+
+
+def encoded_chars() -> int | None:
+    """Characters this thread's piece counting encoded since `start_encode_meter`; None when no
+    piece count ran since (the count encoded whole texts, or went elsewhere: unknown)."""
+    if not getattr(_meter, "metered", False):
+        return None
+    return int(_meter.chars)
+
+
+def _note_encoded(chars: int) -> None:
+    if hasattr(_meter, "chars"):
+        _meter.chars += chars
+        _meter.metered = True
 
 
 def tokenizer_identity(tokenizer: Tokenizer) -> bytes:
@@ -86,6 +112,7 @@ class PieceCounter:
         self._prefix_hasher = hashlib.sha256(b"brimful prefix\x00" + identity)
         self._tokenizer = tokenizer
         self._cuts: list[str] | None = None      # found at the first long text (`_prefix_count`)
+        self._cuts_by_first: dict[str, tuple[str, ...]] | None = None
         self._anchor: str | None = None
         # Metaspace prepend_scheme "first": only a piece at offset 0 gets "▁"; the
         # others are counted by the "never" copy, and that first piece has digests of its own.
@@ -161,12 +188,10 @@ class PieceCounter:
         them ~2.5x faster than blake2b here."""
         anchor = self._anchor
         if anchor is None:
-            if self._cuts is None:
-                self._cuts = cut_tokens(split_tokens(self._tokenizer),
-                                        encode_special_tokens=self._tokenizer.encode_special_tokens)
-            if not self._cuts:
+            cuts = self.cut_tokens()
+            if not cuts:
                 return None
-            anchor = self._anchor = choose_anchor(text, self._cuts, self._splitter.raw_contents(text))
+            anchor = self._anchor = choose_anchor(text, cuts, self._splitter.raw_contents(text))
             if anchor is None:
                 return None
         raw = text.encode("utf-8", "surrogatepass")
@@ -201,7 +226,7 @@ class PieceCounter:
         fresh = []
         for key, offset, segment in zip(keys[hit + 1 :], bounds, segments, strict=False):
             running += segment.tokens
-            fresh.append((key, offset, running))
+            fresh.append((key, (offset, running)))
         prefixes.put_many(fresh)
         return PieceTally(
             tokens=reused + sum(segment.tokens for segment in segments),
@@ -211,6 +236,35 @@ class PieceCounter:
             encoded_tokens=sum(segment.encoded_tokens for segment in segments),
             reused_tokens=reused,
         )
+
+    def cut_tokens(self) -> list[str]:
+        """The added tokens whose every start in a text is a cut (`_prefix_count.cut_tokens`), found once."""
+        if self._cuts is None:
+            self._cuts = cut_tokens(split_tokens(self._tokenizer),
+                                    encode_special_tokens=self._tokenizer.encode_special_tokens)
+        return self._cuts
+
+    def starts_with_cut(self, text: str, at: int = 0) -> bool:
+        """Whether `text` continues at `at` with one of `cut_tokens`: a count splits there exactly."""
+        by_first = self._cuts_by_first
+        if by_first is None:
+            grouped: dict[str, list[str]] = {}
+            for token in self.cut_tokens():
+                grouped.setdefault(token[0], []).append(token)
+            by_first = self._cuts_by_first = {first: tuple(tokens) for first, tokens in grouped.items()}
+        if at >= len(text):
+            return False
+        return any(text.startswith(token, at) for token in by_first.get(text[at], ()))
+
+    @property
+    def specials(self) -> int:
+        """Tokens the post-processor adds with add_special_tokens."""
+        return self._specials
+
+    def count_segments(self, texts: list[str], *, starts_text: bool) -> list[PieceTally]:
+        """Each text's count without specials, as `count` would split it; `starts_text`: the first
+        of them begins the prompt (a "first"-only "▁" applies to it alone)."""
+        return self._count_texts(texts, starts_text)
 
     def _count_texts(self, texts: list[str], starts_text: bool = True) -> list[PieceTally]:
         """Each text's count without post-processor specials; the pieces missing from the
@@ -228,6 +282,7 @@ class PieceCounter:
             if count is None and key not in missing:
                 missing[key] = piece
         fresh: dict[bytes, int] = {}
+        _note_encoded(sum(len(piece) for piece in missing.values()))
         if missing:
             fresh = self._encode_missing(missing, first)
             self._cache.put_many(fresh.items())

@@ -59,8 +59,10 @@ from tokenizer_cache import (
     PieceCountCache,
     TokenizerCache,
     default_build_cache_dir,
+    encoded_chars,
     find_tokenizer_dir,
     loader_for_vllm,
+    start_encode_meter,
     use_build_store,
 )
 from tokenizer_cache import char_bound as tokenizer_char_bound
@@ -116,8 +118,14 @@ RENDER_BYTES_PER_BODY_BYTE = 16
 # A count of many inputs (embeddings) goes in slices of at most this share of the budget each.
 SLICES_PER_BUDGET = 8
 # Counts (and refusals) of larger bodies give their freed heap back: malloc_trim
-# took 1.7 ms after a 250 KB prompt, 10.6 ms after 4 MB, on the counting thread.
+# took 1.7 ms after a 250 KB prompt, 10.6 ms after 4 MB, on the counting thread.  The
+# encode is what costs the memory (95-240 MiB per MB encoded), so a count that encoded at
+# most this many characters (the new turn of a conversation counted before) does not trim.
 TRIM_ABOVE_BYTES = 128 * 1024
+# Bodies counted without a trim (each encoded little) between two trims: 16 MiB is ~40 turns of a
+# 400 KiB conversation; without it the counting threads' arenas kept +86 MiB after 150 such turns.
+TRIM_EVERY_BYTES = 16 * 1024 * 1024
+_untrimmed_bytes = 0   # bodies counted since the last trim, above TRIM_ABOVE_BYTES (races only shift a trim)
 _libc: Any = None
 
 
@@ -550,17 +558,18 @@ class PromptCounter:
             # Within the budget too: preparing 10^6 messages for the render costs memory by the body.
             await self._count_within_budget(
                 body_size * RENDER_BYTES_PER_BODY_BYTE,
-                functools.partial(_check_and_trim, surface, tok, body, bound, max_model_len, trim), False)
+                functools.partial(_check_and_trim, surface, tok, body, bound, max_model_len, trim), 0)
         slices = surface.count_slices(body, self.slice_bytes)
         if slices is None:
             return await self._count_within_budget(body_size * COUNT_BYTES_PER_BODY_BYTE,
-                                                   functools.partial(surface.count, tok, body), trim)
+                                                   functools.partial(surface.count, tok, body),
+                                                   body_size if trim else 0)
         # Many inputs: one slice at a time, each taking its own share of the budget, so one
         # request of 10^6 inputs never holds the whole budget while others wait (issue 25).
         counts: list[int] = []
         for piece in slices:
             counts.extend(await self._count_within_budget(piece.size * COUNT_BYTES_PER_BODY_BYTE,
-                                                          functools.partial(piece.count, tok), False))
+                                                          functools.partial(piece.count, tok), 0))
         if trim:
             await _in_thread(pool, _trim_heap)
         return counts
@@ -570,10 +579,11 @@ class PromptCounter:
         """The request bytes one slice of a many-input count stands for: an eighth of the budget."""
         return max(4096, self.budget.limit // (COUNT_BYTES_PER_BODY_BYTE * SLICES_PER_BUDGET))
 
-    async def _count_within_budget(self, weight: int, count: Callable[[], _T], trim: bool) -> _T:
-        """`count()` on a counting thread, holding `weight` bytes of the budget while it runs."""
+    async def _count_within_budget(self, weight: int, count: Callable[[], _T], trim_bytes: int) -> _T:
+        """`count()` on a counting thread, holding `weight` bytes of the budget while it runs; then
+        the heap handed back for a body of `trim_bytes` (0: not) as `_call_and_trim` decides."""
         weight = await self.budget.acquire(weight)
-        done = _long_prompt_pool().submit(_call_and_trim, count, trim)
+        done = _long_prompt_pool().submit(_call_and_trim, count, trim_bytes)
         # The budget is returned when the thread is done, not when this await
         # ends: a client gone mid-count does not stop the encode.
         loop = asyncio.get_running_loop()
@@ -684,12 +694,24 @@ PARITY_PROBES: dict[str, dict[str, Any]] = {
 }
 
 
-def _call_and_trim(count: Callable[[], _T], trim: bool) -> _T:
+def _call_and_trim(count: Callable[[], _T], trim_bytes: int) -> _T:
+    """`count()`, then the heap handed back after a body of `trim_bytes` (0: not), unless the count
+    is known to have encoded little: a conversation whose earlier turns were counted before encodes
+    only its new pieces (tokenizer_cache's meter), and trimming after each turn cost more than the
+    count.  What such counts free (the parsed and rendered conversation, in each counting thread's
+    arena) is handed back once TRIM_EVERY_BYTES of their bodies have gone by untrimmed."""
+    global _untrimmed_bytes
+    start_encode_meter()
     try:
         return count()
     finally:
-        if trim:
-            _trim_heap()
+        if trim_bytes:
+            encoded = encoded_chars()
+            if encoded is not None and encoded <= TRIM_ABOVE_BYTES and _untrimmed_bytes < TRIM_EVERY_BYTES:
+                _untrimmed_bytes += trim_bytes
+            else:
+                _untrimmed_bytes = 0
+                _trim_heap()
 
 
 def _check_and_trim(surface: Surface, tok: CountingModel, body: dict[str, Any], bound: int, max_model_len: int,

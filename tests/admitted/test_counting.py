@@ -651,3 +651,38 @@ def test_the_tokenizers_own_factor_wins_and_the_bound_follows_vllms_rule() -> No
     assert char_bound(2048, 128, {}) == 262_144
     assert char_bound(2048, 128, {"truncate_prompt_tokens": 100}) is None   # vLLM truncates instead
     assert char_bound(2048, 128, {"truncate_prompt_tokens": -1}) is None
+
+
+def _trims(monkeypatch: pytest.MonkeyPatch, count: Any) -> int:
+    """How many times `_call_and_trim` hands the heap back around `count()` for a large body."""
+    from proxy.admitted import counting
+
+    calls: list[int] = []
+    monkeypatch.setattr(counting, "_trim_heap", lambda: calls.append(1))
+    counting._call_and_trim(count, 1_000_000)
+    return len(calls)
+
+
+def test_a_count_that_encoded_little_does_not_trim_the_heap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """malloc_trim after every turn of a long conversation cost more than counting it: the encode is
+    what grows the heap, so a count that encoded only a new turn's pieces leaves the heap as it is
+    (until TRIM_EVERY_BYTES of such bodies went by); one that encoded much, or whose encoding is not
+    metered (no piece cache), still trims."""
+    from proxy.admitted import counting
+    from tokenizer_cache import PieceCountCache
+
+    folder = MODELS / "Qwen--Qwen3-8B"
+    if not folder.is_dir():
+        pytest.skip(f"{folder} is missing")
+    monkeypatch.setattr(counting, "TRIM_ABOVE_BYTES", 2000)
+    whole = load_model_tokenizer(folder)
+    pieces = whole.with_piece_cache(PieceCountCache())
+    history = [{"role": "user", "content": f"turn {i}: " + "words of an earlier turn " * 20} for i in range(6)]
+    body = {"messages": history}
+    assert _trims(monkeypatch, lambda: pieces.count_chat(body)) == 1          # all new: ~3,000 characters
+    grown = {"messages": [*history, {"role": "assistant", "content": "short"}]}
+    assert _trims(monkeypatch, lambda: pieces.count_chat(grown)) == 0         # only the new turn encoded
+    assert _trims(monkeypatch, lambda: whole.count_chat(grown)) == 1          # not metered: unknown
+    monkeypatch.setattr(counting, "TRIM_EVERY_BYTES", 2_500_000)               # and after 2.5 bodies that did not
+    monkeypatch.setattr(counting, "_untrimmed_bytes", 0)
+    assert [_trims(monkeypatch, lambda: pieces.count_chat(grown)) for _ in range(4)] == [0, 0, 0, 1]

@@ -207,7 +207,7 @@ def test_piece_and_prefix_tables_are_exported() -> None:
     cache = PieceCountCache(64)
     m = Metrics()
     m.attach_piece_cache(cache.stats)
-    cache.prefixes.put_many([(b"k" * 16, 10, 3), (b"j" * 16, 20, 5)])
+    cache.prefixes.put_many([(b"k" * 16, (10, 3)), (b"j" * 16, (20, 5))])
     assert cache.prefixes.longest([b"j" * 16], [20]) == (0, 5)
     assert cache.prefixes.longest([b"x" * 16, b"k" * 16], [5, 11]) == (-1, 0)     # wrong offset: no hit
     assert value(m, "brimful_prefix_cache_lookups_total", result="hit") == 1

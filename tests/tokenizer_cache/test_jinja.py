@@ -7,7 +7,9 @@ import types
 
 import jinja2
 import pytest
+from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+from jinja2.utils import Namespace
 
 from tokenizer_cache._jinja import compile_template, make_environment
 
@@ -84,6 +86,18 @@ def test_dict_and_str_fast_paths_answer_as_the_sandbox_does(name: str):
     ours, theirs = make_environment(), ImmutableSandboxedEnvironment()
     for obj in ({"content": "hi", "role": "user", "items": 3}, {}, "some text", collections.OrderedDict(a=1)):
         assert _same(ours.getattr(obj, name), theirs.getattr(obj, name)), (obj, name)
+
+
+@pytest.mark.parametrize("name", ["index0", "index", "first", "last", "length", "revindex", "revindex0", "depth",
+                                  "depth0", "previtem", "nextitem", "cycle", "changed", "flag", "missing", "items",
+                                  "_private", "__class__", "__init__", "_Namespace__attrs", "mro", "format"])
+def test_loop_and_namespace_fast_paths_answer_as_the_sandbox_does(name: str):
+    """`loop.<attribute>` and `ns.<attribute>` through the fast path equal jinja's own sandbox's answer."""
+    ours, theirs = make_environment(), ImmutableSandboxedEnvironment()
+    namespace = Namespace(flag=True, items=[1], format="{}".format)
+    for index, (_, loop) in enumerate(LoopContext(["a", "b", "c"], jinja2.Undefined)):
+        for obj in (loop, namespace):
+            assert _same(ours.getattr(obj, name), theirs.getattr(obj, name)), (index, obj, name)
 
 
 def test_a_template_reads_message_fields_and_string_methods_as_before():

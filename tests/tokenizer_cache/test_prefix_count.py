@@ -22,7 +22,7 @@ import pytest
 from tests.conftest import MODELS
 from tests.corpus.targets import TARGETS, mistral_data_dir
 from tests.support import npm_tokenizers
-from tokenizer_cache import CountError, PieceCountCache, _piece_count, load_model_tokenizer
+from tokenizer_cache import CountError, ModelTokenizer, PieceCountCache, _piece_count, load_model_tokenizer
 from tokenizer_cache._added_split import AddedTokenSplitter, SplitToken
 from tokenizer_cache._prefix_count import cut_offsets, cut_tokens
 
@@ -86,8 +86,10 @@ def _counts(model: Any, bodies: list[dict[str, Any]]) -> list[int | str]:
 
 @pytest.fixture(autouse=True)
 def _prefixes_for_short_texts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every text through the prefix path, so that the conversations can stay short (quick)."""
+    """Every text through the prefix path, so that the conversations can stay short (quick); chats
+    too, which otherwise go through their proven message loop first (test_render_memo.py)."""
     monkeypatch.setattr(_piece_count, "PREFIX_MIN_CHARS", 0)
+    monkeypatch.setattr(ModelTokenizer, "_tally_memo", lambda *args, **kwargs: None)
 
 
 def _check_growing(folder: Path, seed: int) -> None:
