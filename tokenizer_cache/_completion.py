@@ -15,6 +15,8 @@ from ._errors import CountError
 Prompt = str | list[int]
 
 _SHAPES = "a string, an array of strings, an array of token ids, or an array of token-id arrays"
+# How many distinct texts of one request count_prompts remembers (~6 MB at most beside the body).
+DISTINCT_TEXTS_REMEMBERED = 65_536
 
 
 def _is_token_id(value: Any) -> bool:
@@ -81,9 +83,17 @@ def count_prompts(body: Any, count_text: Callable[[str, bool], int],
         raise CountError("The request body must be a JSON object.")
     add_special_tokens = _as_bool(body, "add_special_tokens", True)
     counts = []
+    # A text repeated in one request is counted once (10^6 copies of one input cost one count, not
+    # 10^6); the first DISTINCT_TEXTS_REMEMBERED distinct ones are kept, so the table stays small.
+    seen: dict[str, int] = {}
     for prompt in parse_prompts(body):
         if isinstance(prompt, str):
-            counts.append(count_text(prompt, add_special_tokens))
+            count = seen.get(prompt)
+            if count is None:
+                count = count_text(prompt, add_special_tokens)
+                if len(seen) < DISTINCT_TEXTS_REMEMBERED:
+                    seen[prompt] = count
+            counts.append(count)
         else:
             if check_ids is not None:
                 check_ids(prompt)

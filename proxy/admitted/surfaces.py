@@ -663,8 +663,8 @@ class PoolingSurface(Surface):
         return self.count_items(tokenizer, body, self.inputs(body))
 
     def count_items(self, tokenizer: CountingModel, body: Mapping[str, Any], items: list[Input]) -> list[int]:
-        """The counts of `items` (some of the inputs), in order; runs of texts are encoded as one
-        batch (one call for 10^6 one-character inputs, not 10^6 calls)."""
+        """The counts of `items` (some of the inputs), in order; a run of texts goes to the model in one
+        call, which counts each distinct text of it once (`tokenizer_cache._completion.count_prompts`)."""
         counts: list[int] = []
         texts: list[Any] = []
         special = _add_special_tokens(body, True)
