@@ -11,6 +11,8 @@ records how long each took or that it failed.  Phases:
   messages   4 clients: chats of M empty messages, over vLLM's character bound (item 5; `--messages`)
   sseline    1 client: a streamed chat whose one event is one L-byte line, brimful stripping the usage
              it asked for (item 6; `--line-mb`); its time to the last byte is printed too
+  system     1 client: an Anthropic Messages request whose system prompt is B one-character text
+             blocks (the issue's "degraded" 10^6 system blocks; `--blocks`)
 
 Printed per phase: probes, failed probes, probe p50 / p99 / max, brimful's peak RSS
 (VmHWM, reset per phase), the attackers' requests done and their statuses.  Run it in a
@@ -80,6 +82,10 @@ def attacker(base: str, kind: str, args: argparse.Namespace, fake: FakeVLLM, sto
              statuses: collections.Counter[str], durations: list[float]) -> None:
     if kind == "embed":
         path, body = "/v1/embeddings", json.dumps({"model": "tiny-qwen", "input": ["a"] * args.inputs}).encode()
+    elif kind == "system":
+        path, body = "/v1/messages", json.dumps(
+            {"model": "tiny-qwen", "max_tokens": 8, "system": [{"type": "text", "text": "a"}] * args.blocks,
+             "messages": [{"role": "user", "content": "hi"}]}).encode()
     elif kind == "messages":
         path, body = "/v1/chat/completions", json.dumps(
             {"model": "tiny-qwen", "messages": [{"role": "user", "content": ""}] * args.messages}).encode()
@@ -110,7 +116,7 @@ def phase(brimful: BrimfulProcess, fake: FakeVLLM, kind: str, args: argparse.Nam
     statuses: collections.Counter[str] = collections.Counter()
     durations: list[float] = []
     stop_probe, stop_attack = threading.Event(), threading.Event()
-    count = {"baseline": 0, "embed": 1, "messages": 4, "sseline": 1}[kind]
+    count = {"baseline": 0, "embed": 1, "messages": 4, "sseline": 1, "system": 1}[kind]
     attackers = [threading.Thread(target=attacker, args=(brimful.base_url, kind, args, fake, stop_attack,
                                                          statuses, durations)) for _ in range(count)]
     for thread in attackers:
@@ -142,6 +148,7 @@ def main() -> None:
     parser.add_argument("--inputs", type=int, default=1_000_000, help="embedding inputs (item 4)")
     parser.add_argument("--messages", type=int, default=300_000, help="empty messages per chat (item 5)")
     parser.add_argument("--line-mb", type=int, default=50, help="the SSE line's size in MiB (item 6)")
+    parser.add_argument("--blocks", type=int, default=1_000_000, help="system blocks (the system phase)")
     parser.add_argument("--client-timeout", type=float, default=60.0)
     args = parser.parse_args()
     print(f"checkout: {ROOT}; load average before: {os.getloadavg()}")
