@@ -17,7 +17,9 @@ smaller ones.  A body the walk does not take (UTF-16/32, not an object) gets no
 layout and is re-serialised too.  Since bodies are read and written with orjson
 where it agrees with the json module (`loads`, `dumps`), re-serialising is
 cheaper than the walk at every size (4 KiB: 0.5 vs 8.5 us); the splice stays
-from 4 KiB on for what it keeps, the client's bytes.
+from 4 KiB on for what it keeps, the client's bytes.  A body orjson would write
+byte for byte (compact, as most clients send) gets the same bytes by writing
+the updated object, without the walk (`_as_orjson_writes_it`).
 """
 
 from __future__ import annotations
@@ -224,6 +226,9 @@ def with_fields(body: bytes, parsed: dict[str, Any], fields: Mapping[str, Any]) 
     """The client's body with `fields` set: spliced into its bytes when large (every
     other byte as sent), re-serialised when small or not splicable (UTF-16/32)."""
     if len(body) >= SPLICE_ABOVE_BYTES:
+        same = _as_orjson_writes_it(body, parsed, fields)
+        if same is not None:
+            return same
         found = layout(body)
         if found is not None:
             return rewrite(body, found, fields)
@@ -233,6 +238,30 @@ def with_fields(body: bytes, parsed: dict[str, Any], fields: Mapping[str, Any]) 
         return dumps(updated)
     except UnicodeEncodeError:      # an unpaired surrogate (in an UNTOKENIZED field): kept as its escape
         return json.dumps(updated, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def _as_orjson_writes_it(body: bytes, parsed: dict[str, Any], fields: Mapping[str, Any]) -> bytes | None:
+    """The splice's answer without the walk, for a body orjson would write byte for byte.
+
+    When orjson writes `parsed` as exactly `body` (compact, each key once, each
+    value spelt as orjson spells it), every top-level value sits where orjson
+    puts it, so writing the updated object is the splice: the same bytes, a
+    present key's value replaced in place, an absent one appended at the end,
+    and each new value written by orjson as `dumps` writes it (`_plain`).  The
+    walk cost 9 of the 12 us of a 4 KiB chat's splice; this ~1 us.  Any other
+    body (spaces, escapes orjson does not use, duplicate keys, NaN, wide
+    integers) is told apart by the comparison and spliced as before.
+    """
+    if not all(_plain(value) for value in fields.values()):
+        return None
+    try:
+        if orjson.dumps(parsed) != body:
+            return None
+        updated = dict(parsed)
+        updated.update(fields)
+        return orjson.dumps(updated)
+    except orjson.JSONEncodeError:      # an integer past 64 bits, an unpaired surrogate
+        return None
 
 
 def parse_object(body: bytes) -> dict[str, Any]:

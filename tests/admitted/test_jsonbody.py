@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -143,3 +144,59 @@ def test_parse_object_refuses_an_unpaired_surrogate_whichever_parser_read_the_bo
     assert jsonbody.parse_object(b'{"user":"\\udfff","n":1}') == {"user": "\udfff", "n": 1}
     assert jsonbody.parse_object(b'{"content":"\\ud83d\\ude00"}') == {"content": "\U0001f600"}
     assert type(jsonbody.parse_object(b'{"n":123456789012345678901234567890}')["n"]) is int
+
+
+def _spliced(body: bytes, fields: dict) -> bytes:
+    lay = layout(body)
+    assert lay is not None
+    return rewrite(body, lay, fields)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text(max_size=8) | keys, json_values, max_size=6), st.data())
+def test_a_body_as_orjson_writes_it_gets_the_splices_bytes_without_the_walk(obj: dict, data: st.DataObject) -> None:
+    writer = data.draw(st.sampled_from(["orjson", "compact", "compact-ascii", "spaced"]))
+    if writer == "orjson":
+        try:
+            body = orjson.dumps(obj)
+        except orjson.JSONEncodeError:      # an integer past 64 bits
+            body = json.dumps(obj, separators=(",", ":")).encode()
+    else:
+        body = json.dumps(obj, ensure_ascii=writer == "compact-ascii",
+                          separators=(", ", ": ") if writer == "spaced" else (",", ":")).encode()
+    parsed = jsonbody.parse_object(body)
+    fields = data.draw(st.dictionaries(keys, json_values, max_size=3))
+    fast = jsonbody._as_orjson_writes_it(body, parsed, fields)
+    if fast is not None:
+        assert fast == _spliced(body, fields)
+    # From SPLICE_ABOVE_BYTES on, with_fields is the splice whichever way it got there.
+    padded = body[:-1] + (b"," if parsed else b"") + b'"pad":"' + b"x" * jsonbody.SPLICE_ABOVE_BYTES + b'"}'
+    assert jsonbody.with_fields(padded, jsonbody.parse_object(padded), fields) == _spliced(padded, fields)
+
+
+def test_the_orjson_route_is_taken_for_the_bodies_it_fits() -> None:
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "é" * 3000}], "max_tokens": 65535,
+                         "temperature": 0.7})
+    parsed = jsonbody.parse_object(body)
+    fields = {"max_tokens": 100, "stream_options": {"include_usage": True}}
+    assert jsonbody._as_orjson_writes_it(body, parsed, fields) == _spliced(body, fields)
+
+
+@pytest.mark.parametrize("body", [
+    b'{"model":"m","max_tokens":1,"max_tokens":2}',          # a duplicate key: both are replaced
+    b'{"model":"m","max\\u005ftokens":1}',                    # an escape orjson does not write
+    b'{"model": "m","max_tokens":1}',                          # a space
+    b'{"t":1.00,"max_tokens":1}',                              # a float spelt otherwise
+    b'{"t":NaN,"max_tokens":1}',                               # orjson writes null
+    b'{"t":18446744073709551616,"max_tokens":1}',              # past 64 bits
+    b'{"user":"\\ud800","max_tokens":1}',                      # an unpaired surrogate (an untokenized field)
+])
+def test_bodies_orjson_would_write_otherwise_are_left_to_the_splice(body: bytes) -> None:
+    fields = {"max_tokens": 5}
+    assert jsonbody._as_orjson_writes_it(body, jsonbody.parse_object(body), fields) is None
+
+
+def test_new_values_orjson_would_write_otherwise_are_left_to_the_splice() -> None:
+    body = b'{"model":"m"}'
+    assert jsonbody._as_orjson_writes_it(body, jsonbody.parse_object(body), {"n": float("nan")}) is None
+    assert jsonbody._as_orjson_writes_it(body, jsonbody.parse_object(body), {"n": 2**64}) is None
