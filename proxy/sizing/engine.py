@@ -386,7 +386,8 @@ def aggregate_sql(source: str, keep: str, min_completion: int, models: Sequence[
     set over every record, the routes, the need's cut and unknown, the rest and the shared sets over the kept
     ones.  Each set's groups are few (distinct lengths, not records)."""
     m = min_completion
-    packed = "{} AS k" if models is None else f"({{}}) * {len(models)} + mc AS k"
+    # packed, the key holds the model: mc beside it would be a second column to hash for nothing
+    keyed = "mc, {} AS k" if models is None else f"({{}}) * {len(models)} + mc AS k"
     state = f"CASE WHEN NOT ok THEN 1 WHEN NOT ({keep}) THEN 2 ELSE 0 END::UTINYINT AS state"
     small = [c.rsplit(" AS ", 1)[-1] for c in SMALL]
     layers = f"(SELECT {state}, {model_code(models)} AS mc, *, {', '.join(SMALL)} FROM ({source}))"
@@ -412,7 +413,7 @@ def aggregate_sql(source: str, keep: str, min_completion: int, models: Sequence[
     for i, h in enumerate(shared_sets(m)):
         counts = ", ".join(f"count(*) FILTER ({cond}) AS c{j}" if cond != "true" else f"count(*) AS c{j}"
                            for j, (_, _, cond) in enumerate(h.feeds))
-        parts.append(f"SELECT {SHARED + i} AS g, mc, {packed.format(h.key)}, {counts} "
+        parts.append(f"SELECT {SHARED + i} AS g, {keyed.format(h.key)}, {counts} "
                      f"FROM f WHERE state = 0 AND {h.where} GROUP BY ALL")
     return f"""
 WITH f AS MATERIALIZED (SELECT * FROM {layers})
