@@ -366,13 +366,15 @@ def shared_sets(min_completion: int) -> tuple[HistogramSet, ...]:
                      (("completion", 0, "true"), ("need_completion", 0, f"plain AND {need}"))),
         HistogramSet("prompt + completion", "prompt IS NOT NULL AND completion IS NOT NULL",
                      (("total", 0, "true"), ("sequence", 0, "plain"), ("need_exact", 0, "plain AND need_kind = 0"))),
-        HistogramSet("single + dx", "prompt IS NOT NULL", (("d_seq", 0, "true"), ("d_kv", 0, "plain"))),
+        # a plain record demanding less than m (an embedding's dx is 0) is refused below single + dx, the key
+        HistogramSet("single + dx", "prompt IS NOT NULL",
+                     (("d_seq", 0, "true"), ("d_kv", 0, "plain"), ("d_refused", 0, f"plain AND dx < {m}"))),
     )
 
 
 def rest_sets(min_completion: int) -> tuple[tuple[str, str, str], ...]:
     """(histogram, value, condition): what the shared sets leave out, counted over the few records that are not
-    plain or demand less than `min_completion` (embeddings)."""
+    plain."""
     m = min_completion
     d_kv = ("CASE WHEN ask IS NOT NULL THEN prompt + n::HUGEINT * ask WHEN completion IS NOT NULL "
             "THEN prompt + completion ELSE prompt + n::HUGEINT * coalesce(implicit, 1) END")
@@ -381,7 +383,7 @@ def rest_sets(min_completion: int) -> tuple[tuple[str, str, str], ...]:
         ("need_exact", "need_value", "NOT plain AND need_kind = 0"),
         ("need_completion", "per_choice", "NOT plain AND need_kind = 0"),
         ("d_kv", d_kv, "NOT plain"),
-        ("d_refused", f"single + least(dx, {m})", f"NOT (plain AND dx >= {m})"),
+        ("d_refused", f"single + least(dx, {m})", "NOT plain"),
     )
 
 
@@ -429,7 +431,7 @@ def aggregate_sql(source: str, keep: str, min_completion: int, models: Sequence[
         "GROUP BY ALL",
         # the rest's histograms: value → count maps per model, one GROUP BY over the few records (an unnest of
         # each record's values would make DuckDB store `f` whole)
-        f"SELECT {REST} AS g, mc, {hists} {kept} AND (NOT plain OR dx < {m}) GROUP BY ALL",
+        f"SELECT {REST} AS g, mc, {hists} {kept} AND NOT plain GROUP BY ALL",
     ]
     for i, h in enumerate(shared_sets(m)):
         counts = ", ".join(f"count(*) FILTER ({cond}) AS c{j}" if cond != "true" else f"count(*) AS c{j}"
