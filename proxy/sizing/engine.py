@@ -21,7 +21,10 @@ Parquet files whose columns are the record's fields with their JSON names
 JSON lines), local globs or URLs DuckDB reads (s3://, https:// with its httpfs
 extension).  Missing Parquet columns read as absent fields.  A Parquet column
 of another type than the record's (a float token count, a timestamp `ts`)
-makes its non-null values malformed, exactly as the Python reader finds them.
+makes its non-null values malformed, exactly as the Python reader finds them.  Where every row group's
+statistics (the footers, read before the scan) put an integer column's values in the range a check asks
+for, that check is true of every record and left out (`column_bounds`, `_within`); a file without
+statistics, or with one value out of range, keeps it.
 """
 
 from __future__ import annotations
