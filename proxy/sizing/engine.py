@@ -478,14 +478,23 @@ def column_bounds(con: Any, files: Sequence[str]) -> dict[str, tuple[int, int]]:
 
 
 def parquet_source(con: Any, files: Sequence[str]) -> str:
-    read = f"read_parquet({_list(files)}, union_by_name = true)"
-    kinds = {row[0]: row[1] for row in con.sql(f"DESCRIBE SELECT * FROM {read}").fetchall()}
+    """The files grouped by their columns' types, each group read as its own types: one read of files whose
+    column types differ would make each column one type across them (union_by_name widens an integer column
+    to DOUBLE where another file has it so), and a file's integers would read as floats, malformed."""
+    groups: dict[tuple[tuple[str, str], ...], list[str]] = {}
+    for path in files:
+        columns = con.sql(f"DESCRIBE SELECT * FROM read_parquet({_q(path)})").fetchall()
+        groups.setdefault(tuple(sorted((str(c[0]), str(c[1])) for c in columns)), []).append(path)
+    return " UNION ALL ".join(f"({_parquet_group(con, paths, dict(kinds))})" for kinds, paths in groups.items())
+
+
+def _parquet_group(con: Any, files: Sequence[str], kinds: dict[str, str]) -> str:
     bounds = column_bounds(con, files)
-    # signed integers only: a column another file has as text or float is not one (its kind says so)
+    # signed integers only: the statistics of a text or float column say nothing of the checks
     fields: dict[str, Field] = {
         name: ParquetField(name, kinds.get(name), bounds.get(name) if kinds.get(name) in _SIGNED_TYPES else None)
         for name in FIELDS}
-    return f"SELECT {normalized(fields)} FROM {read}"
+    return f"SELECT {normalized(fields)} FROM read_parquet({_list(files)}, union_by_name = true)"
 
 
 @dataclass

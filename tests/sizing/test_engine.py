@@ -157,6 +157,20 @@ def test_a_parquet_file_lacking_columns_or_with_other_types_agrees_too(tmp_path:
     assert (python["records"], python["malformed"]) == (450, 50)    # a float token count is malformed, as in JSON
 
 
+def test_files_whose_column_types_differ_are_each_read_with_their_own_types(tmp_path: Path) -> None:
+    """A column of integers in one file and of floats in another: each file's values keep their own type, as
+    the Python reader sees them (one read of both would widen the integers to DOUBLE, all malformed)."""
+    ints, floats = tmp_path / "ints.parquet", tmp_path / "floats.parquet"
+    duckdb.sql(f"COPY (SELECT * FROM read_json('{write_jsonl(tmp_path / 'a.jsonl', varied(7, 400))}', "
+               f"format = 'newline_delimited')) TO '{ints}'")
+    duckdb.sql(f"COPY (SELECT * REPLACE (completion_tokens::DOUBLE AS completion_tokens) FROM '{ints}' "
+               f"LIMIT 100) TO '{floats}'")
+    alone = both([str(ints)])[1]
+    duck, python = both([str(ints), str(floats)])
+    assert duck == python
+    assert python["records"] > alone["records"] and python["malformed"] > alone["malformed"]
+
+
 def test_parquet_statistics_skip_only_the_checks_every_value_passes(tmp_path: Path) -> None:
     """A column whose footer statistics put every value in range is read without its per-record check (the
     files say it cannot fail); a value out of range, or a row group without statistics, keeps the check: the
