@@ -167,7 +167,7 @@ def main() -> int:
     ap.add_argument("--python-sample", type=int, default=1_000_000,
                     help="records the Python reader is timed on (the first file's, written apart)")
     ap.add_argument("--baseline", type=Path, help="another checkout (e.g. a worktree of main): its report is "
-                    "timed on the sample beside this one's")
+                    "timed on the day and on the sample beside this one's")
     ap.add_argument("--jsonl-records", type=int, default=0,
                     help="also write this many of the sample's records as JSON lines and time the report over "
                     "them against DuckDB's own read_json of the file")
@@ -189,9 +189,15 @@ def main() -> int:
         if args.generate_only:
             return 0
         if not args.skip_day:
+            load = os.getloadavg()[0]
             wall, cpu, day = timed_report(str(args.dir / "*.parquet"), "duckdb")
+            # the wall time is the figure the issue names; on a shared machine it says little without the load
             print(f"duckdb report over the day: {wall:.1f} s wall, {cpu:.1f} s CPU, {day['records']:,} records "
-                  f"({args.records / cpu / 1e6:.2f} M records per CPU s); recommendations {recommendations(day)}")
+                  f"({args.records / cpu / 1e6:.2f} M records per CPU s; load average {load:.1f} before, "
+                  f"{os.getloadavg()[0]:.1f} after); recommendations {recommendations(day)}")
+            if args.baseline:
+                bwall, bcpu, bday = timed_report(str(args.dir / "*.parquet"), "duckdb", args.baseline.resolve())
+                print(f"the day by {args.baseline}: {bwall:.1f} s wall, {bcpu:.1f} s CPU; same report: {bday == day}")
         sample_dir = args.dir / "sample"
         if not sample_dir.is_dir():
             generate(sample_dir, args.python_sample, 1, 1)

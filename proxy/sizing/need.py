@@ -215,15 +215,28 @@ class NeedModel:
         for (_, value, _), c in tally.cut.items():
             _bump(self.censored, value, c)
         self.points = completion_quantiles(tally)
-        for (prompt, up), c in tally.unknown.items():
-            if not self.points:
+        if self.points:
+            self._impute(tally.unknown)
+        else:
+            for (prompt, _), c in tally.unknown.items():
                 _bump(self.censored, prompt + 1, c)    # nothing served to estimate from: only "at least"
-                continue
-            share = c / len(self.points)
-            for completion in self.points:
-                need = prompt + max(1, completion)
-                _bump(self.events, need if up < 0 else min(need, up), share)
         self.steps = product_limit(self.events, self.censored)
+        self._times: list[int] | None = None
+
+    def _impute(self, unknown: Mapping[tuple[int, int], float]) -> None:
+        """Each unknown request as events at prompt + each point (at most its ask), 1/len(points) each, added
+        in the order a `_bump` per point would: a fleet's day has ~70k of them per model, times 32 points, so
+        the loop is written out (no call per point)."""
+        lifted = [max(1, completion) for completion in self.points]
+        events = self.events
+        get = events.get
+        for (prompt, up), c in unknown.items():
+            share = c / len(lifted)
+            for completion in lifted:
+                need = prompt + completion
+                if 0 <= up < need:
+                    need = up
+                events[need] = get(need, 0) + share
 
     def quantile(self, p: float) -> Quantile | None:
         t = self.tally
@@ -266,8 +279,12 @@ class NeedModel:
         return out
 
     def survival(self, x: float) -> float:
-        """The estimated share of requests needing more than x tokens."""
-        return survival_at(self.steps, x)
+        """The estimated share of requests needing more than x tokens (`survival_at`, the steps' values listed
+        once: a report asks at a few dozen lengths)."""
+        if self._times is None:
+            self._times = [t for t, _ in self.steps]
+        i = bisect.bisect_right(self._times, x)
+        return self.steps[i - 1][1] if i else 1.0
 
     def clipped_mean(self, limit: int) -> float:
         """The estimated mean of min(need, limit): what a request holds of the KV cache under `limit`.
@@ -398,13 +415,15 @@ def _blocks(x: int, block_size: int) -> int:
 def recommend_from_need(
     tally: NeedTally, asked: DemandTally, p: float = 99.0, block_size: int = BLOCK_SIZE, *,
     model_bound: int | None = None, kv_bound: int | None = None, current: int | None = None,
+    model: NeedModel | None = None,
 ) -> NeedRecommendation | None:
     """max_model_len = the estimated p-th percentile of need in whole blocks, within the model and the KV cache.
 
     `asked` is the same records' `proxy.sizing.demand.DemandTally`: admission refuses by the ask and the
-    prompt, so it gives the refusals at each candidate exactly.
+    prompt, so it gives the refusals at each candidate exactly.  `model`: `tally.model()` when the caller has
+    it already (imputing the unknown requests is the estimate's costly part).
     """
-    model = tally.model()
+    model = tally.model() if model is None else model
     q = model.quantile(p)
     if q is None:
         return None

@@ -392,8 +392,9 @@ def model_report(stats: ModelStats, p: float = 99.0, block_size: int = BLOCK_SIZ
     tally = stats.demand
     asked = dm.recommend_from_demand(tally, p, block_size, model_bound=model_bound, kv_bound=kv_bound,
                                      current=current, min_completion=min_completion)
+    need = stats.need.model()       # once: imputing the unknown requests is most of the report's own time
     rec = nd.recommend_from_need(stats.need, tally, p, block_size, model_bound=model_bound, kv_bound=kv_bound,
-                                 current=current)
+                                 current=current, model=need)
     length_refused = stats.reasons.get("prompt_too_long", 0) + stats.reasons.get("no_room_left", 0)
     beyond = sum(c for v, c in tally.sequence.items() if current is not None and v > current)
     return {
@@ -415,7 +416,7 @@ def model_report(stats: ModelStats, p: float = 99.0, block_size: int = BLOCK_SIZ
         "total_tokens": total.summary(extra),
         "sequence_tokens": sequence.summary(extra),
         "demand_tokens": tally.sequence_histogram.summary(extra),
-        "need_tokens": stats.need.model().summary(extra),
+        "need_tokens": need.summary(extra),
         "demand_kv_tokens": tally.kv_histogram.summary(extra),
         "demand_lower_bounds": tally.lower_bounds,
         "beyond_max_model_len": beyond,
@@ -540,16 +541,31 @@ def _model_of(agg: engine.Aggregates, mc: Any) -> str | None:
     return mc if agg.models is None else agg.models[int(mc)]
 
 
-def _add_keyed(builder: ReportBuilder, agg: engine.Aggregates, row: dict[str, Any], name: str, shift: int,
-               count: int) -> None:
-    """`count` records of the histogram `name` at a shared set's key (+ shift): packed, value × len(models) +
-    the model's index, or the value beside the model."""
-    if agg.models is None:
-        value, model = int(row["k"]), row["mc"]
-    else:
-        value, index = divmod(int(row["k"]), len(agg.models))
-        model = agg.models[index]
-    _bump(_DICTS[name](_model_stats(builder, model)), value + shift, count)
+def _add_shared(builder: ReportBuilder, agg: engine.Aggregates, h: engine.HistogramSet,
+                rows: list[tuple[Any, ...]]) -> None:
+    """A shared set's groups, each of its counts into the histogram it feeds at the key + shift; the key
+    packed (value × len(models) + the model's index) or the value beside the model.  Most of the engine's
+    groups are these (~700k on a fleet's day), so the rows stay tuples and each feed's dicts are looked up
+    once per model."""
+    col = {name: i for i, name in enumerate(agg.columns)}
+    k = col["k"]
+    for j, (name, shift, _) in enumerate(h.feeds):
+        c = col[f"c{j}"]
+        counts: dict[Any, dict[int, Any]] = {}
+        for row in rows:
+            count = row[c]
+            if not count:
+                continue
+            if agg.models is None:
+                value, model = int(row[k]), row[col["mc"]]
+            else:
+                value, index = divmod(row[k], len(agg.models))
+                model = agg.models[index]
+            d = counts.get(model)
+            if d is None:
+                d = counts[model] = _DICTS[name](_model_stats(builder, model))
+            key = value + shift
+            d[key] = d.get(key, 0) + count
 
 
 def _add_need(stats: ModelStats, row: dict[str, Any], count: int) -> None:
@@ -567,9 +583,14 @@ def builder_from_aggregates(agg: engine.Aggregates, files: Sequence[str], model:
     builder = ReportBuilder(model=model, since=since)
     builder.stats.files.extend(files)
     shared = engine.shared_sets(agg.min_completion)
+    keyed: list[list[tuple[Any, ...]]] = [[] for _ in shared]
+    g_at = agg.columns.index("g")
     for values in agg.rows:
+        g = values[g_at]
+        if g >= engine.SHARED:
+            keyed[g - engine.SHARED].append(values)
+            continue
         row = dict(zip(agg.columns, values, strict=True))
-        g = row["g"]
         if g == engine.STATE:
             _add_state(builder, row, row["c0"])
         elif g == engine.ROUTE:
@@ -581,10 +602,8 @@ def builder_from_aggregates(agg: engine.Aggregates, files: Sequence[str], model:
             for i, (name, _, _) in enumerate(engine.rest_sets(agg.min_completion)):
                 for value, count in (row[f"h{i}"] or {}).items():
                     _bump(_DICTS[name](stats), int(value), count)
-        else:       # a shared set: each of its counts into the histogram it feeds, at the key + shift
-            for i, (name, shift, _) in enumerate(shared[g - engine.SHARED].feeds):
-                if row[f"c{i}"]:
-                    _add_keyed(builder, agg, row, name, shift, row[f"c{i}"])
+    for h, rows in zip(shared, keyed, strict=True):
+        _add_shared(builder, agg, h, rows)
     return builder
 
 

@@ -164,6 +164,21 @@ def test_tally_gives_the_same_answers_as_the_list():
     assert dm.outcome_shares(tally, 4096) == dm.outcome_shares(ds, 4096)
 
 
+def test_shares_follow_demands_added_after_an_earlier_shares():
+    """The sorted histograms `shares` keeps are sorted again once the counts grew, through add or directly
+    (the DuckDB reader fills the dicts itself)."""
+    ds = dm.demands(issue_traffic())
+    tally = dm.DemandTally(ds[:30])
+    assert tally.shares(1024) == dm.outcome_shares(ds[:30], 1024)
+    for d in ds[30:]:
+        tally.add(d)
+    assert tally.shares(1024) == dm.outcome_shares(ds, 1024)
+    longest = max(tally.sequence)
+    tally.sequence[longest + 5000] = 1            # a demand beyond every one before, counted directly
+    tally.refused_below[longest + 4000] = 1
+    assert tally.shares(longest + 3000).refused == 1 and tally.shares(longest + 3000).total == len(ds) + 1
+
+
 @pytest.mark.parametrize("minimum", [1, 2, 16, 500])
 def test_tally_outcomes_equal_each_demands_outcome(minimum):
     """Two histogram reads give, at every L, the count of outcome() over the demands one by one."""

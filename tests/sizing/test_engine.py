@@ -157,6 +157,54 @@ def test_a_parquet_file_lacking_columns_or_with_other_types_agrees_too(tmp_path:
     assert (python["records"], python["malformed"]) == (450, 50)    # a float token count is malformed, as in JSON
 
 
+def test_files_whose_column_types_differ_are_each_read_with_their_own_types(tmp_path: Path) -> None:
+    """A column of integers in one file and of floats in another: each file's values keep their own type, as
+    the Python reader sees them (one read of both would widen the integers to DOUBLE, all malformed)."""
+    ints, floats = tmp_path / "ints.parquet", tmp_path / "floats.parquet"
+    duckdb.sql(f"COPY (SELECT * FROM read_json('{write_jsonl(tmp_path / 'a.jsonl', varied(7, 400))}', "
+               f"format = 'newline_delimited')) TO '{ints}'")
+    duckdb.sql(f"COPY (SELECT * REPLACE (completion_tokens::DOUBLE AS completion_tokens) FROM '{ints}' "
+               f"LIMIT 100) TO '{floats}'")
+    alone = both([str(ints)])[1]
+    duck, python = both([str(ints), str(floats)])
+    assert duck == python
+    assert python["records"] > alone["records"] and python["malformed"] > alone["malformed"]
+
+
+def test_parquet_statistics_skip_only_the_checks_every_value_passes(tmp_path: Path) -> None:
+    """A column whose footer statistics put every value in range is read without its per-record check (the
+    files say it cannot fail); a value out of range, or a row group without statistics, keeps the check: the
+    reports agree with the Python reader's either way."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from proxy.sizing import engine
+
+    recs = varied(6, 600)
+    good = tmp_path / "good.parquet"
+    duckdb.sql(f"COPY (SELECT * FROM read_json('{write_jsonl(tmp_path / 'g.jsonl', recs)}', "
+               f"format = 'newline_delimited')) TO '{good}'")
+    table = pq.read_table(good)
+    bad_recs = table.slice(0, 200).to_pylist()     # good's types: a file's own types are not what is tested
+    bad_recs[0]["completion_tokens"], bad_recs[1]["prompt_tokens"], bad_recs[2]["n"] = 2**40, -1, 0
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.Table.from_pylist(bad_recs, schema=table.schema), bad)
+    bare = tmp_path / "bare.parquet"
+    pq.write_table(table, bare, write_statistics=False)
+
+    con = duckdb.connect()
+    assert engine.column_bounds(con, [str(bare)]) == {}
+    assert engine.column_bounds(con, [str(good), str(bad)])["completion_tokens"][1] == 2**40
+    checked = '"completion_tokens" BETWEEN'
+    assert checked not in engine.parquet_source(con, [str(good)])
+    assert checked in engine.parquet_source(con, [str(good), str(bad)])
+    assert checked in engine.parquet_source(con, [str(bare)])
+    for paths in ([good], [good, bad], [bare], [bad]):
+        duck, python = both([str(p) for p in paths])
+        assert duck == python
+    assert both([str(bad)])[1]["malformed"] == 3
+
+
 def test_the_cli_prints_the_same_report_with_either_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_jsonl(tmp_path / "a.jsonl", varied(4, 2000), MALFORMED)
     outputs = {}
