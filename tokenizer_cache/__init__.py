@@ -37,6 +37,8 @@ from ._errors import CountError, MediaNotCountable
 from ._family import TOKENIZER_MODES, detect_family
 from ._gptoss import HarmonyTokenizer
 from ._harmony import HarmonyOptions
+from ._json import json_loads, read_json
+from ._json import plain as plain_json
 from ._loader import LOADERS as TOKENIZER_LOADERS
 from ._loader import loader_for_vllm
 from ._locate import find_tokenizer_dir, holds_tokenizer
@@ -78,8 +80,11 @@ __all__ = [
     "encoded_chars",
     "find_tokenizer_dir",
     "holds_tokenizer",
+    "json_loads",
     "load_model_tokenizer",
     "loader_for_vllm",
+    "plain_json",
+    "read_json",
     "responses_to_chat",
     "start_encode_meter",
     "use_build_store",

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._errors import CountError, MediaNotCountable
+from ._json import json_loads
 from ._media import MediaItem
 
 ContentFormat = Literal["string", "openai"]
@@ -602,7 +603,7 @@ def _parse_arguments(arguments: Any, where: str = "tool_calls") -> dict[str, Any
         return arguments
     if isinstance(arguments, str) and arguments:
         try:
-            value = json.loads(arguments)
+            value = json_loads(arguments)
         except RecursionError:
             raise CountError(f"'{where}' is JSON nested too deeply to be read.", param="tool_calls") from None
         except ValueError:

@@ -34,6 +34,8 @@ from typing import Any
 import orjson
 
 from proxy import errors
+from tokenizer_cache import json_loads, read_json
+from tokenizer_cache import plain_json as plain
 
 _DECODER = json.JSONDecoder()           # json.loads's defaults (NaN and Infinity accepted)
 # The json module's C scanner and string reader (public attributes, untyped in typeshed).
@@ -139,56 +141,10 @@ def _dumps(value: Any) -> str:
     return dumps(value).decode("utf-8")
 
 
-# orjson reads an integer past 64 bits as a float and writes NaN and ±Infinity as null,
-# where the json module keeps the integer and the literal: a float at least this large
-# (or not finite) sends the value to the json module instead.
-_WIDE = 2.0 ** 63
-
-
-def _plain(value: Any) -> bool:
-    """Whether every float in `value` is finite and below 2**63 in size: then orjson reads
-    and writes it as the json module does.  Only containers go on the stack and strings are
-    passed over first: ~95 us for a 400 KiB agent conversation, a third of orjson's parse."""
-    if type(value) is float:
-        return -_WIDE < value < _WIDE
-    if type(value) not in _CONTAINERS:
-        return True
-    stack = [value]
-    pop, push = stack.pop, stack.append
-    while stack:
-        container = pop()
-        for item in container.values() if type(container) is dict else container:
-            kind = type(item)
-            if kind is str:
-                continue
-            if kind in _CONTAINERS:
-                push(item)
-            elif kind is float and not -_WIDE < item < _WIDE:    # False for NaN too
-                return False
-    return True
-
-
-_CONTAINERS = frozenset({dict, list, tuple})
-
-
-def _read(body: bytes | str) -> tuple[Any, bool]:
-    """`loads(body)`, and whether orjson read it (then it holds no unpaired surrogate: orjson refuses one)."""
-    try:
-        value = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return json.loads(body), False
-    if _plain(value):
-        return value, True
-    return json.loads(body), False
-
-
 def loads(body: bytes | str) -> Any:
-    """`json.loads(body)`, the same value, by orjson (about a third of the CPU) where orjson
-    reads the body as json.loads does.  orjson refuses what json.loads reads otherwise (NaN,
-    Infinity, numbers past a double, unpaired surrogates, UTF-16/32, a BOM, nesting past 1,024),
-    and then json.loads reads it, its errors included; the one thing orjson reads differently
-    without refusing, an integer past 64 bits (a float for orjson), is caught by `_plain`."""
-    return _read(body)[0]
+    """`json.loads(body)`, the same value or error, by orjson where it reads the body as
+    json.loads does (about a third of the CPU; `tokenizer_cache.json_loads`)."""
+    return json_loads(body)
 
 
 def dumps(value: Any) -> bytes:
@@ -196,7 +152,7 @@ def dumps(value: Any) -> bytes:
     (byte for byte but for the spelling of some floats, `1e16` for `1e+16`), by orjson where it
     writes the value as the json module does.  Raises UnicodeEncodeError for an unpaired
     surrogate, as encoding json.dumps' text does."""
-    if _plain(value):
+    if plain(value):
         try:
             return orjson.dumps(value)
         except orjson.JSONEncodeError:      # an integer past 64 bits, an unpaired surrogate
@@ -247,12 +203,12 @@ def _as_orjson_writes_it(body: bytes, parsed: dict[str, Any], fields: Mapping[st
     value spelt as orjson spells it), every top-level value sits where orjson
     puts it, so writing the updated object is the splice: the same bytes, a
     present key's value replaced in place, an absent one appended at the end,
-    and each new value written by orjson as `dumps` writes it (`_plain`).  The
+    and each new value written by orjson as `dumps` writes it (`plain`).  The
     walk cost 9 of the 12 us of a 4 KiB chat's splice; this ~1 us.  Any other
     body (spaces, escapes orjson does not use, duplicate keys, NaN, wide
     integers) is told apart by the comparison and spliced as before.
     """
-    if not all(_plain(value) for value in fields.values()):
+    if not all(plain(value) for value in fields.values()):
         return None
     try:
         if orjson.dumps(parsed) != body:
@@ -269,7 +225,7 @@ def parse_object(body: bytes) -> dict[str, Any]:
     if not body.strip():
         raise errors.invalid_json("the body is empty")
     try:
-        value, by_orjson = _read(body)
+        value, by_orjson = read_json(body)
     except UnicodeDecodeError:
         raise errors.invalid_json("it is not UTF-8 text") from None
     except RecursionError:
