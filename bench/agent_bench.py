@@ -1,6 +1,7 @@
 """An agent session through `brimful serve`: proxy CPU per turn against turn number.
 
     python bench/agent_bench.py [--turns 50] [--sessions 3] [--brimful-root /work/main] [--unique 3]
+                                [--connections keep-alive|per-turn|both]
 
 The shape of a coding agent (Claude Code, Codex) at the chat surface: 20
 tools, a system prompt of 400 sentences, a task, then per turn one assistant
@@ -10,7 +11,10 @@ session is sent turn by turn, one request at a time, to `brimful serve` (one
 worker, Qwen3-8B tokenizer, its default caches on, length log on) in front of
 bench/fake_upstream.py; --sessions distinct sessions (same system prompt and
 tools, different turns: what one agent deployment sees) are run one after
-the other.
+the other.  Each session keeps one connection open, as the agent CLIs'
+HTTP clients do (Node's fetch and Rust's reqwest keep connections alive);
+`--connections per-turn` opens one per request instead, `both` runs each
+tree both ways.
 
 Per turn it prints the proxy's CPU time for that request (the sum over its
 threads of /proc/<pid>/task/*/schedstat, nanoseconds, read before and after
@@ -31,6 +35,7 @@ Not a test: figures depend on the machine and on whatever else runs on it.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import random
@@ -38,6 +43,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -184,6 +190,31 @@ def encode_cpu_ms(full: Any, body: dict[str, Any], rounds: int = 3) -> float:
     return statistics.median(times)
 
 
+class Client:
+    """POSTs to one URL over one kept-alive connection (`keep_alive`), or a new connection each time."""
+
+    def __init__(self, url: str, keep_alive: bool) -> None:
+        self.url, self.keep_alive = url, keep_alive
+        parts = urllib.parse.urlsplit(url)
+        self._host, self._port, self._path = parts.hostname or "127.0.0.1", parts.port, parts.path
+        self._connection: http.client.HTTPConnection | None = None
+
+    def post(self, body: bytes) -> tuple[int, dict[str, str]]:
+        if not self.keep_alive:
+            return post(self.url, body)
+        if self._connection is None:
+            self._connection = http.client.HTTPConnection(self._host, self._port, timeout=120)
+        self._connection.request("POST", self._path, body=body, headers={"content-type": "application/json"})
+        response = self._connection.getresponse()
+        response.read()
+        return response.status, dict(response.headers)
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+
 def post(url: str, body: bytes) -> tuple[int, dict[str, str]]:
     req = urllib.request.Request(url, data=body, headers={"content-type": "application/json"})
     try:
@@ -204,9 +235,10 @@ def write_config(path: Path, upstream: str) -> None:
 
 
 def run_target(root: Path, fake: Server, sessions: list[list[bytes]], counts: list[list[int]],
-               workdir: Path) -> list[list[float]]:
+               workdir: Path, keep_alive: bool) -> list[list[float]]:
     """CPU ms per request, [session][turn], of one brimful tree; checks every count.  The unique
-    chats, if any, come as one more row after the sessions' (counts: their full counts last)."""
+    chats, if any, come as one more row after the sessions' (counts: their full counts last).
+    `keep_alive`: each session (and the unique chats) over one connection."""
     config = workdir / "brimful.toml"
     write_config(config, fake.url)
     port = free_port()
@@ -220,14 +252,15 @@ def run_target(root: Path, fake: Server, sessions: list[list[bytes]], counts: li
             assert post(url, warm)[0] == 200
         table = []
         for bodies, expected in zip(sessions, counts, strict=True):
-            row = []
+            client, row = Client(url, keep_alive), []
             for body, full in zip(bodies, expected, strict=True):
                 before = task_cpu_ns(server.proc.pid)
-                status, headers = post(url, body)
+                status, headers = client.post(body)
                 row.append((task_cpu_ns(server.proc.pid) - before) / 1e6)
                 got = int(headers.get("x-brimful-prompt-tokens", -1))
                 if status != 200 or got != full:
                     raise SystemExit(f"{root}: status {status}, counted {got}, full count {full}")
+            client.close()
             table.append(row)
         return table
     finally:
@@ -242,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a brimful source tree to run (repeatable; default: this one)")
     parser.add_argument("--unique", type=int, default=0, help="then this many unseen ~100k-token chats")
     parser.add_argument("--unique-chars", type=int, default=400_000, help="characters of text in each")
+    parser.add_argument("--connections", choices=("keep-alive", "per-turn", "both"), default="keep-alive",
+                        help="one connection per session (as agents keep theirs alive) or one per request")
     args = parser.parse_args(argv)
     roots = [r.resolve() for r in (args.brimful_root or [ROOT])]
     os.sched_setaffinity(0, {int(LOAD_CORE)})
@@ -275,30 +310,32 @@ def main(argv: list[str] | None = None) -> int:
                           "--model", f"{MODEL}={MAX_MODEL_LEN}"], LOAD_CORE, fake_port, workdir)
     started = time.perf_counter()
     try:
-        results = {root: run_target(root, fake, sessions, counts, workdir) for root in roots}
+        modes = {"keep-alive": [True], "per-turn": [False], "both": [True, False]}[args.connections]
+        results = {f"{str(root)[-12:]} {'kept' if keep else 'per-turn'}":
+                   run_target(root, fake, sessions, counts, workdir, keep) for root in roots for keep in modes}
     finally:
         fake.stop()
     if unique:
         print("\nunique chats: proxy CPU ms per request (and / encode_batch_fast of the rendered text)")
         for root, table in results.items():
             cells = [f"{ms:.1f} ({ms / ebf:.3f}x)" for ms, ebf in zip(table.pop(), ebf_ms, strict=True)]
-            print(f"{str(root)[-22:]:>22}: " + ", ".join(cells))
+            print(f"{root:>22}: " + ", ".join(cells))
     print_table(results, counts[0], args.turns)
     print(f"every count equal to a full count; {time.perf_counter() - started:.0f} s; load average {loadavg()}")
     return 0
 
 
-def print_table(results: dict[Path, list[list[float]]], tokens: list[int], turns: int) -> None:
+def print_table(results: dict[str, list[list[float]]], tokens: list[int], turns: int) -> None:
     names = list(results)
     print("\nproxy CPU ms per request (median over sessions; first session's prompt tokens)")
-    print(f"{'turn':>4} {'tokens':>8} " + " ".join(f"{str(n)[-22:]:>22}" for n in names))
+    print(f"{'turn':>4} {'tokens':>8} " + " ".join(f"{n[-22:]:>22}" for n in names))
     shown = [t for t in range(1, turns + 1) if t in (1, 2, 3, 5) or t % 5 == 0]
     for t in shown:
         cells = [statistics.median(row[t - 1] for row in results[n]) for n in names]
         print(f"{t:>4} {tokens[t - 1]:>8,} " + " ".join(f"{c:>22.2f}" for c in cells))
     for n in names:
         medians = [statistics.median(row[t] for row in results[n]) for t in range(turns)]
-        print(f"{n!s}: mean of turns 1-10 {statistics.mean(medians[:10]):.2f} ms, "
+        print(f"{n}: mean of turns 1-10 {statistics.mean(medians[:10]):.2f} ms, "
               f"41-50 {statistics.mean(medians[-10:]):.2f} ms")
 
 
