@@ -1,7 +1,7 @@
 """An agent session through `brimful serve`: proxy CPU per turn against turn number.
 
     python bench/agent_bench.py [--turns 50] [--sessions 3] [--brimful-root /work/main] [--unique 3]
-                                [--connections keep-alive|per-turn|both]
+                                [--connections both|keep-alive|per-turn]
 
 The shape of a coding agent (Claude Code, Codex) at the chat surface: 20
 tools, a system prompt of 400 sentences, a task, then per turn one assistant
@@ -11,10 +11,11 @@ session is sent turn by turn, one request at a time, to `brimful serve` (one
 worker, Qwen3-8B tokenizer, its default caches on, length log on) in front of
 bench/fake_upstream.py; --sessions distinct sessions (same system prompt and
 tools, different turns: what one agent deployment sees) are run one after
-the other.  Each session keeps one connection open, as the agent CLIs'
-HTTP clients do (Node's fetch and Rust's reqwest keep connections alive);
-`--connections per-turn` opens one per request instead, `both` runs each
-tree both ways.
+the other.  Agents differ in how they connect: through a relay counting
+connections, Claude Code 2.1.197 sent 5 requests of one session over 2
+connections, Codex 0.171.0 opened one per request.  `--connections both` (the
+default) runs each tree both ways: each session over one kept-alive
+connection, and one connection per request.
 
 Per turn it prints the proxy's CPU time for that request (the sum over its
 threads of /proc/<pid>/task/*/schedstat, nanoseconds, read before and after
@@ -275,8 +276,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a brimful source tree to run (repeatable; default: this one)")
     parser.add_argument("--unique", type=int, default=0, help="then this many unseen ~100k-token chats")
     parser.add_argument("--unique-chars", type=int, default=400_000, help="characters of text in each")
-    parser.add_argument("--connections", choices=("keep-alive", "per-turn", "both"), default="keep-alive",
-                        help="one connection per session (as agents keep theirs alive) or one per request")
+    parser.add_argument("--connections", choices=("keep-alive", "per-turn", "both"), default="both",
+                        help="one connection per session (as Claude Code) or one per request (as Codex), or both")
     args = parser.parse_args(argv)
     roots = [r.resolve() for r in (args.brimful_root or [ROOT])]
     os.sched_setaffinity(0, {int(LOAD_CORE)})
