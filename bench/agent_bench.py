@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         modes = {"keep-alive": [True], "per-turn": [False], "both": [True, False]}[args.connections]
-        results = {f"{str(root)[-12:]} {'kept' if keep else 'per-turn'}":
+        results = {f"{root} {'kept' if keep else 'per-turn'}":
                    run_target(root, fake, sessions, counts, workdir, keep) for root in roots for keep in modes}
     finally:
         fake.stop()
@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nunique chats: proxy CPU ms per request (and / encode_batch_fast of the rendered text)")
         for root, table in results.items():
             cells = [f"{ms:.1f} ({ms / ebf:.3f}x)" for ms, ebf in zip(table.pop(), ebf_ms, strict=True)]
-            print(f"{root:>22}: " + ", ".join(cells))
+            print(f"{root[-22:]:>22}: " + ", ".join(cells))
     print_table(results, counts[0], args.turns)
     print(f"every count equal to a full count; {time.perf_counter() - started:.0f} s; load average {loadavg()}")
     return 0

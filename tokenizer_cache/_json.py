@@ -4,10 +4,10 @@ vLLM reads request bodies and tool-call arguments with Python's json module, so
 what brimful reads must be that value exactly.  orjson parses 2-7x faster (a
 400 KiB body 650 -> 350 us, the 50 tool-call arguments of the agent bench's
 turn 50 73 -> 11 us) and agrees on everything it accepts but one thing: an
-integer past 64 bits, which it reads as a float.  It refuses the rest of what the json module reads
-otherwise (NaN, Infinity, numbers past a double, unpaired surrogates, UTF-16/32,
-a BOM, nesting past 1,024), and then the json module reads the text, its value
-or its error as before.
+integer past 64 bits, which it reads as a float.  It refuses the rest of what
+the json module reads otherwise (NaN, Infinity, numbers past a double, unpaired
+surrogates, UTF-16/32, a BOM, nesting past 1,024), and then the json module
+reads the text, its value or its error as before.
 """
 
 from __future__ import annotations
