@@ -1,6 +1,6 @@
 """A bounded, thread-safe LRU of piece digest → token count, shared by every model of a process.
 
-Keys are 16-byte keyed-blake2b digests of a piece's UTF-8 bytes, keyed by
+Keys are 16-byte digests (SHA-256, truncated) of a piece's UTF-8 bytes after
 the tokenizer's identity (see `_piece_count`), so one table serves all models
 without mixing them up and holds no text: memory per entry is fixed whatever
 the piece's length (about 140-170 bytes; bench/multiturn_bench.py measures it).

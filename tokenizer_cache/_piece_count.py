@@ -14,7 +14,7 @@ Long texts go one step further (`_prefix_count`): the text is hashed once,
 cut at every start of one added token that is always a cut (a chat's turn
 marker, such as `<|im_start|>`), and the longest prefix counted before, found
 by its digest, gives its count whole; only the rest is split and looked up
-piece by piece.  What is left per request is rendering, one blake2b pass
+piece by piece.  What is left per request is rendering, one SHA-256 pass
 over the text and the new turn's pieces.
 """
 
@@ -32,7 +32,6 @@ from ._piece_cache import PieceCountCache
 from ._piece_support import fallback_reason, first_only_variant, split_tokens
 from ._prefix_count import choose_anchor, cut_offsets, cut_tokens
 
-# blake2b keys are at most 64 bytes.
 _IDENTITY_BYTES = 32
 # Texts shorter than this are counted piece by piece only: hashing their
 # prefixes would cost about what their pieces' lookups cost.
@@ -105,8 +104,10 @@ class PieceCounter:
         self._encoder = encoder or ReferenceEncoder(tokenizer)
         self._splitter = splitter
         self._cache = cache
-        # Keyed hashing puts the tokenizer into every digest: one table, many models.
-        self._hasher = hashlib.blake2b(digest_size=16, key=identity[:64])
+        # The tokenizer goes into every digest (a prefix of the hashed bytes): one table, many models.
+        # SHA-256, not blake2b: with the CPU's SHA instructions it hashed a 420 KB chat's pieces in
+        # 0.33 ms against 0.63 ms (this machine), and each unseen piece is hashed once per request.
+        self._hasher = hashlib.sha256(b"brimful piece\x00" + identity)
         self._specials = tokenizer.num_special_tokens_to_add(False)
         # Prefix digests: keyed by the tokenizer too, in their own table (`PieceCountCache.prefixes`).
         self._prefix_hasher = hashlib.sha256(b"brimful prefix\x00" + identity)
@@ -121,7 +122,7 @@ class PieceCounter:
         self._later: Encoder | None = None
         if later is not None:
             self._later = ReferenceEncoder(later)
-        self._first_hasher = hashlib.blake2b(digest_size=16, key=identity[:64], person=b"offset 0")
+        self._first_hasher = hashlib.sha256(b"brimful piece at offset 0\x00" + identity)
 
     @classmethod
     def for_tokenizer(
@@ -145,12 +146,12 @@ class PieceCounter:
     def digest(self, piece: str) -> bytes:
         hasher = self._hasher.copy()
         hasher.update(piece.encode("utf-8", "surrogatepass"))
-        return hasher.digest()
+        return hasher.digest()[:16]
 
     def _first_digest(self, piece: str) -> bytes:
         hasher = self._first_hasher.copy()
         hasher.update(piece.encode("utf-8", "surrogatepass"))
-        return hasher.digest()
+        return hasher.digest()[:16]
 
     def _encode_missing(self, missing: dict[bytes, str], first: bytes | None) -> dict[bytes, int]:
         """Counts of the missing pieces: one batch per prompt (the engine releases the GIL for all of it)."""
