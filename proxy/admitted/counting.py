@@ -22,15 +22,14 @@ peaked at 5.5 GiB.  Three rules bound it:
   (`proxy.upstream.gate.CountingBudget`, weighed at COUNT_BYTES_PER_BODY_BYTE per body
   byte); the excess waits up to `upstream.queue_timeout`, then gets 503;
 * after a count above TRIM_ABOVE_BYTES the freed heap is handed back to the
-  OS (`malloc_trim`): without it 4.1 GiB stayed resident 80 s after the count.
+  OS (`malloc_trim`, at most every `heap.TRIM_INTERVAL_S`): without it 4.1 GiB
+  stayed resident 80 s after the count.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import ctypes
-import ctypes.util
 import functools
 import logging
 import os
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from proxy import errors
+from proxy.admitted.heap import HeapTrimmer
 from proxy.admitted.surfaces import Surface
 from proxy.admitted.trust import CountTrust
 from proxy.config import Config, Policy
@@ -126,21 +126,8 @@ TRIM_ABOVE_BYTES = 128 * 1024
 # 400 KiB conversation; without it the counting threads' arenas kept +86 MiB after 150 such turns.
 TRIM_EVERY_BYTES = 16 * 1024 * 1024
 _untrimmed_bytes = 0   # bodies counted since the last trim, above TRIM_ABOVE_BYTES (races only shift a trim)
-_libc: Any = None
-
-
-def _trim_heap() -> None:
-    """glibc's malloc_trim(0): return freed memory of every arena to the OS (a few ms; no-op elsewhere)."""
-    global _libc
-    if _libc is None:
-        name = ctypes.util.find_library("c")
-        try:
-            _libc = ctypes.CDLL(name) if name else False
-        except OSError:
-            _libc = False
-    trim = getattr(_libc, "malloc_trim", None) if _libc else None
-    if trim is not None:
-        trim(0)
+# Trims at most every heap.TRIM_INTERVAL_S: a run of long unseen prompts paid ~0.5-1.5 ms each for one.
+heap_trimmer = HeapTrimmer()
 
 
 # -- vLLM's character bound ------------------------------------------------------------
@@ -571,7 +558,7 @@ class PromptCounter:
             counts.extend(await self._count_within_budget(piece.size * COUNT_BYTES_PER_BODY_BYTE,
                                                           functools.partial(piece.count, tok), 0))
         if trim:
-            await _in_thread(pool, _trim_heap)
+            await _in_thread(pool, heap_trimmer.request)
         return counts
 
     @property
@@ -711,7 +698,7 @@ def _call_and_trim(count: Callable[[], _T], trim_bytes: int) -> _T:
                 _untrimmed_bytes += trim_bytes
             else:
                 _untrimmed_bytes = 0
-                _trim_heap()
+                heap_trimmer.request()
 
 
 def _check_and_trim(surface: Surface, tok: CountingModel, body: dict[str, Any], bound: int, max_model_len: int,
@@ -720,7 +707,7 @@ def _check_and_trim(surface: Surface, tok: CountingModel, body: dict[str, Any], 
         check_char_bound(surface, tok, body, bound, max_model_len)
     except BrimfulError:
         if trim:
-            _trim_heap()            # the rendered text of a huge prompt, gone
+            heap_trimmer.request()      # the rendered text of a huge prompt, gone
         raise
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
+from proxy.admitted.heap import HeapTrimmer
 from tests.conftest import MODELS
 from tokenizer_cache import CountError, MediaNotCountable, load_model_tokenizer
 from tokenizer_cache._content_format import detect_content_format
@@ -658,7 +659,7 @@ def _trims(monkeypatch: pytest.MonkeyPatch, count: Any) -> int:
     from proxy.admitted import counting
 
     calls: list[int] = []
-    monkeypatch.setattr(counting, "_trim_heap", lambda: calls.append(1))
+    monkeypatch.setattr(counting, "heap_trimmer", HeapTrimmer(0, trim=lambda: calls.append(1)))
     counting._call_and_trim(count, 1_000_000)
     return len(calls)
 
