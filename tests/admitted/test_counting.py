@@ -659,7 +659,7 @@ def _trims(monkeypatch: pytest.MonkeyPatch, count: Any) -> int:
     from proxy.admitted import counting
 
     calls: list[int] = []
-    monkeypatch.setattr(counting, "heap_trimmer", HeapTrimmer(0, trim=lambda: calls.append(1)))
+    monkeypatch.setattr(counting, "heap_trimmer", HeapTrimmer(0, 0, trim=lambda: calls.append(1)))
     counting._call_and_trim(count, 1_000_000)
     return len(calls)
 

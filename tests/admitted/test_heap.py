@@ -1,4 +1,5 @@
-"""proxy.admitted.heap: a count's freed heap is handed back at most once per interval, and never later."""
+"""proxy.admitted.heap: a count's freed heap is handed back when it is worth a trim, at most once per
+interval, and never later than the interval."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import threading
 from collections.abc import Callable
 
 from proxy.admitted import heap
-from proxy.admitted.heap import HeapTrimmer, trim_delay
+from proxy.admitted.heap import HeapTrimmer, resident_bytes, trim_delay, worth_trimming
+
+MIB = 1024 * 1024
 
 
 class Clock:
@@ -18,11 +21,39 @@ class Clock:
         return self.now
 
 
-def _trimmer(interval: float = 0.25) -> tuple[HeapTrimmer, Clock, list[float], list[tuple[float, Callable[[], None]]]]:
+def _trimmer(interval: float = 0.25, growth: int = 0, resident: Callable[[], int] = lambda: 0,
+             ) -> tuple[HeapTrimmer, Clock, list[float], list[tuple[float, Callable[[], None]]]]:
     clock, trims, timers = Clock(), [], []
-    trimmer = HeapTrimmer(interval, trim=lambda: trims.append(clock.now), clock=clock,
-                          schedule=lambda delay, run: timers.append((delay, run)))
+    trimmer = HeapTrimmer(interval, growth, trim=lambda: trims.append(clock.now), clock=clock,
+                          schedule=lambda delay, run: timers.append((delay, run)), resident=resident)
     return trimmer, clock, trims, timers
+
+
+def test_a_trim_is_worth_it_once_the_process_grew_by_the_threshold() -> None:
+    assert worth_trimming(300 * MIB, 250 * MIB, 32 * MIB)
+    assert not worth_trimming(260 * MIB, 250 * MIB, 32 * MIB)
+    assert worth_trimming(0, 250 * MIB, 32 * MIB)         # resident memory unknown: as before, trim
+    assert resident_bytes() > 0                            # Linux: /proc/self/statm
+
+
+def test_a_count_that_left_little_freed_heap_does_not_trim() -> None:
+    """After a 400 KB prompt a trim gave back 3-9 MiB for ~0.6 ms: below the threshold nothing runs;
+    once the process has grown by it since the last trim, one does, and what it left is the new floor."""
+    resident = [240 * MIB]
+    trimmer, clock, trims, timers = _trimmer(growth=32 * MIB, resident=lambda: resident[0])
+    trimmer.request()                          # first: grown from nothing
+    assert trims == [100.0]
+    clock.now = 200.0
+    resident[0] = 250 * MIB                    # +10 MiB since the trim
+    trimmer.request()
+    assert trims == [100.0] and timers == []
+    resident[0] = 280 * MIB                    # +40 MiB: a large prompt's heap
+    trimmer.request()
+    assert trims == [100.0, 200.0]
+    clock.now = 300.0                          # the trim left 280 MiB resident (caches, not heap): the floor
+    resident[0] = 290 * MIB
+    trimmer.request()
+    assert trims == [100.0, 200.0]
 
 
 def test_the_delay_is_what_is_left_of_the_interval() -> None:
@@ -69,7 +100,7 @@ def test_a_forked_worker_does_not_wait_for_its_parents_timer() -> None:
 
 def test_the_real_timer_trims_after_the_interval() -> None:
     done = threading.Event()
-    trimmer = HeapTrimmer(0.01, trim=done.set)
+    trimmer = HeapTrimmer(0.01, 0, trim=done.set)
     trimmer.request()
     assert done.is_set()
     done.clear()
