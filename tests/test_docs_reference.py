@@ -129,7 +129,7 @@ def env_variables() -> set[str]:
 
 
 # The test tier's switches (read by tests/ and .ci/run, not by brimful).
-TEST_SWITCHES = {"BRIMFUL_REAL_VLLM", "BRIMFUL_REQUIRE_CHROMIUM"}
+TEST_SWITCHES = {"BRIMFUL_REAL_VLLM", "BRIMFUL_REQUIRE_CHROMIUM", "BRIMFUL_REQUIRE_S3"}
 
 
 def test_every_documented_variable_is_read() -> None:
