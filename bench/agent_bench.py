@@ -1,6 +1,6 @@
 """An agent session through `brimful serve`: proxy CPU per turn against turn number.
 
-    python bench/agent_bench.py [--turns 50] [--sessions 3] [--brimful-root /work/main] [--unique 3]
+    python bench/agent_bench.py [--turns 50] [--sessions 3] [--brimful-root /work/main] [--unique 3] [--rounds 3]
                                 [--connections both|keep-alive|per-turn]
 
 The shape of a coding agent (Claude Code, Codex) at the chat surface: 20
@@ -275,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--brimful-root", type=Path, action="append",
                         help="a brimful source tree to run (repeatable; default: this one)")
     parser.add_argument("--unique", type=int, default=0, help="then this many unseen ~100k-token chats")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every target this many times, in alternation (medians over all rounds)")
     parser.add_argument("--unique-chars", type=int, default=400_000, help="characters of text in each")
     parser.add_argument("--connections", choices=("keep-alive", "per-turn", "both"), default="both",
                         help="one connection per session (as Claude Code) or one per request (as Codex), or both")
@@ -312,14 +314,26 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         modes = {"keep-alive": [True], "per-turn": [False], "both": [True, False]}[args.connections]
-        results = {f"{root} {'kept' if keep else 'per-turn'}":
-                   run_target(root, fake, sessions, counts, workdir, keep) for root in roots for keep in modes}
+        # Round after round, each target in turn with a fresh server: a slow spell of the shared
+        # machine then falls on every target instead of on whichever ran during it.
+        results: dict[str, list[list[float]]] = {}
+        unique_rows: dict[str, list[list[float]]] = {}
+        for _ in range(args.rounds):
+            for root in roots:
+                for keep in modes:
+                    name = f"{root} {'kept' if keep else 'per-turn'}"
+                    table = run_target(root, fake, sessions, counts, workdir, keep)
+                    if unique:
+                        unique_rows.setdefault(name, []).append(table.pop())
+                    results.setdefault(name, []).extend(table)
     finally:
         fake.stop()
     if unique:
-        print("\nunique chats: proxy CPU ms per request (and / encode_batch_fast of the rendered text)")
-        for root, table in results.items():
-            cells = [f"{ms:.1f} ({ms / ebf:.3f}x)" for ms, ebf in zip(table.pop(), ebf_ms, strict=True)]
+        print("\nunique chats: proxy CPU ms per request (and / encode_batch_fast of the rendered text)"
+              + (f", median over {args.rounds} rounds" if args.rounds > 1 else ""))
+        for root, rows in unique_rows.items():
+            cells = [f"{ms:.1f} ({ms / ebf:.3f}x)" for ms, ebf in
+                     zip((statistics.median(chat) for chat in zip(*rows, strict=True)), ebf_ms, strict=True)]
             print(f"{root[-22:]:>22}: " + ", ".join(cells))
     print_table(results, counts[0], args.turns)
     print(f"every count equal to a full count; {time.perf_counter() - started:.0f} s; load average {loadavg()}")
@@ -328,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(results: dict[str, list[list[float]]], tokens: list[int], turns: int) -> None:
     names = list(results)
-    print("\nproxy CPU ms per request (median over sessions; first session's prompt tokens)")
+    print("\nproxy CPU ms per request (median over sessions and rounds; first session's prompt tokens)")
     print(f"{'turn':>4} {'tokens':>8} " + " ".join(f"{n[-22:]:>22}" for n in names))
     shown = [t for t in range(1, turns + 1) if t in (1, 2, 3, 5) or t % 5 == 0]
     for t in shown:
