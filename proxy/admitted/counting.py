@@ -22,8 +22,9 @@ peaked at 5.5 GiB.  Three rules bound it:
   (`proxy.upstream.gate.CountingBudget`, weighed at COUNT_BYTES_PER_BODY_BYTE per body
   byte); the excess waits up to `upstream.queue_timeout`, then gets 503;
 * after a count above TRIM_ABOVE_BYTES the freed heap is handed back to the
-  OS (`malloc_trim`, at most every `heap.TRIM_INTERVAL_S`): without it 4.1 GiB
-  stayed resident 80 s after the count.
+  OS (`malloc_trim`, once the process grew by `heap.TRIM_GROWTH_BYTES`, at most
+  every `heap.TRIM_INTERVAL_S`): without it 4.1 GiB stayed resident 80 s after
+  the count.
 """
 
 from __future__ import annotations
@@ -126,7 +127,8 @@ TRIM_ABOVE_BYTES = 128 * 1024
 # 400 KiB conversation; without it the counting threads' arenas kept +86 MiB after 150 such turns.
 TRIM_EVERY_BYTES = 16 * 1024 * 1024
 _untrimmed_bytes = 0   # bodies counted since the last trim, above TRIM_ABOVE_BYTES (races only shift a trim)
-# Trims at most every heap.TRIM_INTERVAL_S: a run of long unseen prompts paid ~0.5-1.5 ms each for one.
+# Trims only when worth it, at most every heap.TRIM_INTERVAL_S (a trim after each long unseen prompt cost
+# ~0.6 ms, and the event loop ~1 ms more faulting the pages back in).
 heap_trimmer = HeapTrimmer()
 
 
