@@ -20,10 +20,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from tests.clients.drivers import Scenario
+from tests.support import pipvenv
 
 ROOT = Path(__file__).resolve().parents[2]
 CONSTRAINTS = Path(__file__).with_name("constraints-openai2.txt")
@@ -68,12 +68,7 @@ def run_scenario(scenario: Scenario, base: str, timeout: float = 600) -> str:
 
 def install_openai2(venv: Path) -> float:
     """Create the venv and install the pinned SDKs; returns the seconds it took."""
-    started = time.monotonic()
-    if not (venv / "bin" / "python").exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "-c", str(CONSTRAINTS), *OPENAI2_PACKAGES], check=True)
-    (venv / READY).write_text("ok\n")
-    return time.monotonic() - started
+    return pipvenv.install(venv, CONSTRAINTS, OPENAI2_PACKAGES, venv / READY, "ok\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from tests.realvllm.venv import cache_root
+from tests.support import pipvenv
 
 ROOT = Path(__file__).resolve().parents[2]
 DUCKDB = "1.5.5"
@@ -78,12 +77,8 @@ def constraints(venv: Path) -> Path:
 
 def install(venv: Path) -> float:
     """Create the venv and install the packages; returns the seconds it took."""
-    started = time.monotonic()
-    if not (venv / "bin" / "python").exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "-c", str(constraints(venv)), *PACKAGES], check=True)
-    (venv / READY).write_text(spec())
-    return time.monotonic() - started
+    venv.mkdir(parents=True, exist_ok=True)      # constraints() writes into it before the venv exists
+    return pipvenv.install(venv, constraints(venv), PACKAGES, venv / READY, spec())
 
 
 def main(argv: list[str] | None = None) -> int:
