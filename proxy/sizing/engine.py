@@ -456,7 +456,9 @@ def json_source(files: Sequence[str]) -> str:
     is any line not an object, whose fields are all absent)."""
     paths = ", ".join(f"'$.{name}'" for name in FIELDS)
     fields: dict[str, Field] = {name: JsonField(i + 1) for i, name in enumerate(FIELDS)}
-    blank = "' \t\r\n' || chr(11) || chr(12)"     # bytes.isspace(); ltrim: trim() scans the whole line
+    # bytes.isspace(), tested only where the line does not open an object: ltrim copies every line it is given,
+    # 0.38 s of CPU per million 480-byte lines, and starts_with in front of it leaves 0.09 s (trim() is worse)
+    blank = "' \t\r\n' || chr(11) || chr(12)"
     columns = ", ".join(JsonField.columns(i + 1) for i in range(len(FIELDS)))
     return f"""
 SELECT {normalized(fields)} FROM (
@@ -464,7 +466,7 @@ SELECT {normalized(fields)} FROM (
   SELECT TRY(json_extract(line, [{paths}])) AS v
   FROM read_csv({_list(files)}, columns = {{'line': 'VARCHAR'}}, header = false, delim = chr(1), quote = '',
                 escape = '', auto_detect = false, strict_mode = false, compression = 'auto', nullstr = chr(2))
-  WHERE ltrim(line, {blank}) <> ''))"""
+  WHERE starts_with(line, '{{') OR ltrim(line, {blank}) <> ''))"""
 
 
 def column_bounds(con: Any, files: Sequence[str]) -> dict[str, tuple[int, int]]:
