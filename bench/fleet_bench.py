@@ -210,16 +210,27 @@ def main() -> int:
                   f"same report: {bsample == dsample}")
         if args.jsonl_records:
             jwall, jcpu = json_lines(sample, args.dir / "sample.jsonl", args.jsonl_records)
-            rwall, rcpu, _ = timed_report(str(args.dir / "sample.jsonl"), "duckdb")
+            rwall, rcpu, jreport = timed_report(str(args.dir / "sample.jsonl"), "duckdb")
             print(f"{args.jsonl_records:,} JSON lines: DuckDB's read_json {jwall:.1f} s wall / {jcpu:.1f} s CPU, "
                   f"the report {rwall:.1f} s wall / {rcpu:.1f} s CPU: {rcpu / jcpu:.1f}x the engine's reading")
+            if args.jsonl_records == args.python_sample:
+                # the same records as the Parquet sample: what reading them as JSON lines adds, beside what the
+                # engine's own reading of the file costs
+                print(f"  reading them as JSON lines adds {rcpu - dcpu:.1f} s of CPU to the Parquet sample's report: "
+                      f"{(rcpu - dcpu) / jcpu:.1f}x read_json; same report as from Parquet: "
+                      f"{dict(jreport, files=None) == dict(dsample, files=None)}")
+            if args.baseline:
+                bwall, bcpu, _ = timed_report(str(args.dir / "sample.jsonl"), "duckdb", args.baseline.resolve())
+                print(f"  the JSON lines by {args.baseline}: {bwall:.1f} s wall / {bcpu:.1f} s CPU "
+                      f"(this tree {bcpu / rcpu:.2f}x less)")
         pwall, pcpu, psample = timed_report(sample, "python")
         print(f"{args.python_sample:,}-record sample: duckdb {dwall:.1f} s wall / {dcpu:.1f} s CPU, python "
               f"{pwall:.1f} s wall / {pcpu:.1f} s CPU ({args.python_sample / pcpu / 1e3:.0f}k records/s of CPU); "
               f"python ÷ duckdb wall {pwall / dwall:.1f}x; same report: {dsample == psample}; "
               f"recommendations {recommendations(psample)}")
-        print(f"the day by the Python reader at that rate: ~{args.records / (args.python_sample / pcpu) / 60:.0f} "
-              f"min of CPU, against {wall:.1f} s")
+        if not args.skip_day:
+            print(f"the day by the Python reader at that rate: ~{args.records / (args.python_sample / pcpu) / 60:.0f} "
+                  f"min of CPU, against {wall:.1f} s")
     finally:
         if not (args.keep or args.generate_only):
             shutil.rmtree(args.dir, ignore_errors=True)

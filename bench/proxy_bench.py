@@ -689,7 +689,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = only - set(SCENARIOS)
     if unknown:
         parser.error(f"unknown scenarios {sorted(unknown)}; known: {', '.join(SCENARIOS)}")
-    targets = [t for t in args.targets.split(",") if t in TARGETS]
+    # the baseline runs only where there is one to run: the default target list names it
+    targets = [t for t in args.targets.split(",") if t in TARGETS and (t != "baseline" or args.baseline_root)]
     if args.baseline_root and "baseline" not in targets:
         targets.insert(targets.index("brimful") if "brimful" in targets else len(targets), "baseline")
     for tool in ("wrk", "hey", "taskset"):
