@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import collections
+import json
 import types
 
 import jinja2
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 from jinja2.utils import Namespace
@@ -109,3 +112,37 @@ def test_a_template_reads_message_fields_and_string_methods_as_before():
     assert compile_template("{{ 'a{}'.format(1) }}").render() == "a1"
     with pytest.raises(SecurityError):
         compile_template("{{ 'a'.__class__.__mro__ }}").render()
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(st.characters(codec=None)),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_JSON_VALUES, ensure_ascii=st.booleans(), indent=st.none() | st.integers(0, 4),
+       separators=st.none() | st.just((",", ":")), sort_keys=st.booleans())
+def test_tojson_writes_what_json_dumps_writes(value: object, ensure_ascii: bool, indent: int | None,
+                                              separators: tuple[str, str] | None, sort_keys: bool) -> None:
+    """transformers' tojson is json.dumps with these arguments: the encoder kept for its defaults writes the
+    same text (NaN, wide integers, lone surrogates, non-ASCII) and every other call goes to json.dumps."""
+    tojson = make_environment().filters["tojson"]
+    assert tojson(value) == json.dumps(value, ensure_ascii=False)
+    arguments = {"ensure_ascii": ensure_ascii, "indent": indent, "separators": separators, "sort_keys": sort_keys}
+    assert tojson(value, **arguments) == json.dumps(value, **arguments)
+
+
+def test_tojson_refuses_what_json_dumps_refuses() -> None:
+    tojson = make_environment().filters["tojson"]
+    for value in ({"a": {1, 2}}, [b"bytes"], {(1, 2): 3}):
+        with pytest.raises(TypeError) as expected:
+            json.dumps(value, ensure_ascii=False)
+        with pytest.raises(TypeError) as got:
+            tojson(value)
+        assert str(got.value) == str(expected.value)
+    loop: list[object] = []
+    loop.append(loop)
+    with pytest.raises(ValueError, match="Circular reference"):
+        tojson(loop)
