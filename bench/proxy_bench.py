@@ -7,7 +7,9 @@ the proxy under test gets core 1 alone.  Targets:
 
   direct    client -> fake vLLM (bench/fake_upstream.py), the baseline
   bare      client -> bench/bare_proxy.py (Starlette + aiohttp, no counting) -> fake
-  brimful  client -> `brimful serve` (one worker, Qwen3-8B tokenizer, length log on) -> fake
+  litellm   client -> LiteLLM's proxy (with --litellm: one worker, `hosted_vllm/`, its defaults) -> fake
+  baseline  client -> another brimful tree (with --baseline-root) -> fake
+  brimful   client -> `brimful serve` (one worker, Qwen3-8B tokenizer, length log on) -> fake
 
 Scenarios (each target, medians over --rounds, spread shown as min-max):
   chat-197B   non-streamed 197-byte chat, 64 connections: req/s, CPU ms per request
@@ -32,6 +34,11 @@ loaded and 1,000 idle keep-alive connections.
     python bench/proxy_bench.py --rounds 1 --duration 5
     python bench/proxy_bench.py --only chat-197B,stream --brimful-root /tmp/perf-main
     python bench/proxy_bench.py --only chat-197B,chat-4KB --baseline-root /tmp/main   # two brimfuls, one run
+    python bench/proxy_bench.py --only chat-197B,chat-4KB --litellm ~/.cache/brimful/litellm/bin/litellm
+
+LiteLLM is not a dependency of brimful: its proxy comes from a venv of its own,
+`python3 -m venv ~/.cache/brimful/litellm && ~/.cache/brimful/litellm/bin/pip install 'litellm[proxy]==1.108.7'`
+(~760 MB; it starts in ~11 s, with no network).
 
 Needs `wrk` and `hey` (Debian packages; bench/run.sh installs them).  A benchmark,
 not a test: figures depend on the machine and on whatever else runs on it, so
@@ -46,6 +53,7 @@ import json
 import os
 import re
 import resource
+import secrets
 import shutil
 import signal
 import socket
@@ -69,7 +77,9 @@ THREE_MODELS = {"qwen3": "Qwen--Qwen3-8B", "deepseek-v3": "deepseek-ai--DeepSeek
 LOAD_CORE, PROXY_CORE = "0", "1"
 MODEL = "tiny-qwen"
 MAX_MODEL_LEN = 32768
-TARGETS = ("direct", "bare", "baseline", "brimful")   # baseline: brimful from --baseline-root
+# baseline: brimful from --baseline-root; litellm: LiteLLM's proxy from --litellm
+TARGETS = ("direct", "bare", "litellm", "baseline", "brimful")
+LITELLM_VERSION = "1.108.7"     # the version the figures in docs/performance.md were taken with
 SCENARIOS = ("chat-197B", "chat-4KB", "p50@1conn", "stream", "stream-strip", "paced", "long-mix", "workers",
              "counting", "startup", "memory")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -131,6 +141,7 @@ class Server:
     proc: subprocess.Popen
     port: int
     log: Path
+    headers: dict[str, str] = field(default_factory=dict)     # what every request to it carries (LiteLLM's key)
 
     @property
     def url(self) -> str:
@@ -253,7 +264,7 @@ wrk.method = "POST"
 wrk.body = f:read("*a")
 f:close()
 wrk.headers["Content-Type"] = "application/json"
-"""
+{headers}"""
 
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
@@ -272,13 +283,16 @@ def _ms(text: str) -> float:
 WRK_ENV = {"MALLOC_TRIM_THRESHOLD_": "4000000000", "MALLOC_TOP_PAD_": "268435456"}
 
 
-def run_wrk(url: str, body_file: Path, connections: int, duration: float, workdir: Path) -> dict[str, float]:
-    script = workdir / f"{body_file.stem}.lua"
+def run_wrk(url: str, body_file: Path, connections: int, duration: float, workdir: Path,
+            headers: dict[str, str] | None = None) -> dict[str, float]:
+    script = workdir / f"{body_file.stem}{'-headers' if headers else ''}.lua"
     if not script.exists():
-        script.write_text(WRK_SCRIPT.format(body=body_file))
+        lines = "".join(f'wrk.headers["{k}"] = "{v}"\n' for k, v in (headers or {}).items())
+        script.write_text(WRK_SCRIPT.format(body=body_file, headers=lines))
     out = subprocess.run(
-        ["taskset", "-c", LOAD_CORE, "wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency",
-         "-s", str(script), url], capture_output=True, text=True, timeout=duration + 60,
+        # --timeout: wrk's 2 s would count a slow proxy's answers (LiteLLM's at 64 connections) as errors
+        ["taskset", "-c", LOAD_CORE, "wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--timeout", "60s",
+         "--latency", "-s", str(script), url], capture_output=True, text=True, timeout=duration + 60,
         env={**os.environ, **WRK_ENV},
     ).stdout
     result = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
@@ -293,10 +307,12 @@ def run_wrk(url: str, body_file: Path, connections: int, duration: float, workdi
     return result
 
 
-def run_hey(url: str, body_file: Path, connections: int, duration: float) -> dict[str, float]:
+def run_hey(url: str, body_file: Path, connections: int, duration: float,
+            headers: dict[str, str] | None = None) -> dict[str, float]:
+    extra = [arg for k, v in (headers or {}).items() for arg in ("-H", f"{k}: {v}")]
     out = subprocess.run(
         ["taskset", "-c", LOAD_CORE, "hey", "-z", f"{duration:g}s", "-c", str(connections), "-m", "POST",
-         "-T", "application/json", "-D", str(body_file), url],
+         "-T", "application/json", *extra, "-D", str(body_file), url],
         capture_output=True, text=True, timeout=duration + 60,
     ).stdout
     statuses = dict(re.findall(r"\[(\d+)\]\s+(\d+) responses", out))
@@ -309,10 +325,12 @@ def run_hey(url: str, body_file: Path, connections: int, duration: float) -> dic
     return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)), "requests": done}
 
 
-async def timed_streams(url: str, body: bytes, concurrency: int, duration: float, gap_ms: float) -> dict[str, Any]:
+async def timed_streams(url: str, body: bytes, concurrency: int, duration: float, gap_ms: float,
+                        headers: dict[str, str] | None = None) -> dict[str, Any]:
     """Time to first body byte and gaps between arriving chunks, `concurrency` streams at a time."""
     import aiohttp
 
+    sent = {"content-type": "application/json", **(headers or {})}
     ttfb: list[float] = []
     gaps: list[float] = []
     chunks_per_stream: list[int] = []
@@ -323,7 +341,7 @@ async def timed_streams(url: str, body: bytes, concurrency: int, duration: float
         await asyncio.sleep(offset)
         while time.perf_counter() < stop_at:
             start = time.perf_counter()
-            async with session.post(url, data=body, headers={"content-type": "application/json"}) as r:
+            async with session.post(url, data=body, headers=sent) as r:
                 assert r.status == 200, r.status
                 last = None
                 n = 0
@@ -344,9 +362,12 @@ async def timed_streams(url: str, body: bytes, concurrency: int, duration: float
 
 
 async def small_while_long(url_small: str, small: bytes, url_long: str | None, long_body: bytes,
-                           long_connections: int, duration: float) -> dict[str, Any]:
+                           long_connections: int, duration: float,
+                           headers: dict[str, str] | None = None) -> dict[str, Any]:
     """Sequential small requests (1 connection); optionally long ones on other connections."""
     import aiohttp
+
+    sent = {"content-type": "application/json", **(headers or {})}
 
     lat: list[float] = []
     long_lat: list[float] = []
@@ -355,7 +376,7 @@ async def small_while_long(url_small: str, small: bytes, url_long: str | None, l
     async def small_loop(session: aiohttp.ClientSession) -> None:
         while time.perf_counter() < stop_at:
             start = time.perf_counter()
-            async with session.post(url_small, data=small, headers={"content-type": "application/json"}) as r:
+            async with session.post(url_small, data=small, headers=sent) as r:
                 await r.read()
                 assert r.status == 200, r.status
             lat.append((time.perf_counter() - start) * 1000)
@@ -363,7 +384,7 @@ async def small_while_long(url_small: str, small: bytes, url_long: str | None, l
     async def long_loop(session: aiohttp.ClientSession) -> None:
         while time.perf_counter() < stop_at:
             start = time.perf_counter()
-            async with session.post(url_long, data=long_body, headers={"content-type": "application/json"}) as r:
+            async with session.post(url_long, data=long_body, headers=sent) as r:
                 await r.read()
                 assert r.status == 200, r.status
             long_lat.append((time.perf_counter() - start) * 1000)
@@ -464,7 +485,7 @@ def loadavg() -> str:
 def measure_wrk(results: Results, scenario: str, target: str, server: Server, url: str, body_file: Path,
                 connections: int, duration: float, workdir: Path, cpu_label: str = "cpu_ms") -> None:
     before = tree_cpu_seconds(server.proc.pid)
-    r = run_wrk(url, body_file, connections, duration, workdir)
+    r = run_wrk(url, body_file, connections, duration, workdir, server.headers)
     used = tree_cpu_seconds(server.proc.pid) - before
     results.setdefault((scenario, target, "rps"), Series()).add(r["rps"])
     results.setdefault((scenario, target, cpu_label), Series()).add(used * 1000 / max(1, r["requests"]))
@@ -475,7 +496,7 @@ def measure_wrk(results: Results, scenario: str, target: str, server: Server, ur
 def measure_hey(results: Results, scenario: str, target: str, server: Server, url: str, body_file: Path,
                 connections: int, duration: float) -> None:
     before = tree_cpu_seconds(server.proc.pid)
-    r = run_hey(url, body_file, connections, duration)
+    r = run_hey(url, body_file, connections, duration, server.headers)
     used = tree_cpu_seconds(server.proc.pid) - before
     results.setdefault((scenario, target, "rps"), Series()).add(r["rps"])
     results.setdefault((scenario, target, "cpu_ms"), Series()).add(used * 1000 / max(1, r["requests"]))
@@ -664,6 +685,31 @@ def spawn_baseline(args: argparse.Namespace, upstream: str, workdir: Path) -> Se
                  port, workdir, {"PYTHONPATH": str(root)})
 
 
+def spawn_litellm(command: Path, upstream: str, workdir: Path) -> Server:
+    """LiteLLM's proxy in front of the fake, as its docs set up a vLLM server (`hosted_vllm/`), one
+    worker on the proxy core, its other settings its defaults.  It refuses to start without a master
+    key: one made for this run, sent as every request's bearer token.  The model cost map is read from
+    the package, not fetched (no network here)."""
+    config = workdir / "litellm.yaml"
+    config.write_text(f"""model_list:
+  - model_name: {MODEL}
+    litellm_params:
+      model: hosted_vllm/{MODEL}
+      api_base: {upstream}/v1
+      api_key: none
+litellm_settings:
+  telemetry: false
+""")
+    key = "sk-bench-" + secrets.token_hex(16)
+    port = free_port()
+    server = spawn("litellm", [str(command), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
+                               "--num_workers", "1"], PROXY_CORE, port, workdir,
+                   {"LITELLM_MASTER_KEY": key, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+                   ready_path="/health/liveliness", timeout=180)
+    server.headers = {"Authorization": f"Bearer {key}"}
+    return server
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -675,6 +721,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="run brimful from this source tree (e.g. a private copy with a patch)")
     parser.add_argument("--baseline-root", type=Path, default=None,
                         help="also run brimful from this source tree (target 'baseline', e.g. a worktree of main)")
+    parser.add_argument("--litellm", type=Path, default=os.environ.get("BRIMFUL_BENCH_LITELLM") or None,
+                        help="also run LiteLLM's proxy (target 'litellm'): the `litellm` command of a venv with "
+                        f"litellm[proxy]=={LITELLM_VERSION} (default: $BRIMFUL_BENCH_LITELLM)")
     parser.add_argument("--no-length-log", action="store_true", help="run brimful without its length log")
     parser.add_argument("--piece-cache", action="store_true",
                         help="keep brimful's per-piece count cache on (the bench repeats one body: all hits)")
@@ -689,8 +738,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = only - set(SCENARIOS)
     if unknown:
         parser.error(f"unknown scenarios {sorted(unknown)}; known: {', '.join(SCENARIOS)}")
-    # the baseline runs only where there is one to run: the default target list names it
-    targets = [t for t in args.targets.split(",") if t in TARGETS and (t != "baseline" or args.baseline_root)]
+    # the baseline and LiteLLM run only where there is one to run: the default target list names them
+    given = {"baseline": args.baseline_root, "litellm": args.litellm}
+    targets = [t for t in args.targets.split(",") if t in TARGETS and given.get(t, True)]
     if args.baseline_root and "baseline" not in targets:
         targets.insert(targets.index("brimful") if "brimful" in targets else len(targets), "baseline")
     for tool in ("wrk", "hey", "taskset"):
@@ -744,6 +794,8 @@ def main(argv: list[str] | None = None) -> int:
                 port = free_port()
                 servers["bare"] = spawn("bare", [sys.executable, "bench/bare_proxy.py", "--upstream", fake.url,
                                                  "--port", str(port)], PROXY_CORE, port, workdir)
+            if "litellm" in targets:
+                servers["litellm"] = spawn_litellm(args.litellm, fake.url, workdir)
             if "brimful" in targets:
                 port = free_port()
                 config = workdir / "brimful.toml"
@@ -772,7 +824,8 @@ def main(argv: list[str] | None = None) -> int:
                     servers[many] = multi
                     run_wrk(multi.url + "/v1/chat/completions", files["chat-197B"], args.connections, 1, workdir)
             for t in targets:   # warm up every path once
-                run_wrk(servers[t].url + "/v1/chat/completions", files["chat-197B"], args.connections, 1, workdir)
+                run_wrk(servers[t].url + "/v1/chat/completions", files["chat-197B"], args.connections, 1, workdir,
+                        servers[t].headers)
 
         for rnd in range(args.rounds if proxied else 0):
             for t in targets:
@@ -787,13 +840,14 @@ def main(argv: list[str] | None = None) -> int:
                     # The client asks for usage: with the strip path the removed usage event would
                     # show as one doubled gap per stream, not a delay brimful adds.
                     r = asyncio.run(timed_streams(f"{url}?gap_ms={args.event_gap_ms:g}", bodies["stream"],
-                                                  8, args.duration, args.event_gap_ms))
+                                                  8, args.duration, args.event_gap_ms, s.headers))
                     for k, v in r.items():
                         results.setdefault(("paced", t, k), Series()).add(v)
                 if "long-mix" in only:
-                    alone = asyncio.run(small_while_long(url, bodies["chat-197B"], None, b"", 0, args.duration))
+                    alone = asyncio.run(small_while_long(url, bodies["chat-197B"], None, b"", 0, args.duration,
+                                                         s.headers))
                     mixed = asyncio.run(small_while_long(url, bodies["chat-197B"], url, bodies["long"], 2,
-                                                         args.duration))
+                                                         args.duration, s.headers))
                     for k in ("p50", "p99"):
                         results.setdefault(("long-alone", t, k), Series()).add(alone[k])
                         results.setdefault(("long-mix", t, k), Series()).add(mixed[k])
