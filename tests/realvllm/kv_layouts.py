@@ -56,7 +56,7 @@ class LayoutCase:
     config: dict[str, Any]
     max_model_len: int
     max_num_batched_tokens: int
-    block_size: int = 128                 # vLLM's CPU default (16 for MLA, which the CPU backend forces)
+    block_size: int = 128                 # vLLM's CPU default (MLA: `block_size_in`, from its backend)
     kv_cache_memory_bytes: int = KV_CACHE_BYTES
     extra_args: tuple[str, ...] = field(default=())
     plan_args: tuple[str, ...] = field(default=())   # what `brimful plan` must be told that vLLM decides itself
@@ -132,6 +132,22 @@ def write_model(c: LayoutCase, out: Path, tokenizer_dir: Path) -> Path:
     return out
 
 
+# vLLM 0.32 on CPU (vllm/platforms/cpu.py) serves MLA with AMX_MLA where the CPU has AMX tiles, at its
+# default block of 128 tokens, and elsewhere with the reference CPU_MLA, whose decode kernel forces 16.
+# The capture was recorded on a CPU without AMX; a CPU with it gives 29,056 tokens for the MLA case, not
+# 29,120: the same bytes, in whole blocks of 128.
+MLA_BLOCK_SIZES = {"AMX_MLA": 128, "CPU_MLA": 16}
+_BACKEND_LINE = re.compile(r"Using (\w+) backend\.")
+
+
+def block_size_in(log_text: str, c: LayoutCase) -> int:
+    """The block size vLLM served the case with: its MLA backend's (from the log), else the case's."""
+    for backend in _BACKEND_LINE.findall(log_text):
+        if backend in MLA_BLOCK_SIZES:
+            return MLA_BLOCK_SIZES[backend]
+    return c.block_size
+
+
 def parse_log_line(text: str) -> dict[str, Any] | None:
     """vLLM's start-up KV line, verbatim and parsed; None when the log has none yet."""
     m = LOG_LINE.search(text)
@@ -143,7 +159,8 @@ def parse_log_line(text: str) -> dict[str, Any] | None:
 
 def vllm_kv_figures(python: Path, c: LayoutCase, model_dir: Path, log_path: Path,
                     timeout: float = STARTUP_TIMEOUT_S) -> dict[str, Any]:
-    """Start vLLM on `model_dir`, wait for its KV line (or its exit), stop it, return the parsed line."""
+    """Start vLLM on `model_dir`, wait for its KV line (or its exit), stop it: the parsed line, with the
+    block size vLLM used (`block_size_in`)."""
     command = [str(python), str(LAUNCHER), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(free_port()),
                "--dtype", "bfloat16", "--enforce-eager", "--load-format", "dummy", "--served-model-name", c.name,
                *c.serve_args()]
@@ -153,9 +170,10 @@ def vllm_kv_figures(python: Path, c: LayoutCase, model_dir: Path, log_path: Path
     try:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = parse_log_line(log_path.read_text(errors="replace"))
+            text = log_path.read_text(errors="replace")
+            found = parse_log_line(text)
             if found is not None:
-                return found
+                return {**found, "block_size": block_size_in(text, c)}
             if process.poll() is not None:
                 raise SetupError(f"vLLM exited ({process.returncode}) before logging its KV cache; "
                                  f"log {log_path}:\n{log_tail(log_path)}")
@@ -175,8 +193,7 @@ def record(python: Path, tokenizer_dir: Path, work: Path, names: list[str] | Non
             continue
         model_dir = write_model(c, work / c.name, tokenizer_dir)
         figures = vllm_kv_figures(python, c, model_dir, work / f"{c.name}.log")
-        data["cases"][c.name] = {"serve_args": c.serve_args(), "block_size": c.block_size,
-                                 "config": c.config, **figures}
+        data["cases"][c.name] = {"serve_args": c.serve_args(), "config": c.config, **figures}
         print(figures["line"])
     CAPTURES.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return data
