@@ -16,6 +16,7 @@ pytest.importorskip("pyarrow")
 from proxy.commands import report as report_cli  # noqa: E402
 from proxy.recording import parquetlog as pl  # noqa: E402
 from proxy.recording.record import LengthRecord  # noqa: E402
+from proxy.sizing import engine  # noqa: E402
 from proxy.sizing import report as rep  # noqa: E402
 
 FIELDS = [f for f, _ in pl.COLUMNS]
@@ -120,6 +121,83 @@ def test_json_types_are_read_from_each_fields_text_as_python_reads_them(tmp_path
     assert {"q\"wén", "unknown"} <= set(python["models"])
 
 
+def _lines_reader_refused(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Make the line-by-line reader fail the report if it is asked to read anything; returns its calls."""
+    calls: list[list[str]] = []
+
+    def refuse(files: list[str]) -> str:
+        calls.append(list(files))
+        raise AssertionError("read line by line")
+
+    monkeypatch.setattr(engine, "json_lines_source", refuse)
+    return calls
+
+
+# Lines DuckDB's JSON reader (`engine.json_source`) must read, skip as blank, or find no record in, exactly
+# where the Python reader does: a CR before the newline, bytes.isspace() (a vertical tab and a form feed are
+# blank to both), NaN and Infinity (Python reads them); then lines that are no record, each one row with no
+# field (ignore_errors): two values on a line, an object cut over two lines, a NUL, a line that is no object,
+# an object without a record's fields, garbage.
+LINE_EDGES = ['{"ts": 7, "endpoint": "chat", "action": "pass"}\r', chr(11), chr(12) + " \t", "\r",
+              '{"ts": 8, "endpoint": "chat", "action": "pass", "model": "\\ud83d\\ude00"}',
+              '{"ts": NaN, "endpoint": "chat", "action": "pass"}',
+              '{"ts": 9, "endpoint": "chat", "action": "pass", "latency_ms": Infinity, "prompt_tokens": 4}',
+              '{"ts": 2} {"ts": 3}', '{"ts": 4}{"ts": 5}', "{", '"ts": 6}', '{"ts": 11}\x00', "null", "[]", "{}",
+              '{"x": 1}', "not json"]
+
+
+def test_json_lines_without_a_null_action_or_endpoint_are_read_by_duckdbs_json_reader(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the typed lines with an action and an endpoint
+    typed = [line if '"action"' in line or not line.startswith("{") else line[:-1] + ', "action": "pass"}'
+             for line in TYPED]
+    typed = [line if '"endpoint"' in line or not line.startswith("{") else line[:-1] + ', "endpoint": "chat"}'
+             for line in typed]
+    path = write_jsonl(tmp_path / "a.jsonl", varied(6, 500), [*typed, *LINE_EDGES])
+    with path.open("ab") as f:
+        f.write(b'{"ts": 12, "model": "\xff", "endpoint": "chat", "action": "pass"}\n')     # not UTF-8
+    gz = write_jsonl(tmp_path / "b.jsonl.gz", varied(7, 300), LINE_EDGES)
+    python = state(rep.build_report([str(path), str(gz)], engine_name="python"))
+    calls = _lines_reader_refused(monkeypatch)
+    assert state(rep.build_report([str(path), str(gz)], engine_name="duckdb")) == python
+    assert calls == []
+    assert python["malformed"] == 6 + 2 * 10 + 1 and python["records"] == 800 + 6 + 2 * 4
+
+
+@pytest.mark.parametrize("line", ['{"ts": 1, "action": null}', '{"ts": 1, "endpoint": null}',
+                                  '{"ts": 1, "model": "a"}', '{"ts": 1, "action": "pass"}'])
+def test_an_ok_record_without_action_or_endpoint_is_read_again_line_by_line(tmp_path: Path, line: str) -> None:
+    """DuckDB's JSON reader reads a null as an absent key: null is malformed and absent the default, so such a
+    file is read again by json_extract of each line, which tells them apart."""
+    path = write_jsonl(tmp_path / "a.jsonl", varied(8, 300), [line, line])
+    other = write_jsonl(tmp_path / "b.jsonl", varied(9, 300))
+    duck, python = both([str(path), str(other)])
+    assert duck == python
+    assert python["malformed"] == (2 if "null" in line else 0)
+
+
+def test_a_file_opening_with_a_bom_is_read_line_by_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DuckDB's CSV reader skips a UTF-8 BOM, its JSON reader takes the first line for a malformed one."""
+    recs = varied(10, 50)
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in recs).encode())
+    plain = write_jsonl(tmp_path / "plain.jsonl", recs)
+    duck, python = both([str(path), str(plain)])
+    assert duck == python and python["records"] == 100
+    calls = _lines_reader_refused(monkeypatch)
+    with pytest.raises(AssertionError, match="read line by line"):
+        rep.build_report([str(path), str(plain)], engine_name="duckdb")
+    assert calls == [[str(path)]]
+
+
+def test_a_line_longer_than_the_csv_readers_limit_is_read(tmp_path: Path) -> None:
+    """The CSV reader refuses a line over 2,000,000 bytes; the JSON reader takes it, as Python does."""
+    recs = varied(11, 20)
+    recs[3] = {**recs[3], "pad": "x" * 2_500_000}
+    duck, python = both([str(write_jsonl(tmp_path / "a.jsonl", recs))])
+    assert duck == python and python["records"] == 20
+
+
 @pytest.mark.parametrize("kw", [{"model": "llama"}, {"since": 1_700_005_000.0}, {"model": "unknown"}])
 def test_the_model_and_since_filters_agree(tmp_path: Path, kw: dict[str, Any]) -> None:
     path = write_jsonl(tmp_path / "a.jsonl", varied(2, 2000), MALFORMED)
@@ -208,10 +286,10 @@ def test_parquet_statistics_skip_only_the_checks_every_value_passes(tmp_path: Pa
 def test_the_cli_prints_the_same_report_with_either_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_jsonl(tmp_path / "a.jsonl", varied(4, 2000), MALFORMED)
     outputs = {}
-    for engine in ("duckdb", "python"):
+    for reader in ("duckdb", "python"):
         for fmt in ("json", "table"):
-            assert report_cli.main([str(path), "--engine", engine, "--format", fmt, "--percentile", "95"]) == 0
-            outputs[engine, fmt] = capsys.readouterr().out
+            assert report_cli.main([str(path), "--engine", reader, "--format", fmt, "--percentile", "95"]) == 0
+            outputs[reader, fmt] = capsys.readouterr().out
     assert outputs["duckdb", "json"] == outputs["python", "json"]
     assert outputs["duckdb", "table"] == outputs["python", "table"]
     assert json.loads(outputs["duckdb", "json"])["models"][0]["recommendation"] is not None
