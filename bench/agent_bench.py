@@ -1,7 +1,7 @@
 """An agent session through `brimful serve`: proxy CPU per turn against turn number.
 
     python bench/agent_bench.py [--turns 50] [--sessions 3] [--brimful-root /work/main] [--unique 3] [--rounds 3]
-                                [--connections both|keep-alive|per-turn]
+                                [--connections both|keep-alive|per-turn] [--bare]
 
 The shape of a coding agent (Claude Code, Codex) at the chat surface: 20
 tools, a system prompt of 400 sentences, a task, then per turn one assistant
@@ -16,6 +16,10 @@ connections, Claude Code 2.1.197 sent 5 requests of one session over 2
 connections, Codex 0.171.0 opened one per request.  `--connections both` (the
 default) runs each tree both ways: each session over one kept-alive
 connection, and one connection per request.
+
+With --bare, bench/bare_proxy.py (Starlette + aiohttp, no counting) runs the same sessions first in
+each round: what any Python hop pays per turn to receive and forward bodies that grow to ~400 KB, the
+floor under brimful's own growth with the conversation.
 
 Per turn it prints the proxy's CPU time for that request (the sum over its
 threads of /proc/<pid>/task/*/schedstat, nanoseconds, read before and after
@@ -235,17 +239,21 @@ def write_config(path: Path, upstream: str) -> None:
         f'[models."{MODEL}"]', f'tokenizer = "{QWEN3}"', ""]))
 
 
-def run_target(root: Path, fake: Server, sessions: list[list[bytes]], counts: list[list[int]],
+def run_target(root: Path | None, fake: Server, sessions: list[list[bytes]], counts: list[list[int]],
                workdir: Path, keep_alive: bool) -> list[list[float]]:
-    """CPU ms per request, [session][turn], of one brimful tree; checks every count.  The unique
-    chats, if any, come as one more row after the sessions' (counts: their full counts last).
-    `keep_alive`: each session (and the unique chats) over one connection."""
-    config = workdir / "brimful.toml"
-    write_config(config, fake.url)
+    """CPU ms per request, [session][turn], of one brimful tree (None: bench/bare_proxy.py, which
+    counts nothing: what any Python hop pays to carry the same bodies); checks every count brimful
+    answers.  The unique chats, if any, come as one more row after the sessions' (counts: their full
+    counts last).  `keep_alive`: each session (and the unique chats) over one connection."""
     port = free_port()
-    env = {"PYTHONPATH": str(root)}
-    server = spawn("brimful", [*brimful_command(), "--config", str(config), "--port", str(port)], PROXY_CORE,
-                   port, workdir, env)
+    if root is None:
+        server = spawn("bare", [sys.executable, str(ROOT / "bench" / "bare_proxy.py"), "--upstream", fake.url,
+                                "--port", str(port)], PROXY_CORE, port, workdir)
+    else:
+        config = workdir / "brimful.toml"
+        write_config(config, fake.url)
+        server = spawn("brimful", [*brimful_command(), "--config", str(config), "--port", str(port)],
+                       PROXY_CORE, port, workdir, {"PYTHONPATH": str(root)})
     url = server.url + "/v1/chat/completions"
     try:
         warm = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -259,8 +267,8 @@ def run_target(root: Path, fake: Server, sessions: list[list[bytes]], counts: li
                 status, headers = client.post(body)
                 row.append((task_cpu_ns(server.proc.pid) - before) / 1e6)
                 got = int(headers.get("x-brimful-prompt-tokens", -1))
-                if status != 200 or got != full:
-                    raise SystemExit(f"{root}: status {status}, counted {got}, full count {full}")
+                if status != 200 or (root is not None and got != full):
+                    raise SystemExit(f"{root or 'bare'}: status {status}, counted {got}, full count {full}")
             client.close()
             table.append(row)
         return table
@@ -280,8 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unique-chars", type=int, default=400_000, help="characters of text in each")
     parser.add_argument("--connections", choices=("keep-alive", "per-turn", "both"), default="both",
                         help="one connection per session (as Claude Code) or one per request (as Codex), or both")
+    parser.add_argument("--bare", action="store_true",
+                        help="also run bench/bare_proxy.py (no counting): the CPU of carrying the same bodies")
     args = parser.parse_args(argv)
-    roots = [r.resolve() for r in (args.brimful_root or [ROOT])]
+    roots: list[Path | None] = [r.resolve() for r in (args.brimful_root or [ROOT])]
+    if args.bare:
+        roots.insert(0, None)
     os.sched_setaffinity(0, {int(LOAD_CORE)})
     sys.path.insert(0, str(ROOT))
     from tokenizer_cache import load_model_tokenizer
@@ -321,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             for root in roots:
                 for keep in modes:
-                    name = f"{root} {'kept' if keep else 'per-turn'}"
+                    name = f"{root or 'bare'} {'kept' if keep else 'per-turn'}"
                     table = run_target(root, fake, sessions, counts, workdir, keep)
                     if unique:
                         unique_rows.setdefault(name, []).append(table.pop())
@@ -331,10 +343,10 @@ def main(argv: list[str] | None = None) -> int:
     if unique:
         print("\nunique chats: proxy CPU ms per request (and / encode_batch_fast of the rendered text)"
               + (f", median over {args.rounds} rounds" if args.rounds > 1 else ""))
-        for root, rows in unique_rows.items():
+        for label, rows in unique_rows.items():
             cells = [f"{ms:.1f} ({ms / ebf:.3f}x)" for ms, ebf in
                      zip((statistics.median(chat) for chat in zip(*rows, strict=True)), ebf_ms, strict=True)]
-            print(f"{root[-22:]:>22}: " + ", ".join(cells))
+            print(f"{label[-22:]:>22}: " + ", ".join(cells))
     print_table(results, counts[0], args.turns)
     print(f"every count equal to a full count; {time.perf_counter() - started:.0f} s; load average {loadavg()}")
     return 0
