@@ -143,12 +143,16 @@ class Trace:
     key: bytes
 
 
-# Traces kept per chain key (one iteration read differently, e.g. `loop.last` then and now).
+# Traces kept per key (one iteration of one message read differently, e.g. `loop.last` then and now).
 MAX_VARIANTS = 4
 
 
 class TraceTable(BoundedTable[tuple[Trace, ...]]):
-    """chain key before an iteration → the traces recorded there (`_render_memo`)."""
+    """chain key before an iteration + its message's digest → the traces recorded there (`_render_memo`).
+
+    The message in the key lets any number of conversations branch at one chain key (every agent
+    of a deployment opens with the same system prompt) without their traces pushing out each
+    other's: the variants a key keeps differ only in what else the iteration read."""
 
     def __init__(self, max_entries: int, lock: threading.Lock) -> None:
         super().__init__(max_entries, lock)

@@ -16,7 +16,9 @@ such as DeepSeek's end-of-sentence token), the pieces between cuts are
 counted, and each iteration's last cut is stored under K(i): its offset in
 the iteration and the characters and tokens of the text before it.
 
-The next request walks the traces stored under its own chain first: an
+The next request walks the traces stored under its own chain first (each
+under K(i-1) and the digest of the message iterated, so conversations that
+branch at one chain key keep their own traces): an
 iteration whose every recorded read gives the value recorded (checked
 against this request, with the earlier iterations' writes replayed) renders
 what it rendered then, so it need not be rendered.  The last iteration of
@@ -375,7 +377,7 @@ class Recorder:
     def _close(self) -> None:
         events = tuple(self._events)
         key = _chain(self._key, repr(events).encode())
-        self.new_traces.append((self._key, Trace(events, key)))
+        self.new_traces.append((self._key + events[0][1], Trace(events, key)))
         self.spans.append((key, self._span_start, len(self.chunks)))
         self._key = key
 
@@ -404,14 +406,15 @@ class Recorder:
         Reads the tables without their lock (a dict read is atomic under the GIL) and marks
         what it used as recent in one locked pass at the end.  `state` is never changed in
         place: a snapshot of it is a reference."""
-        traces, cuts = self._traces.peek, self._cuts.peek
+        traces, cuts, digest, positions = self._traces.peek, self._cuts.peek, self.values.digest, self._positions
         key = self._key
         state: State = {}
         cut = cuts(key)
         best = None if cut is None else (-1, cut, key, state, key, state)
-        used = [key]
+        used = []
         for index in range(len(self._iterated)):
-            variants = traces(key)
+            at = key + digest(positions[index])
+            variants = traces(at)
             if variants is None:
                 break
             for trace in variants:
@@ -424,11 +427,11 @@ class Recorder:
             if written:
                 state = {**state, **written}
             key = trace.key
-            used.append(key)
+            used.append(at)
             cut = cuts(key)
             if cut is not None:
                 best = (index, cut, key, state, *before)
-        self._traces.touch(used[:-1])
+        self._traces.touch(used)
         if best is None:
             return None
         index, (offset, chars, tokens), key, state, before_key, before_state = best

@@ -30,6 +30,7 @@ from tests.support.families import FAMILIES, family_folder
 from tests.tokenizer_cache.test_family_corpus import CASES as FAMILY_CASES
 from tests.tokenizer_cache.test_prefix_count import _counts
 from tokenizer_cache import CountError, ModelTokenizer, PieceCountCache, TokenizerCache, _piece_count
+from tokenizer_cache._piece_cache import MAX_VARIANTS
 from tokenizer_cache._render import render
 from tokenizer_cache._render_memo import render as memo_render
 
@@ -314,3 +315,56 @@ def test_responses_and_messages_histories_go_through_the_memo(tmp_path: Path) ->
         assert memo.count_responses(responses) == full.count_responses(responses)
         assert memo.count_messages(messages) == full.count_messages(messages)
     assert memo.piece_counter.cache.traces.skipped >= 10
+
+
+def _sessions_sharing_an_opening(count: int, steps: int, tools: bool) -> list[list[dict[str, Any]]]:
+    """`count` agent sessions of one deployment: the same system prompt (and tools), each its own task."""
+    system = {"role": "system", "content": _text(random.Random(20), 60, 80)}
+    sessions = []
+    for seed in range(count):
+        rng = random.Random(100 + seed)
+        messages: list[dict[str, Any]] = [system, _query(rng)]
+        bodies = []
+        for turn in range(steps):
+            messages += _tool_turn(rng, turn, False) if tools else [_reply(rng, False), _query(rng)]
+            bodies.append({"messages": copy.deepcopy(messages), **({"tools": TOOLS} if tools else {})})
+        sessions.append(bodies)
+    return sessions
+
+
+def _skips(model: Any, bodies: list[tuple[int, dict[str, Any]]]) -> dict[tuple[int, int], int]:
+    """Iterations skipped by each request (session, turn), counted in this order through one cache."""
+    traces = model.piece_counter.cache.traces
+    skipped: dict[tuple[int, int], int] = {}
+    turns: dict[int, int] = {}
+    for session, body in bodies:
+        before = traces.skipped
+        model.count_chat(body)
+        turn = turns[session] = turns.get(session, -1) + 1
+        skipped[(session, turn)] = traces.skipped - before
+    return skipped
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_interleaved_sessions_sharing_an_opening_reuse_as_much_as_one_at_a_time(
+        name: str, families: dict[str, Path | str]) -> None:
+    """Agents of one deployment send the same system prompt and tools, and their turns interleave.
+    More sessions than a chain key keeps variants of (MAX_VARIANTS) branch where their tasks start:
+    each session's next turn must still skip what its previous turn rendered, exactly as when the
+    sessions come one after the other, with a full count's result."""
+    full = _uncached(families, name)
+    templates = getattr(full, "_templates", {})
+    if not isinstance(full, ModelTokenizer) or full.family != "hf" or not templates["default"].loop_proof:
+        pytest.skip("not rendered through a proven chat template")
+    sessions = _sessions_sharing_an_opening(3 * MAX_VARIANTS, 5, _takes_tools(full))
+    one_at_a_time = [(s, body) for s, bodies in enumerate(sessions) for body in bodies]
+    interleaved = [(s, sessions[s][turn]) for turn in range(5) for s in range(len(sessions))]
+    expected = {(s, turn): full.count_chat(body)
+                for s, bodies in enumerate(sessions) for turn, body in enumerate(bodies)}
+    alone = _skips(full.with_piece_cache(PieceCountCache()), one_at_a_time)
+    memo = full.with_piece_cache(PieceCountCache())
+    together = _skips(memo, interleaved)
+    assert {key: memo.count_chat(sessions[key[0]][key[1]]) for key in expected} == expected
+    later = [key for key in alone if key[1] > 0]
+    assert sum(alone[key] for key in later) > 0, name
+    assert [key for key in later if together[key] < alone[key]] == [], name
