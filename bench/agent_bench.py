@@ -1,7 +1,7 @@
 """An agent session through `brimful serve`: proxy CPU per turn against turn number.
 
     python bench/agent_bench.py [--turns 50] [--sessions 3] [--brimful-root /work/main] [--unique 3] [--rounds 3]
-                                [--connections both|keep-alive|per-turn] [--bare]
+                                [--connections both|keep-alive|per-turn] [--interleave] [--bare]
 
 The shape of a coding agent (Claude Code, Codex) at the chat surface: 20
 tools, a system prompt of 400 sentences, a task, then per turn one assistant
@@ -16,6 +16,9 @@ connections, Claude Code 2.1.197 sent 5 requests of one session over 2
 connections, Codex 0.171.0 opened one per request.  `--connections both` (the
 default) runs each tree both ways: each session over one kept-alive
 connection, and one connection per request.
+
+With --interleave the sessions' turns alternate (turn 1 of every session, then turn 2, ...), as the
+agents of one deployment do, all opening with the same system prompt and tools.
 
 With --bare, bench/bare_proxy.py (Starlette + aiohttp, no counting) runs the same sessions first in
 each round: what any Python hop pays per turn to receive and forward bodies that grow to ~400 KB, the
@@ -239,12 +242,25 @@ def write_config(path: Path, upstream: str) -> None:
         f'[models."{MODEL}"]', f'tokenizer = "{QWEN3}"', ""]))
 
 
+def request_order(sessions: list[list[bytes]], interleave: bool, unique: bool) -> list[tuple[int, int]]:
+    """(session, turn) in the order sent: each session whole, one after the other, or (`interleave`)
+    turn 1 of every session, then turn 2, ...; the unique chats' row (the last, if `unique`) after all."""
+    rows = len(sessions) - unique
+    if interleave:
+        order = [(row, turn) for turn in range(max(map(len, sessions[:rows]), default=0))
+                 for row in range(rows) if turn < len(sessions[row])]
+    else:
+        order = [(row, turn) for row in range(rows) for turn in range(len(sessions[row]))]
+    return order + [(rows, turn) for turn in range(len(sessions[rows]))] if unique else order
+
+
 def run_target(root: Path | None, fake: Server, sessions: list[list[bytes]], counts: list[list[int]],
-               workdir: Path, keep_alive: bool) -> list[list[float]]:
+               workdir: Path, keep_alive: bool, order: list[tuple[int, int]]) -> list[list[float]]:
     """CPU ms per request, [session][turn], of one brimful tree (None: bench/bare_proxy.py, which
     counts nothing: what any Python hop pays to carry the same bodies); checks every count brimful
     answers.  The unique chats, if any, come as one more row after the sessions' (counts: their full
-    counts last).  `keep_alive`: each session (and the unique chats) over one connection."""
+    counts last).  `keep_alive`: each session (and the unique chats) over a connection of its own;
+    `order`: the (session, turn) of each request (`request_order`)."""
     port = free_port()
     if root is None:
         server = spawn("bare", [sys.executable, str(ROOT / "bench" / "bare_proxy.py"), "--upstream", fake.url,
@@ -259,18 +275,17 @@ def run_target(root: Path | None, fake: Server, sessions: list[list[bytes]], cou
         warm = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
         for _ in range(3):
             assert post(url, warm)[0] == 200
-        table = []
-        for bodies, expected in zip(sessions, counts, strict=True):
-            client, row = Client(url, keep_alive), []
-            for body, full in zip(bodies, expected, strict=True):
-                before = task_cpu_ns(server.proc.pid)
-                status, headers = client.post(body)
-                row.append((task_cpu_ns(server.proc.pid) - before) / 1e6)
-                got = int(headers.get("x-brimful-prompt-tokens", -1))
-                if status != 200 or (root is not None and got != full):
-                    raise SystemExit(f"{root or 'bare'}: status {status}, counted {got}, full count {full}")
+        clients = [Client(url, keep_alive) for _ in sessions]
+        table: list[list[float]] = [[] for _ in sessions]
+        for row, turn in order:
+            before = task_cpu_ns(server.proc.pid)
+            status, headers = clients[row].post(sessions[row][turn])
+            table[row].append((task_cpu_ns(server.proc.pid) - before) / 1e6)
+            got, full = int(headers.get("x-brimful-prompt-tokens", -1)), counts[row][turn]
+            if status != 200 or (root is not None and got != full):
+                raise SystemExit(f"{root or 'bare'}: status {status}, counted {got}, full count {full}")
+        for client in clients:
             client.close()
-            table.append(row)
         return table
     finally:
         server.stop()
@@ -288,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unique-chars", type=int, default=400_000, help="characters of text in each")
     parser.add_argument("--connections", choices=("keep-alive", "per-turn", "both"), default="both",
                         help="one connection per session (as Claude Code) or one per request (as Codex), or both")
+    parser.add_argument("--interleave", action="store_true",
+                        help="send turn 1 of every session, then turn 2, ... (agents of one deployment at once)")
     parser.add_argument("--bare", action="store_true",
                         help="also run bench/bare_proxy.py (no counting): the CPU of carrying the same bodies")
     args = parser.parse_args(argv)
@@ -326,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         modes = {"keep-alive": [True], "per-turn": [False], "both": [True, False]}[args.connections]
+        order = request_order(sessions, args.interleave, bool(unique))
         # Round after round, each target in turn with a fresh server: a slow spell of the shared
         # machine then falls on every target instead of on whichever ran during it.
         results: dict[str, list[list[float]]] = {}
@@ -334,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             for root in roots:
                 for keep in modes:
                     name = f"{root or 'bare'} {'kept' if keep else 'per-turn'}"
-                    table = run_target(root, fake, sessions, counts, workdir, keep)
+                    table = run_target(root, fake, sessions, counts, workdir, keep, order)
                     if unique:
                         unique_rows.setdefault(name, []).append(table.pop())
                     results.setdefault(name, []).extend(table)
@@ -362,8 +380,8 @@ def print_table(results: dict[str, list[list[float]]], tokens: list[int], turns:
         print(f"{t:>4} {tokens[t - 1]:>8,} " + " ".join(f"{c:>22.2f}" for c in cells))
     for n in names:
         medians = [statistics.median(row[t] for row in results[n]) for t in range(turns)]
-        print(f"{n}: mean of turns 1-10 {statistics.mean(medians[:10]):.2f} ms, "
-              f"41-50 {statistics.mean(medians[-10:]):.2f} ms")
+        print(f"{n}: mean of turns 1-{min(10, turns)} {statistics.mean(medians[:10]):.2f} ms, "
+              f"{max(turns - 9, 1)}-{turns} {statistics.mean(medians[-10:]):.2f} ms")
 
 
 if __name__ == "__main__":
