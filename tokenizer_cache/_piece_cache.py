@@ -46,6 +46,11 @@ class PieceCacheStats:
     prefix_entries: int = 0
     prefix_hits: int = 0
     prefix_misses: int = 0
+    # The render memo (`TraceTable`): iterations skipped and rendered (recorded), traces kept and dropped.
+    memo_skipped: int = 0
+    memo_rendered: int = 0
+    memo_entries: int = 0
+    memo_evictions: int = 0
 
 
 class BoundedTable(Generic[V]):
@@ -158,6 +163,7 @@ class TraceTable(BoundedTable[tuple[Trace, ...]]):
         super().__init__(max_entries, lock)
         self.skipped = 0        # iterations not rendered since creation
         self.rendered = 0       # iterations rendered and recorded
+        self.evictions = 0      # traces dropped to stay within max_entries
 
     def add(self, items: Sequence[tuple[bytes, Trace]], skipped: int) -> None:
         with self._lock:
@@ -168,10 +174,16 @@ class TraceTable(BoundedTable[tuple[Trace, ...]]):
             self.skipped += skipped
             self.rendered += len(items)
 
+    def _trim(self) -> None:
+        overflow = len(self._entries) - self.max_entries
+        if overflow > 0:
+            self.evictions += overflow
+            super()._trim()
+
     def clear(self) -> None:
         super().clear()
         with self._lock:
-            self.skipped = self.rendered = 0
+            self.skipped = self.rendered = self.evictions = 0
 
 
 class PieceCountCache:
@@ -222,9 +234,10 @@ class PieceCountCache:
 
     def stats(self) -> PieceCacheStats:
         with self._lock:
-            prefixes = self.prefixes
+            prefixes, traces = self.prefixes, self.traces
             return PieceCacheStats(len(self._counts), self.max_entries, self._hits, self._misses, self._evictions,
-                                   len(prefixes._entries), prefixes.hits, prefixes.misses)
+                                   len(prefixes._entries), prefixes.hits, prefixes.misses,
+                                   traces.skipped, traces.rendered, len(traces._entries), traces.evictions)
 
     def __len__(self) -> int:
         with self._lock:

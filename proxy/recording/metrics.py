@@ -348,6 +348,13 @@ class Metrics:
             lambda: _PrefixStats.of(stats()), "prefix_cache",
             lookups="Long prompts looked up by their prefixes at proven cuts: a hit counts that prefix whole.",
             entries="Prompt prefixes in the prefix table beside the piece cache."))
+        self.registry.register(_CountCacheCollector(
+            lambda: _MemoStats.of(stats()), "render_memo",
+            lookups="Iterations of a chat template's message loop in chats rendered through the memo: a hit "
+                    "was skipped (the same reads rendered it before), a miss was rendered and recorded.",
+            evictions="Iteration traces dropped from the full render memo: the conversations coming back "
+                      "no longer fit it (its size follows piece_cache_entries).",
+            entries="Iteration traces in the render memo beside the piece cache."))
 
     def attach_chat_cache(self, stats: Callable[[], Any]) -> None:
         """Export the chat-count cache's hits, misses and size."""
@@ -459,6 +466,20 @@ class _PrefixStats:
     @classmethod
     def of(cls, stats: Any) -> _PrefixStats:
         return cls(stats.prefix_hits, stats.prefix_misses, stats.prefix_entries)
+
+
+@dataclass(frozen=True)
+class _MemoStats:
+    """The render memo's figures of a `PieceCacheStats`, named as `_CountCacheCollector` reads them."""
+
+    hits: int
+    misses: int
+    entries: int
+    evictions: int
+
+    @classmethod
+    def of(cls, stats: Any) -> _MemoStats:
+        return cls(stats.memo_skipped, stats.memo_rendered, stats.memo_entries, stats.memo_evictions)
 
 
 class _CountCacheCollector(Collector):

@@ -214,3 +214,19 @@ def test_piece_and_prefix_tables_are_exported() -> None:
     assert value(m, "brimful_prefix_cache_lookups_total", result="miss") == 1
     assert value(m, "brimful_prefix_cache_entries") == 2
     assert value(m, "brimful_piece_cache_entries") == 0
+
+
+def test_the_render_memo_is_exported() -> None:
+    """Iterations skipped and rendered, traces kept and dropped: whether the agents' conversations
+    fit the memo shows at scrape time."""
+    from tokenizer_cache import PieceCountCache
+    from tokenizer_cache._piece_cache import Trace
+
+    cache = PieceCountCache(64)                         # room for 64 // 8 = 8 traces
+    m = Metrics()
+    m.attach_piece_cache(cache.stats)
+    cache.traces.add([(bytes([i]) * 32, Trace((("i", b"d"),), b"k")) for i in range(10)], skipped=7)
+    assert value(m, "brimful_render_memo_lookups_total", result="hit") == 7
+    assert value(m, "brimful_render_memo_lookups_total", result="miss") == 10
+    assert value(m, "brimful_render_memo_entries") == 8
+    assert value(m, "brimful_render_memo_evictions_total") == 2
