@@ -71,22 +71,31 @@ class BoundedTable(Generic[V]):
 
     def peek(self, key: bytes) -> V | None:
         """The value without the lock and without marking it recent (a dict read is atomic under
-        the GIL): for a walk over many entries, which `touch`es those it used once at the end."""
+        the GIL): for a walk over many entries, which marks those it used recent once at the end (`put_path`)."""
         return self._entries.get(key)
-
-    def touch(self, keys: Iterable[bytes]) -> None:
-        """Mark these entries (those still here) most recently used."""
-        with self._lock:
-            entries = self._entries
-            for key in keys:
-                if key in entries:
-                    entries.move_to_end(key)
 
     def put_many(self, items: Iterable[tuple[bytes, V]]) -> None:
         with self._lock:
             for key, value in items:
                 self._put(key, value)
             self._trim()
+
+    def put_path(self, items: Sequence[tuple[bytes, V]], used: Sequence[bytes]) -> None:
+        """Store the entries one render made along a conversation and mark those it `used`, both
+        given in loop order (the used ones nearer its start), deepest first: the entries nearer a
+        conversation's start are then the more recent, so a full table drops conversations' tails
+        first, and what is left of each is a path a walk can still follow (`_render_memo`)."""
+        with self._lock:
+            self._put_path(items, used)
+
+    def _put_path(self, items: Sequence[tuple[bytes, V]], used: Sequence[bytes]) -> None:
+        entries = self._entries
+        for key, value in reversed(items):
+            self._put(key, value)
+        for key in reversed(used):
+            if key in entries:
+                entries.move_to_end(key)
+        self._trim()
 
     def _put(self, key: bytes, value: V) -> None:
         self._entries[key] = value
@@ -165,12 +174,15 @@ class TraceTable(BoundedTable[tuple[Trace, ...]]):
         self.rendered = 0       # iterations rendered and recorded
         self.evictions = 0      # traces dropped to stay within max_entries
 
-    def add(self, items: Sequence[tuple[bytes, Trace]], skipped: int) -> None:
+    def add(self, items: Sequence[tuple[bytes, Trace]], skipped: int, used: Sequence[bytes] = ()) -> None:
+        """One render's new traces beside the variants already kept, and the traces its walk
+        `used` marked recent, as `put_path` orders them."""
         with self._lock:
+            merged = []
             for key, trace in items:
                 known = self._entries.get(key, ())
-                self._put(key, known if trace in known else (trace, *known[: MAX_VARIANTS - 1]))
-            self._trim()
+                merged.append((key, known if trace in known else (trace, *known[: MAX_VARIANTS - 1])))
+            self._put_path(merged, used)
             self.skipped += skipped
             self.rendered += len(items)
 

@@ -134,6 +134,8 @@ class MemoRender:
     reused: bool = False
     spans: list[tuple[bytes, int, int]] = field(default_factory=list)   # (K(i), start, end) in `text`
     traces: list[tuple[bytes, Trace]] = field(default_factory=list)
+    used: list[bytes] = field(default_factory=list)        # the keys of the traces the walk replayed
+    used_cuts: list[bytes] = field(default_factory=list)   # and of the cuts it found along them
     skipped: int = 0
 
 
@@ -235,6 +237,8 @@ class Recorder:
         self.start_chunk = 0                      # the text counted starts here (after `reuse.drop` characters)
         self.spans: list[tuple[bytes, int, int]] = []   # (K(i), first chunk, end chunk)
         self.new_traces: list[tuple[bytes, Trace]] = []
+        self.used_traces: list[bytes] = []
+        self.used_cuts: list[bytes] = []
 
     def hooks(self) -> dict[str, Callable[..., Any]]:
         return {ENTER: self.enter, OUTER: self.outer, END: self.end, LOOP: self.loop_attribute,
@@ -403,15 +407,15 @@ class Recorder:
     def _plan(self) -> _Reuse | None:
         """Walk the stored traces from K(-1); the last cut stored along the run they cover.
 
-        Reads the tables without their lock (a dict read is atomic under the GIL) and marks
-        what it used as recent in one locked pass at the end.  `state` is never changed in
-        place: a snapshot of it is a reference."""
+        Reads the tables without their lock (a dict read is atomic under the GIL); the traces and
+        cuts it went through are marked recent with the render's new ones (`tally`, `put_path`).
+        `state` is never changed in place: a snapshot of it is a reference."""
         traces, cuts, digest, positions = self._traces.peek, self._cuts.peek, self.values.digest, self._positions
         key = self._key
         state: State = {}
         cut = cuts(key)
         best = None if cut is None else (-1, cut, key, state, key, state)
-        used = []
+        used, cut_keys = [], [] if cut is None else [key]
         for index in range(len(self._iterated)):
             at = key + digest(positions[index])
             variants = traces(at)
@@ -431,11 +435,11 @@ class Recorder:
             cut = cuts(key)
             if cut is not None:
                 best = (index, cut, key, state, *before)
-        self._traces.touch(used)
+                cut_keys.append(key)
+        self.used_traces, self.used_cuts = used, cut_keys     # marked recent by `tally`
         if best is None:
             return None
         index, (offset, chars, tokens), key, state, before_key, before_state = best
-        self._cuts.touch([key])
         if offset == AT_END:
             return _Reuse(index, True, state, key, 0, chars, tokens)
         return _Reuse(index, False, before_state, before_key, offset, chars, tokens)
@@ -527,7 +531,8 @@ def render(proof: LoopProof, variables: dict[str, Any], base_key: bytes, cache: 
             offset += len(chunks[at])
             at += 1
         spans.append((key, span_start, offset))
-    done = MemoRender(text, spans=spans, traces=recorder.new_traces)
+    done = MemoRender(text, spans=spans, traces=recorder.new_traces, used=recorder.used_traces,
+                      used_cuts=recorder.used_cuts)
     if reuse is not None:
         done.prefix_chars, done.prefix_tokens, done.reused = reuse.chars, reuse.tokens, True
         done.skipped = reuse.skip_to + 1
@@ -558,9 +563,10 @@ def tally(done: MemoRender, counter: PieceCounter, cut_tokens: tuple[str, ...]) 
         total += segment.tokens
         running[end] = total
     cache = counter.cache
-    cache.loop_cuts.put_many((key, (offset, done.prefix_chars + position, running[position]))
-                             for key, offset, position in last_cuts if done.prefix_chars + position > 0)
-    cache.traces.add(done.traces, done.skipped)
+    cache.loop_cuts.put_path([(key, (offset, done.prefix_chars + position, running[position]))
+                              for key, offset, position in last_cuts if done.prefix_chars + position > 0],
+                             done.used_cuts)
+    cache.traces.add(done.traces, done.skipped, done.used)
     return PieceTally(tokens=total, pieces=sum(t.pieces for t in tallies),
                       added_tokens=sum(t.added_tokens for t in tallies),
                       encoded_pieces=sum(t.encoded_pieces for t in tallies),

@@ -368,3 +368,20 @@ def test_interleaved_sessions_sharing_an_opening_reuse_as_much_as_one_at_a_time(
     later = [key for key in alone if key[1] > 0]
     assert sum(alone[key] for key in later) > 0, name
     assert [key for key in later if together[key] < alone[key]] == [], name
+
+
+def test_a_memo_a_little_too_small_keeps_the_start_of_each_conversation(tmp_path: Path) -> None:
+    """More conversations coming back in turn than the memo holds: the least recently used traces go.
+    A conversation's go from its deepest iteration back, so each keeps the start of its path, which
+    its next turn can still skip.  Were its first trace the first to go, the walk would stop there
+    and none of its other traces would be of use: with room for 120 of the ~150 traces these six
+    sessions make, their last turns skipped 6 iterations in all that way, 42 this way."""
+    full, _ = _qwen3(tmp_path)
+    sessions = _sessions_sharing_an_opening(6, 8, tools=True)
+    cache = PieceCountCache(8 * 120)                 # TRACE_ENTRIES_PER_PIECE: room for 120 traces
+    memo = full.with_piece_cache(cache)
+    interleaved = [(s, sessions[s][turn]) for turn in range(8) for s in range(len(sessions))]
+    skipped = _skips(memo, interleaved)
+    assert cache.traces.evictions > 0 and len(cache.traces) == 120
+    assert all(memo.count_chat(body) == full.count_chat(body) for _, body in interleaved[-6:])
+    assert sum(skipped[(s, 7)] for s in range(len(sessions))) >= 4 * len(sessions)
