@@ -415,7 +415,8 @@ class Recorder:
         state: State = {}
         cut = cuts(key)
         best = None if cut is None else (-1, cut, key, state, key, state)
-        used, cut_keys = [], [] if cut is None else [key]
+        used: list[bytes] = []                    # the traces replayed, and the cuts found along them
+        cut_keys = [] if cut is None else [key]
         for index in range(len(self._iterated)):
             at = key + digest(positions[index])
             variants = traces(at)
