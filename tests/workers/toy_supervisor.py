@@ -39,8 +39,10 @@ async def serve(slot: WorkerSlot, sock: socket.socket) -> int:
 
     # SIGTERM through the loop: the supervisor's handler raises SystemExit wherever the signal lands,
     # and one that lands in a weakref callback (asyncio's WeakSet of tasks) is printed and ignored.
+    # It was blocked since the worker started (`run_worker`): one sent meanwhile arrives now.
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     await asyncio.start_server(answer, sock=sock)
     Handover(slot.channel).start(answer_handed)
     await stop.wait()
@@ -51,6 +53,10 @@ def main(state: Path, count: int) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
 
     def run_worker(slot: WorkerSlot, sock: socket.socket) -> int:
+        # SIGTERM held until `serve` hands it to the loop: the supervisor's handler, active until
+        # then, could land in a finalizer while asyncio starts and be lost (the toy then never
+        # stops). The test opens a held replacement's gate before it stops the supervisor.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         starts = state / f"slot-{slot.index}.starts"
         first = not starts.exists()
         gate = state / f"gate-{slot.index}"
