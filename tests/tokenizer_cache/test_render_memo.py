@@ -350,8 +350,8 @@ def test_interleaved_sessions_sharing_an_opening_reuse_as_much_as_one_at_a_time(
         name: str, families: dict[str, Path | str]) -> None:
     """Agents of one deployment send the same system prompt and tools, and their turns interleave.
     More sessions than a chain key keeps variants of (MAX_VARIANTS) branch where their tasks start:
-    each session's next turn must still skip what its previous turn rendered, exactly as when the
-    sessions come one after the other, with a full count's result."""
+    each session's next turn must still skip what its previous turn rendered, at least as much as
+    when the sessions come one after the other, with a full count's result."""
     full = _uncached(families, name)
     templates = getattr(full, "_templates", {})
     if not isinstance(full, ModelTokenizer) or full.family != "hf" or not templates["default"].loop_proof:
