@@ -164,6 +164,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    from proxy import signals
     from proxy.app import BrimfulApp
 
     if config.server.workers > 1:
@@ -175,13 +176,14 @@ def run_serve(args: argparse.Namespace) -> int:
             print(f"brimful: cannot listen on {config.server.host}:{config.server.port}: {exc}", file=sys.stderr)
             return 1
 
+    signals.hold()                  # until the server handles them: a stop sent while starting is kept
     app = BrimfulApp(config)
     # uvicorn drains on SIGTERM, then re-raises the signal with the handler that
     # was installed before it started.  With the default handler the process
     # would die by the signal (status -15) after a clean drain, which systemd
     # and Kubernetes report as a failure; this handler makes it exit 0.
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    server = uvicorn.Server(uvicorn.Config(app, host=config.server.host, port=config.server.port,
+    server = signals.Server(uvicorn.Config(app, host=config.server.host, port=config.server.port,
                                            **uvicorn_options(config)))
     if config.server.metrics_port:
         # brimful's pages on a listener of their own: the app tells them apart by the local port.
@@ -239,7 +241,7 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:
-    """SIGTERM outside uvicorn's own handling (before start-up, or re-raised after its drain)."""
+    """SIGTERM re-raised by uvicorn after its drain (before it runs, SIGTERM is held: proxy.signals)."""
     raise SystemExit(0)
 
 

@@ -15,7 +15,7 @@ PROXY = ROOT / "proxy"
 
 # lower first; an import from a unit may only reach units of a lower layer, or its own unit
 LAYERS: list[set[str]] = [
-    {"errors", "logs", "__init__"},
+    {"errors", "logs", "signals", "__init__"},
     {"asgi", "config"},
     {"sizing"},
     {"upstream"},

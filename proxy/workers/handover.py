@@ -29,6 +29,8 @@ from typing import Any
 
 import uvicorn
 
+from proxy import signals
+
 log = logging.getLogger("brimful.workers")
 
 SERVING, STOPPING, ADOPT, RELEASE = b"serving", b"stopping", b"adopt", b"release"
@@ -194,8 +196,10 @@ class Handover:
             self._serve(conn)
 
 
-class WorkerServer(uvicorn.Server):
+class WorkerServer(signals.Server):
     """uvicorn's server for one of `--workers N`, speaking to the supervisor through a Handover.
+
+    It takes the SIGTERM and SIGINT its worker held from the fork (proxy.signals).
 
     A connection accepted from a handed socket is served with the same protocol, limits and
     app state as the worker's own, and is drained with them.

@@ -23,7 +23,9 @@ Only when no other worker runs does a worker that cannot start stop
 everything (it would fail the same way again).  It forwards SIGTERM
 and SIGINT to every worker as SIGTERM (each drains as a lone brimful
 would), and exits 0 once all have exited 0.  Workers get SIGTERM if the
-parent dies (PR_SET_PDEATHSIG).
+parent dies (PR_SET_PDEATHSIG).  A worker holds both signals from its fork
+until its server handles them (proxy.signals): one sent while it
+starts is delivered then, never lost.
 
 Each worker knows its `WorkerSlot` (proxy.workers.siblings): the pages that must speak
 for all workers ask the others through it (proxy.workers.pages).
@@ -61,6 +63,8 @@ BACKOFF_MAX_S = 30.0
 BACKLOG = 2048               # uvicorn's default
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
+# A worker's body: it starts with SIGTERM and SIGINT blocked, and unblocks them once it handles them
+# (proxy.signals.Server does, inside uvicorn's handlers), so none sent meanwhile is lost.
 RunWorker = Callable[[WorkerSlot, socket.socket], int]
 
 
@@ -134,7 +138,8 @@ class Supervisor:
         count = self.count or len(self.sockets)
         try:
             for index in range(count):
-                self._start(WorkerSlot(index, count, self.directory))
+                if not self._stopping:      # stopped meanwhile: the sockets are closed, start no more
+                    self._start(WorkerSlot(index, count, self.directory))
             codes = self._wait()
         finally:
             signal.set_wakeup_fd(old_wakeup)
@@ -302,7 +307,7 @@ class Supervisor:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             for sig in _SIGNALS:
                 signal.signal(sig, _exit_cleanly)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+            # They stay blocked: `run_worker` unblocks them once it handles them (proxy.signals).
             _die_with_parent(parent)
             mine = self._socket_of(slot.index)
             for sock in self.sockets:
@@ -394,7 +399,7 @@ def serve(host: str, port: int, count: int, run_worker: RunWorker) -> int:
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:
-    """A worker's SIGTERM before its server handles signals, or re-raised after its drain."""
+    """A worker's SIGTERM re-raised by its server after the drain."""
     raise SystemExit(0)
 
 

@@ -147,3 +147,17 @@ def test_workers_that_cannot_start_stop_everything_once_none_runs(tmp_path: Path
         code = toy.stop()
     assert code == 3, toy.lines
     assert any("could not start and no other worker runs; stopping" in line for line in toy.lines), toy.lines
+
+
+def test_a_sigterm_while_the_workers_are_forked_starts_no_more_and_exits_0(tmp_path: Path) -> None:
+    (tmp_path / "stop-at-start").touch()
+    toy = Toy(tmp_path, count=3)
+    try:
+        code = toy.proc.wait(15)
+    finally:
+        toy.stop()
+    # The first worker, forked before the signal was handled, stops with it; the others, whose
+    # sockets the stop closed, are never forked (before: forked on a closed socket, exit 1).
+    assert code == 0, "\n".join(toy.lines)
+    assert len(toy.starts(0)) == 1
+    assert toy.starts(1) == toy.starts(2) == []

@@ -7,7 +7,8 @@ it (proxy.workers.handover) the same way.  Each start appends its pid to
 STATE/slot-<i>.starts; a replacement (not the slot's first start) of a slot
 with a STATE/gate-<i> FIFO blocks opening it until the test opens its other
 end, so a test can hold a replacement's start for as long as it needs.  With a
-STATE/cannot-start file every worker exits at once with uvicorn's start-up failure (3).
+STATE/cannot-start file every worker exits at once with uvicorn's start-up failure (3).  With a
+STATE/stop-at-start file the supervisor gets SIGTERM as it forks its first worker.
 """
 
 from __future__ import annotations
@@ -37,9 +38,8 @@ async def serve(slot: WorkerSlot, sock: socket.socket) -> int:
         with conn:
             conn.sendall(line)             # one short line: the new socket's buffer takes it whole
 
-    # SIGTERM through the loop: the supervisor's handler raises SystemExit wherever the signal lands,
-    # and one that lands in a weakref callback (asyncio's WeakSet of tasks) is printed and ignored.
-    # It was blocked since the worker started (`run_worker`): one sent meanwhile arrives now.
+    # SIGTERM through the loop, then unblocked: the supervisor holds it from the fork until the
+    # worker handles it (as proxy.signals.Server does), so one sent meanwhile arrives now.
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
@@ -53,10 +53,7 @@ def main(state: Path, count: int) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
 
     def run_worker(slot: WorkerSlot, sock: socket.socket) -> int:
-        # SIGTERM held until `serve` hands it to the loop: the supervisor's handler, active until
-        # then, could land in a finalizer while asyncio starts and be lost (the toy then never
-        # stops). The test opens a held replacement's gate before it stops the supervisor.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        # SIGTERM is held until `serve` (the test opens a held replacement's gate before it stops the supervisor).
         starts = state / f"slot-{slot.index}.starts"
         first = not starts.exists()
         gate = state / f"gate-{slot.index}"
@@ -71,6 +68,9 @@ def main(state: Path, count: int) -> int:
 
     sockets = listening_sockets("127.0.0.1", 0, count)
     print(sockets[0].getsockname()[1], flush=True)
+    if (state / "stop-at-start").exists():     # delivered when the first fork unblocks it
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        os.kill(os.getpid(), signal.SIGTERM)
     directory = state / "workers"
     directory.mkdir()
     return Supervisor(sockets, run_worker, directory).run()
