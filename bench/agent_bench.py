@@ -2,6 +2,7 @@
 
     python bench/agent_bench.py [--turns 50] [--sessions 3] [--brimful-root /work/main] [--unique 3] [--rounds 3]
                                 [--connections both|keep-alive|per-turn] [--interleave] [--bare]
+                                [--workers 1 --workers 2]
 
 The shape of a coding agent (Claude Code, Codex) at the chat surface: 20
 tools, a system prompt of 400 sentences, a task, then per turn one assistant
@@ -19,6 +20,11 @@ connection, and one connection per request.
 
 With --interleave the sessions' turns alternate (turn 1 of every session, then turn 2, ...), as the
 agents of one deployment do, all opening with the same system prompt and tools.
+
+With --workers N (repeatable) brimful runs as `serve --workers N`, all its processes on the proxy's
+core, and the CPU is the sum over the supervisor and its workers.  Each worker has its own render
+memo: with one connection per request the kernel spreads a session's turns over the workers, so a
+worker renders the turns it has not seen since it last served that session.
 
 With --bare, bench/bare_proxy.py (Starlette + aiohttp, no counting) runs the same sessions first in
 each round: what any Python hop pays per turn to receive and forward bodies that grow to ~400 KB, the
@@ -176,12 +182,19 @@ def unique_chat(seed: int, chars: int) -> dict[str, Any]:
 
 
 def task_cpu_ns(pid: int) -> int:
-    """Nanoseconds on CPU of every thread of `pid` (schedstat's first field)."""
+    """Nanoseconds on CPU of every thread of `pid` and of its children's (schedstat's first field):
+    the workers of `serve --workers N` are the supervisor's children."""
     total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0   # a process that just ended
+    for task in tasks:
         try:
             with open(f"/proc/{pid}/task/{task}/schedstat") as f:
                 total += int(f.read().split()[0])
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                total += sum(task_cpu_ns(int(child)) for child in f.read().split())
         except OSError:
             pass   # a thread that just ended
     return total
@@ -255,12 +268,12 @@ def request_order(sessions: list[list[bytes]], interleave: bool, unique: bool) -
 
 
 def run_target(root: Path | None, fake: Server, sessions: list[list[bytes]], counts: list[list[int]],
-               workdir: Path, keep_alive: bool, order: list[tuple[int, int]]) -> list[list[float]]:
+               workdir: Path, keep_alive: bool, order: list[tuple[int, int]], workers: int = 1) -> list[list[float]]:
     """CPU ms per request, [session][turn], of one brimful tree (None: bench/bare_proxy.py, which
     counts nothing: what any Python hop pays to carry the same bodies); checks every count brimful
     answers.  The unique chats, if any, come as one more row after the sessions' (counts: their full
     counts last).  `keep_alive`: each session (and the unique chats) over a connection of its own;
-    `order`: the (session, turn) of each request (`request_order`)."""
+    `order`: the (session, turn) of each request (`request_order`); `workers`: `serve --workers`."""
     port = free_port()
     if root is None:
         server = spawn("bare", [sys.executable, str(ROOT / "bench" / "bare_proxy.py"), "--upstream", fake.url,
@@ -268,12 +281,12 @@ def run_target(root: Path | None, fake: Server, sessions: list[list[bytes]], cou
     else:
         config = workdir / "brimful.toml"
         write_config(config, fake.url)
-        server = spawn("brimful", [*brimful_command(), "--config", str(config), "--port", str(port)],
-                       PROXY_CORE, port, workdir, {"PYTHONPATH": str(root)})
+        server = spawn("brimful", [*brimful_command(), "--config", str(config), "--port", str(port),
+                                   "--workers", str(workers)], PROXY_CORE, port, workdir, {"PYTHONPATH": str(root)})
     url = server.url + "/v1/chat/completions"
     try:
         warm = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
-        for _ in range(3):
+        for _ in range(3 * workers):      # a connection each: every worker likely served one
             assert post(url, warm)[0] == 200
         clients = [Client(url, keep_alive) for _ in sessions]
         table: list[list[float]] = [[] for _ in sessions]
@@ -305,10 +318,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="one connection per session (as Claude Code) or one per request (as Codex), or both")
     parser.add_argument("--interleave", action="store_true",
                         help="send turn 1 of every session, then turn 2, ... (agents of one deployment at once)")
+    parser.add_argument("--workers", type=int, action="append",
+                        help="run brimful as `serve --workers N` (repeatable; default: 1)")
     parser.add_argument("--bare", action="store_true",
                         help="also run bench/bare_proxy.py (no counting): the CPU of carrying the same bodies")
     args = parser.parse_args(argv)
     roots: list[Path | None] = [r.resolve() for r in (args.brimful_root or [ROOT])]
+    worker_counts = args.workers or [1]
     if args.bare:
         roots.insert(0, None)
     os.sched_setaffinity(0, {int(LOAD_CORE)})
@@ -349,10 +365,11 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[str, list[list[float]]] = {}
         unique_rows: dict[str, list[list[float]]] = {}
         for _ in range(args.rounds):
-            for root in roots:
+            for root, workers in [(r, w) for r in roots for w in (worker_counts if r else [1])]:
                 for keep in modes:
-                    name = f"{root or 'bare'} {'kept' if keep else 'per-turn'}"
-                    table = run_target(root, fake, sessions, counts, workdir, keep, order)
+                    name = (f"{root or 'bare'}{f' w{workers}' if len(worker_counts) > 1 and root else ''} "
+                            f"{'kept' if keep else 'per-turn'}")
+                    table = run_target(root, fake, sessions, counts, workdir, keep, order, workers)
                     if unique:
                         unique_rows.setdefault(name, []).append(table.pop())
                     results.setdefault(name, []).extend(table)
