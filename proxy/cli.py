@@ -179,10 +179,8 @@ def run_serve(args: argparse.Namespace) -> int:
     signals.hold()                  # until the server handles them: a stop sent while starting is kept
     app = BrimfulApp(config)
     # uvicorn drains on SIGTERM, then re-raises the signal with the handler that
-    # was installed before it started.  With the default handler the process
-    # would die by the signal (status -15) after a clean drain, which systemd
-    # and Kubernetes report as a failure; this handler makes it exit 0.
-    signal.signal(signal.SIGTERM, _exit_cleanly)
+    # was installed before it started.
+    signal.signal(signal.SIGTERM, signals.exit_cleanly)
     server = signals.Server(uvicorn.Config(app, host=config.server.host, port=config.server.port,
                                            **uvicorn_options(config)))
     if config.server.metrics_port:
@@ -238,11 +236,6 @@ def _listen(host: str, port: int) -> socket.socket:
     sock.bind((host, port))
     sock.set_inheritable(True)
     return sock
-
-
-def _exit_cleanly(signum: int, frame: object) -> None:
-    """SIGTERM re-raised by uvicorn after its drain (before it runs, SIGTERM is held: proxy.signals)."""
-    raise SystemExit(0)
 
 
 def run_check_config(args: argparse.Namespace) -> int:

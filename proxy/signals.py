@@ -27,6 +27,12 @@ import uvicorn
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 
 
+def exit_cleanly(signum: int, frame: object) -> None:
+    """SIGTERM re-raised by uvicorn after its drain: exit 0, not death by the signal (status -15),
+    which systemd and Kubernetes report as a failure."""
+    raise SystemExit(0)
+
+
 def hold() -> None:
     """Block SIGTERM and SIGINT in this thread (and the threads and children it starts) until `Server` runs."""
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)

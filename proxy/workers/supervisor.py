@@ -50,6 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from proxy import signals
 from proxy.workers import handover
 from proxy.workers.siblings import SLOTS_FILE, WorkerSlot, replace_json
 
@@ -61,7 +62,6 @@ QUICK_EXITS_TO_GIVE_UP = 3   # is not going to start: stop everything, if no oth
 BACKOFF_FIRST_S = 1.0        # a slot that crash-loops waits 1, 2, 4 ... s before its next start
 BACKOFF_MAX_S = 30.0
 BACKLOG = 2048               # uvicorn's default
-_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 # A worker's body: it starts with SIGTERM and SIGINT blocked, and unblocks them once it handles them
 # (proxy.signals.Server does, inside uvicorn's handlers), so none sent meanwhile is lost.
@@ -129,7 +129,7 @@ class Supervisor:
     _wakeup: tuple[int, int] = (-1, -1)
 
     def run(self) -> int:
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in _SIGNALS}
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in signals.STOP_SIGNALS}
         previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, _no_op)
         self._wakeup = os.pipe()
         for fd in self._wakeup:
@@ -284,14 +284,14 @@ class Supervisor:
         channel, theirs = handover.channel_pair()
         slot = dataclasses.replace(slot, channel=theirs)
         # Signals wait until the child has its own handlers: it must never run the parent's.
-        signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+        signals.hold()
         try:
             pid = os.fork()
             if pid == 0:                                    # pragma: no cover - runs in the worker
                 channel.close()
                 self._child(slot, parent)
         finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals.STOP_SIGNALS)
         os.close(theirs)
         self._workers[pid] = _Worker(slot, pid, time.monotonic(), channel, quick_exits)
         self._write_slots()
@@ -305,8 +305,8 @@ class Supervisor:
             for fd in self._wakeup:
                 os.close(fd)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            for sig in _SIGNALS:
-                signal.signal(sig, _exit_cleanly)
+            for sig in signals.STOP_SIGNALS:
+                signal.signal(sig, signals.exit_cleanly)
             # They stay blocked: `run_worker` unblocks them once it handles them (proxy.signals).
             _die_with_parent(parent)
             mine = self._socket_of(slot.index)
@@ -396,11 +396,6 @@ def serve(host: str, port: int, count: int, run_worker: RunWorker) -> int:
     directory = Path(tempfile.mkdtemp(prefix="brimful-workers-"))
     log.info("%d workers on http://%s:%d (SO_REUSEPORT)", count, host, sockets[0].getsockname()[1])
     return Supervisor(sockets, run_worker, directory).run()
-
-
-def _exit_cleanly(signum: int, frame: object) -> None:
-    """A worker's SIGTERM re-raised by its server after the drain."""
-    raise SystemExit(0)
 
 
 def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the worker
