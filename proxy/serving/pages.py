@@ -37,7 +37,7 @@ def routes(recorder: Recorder, workers: WorkerPages | None = None) -> list[Route
         if workers is not None:
             status, body, content_type = await workers.metrics(accept)
             return Response(body, status_code=status, headers={"Content-Type": content_type})
-        body, content_type = recorder.metrics.render(accept)
+        body, content_type = recorder.render_metrics(accept)
         return Response(body, headers={"Content-Type": content_type})
 
     async def stats_endpoint(request: Request) -> Response:

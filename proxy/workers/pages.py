@@ -109,6 +109,7 @@ class WorkerPages:
     def share(self, window: str | None) -> dict[str, Any]:
         """This worker's counts: its metric families, its window (or only its demand), how it counts."""
         rec = self._recorder
+        rec.flush()
         out: dict[str, Any] = {"index": self.slot.index, "pid": os.getpid(), "records": rec.records,
                                "in_flight": self._in_flight(),
                                "families": families_to_wire(rec.metrics.registry.collect()),

@@ -426,7 +426,7 @@ async def test_metrics_and_stats_name_each_surface(qwen3_dir: Path, qwen3: Any) 
     await call_app(app, "POST", "/v1/embeddings", body(input="Hello there"))
     await call_app(app, "POST", "/v1/responses", body(input="x", previous_response_id="resp_0"))
 
-    text = recorder.metrics.render()[0].decode()
+    text = recorder.render_metrics()[0].decode()
     for endpoint, action, status in (("messages", "clamped", 200), ("responses", "pass", 200),
                                      ("embeddings", "pass", 200), ("responses", "upstream_error", 404)):
         assert (f'brimful_requests_total{{action="{action}",endpoint="{endpoint}",model="{MODEL}",'

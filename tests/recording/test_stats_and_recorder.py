@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from proxy.recording.lengthlog import LengthLog
+from proxy.recording.metrics import Metrics
 from proxy.recording.record import LengthRecord
 from proxy.recording.recorder import Recorder
 from proxy.recording.stats import DISPLAY_EDGES, histogram
@@ -250,6 +254,68 @@ def test_recorder_updates_metrics_and_the_length_log(tmp_path: Path) -> None:
     assert reg.get_sample_value("brimful_prompt_tokens_sum", {"model": "m"}) == 30
     assert reg.get_sample_value("brimful_length_retries_total", {"model": "m"}) == 1
     assert reg.get_sample_value("brimful_length_records_total", {"outcome": "written"}) == 1
+
+
+
+def prompt_sum(r: Recorder) -> float | None:
+    return r.metrics.registry.get_sample_value("brimful_prompt_tokens_sum", {"model": "m"})
+
+
+def test_off_the_event_loop_a_record_is_applied_at_once() -> None:
+    r = recorder()
+    r.record(rec(prompt_tokens=30))
+    assert (r.records, prompt_sum(r)) == (1, 30)
+
+
+async def test_on_the_loop_the_records_of_a_turn_are_applied_together_after_it() -> None:
+    r = recorder()
+    r.record(rec(prompt_tokens=30))
+    r.record(rec(prompt_tokens=12))
+    assert (r.records, prompt_sum(r)) == (0, None)           # pending: nothing applied inside the turn
+    after = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_soon(after.set_result, None)   # queued behind the recorder's flush
+    await after
+    assert (r.records, prompt_sum(r)) == (2, 42)
+
+
+@pytest.mark.parametrize("read, expected", [
+    (lambda r: r.stats()["models"][0]["count"], 2),
+    (lambda r: 'brimful_prompt_tokens_count{model="m"} 2.0' in r.render_metrics()[0].decode(), True),
+    (lambda r: r.demand_kv_percentile("m", 100), 35),                  # 30 + 5 demanded at most
+], ids=["stats", "render_metrics", "demand_kv_percentile"])
+async def test_every_reader_sees_the_records_still_pending(read: Callable[[Recorder], Any], expected: Any) -> None:
+    r = recorder()
+    r.record(rec(prompt_tokens=30, requested_max_tokens=5))
+    r.record(rec(prompt_tokens=12, requested_max_tokens=5))
+    assert read(r) == expected
+    assert r.records == 2
+
+
+async def test_close_writes_the_records_still_pending(tmp_path: Path) -> None:
+    r = recorder(lengthlog=LengthLog(tmp_path / "lengths.jsonl"))
+    one = rec(prompt_tokens=30)
+    r.record(one)
+    r.close()
+    assert [json.loads(line) for line in (tmp_path / "lengths.jsonl").read_text().splitlines()] == [one.to_dict()]
+
+
+class FailingMetrics(Metrics):
+    """Metrics whose update fails for one model: a bug in the aggregates."""
+
+    def observe(self, record: LengthRecord) -> None:
+        if record.model == "broken":
+            raise ValueError("a bug")
+        super().observe(record)
+
+
+async def test_a_record_that_fails_to_apply_loses_none_after_it(caplog: pytest.LogCaptureFixture) -> None:
+    r = recorder(metrics=FailingMetrics())
+    r.record(rec(model="broken", prompt_tokens=1))
+    r.record(rec(prompt_tokens=30))
+    r.flush()
+    assert prompt_sum(r) == 30
+    assert [m["model"] for m in r.stats()["models"]] == ["m"]
+    assert "could not record a request's length figures" in caplog.text
 
 
 # ----------------------------------------------------------------- routes
