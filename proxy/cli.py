@@ -8,6 +8,7 @@ Sub-commands other than `serve` live beside the code they drive
 from __future__ import annotations
 
 import argparse
+import gc
 import signal
 import socket
 import sys
@@ -153,6 +154,17 @@ def _length_log_target(path: str | None, fmt: str = "jsonl") -> str:
     return path or "off"
 
 
+# The cyclic collector's first threshold for a serving process (CPython's default is 700).  Requests
+# in flight hold thousands of young objects, nearly none of them in cycles; at 700 the collector ran
+# about once per 26 requests and found them all still alive (docs/performance.md).
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def collect_garbage_less_often() -> None:
+    """Raise the young generation's threshold; the older generations keep theirs."""
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+
+
 def run_serve(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, overrides=serve_overrides(args))
@@ -161,6 +173,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     configure_logging(config.logging.level, config.logging.json)
     print(summary(config), file=sys.stderr, flush=True)
+    collect_garbage_less_often()    # before the workers fork: they inherit it
 
     import uvicorn
 
