@@ -5,8 +5,8 @@ loop, after the response ended.  On the loop the record is applied with the
 others that end in the same turn of the loop (one `call_soon` for the lot):
 applied one at a time between requests, the records cost a 197-byte chat
 ~19 µs more of the proxy's CPU (236 against 217 µs, docs/performance.md).  Every reader
-(`stats`, `render_metrics`, `flush`, `close`) applies what is pending first, so
-nothing read misses a finished request.  Applying fans out to:
+(`stats`, `render_metrics`, `demand_kv_percentile`, `close`, the workers' shares) applies
+what is pending first, so nothing read misses a finished request.  Applying fans out to:
 
 * Prometheus metrics (`proxy.recording.metrics`): long-term, aggregated by Prometheus;
 * a recent window per model, kept in memory as numbers only, for `/stats` and
@@ -133,12 +133,12 @@ class Recorder:
         (`flush`, scheduled once for all that end in it); elsewhere it is applied
         at once.  `count_source` (local | upstream | margin) is for the telemetry.
         """
+        self._pending.append((rec, count_source))
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            self._apply(rec, count_source)
+            self.flush()
             return
-        self._pending.append((rec, count_source))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self.flush)

@@ -256,7 +256,6 @@ def test_recorder_updates_metrics_and_the_length_log(tmp_path: Path) -> None:
     assert reg.get_sample_value("brimful_length_records_total", {"outcome": "written"}) == 1
 
 
-
 def prompt_sum(r: Recorder) -> float | None:
     return r.metrics.registry.get_sample_value("brimful_prompt_tokens_sum", {"model": "m"})
 
@@ -317,6 +316,14 @@ async def test_a_record_that_fails_to_apply_loses_none_after_it(caplog: pytest.L
     assert [m["model"] for m in r.stats()["models"]] == ["m"]
     assert "could not record a request's length figures" in caplog.text
 
+
+
+def test_off_the_loop_a_record_that_fails_to_apply_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    r = recorder(metrics=FailingMetrics())
+    r.record(rec(model="broken", prompt_tokens=1))
+    r.record(rec(prompt_tokens=30))
+    assert prompt_sum(r) == 30
+    assert "could not record a request's length figures" in caplog.text
 
 # ----------------------------------------------------------------- routes
 
