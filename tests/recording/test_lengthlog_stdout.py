@@ -19,6 +19,7 @@ from proxy.logs import JsonFormatter
 from proxy.recording.lengthlog import LengthLog
 from proxy.recording.record import LengthRecord
 from tests.support.fakevllm import FakeVLLM
+from tests.support.process import wait_listening
 from tests.support.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,7 +92,7 @@ def test_serve_writes_records_to_stdout_and_report_reads_them_from_stdin(qwen3_d
         for reader in readers:
             reader.start()
         try:
-            assert started.wait(60) and proc.poll() is None, "".join(stderr)
+            assert started.wait(60) and wait_listening(port, proc), "".join(stderr)
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
                 for max_tokens in (5, 7, 65535):
                     response = http.post("/v1/chat/completions", json={

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -17,9 +18,8 @@ from tests.support.servers import free_port
 ROOT = Path(__file__).resolve().parents[2]
 
 
-
 class BrimfulProcess:
-    """`python -m proxy.cli serve` with its stderr drained (start-up is awaited on uvicorn's line)."""
+    """`python -m proxy.cli serve` with its stderr drained; ready once uvicorn's line is out and the port listens."""
 
     def __init__(self, upstream: str, tmp: Path, tokenizer_dir: Path, extra_toml: str = "",
                  extra_args: list[str] | None = None, fd_limit: int | None = None, model_toml: str = "") -> None:
@@ -40,7 +40,7 @@ class BrimfulProcess:
         )
         self._drain = threading.Thread(target=self._read, daemon=True)
         self._drain.start()
-        if not self._started.wait(60) or self.proc.poll() is not None:
+        if not self._started.wait(60) or not wait_listening(self.port, self.proc):
             self.proc.kill()
             raise RuntimeError("brimful did not start:\n" + "\n".join(self.lines[-30:]))
 
@@ -90,6 +90,21 @@ def wait_until(predicate: Any, timeout: float) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def wait_listening(port: int, proc: subprocess.Popen[Any], timeout: float = 30) -> bool:
+    """After uvicorn's "Application startup complete": it logs that line before it listens, so a
+    client sent on the line alone can be refused. True once the port takes a connection."""
+    def listening() -> bool:
+        if proc.poll() is not None:
+            return True                                 # ends the wait: the caller sees it exited
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        except OSError:
+            return False
+        return True
+
+    return wait_until(listening, timeout) and proc.poll() is None
 
 
 def reset_peak_rss(pid: int) -> bool:
