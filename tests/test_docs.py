@@ -362,7 +362,7 @@ def test_run_command_installs_and_serves(tmp_path, qwen3, qwen3_dir) -> None:
     """The README's run command, offline: install the checkout into a venv, run its `brimful serve` with the
     documented arguments in front of a vLLM that is not up yet (the log lines of docs/deployment.md), then
     the tour's curl request through it."""
-    from tests.support.process import wait_until
+    from tests.support.process import wait_listening, wait_until
     from tests.support.servers import free_port
 
     steps = command_between("<!-- run-command -->", "<!-- /run-command -->").split(" && ")
@@ -388,6 +388,7 @@ def test_run_command_installs_and_serves(tmp_path, qwen3, qwen3_dir) -> None:
             fake.ready = True
             answered = brimful.wait_for("answered GET /v1/models")
             base = f"http://127.0.0.1:{port}"
+            assert wait_listening(port, brimful.proc)            # the line comes before uvicorn listens
             assert wait_until(lambda: httpx.get(base + "/ready", timeout=10).status_code == 200, timeout=60)
             shown = block_after("$ curl -si localhost:8100/v1/chat/completions ")
             body = json.loads(re.search(r"-d '(\{.*\})'", " ".join(shown)).group(1))
