@@ -14,6 +14,7 @@ from typing import Any
 
 import jinja2
 from jinja2.exceptions import SecurityError
+from jinja2.runtime import new_context
 
 from ._errors import CountError
 
@@ -93,10 +94,13 @@ def _render(template: jinja2.Template, variables: dict[str, Any]) -> str:
 
 
 def _context(template: jinja2.Template, variables: dict[str, Any]) -> Any:
+    """`template.new_context(...)`, given the flattened globals: the context keeps the set of their
+    names, the same from either, and building it by iterating the ChainMap was ~10 % of rendering
+    a one-message chat."""
     base = _GLOBALS.get(template)
     if base is None:
         base = _GLOBALS[template] = dict(template.globals)
-    return template.new_context({**base, **variables}, shared=True)
+    return new_context(template.environment, template.name, template.blocks, {**base, **variables}, True, base)
 
 
 def cut_after_final_message(rendered: str, final_content: Any) -> str:

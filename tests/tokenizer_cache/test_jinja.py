@@ -114,6 +114,49 @@ def test_a_template_reads_message_fields_and_string_methods_as_before():
         compile_template("{{ 'a'.__class__.__mro__ }}").render()
 
 
+class _Unsafe:
+    unsafe_callable = True
+
+    def __call__(self) -> str:
+        return "called"
+
+
+@jinja2.pass_context
+def _with_context(context: object, name: str) -> object:
+    return context.get(name)  # type: ignore[attr-defined]
+
+
+def _stops() -> None:
+    raise StopIteration
+
+
+# Calls as templates make them, at the top level and inside a loop (where jinja adds `_loop_vars`).
+_CALLS = [
+    "{{ text.startswith('<tool') }}{{ text.endswith('>', 0, 3) }}{{ text.split('o', 1) }}{{ text.strip('<') }}",
+    "{% set ns = namespace(flag=true, n=messages|length - 1) %}{{ ns.flag }}{{ ns.n }}",
+    "{% for m in messages %}{{ m.content.startswith('h') }}{{ m.content.replace('h', 'j') }}"
+    "{% set ns = namespace(i=loop.index0) %}{{ ns.i }}{% endfor %}",
+    "{{ with_context('text') }}{% for m in messages %}{{ with_context('m').role }}{% endfor %}",
+    "{{ stops() is defined }}{% for m in messages %}{{ stops() }}{% endfor %}",
+    "{{ text.upper }}{{ ''.join(['a', 'b']) }}{{ 'a{}'.format(1) }}{{ 'x{0.__class__}y'.format(1) }}",
+]
+
+
+@pytest.mark.parametrize("source", _CALLS)
+def test_calls_render_as_in_jinjas_own_sandbox(source: str) -> None:
+    """The fast path of `call` (a str's methods, `namespace`) renders what jinja's own sandbox renders; a
+    callable that wants the context, or raises StopIteration, still goes through jinja's `call`."""
+    values = {"text": "<tool>output</tool>", "messages": [{"role": "user", "content": "hi"}],
+              "with_context": _with_context, "stops": _stops}
+    stock = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(source)
+    assert compile_template(source).render(**values) == stock.render(**values)
+
+
+def test_what_the_sandbox_refuses_to_call_is_still_refused() -> None:
+    with pytest.raises(SecurityError):
+        compile_template("{{ thing() }}").render(thing=_Unsafe())
+
+
 _JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(st.characters(codec=None)),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
