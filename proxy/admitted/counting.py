@@ -165,12 +165,16 @@ class TurnBatch:
                 continue
             try:
                 future.set_result(fn())
+                continue
             except StopIteration as exc:     # a future refuses it; a coroutine would have raised this instead
                 error = RuntimeError("a count raised StopIteration")
                 error.__cause__ = exc
                 future.set_exception(error)
             except BaseException as exc:     # the caller's await raises it, as the call would have
                 future.set_exception(exc)
+            # Marked as seen: a caller cancelled after this would leave asyncio to log the refusal,
+            # with its message, when the future is collected.  Its await still raises it.
+            future.exception()
 
 
 # -- vLLM's character bound ------------------------------------------------------------

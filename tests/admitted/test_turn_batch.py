@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,21 @@ async def test_a_caller_gone_before_the_turn_ends_is_not_counted() -> None:
     gone.cancel()
     assert await asyncio.wait_for(kept, 10) == "kept"      # a batch that stopped at the gone caller never answers
     assert made == ["kept"]
+
+
+async def test_a_refusal_nobody_awaited_is_not_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """A caller cancelled once its count failed never reads the error: asyncio must not log it (its
+    message may quote the request) when the future is collected."""
+    batch = TurnBatch()
+
+    def refuse() -> int:
+        raise CountError("The chat template refused the conversation: a quoted field")
+
+    future = batch.call(refuse)
+    await asyncio.wait([future])            # done, its exception not read
+    del future
+    gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
 
 
 async def test_each_turn_makes_its_own_batch_and_leaves_nothing_behind() -> None:
