@@ -163,15 +163,18 @@ class TurnBatch:
         for future, fn in self._pending.pop(loop):
             if future.cancelled():
                 continue
+            error: BaseException
             try:
-                future.set_result(fn())
-                continue
+                result = fn()
             except StopIteration as exc:     # a future refuses it; a coroutine would have raised this instead
                 error = RuntimeError("a count raised StopIteration")
                 error.__cause__ = exc
-                future.set_exception(error)
             except BaseException as exc:     # the caller's await raises it, as the call would have
-                future.set_exception(exc)
+                error = exc
+            else:
+                future.set_result(result)
+                continue
+            future.set_exception(error)
             # Marked as seen: a caller cancelled after this would leave asyncio to log the refusal,
             # with its message, when the future is collected.  Its await still raises it.
             future.exception()
