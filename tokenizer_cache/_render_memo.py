@@ -53,6 +53,7 @@ from markupsafe import Markup
 from ._loop_proof import END, ENTER, ITEM, LENGTH, LOOP, NS_GET, NS_SET, OUTER, LoopProof
 from ._piece_cache import BoundedTable, PieceCountCache, Trace, TraceTable
 from ._piece_count import PieceCounter, PieceTally
+from ._render import new_render_context
 
 _DIGEST = 16
 _ORJSON_STRICT = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
@@ -511,7 +512,7 @@ def render(proof: LoopProof, variables: dict[str, Any], base_key: bytes, cache: 
     included: the whole render raises it in its own words)."""
     template = proof.template
     recorder = Recorder(proof, variables["messages"], base_key, cache)
-    context = template.new_context({**template.globals, **variables, **recorder.hooks()}, shared=True)
+    context = new_render_context(template, {**variables, **recorder.hooks()})
     chunks = recorder.chunks
     try:
         for chunk in template.root_render_func(context):
