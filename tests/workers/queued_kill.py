@@ -4,9 +4,10 @@
 that `net.ipv4.tcp_migrate_req` is MIGRATE, default 0, whatever the host says: with 0 the kernel
 resets a closed listener's queue instead of moving it to another listener of the port), runs
 `brimful serve --workers 2` in front of the fake vLLM there, stops worker 1 with SIGSTOP, opens
-connections until QUEUED of them wait in worker 1's accept queue (each with a whole chat request
-sent), kills worker 1 with SIGKILL, and reads what each queued connection gets.  It prints one
-JSON document; it exits SKIP with the reason when the namespace cannot be made here.
+connections until at least QUEUED of them wait in worker 1's accept queue (each with a whole chat
+request sent) and worker 0 has answered one, kills worker 1 with SIGKILL, and reads what each
+queued connection gets.  It prints one JSON document; it exits SKIP with the reason when the
+namespace cannot be made here.
 
 Which connections wait on worker 1 is read from the kernel, not guessed: a listening socket's
 accept queue length is its rx_queue in /proc/net/tcp (and /proc/net/tcp6), found by the inode
@@ -102,11 +103,15 @@ def answer(conn: socket.socket) -> str:
 
 
 def queue_on_stopped_worker(port: int, pid: int) -> tuple[list[socket.socket], list[str]]:
-    """Chats on new connections until QUEUED wait on the stopped worker; the others' answers."""
+    """Chats on new connections until QUEUED wait on the stopped worker and worker 0 answered one.
+
+    SO_REUSEPORT hashes each connection to a worker, so stopping at QUEUED alone left worker 0 none
+    about 1 run in 64; a connection queued past QUEUED is kept and read like the first ones.
+    """
     queued: list[socket.socket] = []
     others: list[str] = []
     for _ in range(400):
-        if len(queued) == QUEUED:
+        if len(queued) >= QUEUED and others:
             break
         before = accept_queue(pid, port)
         conn = send_chat(port)

@@ -90,8 +90,8 @@ def test_requests_queued_on_a_worker_that_dies_are_answered_not_reset(qwen3_dir:
         pytest.skip(json.loads(run.stdout)["skip"])
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads(run.stdout)
-    assert result["queued"] == 6
-    assert result["answers"] == ["HTTP/1.1 200 OK"] * 6, result     # main: six ConnectionResetError
+    assert result["queued"] >= 6
+    assert result["answers"] == ["HTTP/1.1 200 OK"] * result["queued"], result  # was: ConnectionResetError
     assert set(result["others"]) == {"HTTP/1.1 200 OK"}
     assert result["exit"] == 0, result["log"]
     assert any("worker 0" in line and "accepts worker 1's connections" in line for line in result["log"])
