@@ -23,7 +23,11 @@ Scenarios (each target, medians over --rounds, spread shown as min-max):
               added time to first byte and added inter-chunk delay
   long-mix    small requests at 1 connection, alone and while 2 connections send
               23k-token chats: p50/p99, and the ratio the issue bounds (<= 1.5x)
-Each round runs the light-load scenarios (p50@1conn, paced, long-mix) of a target
+  unique-100k  --unique chats of ~100k tokens (~420 KB) per round that share no text with
+              anything sent before, one at a time on one connection: proxy CPU per request
+              (ns, from schedstat) and its ratio to tokenizers' `encode_batch_fast` of the
+              same rendered text, measured in this process (issue 28's whole-proxy ratio)
+Each round runs the light-load scenarios (p50@1conn, paced, long-mix, unique-100k) of a target
 before its 64-connection ones: latency right after a saturating burst is not the
 steady state (see WRK_ENV).
 Once per run (not proxied): counting cost vs the tokenizer's own encode of the
@@ -35,6 +39,7 @@ loaded and 1,000 idle keep-alive connections.
     python bench/proxy_bench.py --only chat-197B,stream --brimful-root /tmp/perf-main
     python bench/proxy_bench.py --only chat-197B,chat-4KB --baseline-root /tmp/main   # two brimfuls, one run
     python bench/proxy_bench.py --only chat-197B,chat-4KB --litellm ~/.cache/brimful/litellm/bin/litellm
+    python bench/proxy_bench.py --only chat-197B,chat-4KB,unique-100k --targets bare,brimful   # issue 28's rows
 
 LiteLLM is not a dependency of brimful: its proxy comes from a venv of its own,
 `python3 -m venv ~/.cache/brimful/litellm && ~/.cache/brimful/litellm/bin/pip install 'litellm[proxy]==1.108.7'`
@@ -49,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import os
 import re
@@ -77,11 +83,12 @@ THREE_MODELS = {"qwen3": "Qwen--Qwen3-8B", "deepseek-v3": "deepseek-ai--DeepSeek
 LOAD_CORE, PROXY_CORE = "0", "1"
 MODEL = "tiny-qwen"
 MAX_MODEL_LEN = 32768
+LONG_MODEL, LONG_MAX_MODEL_LEN = "agent-qwen3", 131072    # unique-100k's: bench/agent_bench.py's model
 # baseline: brimful from --baseline-root; litellm: LiteLLM's proxy from --litellm
 TARGETS = ("direct", "bare", "litellm", "baseline", "brimful")
 LITELLM_VERSION = "1.108.7"     # the version the figures in docs/performance.md were taken with
-SCENARIOS = ("chat-197B", "chat-4KB", "p50@1conn", "stream", "stream-strip", "paced", "long-mix", "workers",
-             "counting", "startup", "memory")
+SCENARIOS = ("chat-197B", "chat-4KB", "p50@1conn", "stream", "stream-strip", "paced", "long-mix", "unique-100k",
+             "workers", "counting", "startup", "memory")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 FILLER = ("Why does ice float on water? Explain density, hydrogen bonds and the open hexagonal lattice of "
           "ice in plain words for a curious reader, with one everyday example. ")
@@ -177,8 +184,9 @@ def spawn(name: str, argv: list[str], core: str, port: int, workdir: Path,
     raise RuntimeError(f"{name} did not answer {ready_path} within {timeout:.0f} s: {log.read_text()[-2000:]}")
 
 
-def post(url: str, body: bytes, timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
-    req = urllib.request.Request(url, data=body, headers={"content-type": "application/json"})
+def post(url: str, body: bytes, timeout: float = 30,
+         headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(url, data=body, headers={"content-type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, dict(r.headers), r.read()
@@ -502,6 +510,50 @@ def measure_hey(results: Results, scenario: str, target: str, server: Server, ur
     results.setdefault((scenario, target, "cpu_ms"), Series()).add(used * 1000 / max(1, r["requests"]))
 
 
+@dataclass
+class UniqueChat:
+    """One unseen ~100k-token chat: its body, brimful's full count of it, and encode_batch_fast's CPU ms."""
+    body: bytes
+    tokens: int
+    encode_ms: float
+
+
+def unique_chats(tok: Any, first_seed: int, count: int) -> list[UniqueChat]:
+    """bench/agent_bench.py's unique chats (own system prompt, tools and turns), for LONG_MODEL."""
+    from agent_bench import encode_cpu_ms, unique_chat  # bench/ is sys.path[0]; it imports this module
+
+    chats = []
+    for seed in range(first_seed, first_seed + count):
+        body = {**unique_chat(seed, 400_000), "model": LONG_MODEL}
+        chats.append(UniqueChat(json.dumps(body, ensure_ascii=False).encode(), tok.count_chat(body),
+                                encode_cpu_ms(tok, body)))
+    return chats
+
+
+def measure_unique(results: Results, target: str, server: Server, chats: list[UniqueChat]) -> None:
+    """Each chat once, one after the other on one kept-alive connection: the proxy's CPU for each (every
+    thread's schedstat, ns) and that over encode_batch_fast's; a brimful tree's count must be the full one."""
+    from agent_bench import task_cpu_ns
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    try:
+        for chat in chats:
+            before = task_cpu_ns(server.proc.pid)
+            conn.request("POST", "/v1/chat/completions", body=chat.body,
+                         headers={"content-type": "application/json", **server.headers})
+            response = conn.getresponse()
+            response.read()
+            used = (task_cpu_ns(server.proc.pid) - before) / 1e6
+            counted = int(response.headers.get("x-brimful-prompt-tokens", -1))
+            if response.status != 200 or (target in ("brimful", "baseline") and counted != chat.tokens):
+                raise SystemExit(f"unique-100k via {target}: status {response.status}, counted {counted}, "
+                                 f"full count {chat.tokens}")
+            results.setdefault(("unique-100k", target, "cpu_ms"), Series()).add(used)
+            results.setdefault(("unique-100k", target, "ebf"), Series()).add(used / chat.encode_ms)
+    finally:
+        conn.close()
+
+
 def measure_workers(results: Results, scenario: str, label: str, server: Server, fake: Server, body_file: Path,
                     connections: int, duration: float, workdir: Path) -> None:
     """req/s and proxy CPU per request, plus what the load generator and the fake used (in cores),
@@ -677,7 +729,7 @@ def spawn_baseline(args: argparse.Namespace, upstream: str, workdir: Path) -> Se
     """brimful from --baseline-root, configured as the measured one, on the proxy core too."""
     root = args.baseline_root.resolve()
     config = workdir / "baseline.toml"
-    write_brimful_config(config, upstream, {MODEL: QWEN3},
+    write_brimful_config(config, upstream, {MODEL: QWEN3, LONG_MODEL: QWEN3},
                          None if args.no_length_log else workdir / "baseline-lengths.jsonl", args.piece_cache,
                          args.chat_cache, root)
     port = free_port()
@@ -691,13 +743,12 @@ def spawn_litellm(command: Path, upstream: str, workdir: Path) -> Server:
     key: one made for this run, sent as every request's bearer token.  The model cost map is read from
     the package, not fetched (no network here)."""
     config = workdir / "litellm.yaml"
-    config.write_text(f"""model_list:
-  - model_name: {MODEL}
+    config.write_text("model_list:\n" + "".join(f"""  - model_name: {name}
     litellm_params:
-      model: hosted_vllm/{MODEL}
+      model: hosted_vllm/{name}
       api_base: {upstream}/v1
       api_key: none
-litellm_settings:
+""" for name in (MODEL, LONG_MODEL)) + """litellm_settings:
   telemetry: false
 """)
     key = "sk-bench-" + secrets.token_hex(16)
@@ -732,6 +783,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="the 'workers' scenario: 1 worker against this many")
     parser.add_argument("--event-gap-ms", type=float, default=20.0, help="pause between events in 'paced'")
     parser.add_argument("--idle-connections", type=int, default=1000)
+    parser.add_argument("--unique", type=int, default=3, help="the 'unique-100k' scenario: chats per round")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     args = parser.parse_args(argv)
     only = set(args.only.split(",")) if args.only else set(SCENARIOS)
@@ -780,7 +832,7 @@ def main(argv: list[str] | None = None) -> int:
     servers: dict[str, Server] = {}
     results: Results = {}
     proxied = only & {"chat-197B", "chat-4KB", "p50@1conn", "stream", "stream-strip", "paced", "long-mix",
-                      "workers"}
+                      "unique-100k", "workers"}
     root = (args.brimful_root or ROOT).resolve()
     many = f"{args.workers} workers"
     labels = ("1 worker", many)
@@ -788,7 +840,8 @@ def main(argv: list[str] | None = None) -> int:
         if proxied:
             fake_port = free_port()
             fake = spawn("fake", [sys.executable, "bench/fake_upstream.py", "--port", str(fake_port),
-                                  "--model", f"{MODEL}={MAX_MODEL_LEN}"], LOAD_CORE, fake_port, workdir)
+                                  "--model", f"{MODEL}={MAX_MODEL_LEN}",
+                                  "--model", f"{LONG_MODEL}={LONG_MAX_MODEL_LEN}"], LOAD_CORE, fake_port, workdir)
             servers["direct"] = fake
             if "bare" in targets:
                 port = free_port()
@@ -799,7 +852,7 @@ def main(argv: list[str] | None = None) -> int:
             if "brimful" in targets:
                 port = free_port()
                 config = workdir / "brimful.toml"
-                write_brimful_config(config, fake.url, {MODEL: QWEN3},
+                write_brimful_config(config, fake.url, {MODEL: QWEN3, LONG_MODEL: QWEN3},
                                       None if args.no_length_log else workdir / "lengths.jsonl", args.piece_cache,
                                       args.chat_cache, root)
                 env = {}
@@ -826,8 +879,14 @@ def main(argv: list[str] | None = None) -> int:
             for t in targets:   # warm up every path once
                 run_wrk(servers[t].url + "/v1/chat/completions", files["chat-197B"], args.connections, 1, workdir,
                         servers[t].headers)
+                if "unique-100k" in only:
+                    # and one unseen long chat, not measured: in a fresh brimful the first body counted
+                    # on the counting threads cost 33-58 ms of CPU, against ~3.5 ms for the next ones
+                    measure_unique({}, t, servers[t], unique_chats(tok, 29_999, 1))
 
         for rnd in range(args.rounds if proxied else 0):
+            # New chats each round (every target sees the same ones, each in a process of its own).
+            chats = unique_chats(tok, 30_000 + rnd * args.unique, args.unique) if "unique-100k" in only else []
             for t in targets:
                 s, url = servers[t], servers[t].url + "/v1/chat/completions"
                 # Light-load scenarios first, so that no latency figure is taken in the
@@ -854,6 +913,8 @@ def main(argv: list[str] | None = None) -> int:
                     results.setdefault(("long-mix", t, "ratio_p99"), Series()).add(mixed["p99"] / alone["p99"])
                     results.setdefault(("long-mix", t, "long_p50"), Series()).add(mixed["long_p50"] or float("nan"))
                     results.setdefault(("long-mix", t, "long_n"), Series()).add(mixed["long_n"])
+                if chats:
+                    measure_unique(results, t, s, chats)
                 for scen in ("chat-197B", "chat-4KB"):
                     if scen in only:
                         measure_wrk(results, scen, t, s, url, files[scen], args.connections, args.duration, workdir)
@@ -892,6 +953,8 @@ def main(argv: list[str] | None = None) -> int:
     print_table("... while 2 connections send 23k-token chats, ms",
                 [("p50", "p50", 3), ("p99", "p99", 3), ("p99 / alone", "ratio_p99", 2),
                  ("long p50", "long_p50", 1), ("long reqs", "long_n", 0)], results, "long-mix")
+    print_table(f"unique ~100k-token chats (~420 KB), one at a time, {args.unique} per round",
+                [("CPU ms/req", "cpu_ms", 2), ("/ encode_batch_fast", "ebf", 3)], results, "unique-100k")
 
     print_workers(results, labels, args.connections)
     if "counting" in only:
