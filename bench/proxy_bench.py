@@ -444,6 +444,11 @@ def fmt(v: float | None, digits: int) -> str:
     return "-" if v is None or v != v else f"{v:,.{digits}f}"
 
 
+def _times(ratio: float | None) -> str:
+    """A ratio column's cell: "-" where the row it divides by was not measured (no direct target)."""
+    return "-" if ratio is None or ratio != ratio else f"{ratio:.2f}x"
+
+
 def print_table(title: str, rows: list[tuple[str, str, int]], results: Results, scenario: str,
                 ratio_metric: str | None = None, added: tuple[str, ...] = ()) -> None:
     """One block per scenario: a row per target, a column per metric (median, spread)."""
@@ -470,10 +475,10 @@ def print_table(title: str, rows: list[tuple[str, str, int]], results: Results, 
         if ratio_metric:
             base = results.get((scenario, "direct", ratio_metric))
             mine = results.get((scenario, target, ratio_metric))
-            line += f"{(mine.median / base.median if base and mine else float('nan')):>10.2f}x"
+            line += f"{_times(mine.median / base.median if base and mine else None):>11}"
         if cpu_vs_bare:
             base, mine = results.get((scenario, "bare", "cpu_ms")), results.get((scenario, target, "cpu_ms"))
-            line += f"{(mine.median / base.median if base and mine else float('nan')):>10.2f}x"
+            line += f"{_times(mine.median / base.median if base and mine else None):>11}"
         for metric in added:
             base = results.get((scenario, "direct", metric))
             mine = results.get((scenario, target, metric))
