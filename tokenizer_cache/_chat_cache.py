@@ -57,10 +57,15 @@ def template_key(identity: bytes, source: str, special_tokens: Mapping[str, Any]
     return hashlib.blake2b(material, digest_size=32).digest()
 
 
-def message_chars(messages: list[dict[str, Any]]) -> int:
-    """Characters of message text (strings and text parts): the size test before hashing."""
+def message_chars(messages: list[dict[str, Any]], stop_above: int) -> int:
+    """Characters of message text (strings and text parts): the size tests before hashing and before
+    the render memo.  Both only compare with a bound, so the sum stops at the first message that
+    takes it past `stop_above` (then it is some number above it): an agent's long conversation is
+    past both within its system prompt, and is not walked whole on every turn."""
     total = 0
     for message in messages:
+        if total > stop_above:
+            break
         content = message.get("content")
         if isinstance(content, str):
             total += len(content)

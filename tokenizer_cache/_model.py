@@ -300,7 +300,7 @@ class ModelTokenizer:
         if proof is None or counter is None or key is None or options.continue_final_message:
             return None
         messages = variables["messages"]
-        if message_chars(messages) < _piece_count.PREFIX_MIN_CHARS:
+        if message_chars(messages, _piece_count.PREFIX_MIN_CHARS) < _piece_count.PREFIX_MIN_CHARS:
             return None
         if not _render_memo.seen(counter.cache, key, messages):
             return None
@@ -326,7 +326,7 @@ class ModelTokenizer:
 
     def _chat_digest(self, template: ChatTemplate, variables: dict[str, Any], add_special_tokens: bool) -> bytes | None:
         key = self._template_keys.get(template.name) if self._chat_cache is not None else None
-        if key is None or message_chars(variables["messages"]) > CHAT_CACHE_MAX_CHARS:
+        if key is None or message_chars(variables["messages"], CHAT_CACHE_MAX_CHARS) > CHAT_CACHE_MAX_CHARS:
             return None
         return inputs_digest(key, variables, add_special_tokens)
 

@@ -16,7 +16,7 @@ from tokenizer_cache import (
     TokenizerCache,
     load_model_tokenizer,
 )
-from tokenizer_cache._chat_cache import MAX_CHARS, ChatCountCache
+from tokenizer_cache._chat_cache import MAX_CHARS, ChatCountCache, message_chars
 
 QWEN3 = MODELS / "Qwen--Qwen3-8B"
 
@@ -119,6 +119,24 @@ def test_long_messages_are_counted_without_the_cache(qwen3):
     assert len(cache) == 0
     model.count_chat({"messages": [{"role": "user", "content": "y" * MAX_CHARS}]})
     assert len(cache) == 1
+
+
+def test_the_long_test_sums_exactly_up_to_its_bound_and_stops_past_it():
+    """Exact while within `stop_above` (text parts, reasoning), above it once past; the messages after
+    the one that took it past are not read (a long conversation is not walked whole per turn)."""
+    messages = [{"role": "system", "content": "s" * 10},
+                {"role": "user", "content": [{"type": "text", "text": "t" * 5}, {"type": "image_url"}]},
+                {"role": "assistant", "content": None, "reasoning": "r" * 7}]
+    assert message_chars(messages, 22) == message_chars(messages, 10**9) == 22
+    assert message_chars(messages, 21) > 21 and message_chars(messages, 9) > 9
+
+    class Unread(dict):
+        def get(self, *args: object) -> object:
+            raise AssertionError("a message after the bound was passed was read")
+
+    assert message_chars([{"role": "user", "content": "y" * 11}, Unread()], 10) > 10
+    with pytest.raises(AssertionError):
+        message_chars([{"role": "user", "content": "y" * 10}, Unread()], 10)
 
 
 @pytest.mark.parametrize("snippet", ["{{ strftime_now('%S') }}", "{{ [1, 2, 3] | random }}", "{{ lipsum(1) }}"])
