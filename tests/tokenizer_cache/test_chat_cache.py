@@ -121,7 +121,7 @@ def test_long_messages_are_counted_without_the_cache(qwen3):
     assert len(cache) == 1
 
 
-def test_the_long_test_sums_exactly_up_to_its_bound_and_stops_past_it():
+def test_message_chars_is_exact_up_to_its_bound_and_stops_past_it():
     """Exact while within `stop_above` (text parts, reasoning), above it once past; the messages after
     the one that took it past are not read (a long conversation is not walked whole per turn)."""
     messages = [{"role": "system", "content": "s" * 10},
