@@ -66,6 +66,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from proxy_bench import (
     LOAD_CORE,
+    LONG_MAX_MODEL_LEN,
+    LONG_MODEL,
     PROXY_CORE,
     ROOT,
     Server,
@@ -79,8 +81,7 @@ from proxy_bench import (
 QWEN3 = next((p for p in (ROOT.parent / "shared" / "models" / "Qwen--Qwen3-8B",
                           ROOT.parents[1] / "shared" / "models" / "Qwen--Qwen3-8B") if p.is_dir()),
              ROOT.parent / "shared" / "models" / "Qwen--Qwen3-8B")
-MODEL = "agent-qwen3"
-MAX_MODEL_LEN = 131072
+MODEL, MAX_MODEL_LEN = LONG_MODEL, LONG_MAX_MODEL_LEN   # proxy_bench's unique-100k sends this module's chats
 MAX_TOKENS = 16384
 
 _WORDS = (  # noqa: SIM905 - a pool of words, read as one string

@@ -83,7 +83,7 @@ THREE_MODELS = {"qwen3": "Qwen--Qwen3-8B", "deepseek-v3": "deepseek-ai--DeepSeek
 LOAD_CORE, PROXY_CORE = "0", "1"
 MODEL = "tiny-qwen"
 MAX_MODEL_LEN = 32768
-LONG_MODEL, LONG_MAX_MODEL_LEN = "agent-qwen3", 131072    # unique-100k's: bench/agent_bench.py's model
+LONG_MODEL, LONG_MAX_MODEL_LEN = "agent-qwen3", 131072    # unique-100k's, and bench/agent_bench.py's model
 # baseline: brimful from --baseline-root; litellm: LiteLLM's proxy from --litellm
 TARGETS = ("direct", "bare", "litellm", "baseline", "brimful")
 LITELLM_VERSION = "1.108.7"     # the version the figures in docs/performance.md were taken with
@@ -524,12 +524,12 @@ class UniqueChat:
 
 
 def unique_chats(tok: Any, first_seed: int, count: int) -> list[UniqueChat]:
-    """bench/agent_bench.py's unique chats (own system prompt, tools and turns), for LONG_MODEL."""
+    """bench/agent_bench.py's unique chats (own system prompt, tools and turns; model LONG_MODEL)."""
     from agent_bench import encode_cpu_ms, unique_chat  # bench/ is sys.path[0]; it imports this module
 
     chats = []
     for seed in range(first_seed, first_seed + count):
-        body = {**unique_chat(seed, 400_000), "model": LONG_MODEL}
+        body = unique_chat(seed, 400_000)
         chats.append(UniqueChat(json.dumps(body, ensure_ascii=False).encode(), tok.count_chat(body),
                                 encode_cpu_ms(tok, body)))
     return chats
