@@ -182,9 +182,18 @@ def run_serve(args: argparse.Namespace) -> int:
 
     if config.server.workers > 1:
         from proxy.workers import supervisor as workers
+        pages = None
+        if config.server.metrics_port:
+            host = config.server.metrics_host or config.server.host
+            try:
+                pages = _listen(host, config.server.metrics_port)
+                pages.listen(workers.BACKLOG)
+            except OSError as exc:
+                print(f"brimful: cannot listen on {host}:{config.server.metrics_port}: {exc}", file=sys.stderr)
+                return 1
         try:
             return workers.serve(config.server.host, config.server.port, config.server.workers,
-                                 worker_runner(config))
+                                 worker_runner(config, pages), shared=[] if pages is None else [pages])
         except OSError as exc:
             print(f"brimful: cannot listen on {config.server.host}:{config.server.port}: {exc}", file=sys.stderr)
             return 1
@@ -206,8 +215,13 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0 if server.started else 1
 
 
-def worker_runner(config: Config) -> Callable[[WorkerSlot, socket.socket], int]:
-    """What each of `--workers N` runs: a BrimfulApp that knows its slot, under uvicorn, on its socket."""
+def worker_runner(config: Config, pages: socket.socket | None = None) -> Callable[[WorkerSlot, socket.socket], int]:
+    """What each of `--workers N` runs: a BrimfulApp that knows its slot, under uvicorn, on its socket.
+
+    `pages`: the server.metrics_port listener, one socket every worker inherits from the supervisor
+    and accepts from (any worker answers the pages for all: proxy.workers.pages).  The supervisor
+    holds it open throughout, so a worker that dies or drains leaves its connections to the others,
+    and while none serves they wait in its queue."""
     import uvicorn
 
     from proxy.app import BrimfulApp
@@ -217,7 +231,7 @@ def worker_runner(config: Config) -> Callable[[WorkerSlot, socket.socket], int]:
         app = BrimfulApp(config, worker=slot)
         server = WorkerServer(uvicorn.Config(app, **uvicorn_options(config)), slot.channel)
         app.stop_requested = lambda: server.should_exit    # a replacement's wait to be ready ends on SIGTERM
-        server.run(sockets=[sock])
+        server.run(sockets=[sock] if pages is None else [sock, pages])
         return 0 if server.started else 1
 
     return run_worker

@@ -446,10 +446,6 @@ def _check_semantics(config: Config) -> None:
             raise ConfigError("otel.enabled needs the OpenTelemetry SDK: pip install 'brimful[otel]'") from None
     if config.server.workers < 1:
         raise ConfigError(f"'server.workers' must be at least 1, got {config.server.workers}")
-    if config.server.workers > 1 and config.server.metrics_port:
-        # Each worker serves one port's socket; a second listener per worker is not built yet.
-        raise ConfigError("'server.metrics_port' cannot be used with 'server.workers' > 1 yet: "
-                          "serve the pages on the main port (metrics_api_keys guards them)")
     if not 0 < config.server.port < 65536:
         raise ConfigError(f"'server.port' must be 1–65535, got {config.server.port}")
     if config.server.metrics_port >= 65536 or config.server.metrics_port == config.server.port:

@@ -80,6 +80,13 @@ def test_validation_messages_name_key_value_and_what_is_allowed(tmp_path: Path, 
     assert expected in str(info.value)
 
 
+def test_the_pages_listener_goes_with_workers_but_not_on_the_api_port(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, "[server]\nport = 8000\nworkers = 2\nmetrics_port = 9100\n"), env={})
+    assert (config.server.workers, config.server.metrics_port) == (2, 9100)
+    with pytest.raises(ConfigError, match=r"'server.metrics_port' must be 0 \(off\) or a port other than server.port"):
+        load_config(write(tmp_path, "[server]\nport = 8000\nworkers = 2\nmetrics_port = 8000\n"), env={})
+
+
 def test_bad_environment_value_names_the_variable() -> None:
     with pytest.raises(ConfigError) as info:
         load_config(env={"BRIMFUL_SERVER_PORT": "eighty"})

@@ -28,7 +28,10 @@ until its server handles them (proxy.signals): one sent while it
 starts is delivered then, never lost.
 
 Each worker knows its `WorkerSlot` (proxy.workers.siblings): the pages that must speak
-for all workers ask the others through it (proxy.workers.pages).
+for all workers ask the others through it (proxy.workers.pages).  So the pages' own
+listener (server.metrics_port), when there is one, is a single socket every worker
+accepts from (`Supervisor.shared`): a scrape every few seconds gains nothing from being
+spread, whichever worker takes it answers for all, and the parent holds it open too.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,6 +123,9 @@ class Supervisor:
     run_worker: RunWorker
     directory: Path
     count: int = 0                    # workers (0: one per socket)
+    # Listeners every worker inherits at its fork and accepts from beside its own (server.metrics_port):
+    # held open here like `sockets`, so the connections queued on them outlive any one worker.
+    shared: list[socket.socket] = field(default_factory=list)
     _workers: dict[int, _Worker] = field(default_factory=dict)    # pid -> worker
     _pending: dict[int, _Pending] = field(default_factory=dict)   # slot index -> its next start
     _restarts: dict[int, int] = field(default_factory=dict)       # slot index -> replacements started
@@ -341,7 +347,7 @@ class Supervisor:
                 os.kill(pid, signal.SIGTERM)
 
     def _close_sockets(self) -> None:
-        for sock in self.sockets:
+        for sock in [*self.sockets, *self.shared]:
             sock.close()
 
 
@@ -390,12 +396,13 @@ def _no_op(signum: int, frame: object) -> None:
     """SIGCHLD's handler: its only job is to write the wakeup pipe."""
 
 
-def serve(host: str, port: int, count: int, run_worker: RunWorker) -> int:
-    """Run `count` workers on host:port until SIGTERM; the process's exit status."""
+def serve(host: str, port: int, count: int, run_worker: RunWorker, shared: Sequence[socket.socket] = ()) -> int:
+    """Run `count` workers on host:port until SIGTERM; the process's exit status.  `shared`: listening
+    sockets every worker accepts from too (`Supervisor.shared`), closed with the port's at the stop."""
     sockets = listening_sockets(host, port, count)
     directory = Path(tempfile.mkdtemp(prefix="brimful-workers-"))
     log.info("%d workers on http://%s:%d (SO_REUSEPORT)", count, host, sockets[0].getsockname()[1])
-    return Supervisor(sockets, run_worker, directory).run()
+    return Supervisor(sockets, run_worker, directory, shared=list(shared)).run()
 
 
 def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the worker

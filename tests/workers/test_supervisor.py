@@ -26,6 +26,7 @@ from tests.e2e.test_lifecycle import _assert_complete, _refuses_connections
 from tests.recording.test_live_sizing import metrics_text
 from tests.support.fakevllm import FakeVLLM, FaultSpec
 from tests.support.process import BrimfulProcess, wait_until
+from tests.support.servers import free_port
 from tests.support.stack import CHAT, MODEL, fake_counter
 from tokenizer_cache import load_model_tokenizer
 
@@ -226,3 +227,82 @@ def test_chats_go_to_the_living_worker_while_a_replacement_loads(qwen3_dir: Path
             assert brimful.stop() == 0
     assert after[0] == before[0] and after[1] != before[1]
     assert slowest < 5.0, slowest                   # never the replacement's start-up (held indefinitely)
+
+
+
+def test_the_pages_listener_is_served_by_every_worker_and_outlives_each(qwen3_dir: Path, tmp_path: Path) -> None:
+    """server.metrics_port with --workers 2: the pages on their own port, for all workers, the API not there;
+    after kill -9 of either worker the port still answers (the other accepts from the socket the supervisor
+    holds), and after SIGTERM it refuses."""
+    pages_port = free_port()
+    with FakeVLLM() as fake:
+        brimful = BrimfulProcess(fake.base_url, tmp_path, qwen3_dir, extra_args=["--workers", "2"],
+                                 extra_toml=f'[server]\napi_keys = ["sk-a"]\nmetrics_port = {pages_port}\n')
+        api, pages = brimful.base_url, f"http://127.0.0.1:{pages_port}"
+        key = {"authorization": "Bearer sk-a"}
+        try:
+            assert wait_until(lambda: all_ready(pages), timeout=60), "\n".join(brimful.lines[-30:])
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+            for _ in range(20):
+                with httpx.Client(base_url=api, headers=key, timeout=30) as http:
+                    assert http.post(CHAT, json=body).status_code == 200
+            documents = [get(pages, "/stats").json() for _ in range(6)]
+            metrics = [get(pages, "/metrics") for _ in range(6)]
+            on_api = [httpx.get(api + page, headers=key, timeout=10).status_code for page in ("/metrics", "/stats")]
+            api_on_pages = get(pages, "/v1/models").status_code
+            answered = []
+            for victim in (1, 0):
+                pid = _pid_of(pages, victim)
+                assert pid is not None
+                os.kill(pid, signal.SIGKILL)
+                assert wait_until(lambda pid=pid: not _running(pid), timeout=10)
+                answered += [get(pages, "/metrics").status_code for _ in range(10)]
+                assert wait_until(lambda pid=pid, victim=victim: _pid_of(pages, victim) not in (None, pid)
+                                  and all_ready(pages), timeout=60)
+            # A 4 s stream keeps its worker draining after SIGTERM: the pages port must refuse meanwhile.
+            fake.tokens_per_second = 10
+            streamed: list[bytes] = []
+            first = threading.Event()
+
+            def stream() -> None:
+                with httpx.Client(base_url=api, headers=key, timeout=60) as http, \
+                        http.stream("POST", CHAT, json={**body, "max_tokens": 40, "stream": True}) as response:
+                    chunks = response.iter_raw()
+                    data = next(chunks)
+                    first.set()
+                    streamed.append(data + b"".join(chunks))
+
+            streaming = threading.Thread(target=stream)
+            streaming.start()
+            assert first.wait(30)
+            brimful.proc.send_signal(signal.SIGTERM)
+            assert wait_until(lambda: _refuses_connections(pages_port), timeout=10), "the pages port still accepts"
+            draining = streaming.is_alive()
+            streaming.join(60)
+            code = brimful.proc.wait(30)
+        finally:
+            brimful.stop(signal.SIGKILL)
+    assert code == 0
+    assert draining, "the stream ended before the pages port refused: nothing was draining"
+    _assert_complete(streamed[0], 40)
+    # Whichever worker took the connection: one document for both workers and all 20 chats.
+    for document in documents:
+        assert [(w["index"], w["answered"]) for w in document["workers"]] == [(0, True), (1, True)]
+        assert sum(m["count"] for m in document["models"]) == 20
+    assert {m.status_code for m in metrics} == {200}
+    assert {sum(v for (name, _), v in samples(m.text).items() if name == "brimful_requests_total")
+            for m in metrics} == {20}
+    assert on_api == [404, 404] and api_on_pages == 404
+    assert answered == [200] * 20, answered
+
+
+def _pid_of(base_url: str, index: int) -> int | None:
+    return next((w.get("pid") for w in get(base_url, "/stats").json()["workers"] if w["index"] == index), None)
+
+
+def _running(pid: int) -> bool:
+    """Not yet killed: a zombie (killed, not reaped) or a reaped pid counts as gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
