@@ -11,7 +11,9 @@ about 250 bytes each (16,384 by default: ~4 MiB).  For chats rendered through
 their proven message loop (`_render_memo`): `traces`, what each iteration read,
 an eighth as many (8,192: ~1 KiB each, ~8 MiB), `loop_cuts`, the count at each
 iteration's last cut, and `openings`, the first messages seen, a quarter as many
-(~150 bytes each, ~2.5 MiB each).  All hold digests and numbers, never text.
+(~150 bytes each, ~2.5 MiB each); `jumps`, a run of traces per conversation, a
+sixty-fourth as many (1,024: ~0.5 KiB plus 16 bytes per message each, ~2.5 MiB at
+a hundred messages).  All hold digests and numbers, never text.
 
 Lookups and inserts come in batches (all pieces of one prompt) under one lock
 acquisition, and the lock is never held while encoding: the proxy counts
@@ -32,6 +34,8 @@ DEFAULT_MAX_ENTRIES = 65_536
 PREFIX_ENTRIES_PER_PIECE = 4
 # Piece entries per trace (`_render_memo`): a trace is ~1 KiB (its reads' digests), a piece ~170 B.
 TRACE_ENTRIES_PER_PIECE = 8
+# Piece entries per jump: one per conversation, ~0.5 KiB plus 16 B per message iterated.
+JUMP_ENTRIES_PER_PIECE = 64
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,24 @@ class Trace:
 MAX_VARIANTS = 4
 
 
+@dataclass(frozen=True)
+class Jump:
+    """A run of traces from the loop's start that a walk takes in one step (`_render_memo`).
+
+    Iterations 0..`last` replay for any request whose messages 0..`reads` have the digests hashed
+    into `prefix`, that has more than `last + 1` messages, and whose namespaces hold the values
+    `live` names where the run reads them before writing them; the walk goes on from `keys[-1]`
+    (K(last), where a cut at the iteration's end is stored) with `state`.  `keys`: K(0)..K(last),
+    16 bytes each, joined (the traces and cuts along the run are marked recent through them)."""
+
+    last: int
+    reads: int
+    prefix: bytes
+    live: tuple[tuple[tuple[int, str], Any], ...]
+    state: dict[tuple[int, str], Any]
+    keys: bytes
+
+
 class TraceTable(BoundedTable[tuple[Trace, ...]]):
     """chain key before an iteration + its message's digest → the traces recorded there (`_render_memo`).
 
@@ -171,10 +193,12 @@ class TraceTable(BoundedTable[tuple[Trace, ...]]):
     def __init__(self, max_entries: int, lock: threading.Lock) -> None:
         super().__init__(max_entries, lock)
         self.skipped = 0        # iterations not rendered since creation
+        self.jumped = 0         # of those, the ones a walk took in one step (a `Jump`)
         self.rendered = 0       # iterations rendered and recorded
         self.evictions = 0      # traces dropped to stay within max_entries
 
-    def add(self, items: Sequence[tuple[bytes, Trace]], skipped: int, used: Sequence[bytes] = ()) -> None:
+    def add(self, items: Sequence[tuple[bytes, Trace]], skipped: int, used: Sequence[bytes] = (),
+            jumped: int = 0) -> None:
         """One render's new traces beside the variants already kept, and the traces its walk
         `used` marked recent, as `put_path` orders them."""
         with self._lock:
@@ -184,6 +208,7 @@ class TraceTable(BoundedTable[tuple[Trace, ...]]):
                 merged.append((key, known if trace in known else (trace, *known[: MAX_VARIANTS - 1])))
             self._put_path(merged, used)
             self.skipped += skipped
+            self.jumped += jumped
             self.rendered += len(items)
 
     def _trim(self) -> None:
@@ -195,7 +220,7 @@ class TraceTable(BoundedTable[tuple[Trace, ...]]):
     def clear(self) -> None:
         super().clear()
         with self._lock:
-            self.skipped = self.rendered = self.evictions = 0
+            self.skipped = self.jumped = self.rendered = self.evictions = 0
 
 
 class PieceCountCache:
@@ -217,6 +242,8 @@ class PieceCountCache:
         self.loop_cuts: BoundedTable[tuple[int, int, int]] = BoundedTable(
             max_entries // PREFIX_ENTRIES_PER_PIECE, self._lock)
         self.openings: BoundedTable[bool] = BoundedTable(max_entries // PREFIX_ENTRIES_PER_PIECE, self._lock)
+        # The runs a walk may take at once, by the chain key before the loop and the last message read.
+        self.jumps: BoundedTable[tuple[Jump, ...]] = BoundedTable(max_entries // JUMP_ENTRIES_PER_PIECE, self._lock)
 
     def get_many(self, keys: Sequence[bytes]) -> list[int | None]:
         """The cached count of each key (None when absent); hits become most recent."""
@@ -267,3 +294,4 @@ class PieceCountCache:
         self.traces.clear()
         self.loop_cuts.clear()
         self.openings.clear()
+        self.jumps.clear()

@@ -28,6 +28,16 @@ and the text is rendered and counted from the cut on.  The count is the
 stored one plus that of the new text, which must begin with a cut token, so
 the two add up; when it does not, the chat is rendered whole (`None`).
 
+Where the loop runs over the request's `messages` itself, a render also stores a
+jump (`Jump`): the run of iterations from the loop's start to the last whose
+cut is at its end, with what the run read from outside itself (the last message
+it read, the namespace values it read before writing them).  A request whose
+messages up to that one hash the same, that goes on past the run's last
+iteration, and whose namespaces hold those values takes the run in one step,
+and walks on from there: one hash of the messages' digests instead of a trace
+check per iteration.  A run stops at an iteration that read what the list's
+length decides (`loop.last` true, `loop.length`, an index from the end).
+
 Nothing stored holds text: traces hold digests, attribute names, indexes and
 the small values written to namespaces (booleans, numbers, None; a template
 that writes anything else gets no trace).  Any surprise while rendering (a
@@ -51,7 +61,7 @@ from jinja2.utils import Namespace, missing
 from markupsafe import Markup
 
 from ._loop_proof import END, ENTER, ITEM, LENGTH, LOOP, NS_GET, NS_SET, OUTER, LoopProof
-from ._piece_cache import BoundedTable, PieceCountCache, Trace, TraceTable
+from ._piece_cache import MAX_VARIANTS, BoundedTable, Jump, PieceCountCache, Trace, TraceTable
 from ._piece_count import PieceCounter, PieceTally
 from ._render import new_render_context
 
@@ -70,6 +80,9 @@ _LIST_ATTRIBUTES = frozenset({"last", "length", "revindex", "revindex0", "nextit
 _ITEMS = frozenset({"nextitem", "previtem"})
 Event = tuple[Any, ...]     # ("i" | "L" | "G" | "n" | "N" | "W", ..., the value read or written)
 State = dict[tuple[int, str], Any]
+# How many of a request's last messages are tried as the last one a stored jump read: a conversation
+# that comes back one turn longer has a few more; a worker that sees every Nth turn, a few more again.
+_JUMP_LOOKBACK = 16
 
 
 class Unmemoisable(Exception):
@@ -102,6 +115,16 @@ def _chain(key: bytes, data: bytes) -> bytes:
     hasher = hashlib.sha256(key)
     hasher.update(data)
     return hasher.digest()[:_DIGEST]
+
+
+def _jump_key(loop_key: bytes, digests: list[bytes], reads: int) -> bytes:
+    return loop_key + digests[reads] + reads.to_bytes(4, "big")
+
+
+def _prefix(loop_key: bytes, digests: list[bytes], reads: int) -> bytes:
+    """The digest of messages 0..`reads`' digests after the chain key before the loop: one hash of
+    16 bytes a message proves a run's messages unchanged."""
+    return _chain(loop_key, b"".join(digests[: reads + 1]))
 
 
 @dataclass(frozen=True)
@@ -138,6 +161,63 @@ class MemoRender:
     used: list[bytes] = field(default_factory=list)        # the keys of the traces the walk replayed
     used_cuts: list[bytes] = field(default_factory=list)   # and of the cuts it found along them
     skipped: int = 0
+    jumped: int = 0                     # iterations the walk took in one step (a stored `Jump`)
+    run: _RunSeed | None = None         # what the next jump is built from (loops over the message list)
+
+
+@dataclass
+class _RunSeed:
+    """A render's run of iterations from the loop's start: the jump it took (`start`), the traces it
+    walked after it, and what a jump is keyed and proven by."""
+
+    loop_key: bytes
+    digests: list[bytes]
+    start: Jump | None
+    walked: list[Trace]
+
+
+class _Run:
+    """A run of traces from the loop's start, extended iteration by iteration: what it read from
+    outside itself (the last message, the namespace values read before they were written), its
+    state and its chain keys, so far as a jump may be built of it."""
+
+    def __init__(self, start: Jump | None) -> None:
+        self.reads = -1 if start is None else start.reads
+        self.live: State = {} if start is None else dict(start.live)
+        self.state: State = {} if start is None else start.state
+        self.keys = b"" if start is None else start.keys
+        self.new_keys: list[bytes] = []
+
+    def extend(self, index: int, trace: Trace) -> bool:
+        """Iteration `index` added; False when what it read depends on more than the messages up to
+        `reads` and the namespace values in `live` (the list's length: `loop.last` true, `loop.length`
+        and the like, an index from the end, an item past the end)."""
+        reads, state, live = max(self.reads, index), self.state, self.live
+        written: State = {}
+        for event in trace.events:
+            tag = event[0]
+            if tag == "i":
+                continue
+            if tag == "L":
+                if event[1] != "last" or event[2] is not False:
+                    return False
+            elif tag == "G":
+                if event[2] < 0 or event[3] == _UNDEFINED_KEY:
+                    return False
+                reads = max(reads, event[2])
+            elif tag == "N":
+                name = (event[1], event[2])
+                if name not in written and name not in state and live.setdefault(name, event[3]) != event[3]:
+                    return False
+            elif tag == "W":
+                written[(event[1], event[2])] = event[3]
+            else:           # "n": the list's length
+                return False
+        self.reads = reads
+        if written:
+            self.state = {**state, **written}
+        self.new_keys.append(trace.key)
+        return True
 
 
 class _Values:
@@ -165,6 +245,10 @@ class _Values:
 
     def digest(self, index: int) -> bytes:
         return self._digests[index]
+
+    @property
+    def digests(self) -> list[bytes]:
+        return self._digests
 
     def item(self, value: Any) -> Any:
         index = self.ids.get(id(value))
@@ -223,6 +307,7 @@ class Recorder:
         self._base = base_key
         self._traces: TraceTable = cache.traces
         self._cuts: CutTable = cache.loop_cuts
+        self._jumps: BoundedTable[tuple[Jump, ...]] = cache.jumps
         self._outer: dict[str, Any] = {}
         self._namespaces: dict[int, int] = {}       # id(namespace) -> its index in _ns_objects
         self._ns_objects: list[Namespace] = []
@@ -232,6 +317,7 @@ class Recorder:
         self._mode = "before"                     # before, skip, run, off, after
         self._index = 0
         self._key = b""                           # K of the text rendered so far
+        self._loop_key = b""                      # K(-1): the text before the loop, and the values from outside it
         self._events: list[Event] = []
         self._span_start = 0
         self.reuse: _Reuse | None = None
@@ -240,6 +326,7 @@ class Recorder:
         self.new_traces: list[tuple[bytes, Trace]] = []
         self.used_traces: list[bytes] = []
         self.used_cuts: list[bytes] = []
+        self.run: _RunSeed | None = None          # set by the walk where the loop iterates `messages` itself
 
     def hooks(self) -> dict[str, Callable[..., Any]]:
         return {ENTER: self.enter, OUTER: self.outer, END: self.end, LOOP: self.loop_attribute,
@@ -345,6 +432,7 @@ class Recorder:
             self._mode = "off"
             return
         self._key = _chain(self._base, repr((outer, _text_digest("".join(self.chunks)))).encode())
+        self._loop_key = self._key
         self.spans.append((self._key, 0, len(self.chunks)))
         self._mode = "run"
         reuse = self._plan()
@@ -418,7 +506,18 @@ class Recorder:
         best = None if cut is None else (-1, cut, key, state, key, state)
         used: list[bytes] = []                    # the traces replayed, and the cuts found along them
         cut_keys = [] if cut is None else [key]
-        for index in range(len(self._iterated)):
+        start, jump = 0, self._jump() if self._iterated is self.values.messages else None
+        jump_cut = None if jump is None else cuts(jump.keys[-_DIGEST:])
+        if jump is not None and jump_cut is not None and jump_cut[0] == AT_END:   # 0..jump.last in one step
+            keys = [jump.keys[i:i + _DIGEST] for i in range(0, len(jump.keys), _DIGEST)]
+            used = [k + d for k, d in zip([key, *keys[:-1]], self.values.digests, strict=False)]
+            cut_keys += keys                      # marked recent where they are cuts
+            key, state, start = keys[-1], jump.state, jump.last + 1
+            best = (jump.last, jump_cut, key, state, key, state)     # at its end: nothing before it is used
+        else:
+            jump = None
+        walked: list[Trace] = []
+        for index in range(start, len(self._iterated)):
             at = key + digest(positions[index])
             variants = traces(at)
             if variants is None:
@@ -434,17 +533,42 @@ class Recorder:
                 state = {**state, **written}
             key = trace.key
             used.append(at)
+            walked.append(trace)
             cut = cuts(key)
             if cut is not None:
                 best = (index, cut, key, state, *before)
                 cut_keys.append(key)
         self.used_traces, self.used_cuts = used, cut_keys     # marked recent by `tally`
+        if self._iterated is self.values.messages:
+            self.run = _RunSeed(self._loop_key, self.values.digests, jump, walked)
         if best is None:
             return None
         index, (offset, chars, tokens), key, state, before_key, before_state = best
         if offset == AT_END:
             return _Reuse(index, True, state, key, 0, chars, tokens)
         return _Reuse(index, False, before_state, before_key, offset, chars, tokens)
+
+    def _jump(self) -> Jump | None:
+        """A stored run this request replays from the loop's start, one of those whose last message read
+        is among its last `_JUMP_LOOKBACK`, the longest; None when none is proven (then the walk goes
+        iteration by iteration, as it would have)."""
+        digests, peek = self.values.digests, self._jumps.peek
+        size = len(digests)
+        for reads in range(size - 1, max(size - 1 - _JUMP_LOOKBACK, -1), -1):
+            variants = peek(_jump_key(self._loop_key, digests, reads))
+            if variants is None:
+                continue
+            prefix = _prefix(self._loop_key, digests, reads)
+            for jump in variants:
+                if jump.prefix == prefix and jump.last < size - 1 and \
+                        all(self._live_key(name) == value for name, value in jump.live):
+                    return jump
+        return None
+
+    def _live_key(self, name: tuple[int, str]) -> Any:
+        """The key of a namespace's value as the loop finds it before writing it (`_replays`' "N")."""
+        value = getattr(self._ns_objects[name[0]], name[1], _MISSING)
+        return _UNDEFINED_KEY if value is _MISSING else self.values.key(value)
 
     def _replays(self, events: tuple[Event, ...], index: int, state: State) -> State | None:
         """The writes of `events` if every read in it gives the recorded value at iteration `index` (else None)."""
@@ -533,8 +657,10 @@ def render(proof: LoopProof, variables: dict[str, Any], base_key: bytes, cache: 
             offset += len(chunks[at])
             at += 1
         spans.append((key, span_start, offset))
+    run = recorder.run
     done = MemoRender(text, spans=spans, traces=recorder.new_traces, used=recorder.used_traces,
-                      used_cuts=recorder.used_cuts)
+                      used_cuts=recorder.used_cuts, run=run,
+                      jumped=0 if run is None or run.start is None else run.start.last + 1)
     if reuse is not None:
         done.prefix_chars, done.prefix_tokens, done.reused = reuse.chars, reuse.tokens, True
         done.skipped = reuse.skip_to + 1
@@ -568,8 +694,37 @@ def tally(done: MemoRender, counter: PieceCounter, cut_tokens: tuple[str, ...]) 
     cache.loop_cuts.put_path([(key, (offset, done.prefix_chars + position, running[position]))
                               for key, offset, position in last_cuts if done.prefix_chars + position > 0],
                              done.used_cuts)
-    cache.traces.add(done.traces, done.skipped, done.used)
+    cache.traces.add(done.traces, done.skipped, done.used, done.jumped)
+    if done.run is not None:
+        _store_jump(done, done.run, cache)
     return PieceTally(tokens=total, pieces=sum(t.pieces for t in tallies),
                       added_tokens=sum(t.added_tokens for t in tallies),
                       encoded_pieces=sum(t.encoded_pieces for t in tallies),
                       encoded_tokens=sum(t.encoded_tokens for t in tallies), reused_tokens=done.prefix_tokens)
+
+
+def _store_jump(done: MemoRender, seed: _RunSeed, cache: PieceCountCache) -> None:
+    """The jump to the last iteration with a stored cut of this render's run from the loop's start
+    (the jump it took, the traces walked after it, the iterations rendered): built from where the
+    jump it took ended, so a conversation one turn longer costs a turn's iterations here."""
+    start, skip_to = seed.start, done.skipped - 1      # a jump taken is skipped through its last iteration
+    first = 0 if start is None else start.last + 1
+    run = _Run(start)
+    cuts = cache.loop_cuts.peek
+    best = None
+    path = seed.walked[: skip_to + 1 - first] + [trace for _, trace in done.traces]
+    for index, trace in enumerate(path, first):
+        if not run.extend(index, trace):
+            break
+        cut = cuts(trace.key)
+        if cut is not None and cut[0] == AT_END:    # a jump's run ends where its next one may go on
+            best = (index, run.reads, tuple(run.live.items()), run.state, len(run.new_keys))
+    if best is None or (start is not None and best[0] == start.last):
+        return
+    last, reads, live, state, count = best
+    jump = Jump(last, reads, _prefix(seed.loop_key, seed.digests, reads), live, state,
+                run.keys + b"".join(run.new_keys[:count]))
+    key = _jump_key(seed.loop_key, seed.digests, reads)
+    # beside the runs that end on the same message but differ before it, or read other namespace values
+    known = [other for other in cache.jumps.peek(key) or () if (other.prefix, other.live) != (jump.prefix, live)]
+    cache.jumps.put_many([(key, (jump, *known[: MAX_VARIANTS - 1]))])

@@ -385,3 +385,107 @@ def test_a_memo_a_little_too_small_keeps_the_start_of_each_conversation(tmp_path
     assert cache.traces.evictions > 0 and len(cache.traces) == 120
     assert all(memo.count_chat(body) == full.count_chat(body) for _, body in interleaved[-6:])
     assert sum(skipped[(s, 7)] for s in range(len(sessions))) >= 4 * len(sessions)
+
+
+def test_a_conversation_one_turn_longer_jumps_over_what_it_had(tmp_path: Path) -> None:
+    """The walk over a conversation's earlier iterations is one step (a `Jump`): a conversation that
+    comes back a turn longer takes at once the iterations its previous turn ended on, but the last
+    (it read `loop.last`), proven by one hash of its messages' digests, with a full count's result."""
+    full, memo = _qwen3(tmp_path)
+    [bodies] = _sessions_sharing_an_opening(1, 10, tools=True)
+    traces = memo.piece_counter.cache.traces
+    jumped = []
+    for body in bodies:
+        before = traces.jumped
+        assert memo.count_chat(body) == full.count_chat(body)
+        jumped.append(traces.jumped - before)
+    sizes = [len(body["messages"]) for body in bodies]
+    assert jumped[:2] == [0, 0], jumped           # the first chat is not recorded, the second walks
+    assert all(jumped[t] >= sizes[t - 1] - 3 for t in range(2, len(bodies))), (jumped, sizes)
+    assert len(memo.piece_counter.cache.jumps) == len(bodies) - 1
+
+
+def test_a_jump_is_taken_only_where_what_it_read_is_unchanged(tmp_path: Path) -> None:
+    """An earlier message edited (its digest is in the jump's hash), and a new user query (Qwen3's
+    `ns.last_query_index`, which every assistant turn reads before any writes it, moves) each refuse
+    the jump: the walk goes iteration by iteration, and the count is a full count's.  One more tool
+    turn takes it."""
+    full, memo = _qwen3(tmp_path)
+    rng = random.Random(31)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": _text(rng, 60, 80)}, _query(rng)]
+    for turn in range(6):
+        reply, *results = _tool_turn(rng, turn, reasoning=False)
+        messages += [{**reply, "reasoning": _text(rng, 3, 20)}, *results]
+        memo.count_chat({"messages": copy.deepcopy(messages), "tools": TOOLS})
+    traces = memo.piece_counter.cache.traces
+    edited = copy.deepcopy(messages)
+    edited[3]["content"] = str(edited[3].get("content")) + " edited"
+    queried = [*copy.deepcopy(messages), {"role": "assistant", "content": "Done.", "reasoning": "ok"},
+               {"role": "user", "content": "And now the tests."}]
+    longer = [*copy.deepcopy(messages), *_tool_turn(rng, 6, reasoning=False)]
+    jumped = {}
+    for name, turn in (("edited", edited), ("queried", queried), ("longer", longer)):
+        body = {"messages": turn, "tools": TOOLS}
+        before = traces.jumped
+        assert memo.count_chat(body) == full.count_chat(body), name
+        jumped[name] = traces.jumped - before
+    assert jumped["edited"] == 0 and jumped["queried"] == 0 and jumped["longer"] >= len(messages) - 3, jumped
+
+
+def test_a_jump_ends_before_the_iteration_that_was_the_last(tmp_path: Path) -> None:
+    """Qwen3 writes an empty think block for an assistant turn after the last user query only when it is the
+    last message (`loop.last`).  A conversation cut back to end on such a turn must not jump over it as
+    rendered when more followed, and one that grew past it must not jump over it as rendered last."""
+    full, memo = _qwen3(tmp_path)
+    rng = random.Random(41)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": _text(rng, 60, 80)}, _query(rng)]
+    for turn in range(5):
+        reply, *results = _tool_turn(rng, turn, reasoning=False)
+        for ending in ([reply, *results], [reply]):
+            body = {"messages": copy.deepcopy([*messages, *ending]), "tools": TOOLS}
+            assert memo.count_chat(body) == full.count_chat(body), (turn, len(ending))
+        messages += [reply, *results]
+    assert memo.piece_counter.cache.traces.jumped > 0
+
+
+# Iterations that read what the list's length decides: its length, and its last message by a negative index.
+_BY_LENGTH = ("{%- for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
+              "{%- if loop.index0 == messages|length - 2 %} (the next one is the last){%- endif %}<|im_end|>\n"
+              "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
+_BY_LAST = ("{%- for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
+            "{%- if messages[-1].role == 'user' %} (a user spoke last){%- endif %}<|im_end|>\n"
+            "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
+
+
+@pytest.mark.parametrize("template", [_BY_LENGTH, _BY_LAST], ids=["length", "negative-index"])
+def test_no_jump_over_iterations_that_read_the_lists_end(tmp_path: Path, template: str) -> None:
+    """An iteration that read `messages|length` or `messages[-1]` renders otherwise once the conversation
+    grows: no jump holds it, whatever the messages before it, and every count is a full count's."""
+    full, memo = _qwen3(tmp_path, template)
+    rng = random.Random(5)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": _text(rng, 20, 40)}, _query(rng)]
+    for _ in range(8):
+        messages += [_reply(rng, False), _query(rng) if rng.random() < 0.5 else _reply(rng, False)]
+        body = {"messages": copy.deepcopy(messages)}
+        assert memo.count_chat(body) == full.count_chat(body)
+    assert memo.piece_counter.cache.traces.jumped == 0
+
+
+# No `loop.last`: a run may end on the last message, whose end is a cut or not by what follows the loop.
+_TAIL_AFTER_LOOP = ("{%- for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>"
+                    "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- else %}\nEND{%- endif %}")
+
+
+def test_a_run_that_ends_on_the_last_message(tmp_path: Path) -> None:
+    """A template that never reads `loop.last`: a jump runs to the last message, whose end is a cut only
+    when the generation prompt follows the loop.  The same conversation without it, and the next one
+    longer, count as full counts."""
+    full, memo = _qwen3(tmp_path, _TAIL_AFTER_LOOP)
+    rng = random.Random(6)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": _text(rng, 20, 40)}, _query(rng)]
+    for _ in range(8):
+        messages += [_reply(rng, False), _query(rng)]
+        for generation in (True, False):
+            body = {"messages": copy.deepcopy(messages), "add_generation_prompt": generation}
+            assert memo.count_chat(body) == full.count_chat(body), generation
+    assert memo.piece_counter.cache.traces.jumped > 0
