@@ -11,9 +11,9 @@ about 250 bytes each (16,384 by default: ~4 MiB).  For chats rendered through
 their proven message loop (`_render_memo`): `traces`, what each iteration read,
 an eighth as many (8,192: ~1 KiB each, ~8 MiB), `loop_cuts`, the count at each
 iteration's last cut, and `openings`, the first messages seen, a quarter as many
-(~150 bytes each, ~2.5 MiB each); `jumps`, a run of traces per conversation, a
-sixty-fourth as many (1,024: ~0.5 KiB plus 16 bytes per message each, ~2.5 MiB at
-a hundred messages).  All hold digests and numbers, never text.
+(~150 bytes each, ~2.5 MiB each); `jumps`, a run of traces per conversation turn, a
+sixty-fourth as many (1,024: ~1.2 KiB plus 16 bytes per message each, measured
+2.8 KiB at a hundred messages, so ~2.8 MiB).  All hold digests and numbers, never text.
 
 Lookups and inserts come in batches (all pieces of one prompt) under one lock
 acquisition, and the lock is never held while encoding: the proxy counts
@@ -34,7 +34,7 @@ DEFAULT_MAX_ENTRIES = 65_536
 PREFIX_ENTRIES_PER_PIECE = 4
 # Piece entries per trace (`_render_memo`): a trace is ~1 KiB (its reads' digests), a piece ~170 B.
 TRACE_ENTRIES_PER_PIECE = 8
-# Piece entries per jump: one per conversation, ~0.5 KiB plus 16 B per message iterated.
+# Piece entries per jump: one per conversation turn, ~1.2 KiB plus 16 B per message iterated.
 JUMP_ENTRIES_PER_PIECE = 64
 
 
