@@ -161,8 +161,12 @@ class MemoRender:
     used: list[bytes] = field(default_factory=list)        # the keys of the traces the walk replayed
     used_cuts: list[bytes] = field(default_factory=list)   # and of the cuts it found along them
     skipped: int = 0
-    jumped: int = 0                     # iterations the walk took in one step (a stored `Jump`)
     run: _RunSeed | None = None         # what the next jump is built from (loops over the message list)
+
+    @property
+    def jumped(self) -> int:
+        """Iterations the walk took in one step (a stored `Jump`)."""
+        return 0 if self.run is None or self.run.start is None else self.run.start.last + 1
 
 
 @dataclass
@@ -506,7 +510,8 @@ class Recorder:
         best = None if cut is None else (-1, cut, key, state, key, state)
         used: list[bytes] = []                    # the traces replayed, and the cuts found along them
         cut_keys = [] if cut is None else [key]
-        start, jump = 0, self._jump() if self._iterated is self.values.messages else None
+        over_messages = self._iterated is self.values.messages     # positions are indexes: jumps apply
+        start, jump = 0, self._jump() if over_messages else None
         jump_cut = None if jump is None else cuts(jump.keys[-_DIGEST:])
         if jump is not None and jump_cut is not None and jump_cut[0] == AT_END:   # 0..jump.last in one step
             keys = [jump.keys[i:i + _DIGEST] for i in range(0, len(jump.keys), _DIGEST)]
@@ -539,7 +544,7 @@ class Recorder:
                 best = (index, cut, key, state, *before)
                 cut_keys.append(key)
         self.used_traces, self.used_cuts = used, cut_keys     # marked recent by `tally`
-        if self._iterated is self.values.messages:
+        if over_messages:
             self.run = _RunSeed(self._loop_key, self.values.digests, jump, walked)
         if best is None:
             return None
@@ -566,7 +571,8 @@ class Recorder:
         return None
 
     def _live_key(self, name: tuple[int, str]) -> Any:
-        """The key of a namespace's value as the loop finds it before writing it (`_replays`' "N")."""
+        """The key of a namespace's value as the loop finds it before writing it (an "N" read that no
+        replayed write answers)."""
         value = getattr(self._ns_objects[name[0]], name[1], _MISSING)
         return _UNDEFINED_KEY if value is _MISSING else self.values.key(value)
 
@@ -590,9 +596,7 @@ class Recorder:
             elif tag == "N":
                 name = (event[1], event[2])
                 value = written.get(name, state.get(name, _MISSING))
-                if value is _MISSING:
-                    value = getattr(self._ns_objects[event[1]], event[2], _MISSING)
-                now = _UNDEFINED_KEY if value is _MISSING else values.key(value)
+                now = self._live_key(name) if value is _MISSING else values.key(value)
             else:       # "W"
                 written[(event[1], event[2])] = event[3]
                 continue
@@ -657,10 +661,8 @@ def render(proof: LoopProof, variables: dict[str, Any], base_key: bytes, cache: 
             offset += len(chunks[at])
             at += 1
         spans.append((key, span_start, offset))
-    run = recorder.run
     done = MemoRender(text, spans=spans, traces=recorder.new_traces, used=recorder.used_traces,
-                      used_cuts=recorder.used_cuts, run=run,
-                      jumped=0 if run is None or run.start is None else run.start.last + 1)
+                      used_cuts=recorder.used_cuts, run=recorder.run)
     if reuse is not None:
         done.prefix_chars, done.prefix_tokens, done.reused = reuse.chars, reuse.tokens, True
         done.skipped = reuse.skip_to + 1
