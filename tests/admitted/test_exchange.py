@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 
+from proxy.admitted.counting import PARITY_PROBES
 from proxy.app import BrimfulApp
 from proxy.recording.record import LengthRecord
 from tests.conftest import CAPTURES, MODELS
-from tests.support.stack import CHAT, MODEL, ListRecorder, call_app, make_config
+from tests.support.stack import CHAT, MODEL, ListRecorder, call_app, make_config, started_up
 from tests.support.transport import MockResponse, MockTransport, SentRequest
 from tokenizer_cache import load_model_tokenizer
 
@@ -402,9 +403,12 @@ class CountingUpstream(Upstream):
 
 
 async def started(app: BrimfulApp) -> None:
-    """The model list read and the start-up probes run, as serving does in the background."""
-    await app.backends.refresh_all()
-    await app.counter.preload([MODEL])
+    """The model list read and the start-up probes run, as serving does in the background.
+
+    The probes are the ones the model list starts, awaited: probing again beside them would let
+    a probe answered after the test changes the upstream decide the model's trust.
+    """
+    await started_up(app)
 
 
 async def test_probes_that_differ_make_the_upstream_count(qwen3_dir: Path, qwen3: Any) -> None:
@@ -501,6 +505,7 @@ async def test_gpt_oss_is_checked_against_usage_and_never_counted_by_tokenize(tm
     state = app.recorder.stats()["counting"][MODEL]
     assert (state["parity"], state["mode"]) == (True, "local")
     assert not any(s.path == "/tokenize" for s in upstream.transport.sent)
+    assert len(upstream.chats()) == len(PARITY_PROBES)      # one probing, over before usage moves
 
     offset["usage"] = 3
     modes = []
