@@ -36,7 +36,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -355,12 +355,18 @@ class PromptCounter:
         """Per loaded model: which engine counts it, why not fastokens, and the texts it fell back on."""
         return {model: engine_state(tok) for model, tok in list(self._ready.items())}
 
-    def forget_dirs(self) -> None:
-        """Called when the upstream's model list changes: roots may have moved, and
-        what was learnt about each model's count starts again with its new probes."""
-        self._dirs.clear()
-        self._ready.clear()
-        self._trust.clear()
+    def forget(self, models: Iterable[str]) -> None:
+        """Called for the models of an upstream whose list changed: roots may have moved, and
+        what was learnt about each one's count starts again with its new probes. The other
+        upstreams' models keep theirs: their server did not change."""
+        for model in models:
+            self._dirs.pop(model, None)
+            self._ready.pop(model, None)
+            self._trust.pop(model, None)
+
+    def known(self) -> set[str]:
+        """Every model something was learnt about: a directory, a tokenizer or a trust."""
+        return {*self._dirs, *self._ready, *self._trust}
 
     # -- how far each model's count is trusted (proxy.admitted.trust) -------------------
 

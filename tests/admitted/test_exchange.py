@@ -449,6 +449,67 @@ async def test_recurring_drift_that_tokenize_cannot_fix_holds_the_drift_back(qwe
     assert answer.headers["x-brimful-margin-tokens"] == "5"
 
 
+async def test_another_upstreams_new_model_list_keeps_what_was_learnt_of_this_ones(
+        qwen3_dir: Path, qwen3: Any) -> None:
+    """Each upstream's list starts its own models' probes again, and only those: a second vLLM
+    restarting must not hand this one's mismatched model back to the count it was caught off by."""
+    from proxy.config import UpstreamEntry
+
+    served = {"other": ["other-model"]}
+
+    class Other(Upstream):
+        def handle(self, sent: SentRequest) -> MockResponse:
+            data = [{"id": name, "object": "model", "max_model_len": MML} for name in served["other"]]
+            return MockResponse.json({"object": "list", "data": data})
+
+    first, other = CountingUpstream(qwen3, tokenize_offset=3, usage_offset=3), Other()
+    config = make_config("http://upstream.test", qwen3_dir)
+    config.upstreams.append(UpstreamEntry(name="other", url="http://other.test"))
+    app = BrimfulApp(config, ListRecorder(),
+                     transport_for=lambda url: other.transport if "other" in url else first.transport)
+    await started(app)
+    assert app.counter.trust(MODEL).mode == "upstream"
+
+    served["other"] = ["other-model", "other-lora"]
+    await app.backends.items[1].registry.refresh()
+    await started(app)
+    assert app.counter.trust(MODEL).mode == "upstream"
+    answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=65535))
+    assert answer.headers["x-brimful-count"] == "upstream"
+
+
+async def test_probes_of_a_replaced_model_list_are_dropped(qwen3_dir: Path, qwen3: Any) -> None:
+    """A probe the old server answers after its list was replaced would teach the new one its counts."""
+    import asyncio
+
+    served, probing, old_answers = [MODEL], asyncio.Event(), asyncio.Event()
+
+    class Restarting(CountingUpstream):
+        async def answer(self, sent: SentRequest) -> MockResponse:
+            probing.set()
+            await old_answers.wait()
+            return MockResponse.json({"count": 10**6, "max_model_len": MML, "tokens": []})
+
+        def handle(self, sent: SentRequest) -> Any:
+            if sent.path == "/v1/models":
+                data = [{"id": name, "object": "model", "max_model_len": MML} for name in served]
+                return MockResponse.json({"object": "list", "data": data})
+            if sent.path == "/tokenize" and len(served) == 1:     # the server before the restart
+                return self.answer(sent)
+            return super().handle(sent)
+
+    upstream = Restarting(qwen3, tokenize_offset=0, usage_offset=0)
+    app, _ = app_for(upstream, qwen3_dir)
+    await app.backends.default.registry.refresh()
+    await probing.wait()                            # the old list's probes are under way
+    served.append("tiny-qwen-lora")
+    await app.backends.default.registry.refresh()
+    old_answers.set()
+    await started(app)
+    trust = app.counter.trust(MODEL)
+    assert (trust.parity, trust.mode) == (True, "local")
+
+
 class RefusingUpstream(CountingUpstream):
     """/tokenize refuses every request carrying tools (a template without tool support upstream)."""
 

@@ -91,7 +91,7 @@ def test_a_truncation_vllm_refuses_is_left_to_vllm(stack: Stack, qwen3: ModelTok
 
 
 def test_truncated_answers_do_not_change_how_other_clients_are_counted(stack: Stack, qwen3: ModelTokenizer) -> None:
-    stack.app.counter.forget_dirs()            # what earlier tests taught the trust, forgotten
+    stack.app.counter.forget(["tiny-qwen"])          # what earlier tests taught the trust, forgotten
     for prompt in (5000, 3000, 4000):
         stack.http.post("/v1/chat/completions", json={
             "model": "tiny-qwen", "messages": user_of(qwen3, prompt), "truncate_prompt_tokens": 100,
