@@ -25,7 +25,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.config import Config
@@ -69,24 +69,30 @@ def parse_models(payload: Any, overrides: Mapping[str, Any] | None = None,
         given = card.get("max_model_len")
         mml = _usable_limit(given)
         parent = card.get("parent") if isinstance(card.get("parent"), str) else None
-        source = "upstream"
         problem = None
-        if mml is None and parent in raw and _usable_limit(raw[parent].get("max_model_len")) is not None:
-            mml, source = _usable_limit(raw[parent].get("max_model_len")), "parent"   # a LoRA adapter
-        elif mml is None:
+        if mml is None:
             problem = ("its card has no max_model_len" if given is None else
                        f"its card's max_model_len {json.dumps(given)[:40]} is not a positive whole number")
-            if fallback is not None:
-                mml, source = fallback, "fallback"
         root = card.get("root") if isinstance(card.get("root"), str) else None
-        result[name] = ModelInfo(name, mml, root, parent, source, problem)
+        result[name] = ModelInfo(name, mml, root, parent, "upstream", problem)
     # Overrides apply to the models this upstream serves; with several upstreams
     # a model is configured once, by name, and routed to whichever serves it.
     for name, override in (overrides or {}).items():
         value = getattr(override, "max_model_len", None)
         base = result.get(name)
         if value is not None and base is not None:
-            result[name] = ModelInfo(name, value, base.root, base.parent, "config", base.limit_problem)
+            result[name] = replace(base, max_model_len=value, source="config")
+    # A LoRA adapter runs in its base model's engine: without a window of its own it has the
+    # base's, from the base's card or from its [models] entry, before any fallback.
+    for name, info in list(result.items()):
+        base = result.get(info.parent) if info.parent is not None else None
+        if info.max_model_len is None and base is not None and base.max_model_len is not None:
+            result[name] = replace(info, max_model_len=base.max_model_len, source="parent",
+                                   limit_problem=None)
+    if fallback is not None:
+        for name, info in list(result.items()):
+            if info.max_model_len is None:
+                result[name] = replace(info, max_model_len=fallback, source="fallback")
     return result
 
 

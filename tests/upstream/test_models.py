@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.config import Config, UpstreamConfig
+from proxy.config import Config, ModelConfig, UpstreamConfig
 from proxy.errors import BrimfulError, ErrorCode
 from proxy.upstream import models as limits
 from proxy.upstream.models import ModelRegistry, waiting_message
@@ -138,3 +138,18 @@ def test_lora_adapters_inherit_and_good_cards_have_no_problem() -> None:
     models = limits.parse_models(payload, fallback=99)
     assert (models["base"].max_model_len, models["base"].limit_problem) == (4096, None)
     assert (models["lora"].max_model_len, models["lora"].source, models["lora"].limit_problem) == (4096, "parent", None)
+
+
+def test_a_lora_adapter_takes_its_base_models_configured_window() -> None:
+    """The adapter runs in the base model's engine: the window set for the base is its window too."""
+    carded = {"data": [{"id": "base", "max_model_len": 8192}, {"id": "lora", "parent": "base"}]}
+    models = limits.parse_models(carded, {"base": ModelConfig(max_model_len=4096)})
+    assert (models["lora"].max_model_len, models["lora"].source) == (4096, "parent")
+    cardless = {"data": [{"id": "base"}, {"id": "lora", "parent": "base"}]}
+    models = limits.parse_models(cardless, {"base": ModelConfig(max_model_len=32768)}, fallback=2048)
+    assert (models["lora"].max_model_len, models["lora"].source) == (32768, "parent")
+    own = limits.parse_models(cardless, {"base": ModelConfig(max_model_len=32768),
+                                         "lora": ModelConfig(max_model_len=1024)}, fallback=2048)
+    assert (own["lora"].max_model_len, own["lora"].source) == (1024, "config")
+    neither = limits.parse_models(cardless, {}, fallback=2048)
+    assert [(i.max_model_len, i.source) for i in neither.values()] == [(2048, "fallback")] * 2
