@@ -312,24 +312,30 @@ class PromptCounter:
 
     def tokenizer_mode(self, model: str) -> str:
         """vLLM's --tokenizer-mode for the model (a LoRA adapter takes its base model's)."""
+        return self._setting(model, "tokenizer_mode")
+
+    def tokenizer_loader(self, model: str) -> str:
+        """Which rules build the model's tokenizer: the override (a LoRA adapter takes its base
+        model's), else those of the transformers the upstream's vLLM ships with (`GET /version`:
+        vLLM >= 0.19.1 loads with transformers 5, "auto" applies them to a model folder; older
+        vLLM reads tokenizer.json as it is)."""
+        chosen = self._setting(model, "tokenizer_loader")
+        if chosen != "auto":
+            return chosen
+        return "tokenizer_json" if loader_for_vllm(self._backends.version(model)) == "tokenizer_json" else "auto"
+
+    def _setting(self, model: str, name: str) -> str:
+        """A `[models]` setting whose default is "auto": the model's own, else its base model's
+        (an adapter is served by its base model's engine and tokenizer)."""
         override = self._config.models.get(model)
-        if override is not None and override.tokenizer_mode != "auto":
-            return override.tokenizer_mode
+        if override is not None and getattr(override, name) != "auto":
+            return str(getattr(override, name))
         info = self._backends.info(model)
         if info is not None and info.parent and info.parent != model:
             parent = self._config.models.get(info.parent)
             if parent is not None:
-                return parent.tokenizer_mode
+                return str(getattr(parent, name))
         return "auto"
-
-    def tokenizer_loader(self, model: str) -> str:
-        """Which rules build the model's tokenizer: the override, else those of the transformers
-        the upstream's vLLM ships with (`GET /version`: vLLM >= 0.19.1 loads with transformers 5,
-        "auto" applies them to a model folder; older vLLM reads tokenizer.json as it is)."""
-        override = self._config.models.get(model)
-        if override is not None and override.tokenizer_loader != "auto":
-            return override.tokenizer_loader
-        return "tokenizer_json" if loader_for_vllm(self._backends.version(model)) == "tokenizer_json" else "auto"
 
     def _resolve(self, model: str, seen: set[str]) -> Path | None:
         seen.add(model)

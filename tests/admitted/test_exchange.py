@@ -510,6 +510,24 @@ async def test_probes_of_a_replaced_model_list_are_dropped(qwen3_dir: Path, qwen
     assert (trust.parity, trust.mode) == (True, "local")
 
 
+async def test_a_lora_adapter_is_built_with_its_base_models_tokenizer_settings() -> None:
+    """Its base model's engine serves it, with the tokenizer built by the base's rules."""
+    from proxy.config import Config, ModelConfig, UpstreamConfig
+
+    cards = {"object": "list", "data": [{"id": "base", "object": "model", "max_model_len": MML},
+                                        {"id": "base-lora", "object": "model", "parent": "base"}]}
+    transport = MockTransport(lambda sent: MockResponse.json(cards) if sent.path == "/v1/models"
+                              else MockResponse.json({"detail": "Not Found"}, status=404))
+    config = Config(upstream=UpstreamConfig(url="http://upstream.test"))
+    config.models["base"] = ModelConfig(tokenizer_mode="hf", tokenizer_loader="tokenizer_json")
+    app = BrimfulApp(config, ListRecorder(), transport_for=lambda url: transport)
+    await started(app)
+    counter = app.counter
+    assert (counter.tokenizer_mode("base-lora"), counter.tokenizer_loader("base-lora")) == ("hf", "tokenizer_json")
+    config.models["base-lora"] = ModelConfig(tokenizer_loader="transformers5")
+    assert (counter.tokenizer_mode("base-lora"), counter.tokenizer_loader("base-lora")) == ("hf", "transformers5")
+
+
 class RefusingUpstream(CountingUpstream):
     """/tokenize refuses every request carrying tools (a template without tool support upstream)."""
 
