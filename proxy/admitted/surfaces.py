@@ -42,6 +42,7 @@ from proxy.admitted.admission import (
     RequestedLimit,
     decide,
     decide_inputs,
+    lax_bool,
     lax_int,
     read_requested_limit,
 )
@@ -117,7 +118,11 @@ class Surface:
         return read_requested_limit(body, self.limit_fields, self.default_limit_field)
 
     def is_stream(self, body: Mapping[str, Any]) -> bool:
-        return body.get("stream") is True
+        """As vLLM reads `stream` (pydantic's lax bool: 1 and "true" stream too)."""
+        try:
+            return lax_bool(body.get("stream")) is True
+        except ValueError:
+            return False        # vLLM refuses the request
 
     def choices(self, body: Mapping[str, Any]) -> int:
         """How many completions are generated per prompt (`n`)."""
@@ -243,10 +248,19 @@ class OpenAIStreamUsage:
     """
 
     def ask_for_usage(self, body: Mapping[str, Any], changes: dict[str, Any]) -> bool:
+        """Whether brimful asked for the usage chunk the client did not (it is removed again).
+
+        `include_usage` is read as vLLM reads it (1 and "true" ask too); a value vLLM refuses
+        is left for vLLM to refuse, not replaced by one it accepts.
+        """
         options = body.get("stream_options")
         if options is not None and not isinstance(options, dict):
             return False
-        if isinstance(options, dict) and options.get("include_usage") is True:
+        try:
+            asked = lax_bool(options.get("include_usage")) if options is not None else None
+        except ValueError:
+            return False
+        if asked:
             return False
         changes["stream_options"] = {**(options or {}), "include_usage": True}
         return True

@@ -169,6 +169,30 @@ async def test_a_stream_without_usage_gets_it_upstream_and_not_the_client(qwen3_
     assert (rec.upstream_prompt_tokens, rec.completion_tokens, rec.finish_reasons) == (prompt, 2, ["length"])
 
 
+@pytest.mark.parametrize("stream,include_usage,asked,stripped", [
+    (True, "true", "true", False),      # vLLM reads "true" and 1 as asking: the chunk is the client's
+    (1, 1, 1, False),
+    ("yes", "FALSE", True, True),       # "FALSE" asks for nothing: brimful asks, and removes the chunk
+    (True, 2, 2, False),                # vLLM refuses 2: left for it to refuse, not made valid
+])
+async def test_stream_and_include_usage_are_read_as_vllm_reads_them(
+        qwen3_dir: Path, stream: Any, include_usage: Any, asked: Any, stripped: bool) -> None:
+    chunk = {"id": "c", "object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": {"content": "hi"}, "finish_reason": "length"}], "usage": None}
+    usage = {"id": "c", "object": "chat.completion.chunk", "choices": [],
+             "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}}
+    upstream = Upstream(MockResponse.events([chunk, usage]))
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=5, stream=stream, stream_options={
+        "include_usage": include_usage}))
+
+    assert upstream.chats()[0].json()["stream_options"] == {"include_usage": asked}
+    assert (b'"choices":[]' not in answer.body) is stripped
+    [rec] = recorder.records
+    assert rec.completion_tokens == 1
+
+
 async def test_a_stream_that_breaks_off_ends_with_an_error_event(qwen3_dir: Path) -> None:
     chunk = {"id": "c", "object": "chat.completion.chunk", "choices": [
         {"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}

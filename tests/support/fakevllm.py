@@ -730,9 +730,10 @@ class Validator:
               body: dict) -> Plan:
         options = body.get("stream_options") if stream else None
         options = options if isinstance(options, dict) else {}
+        include_usage = _coerce_bool(options, "include_usage", [])     # lax, as vLLM reads it ("false" is False)
         return Plan(model=model, prompts=counts, max_tokens=limits[0], per_prompt_max=limits, n=n,
-                    stream=stream, include_usage=bool(options.get("include_usage")),
-                    continuous_usage=bool(options.get("include_usage") and options.get("continuous_usage_stats")))
+                    stream=stream, include_usage=include_usage,
+                    continuous_usage=include_usage and _coerce_bool(options, "continuous_usage_stats", []))
 
 
 def _split_prompts(prompt: Any) -> list[str | list[int]]:
