@@ -536,11 +536,13 @@ class PromptCounter:
     # -- counting -------------------------------------------------------------
 
     async def count(self, model: str, surface: Surface, body: dict[str, Any], body_size: int,
-                    max_model_len: int | None = None) -> Count:
+                    max_model_len: int | None = None, *, may_go_uncounted: bool = True) -> Count:
         """The request's prompt tokens, one figure per prompt: locally, else by the upstream.
 
         With `max_model_len`, a prompt over vLLM's character bound is refused
-        before it is encoded.
+        before it is encoded. `may_go_uncounted`: media neither side can count leave the
+        request uncounted (it is forwarded as it is); False where the count is the answer
+        (count_tokens), which then fails as the upstream's count failed.
         """
         tok = await self.tokenizer(model)
         trust = self.trust(model)
@@ -552,6 +554,8 @@ class PromptCounter:
         try:
             local = await self._count_local(tok, surface, body, body_size, max_model_len)
         except MediaNotCountable as exc:
+            if not may_go_uncounted:
+                return Count(await self._count_upstream(model, surface, body), True, 0, "upstream")
             return await self._count_media_upstream(model, surface, body, exc)
         if trust.mode == "upstream":
             try:

@@ -6,8 +6,9 @@ least N input tokens"), so a client cannot learn how far over it is.  brimful
 has already counted the prompt the way vLLM's /v1/messages will
 (`proxy.admitted.surfaces.MessagesCountSurface`); it answers in Anthropic's shape,
 `{"input_tokens": N}` (plus vLLM's `context_management`), without an upstream
-round trip — unless the model has no local tokenizer, when the upstream's own
-route counts it.  Nothing is generated, so no length record is written.
+round trip — unless the model has no local tokenizer, or the prompt holds media brimful
+cannot count, when the upstream's own route counts it (its failure is the answer: a count
+is never made up).  Nothing is generated, so no length record is written.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ async def answer_count_tokens(services: ExchangeServices, surface: Surface, scop
         body = await read_body(receive, services.config.server.max_body_bytes, scope)
         request = jsonbody.parse_object(body)
         model, _ = await services.backends.resolve(request.get("model"))
-        count = await services.counter.count(model, surface, request, len(body))
+        count = await services.counter.count(model, surface, request, len(body), may_go_uncounted=False)
     except ClientGone:
         log.debug("client left before sending the whole body of %s", scope["path"])
         return

@@ -322,6 +322,24 @@ async def test_count_tokens_asks_vllms_own_route_without_a_local_tokenizer() -> 
                                                                      "system": "s"}
 
 
+async def test_count_tokens_of_media_nobody_counted_is_the_upstreams_failure_never_zero(qwen3_dir: Path) -> None:
+    """A chat whose image nothing counts is forwarded uncounted; a count of it cannot be answered
+    at all: the upstream's own count failing is the answer, in Anthropic's shape."""
+    busy = MockResponse.json({"error": {"message": "busy", "type": "ServiceUnavailable", "code": 503}}, status=503)
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    pictured = [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}]
+    upstream = Upstream(v1__messages__count_tokens=[busy, MockResponse.json({"input_tokens": 77})])
+    app, _ = app_for(upstream, qwen3_dir)
+
+    failed = await call_app(app, "POST", "/v1/messages/count_tokens", body(messages=pictured))
+    counted = await call_app(app, "POST", "/v1/messages/count_tokens", body(messages=pictured))
+
+    assert failed.status == 503, failed.body
+    assert json.loads(failed.body)["type"] == "error" and "busy" in json.loads(failed.body)["error"]["message"]
+    assert (counted.status, json.loads(counted.body)["input_tokens"]) == (200, 77)
+    assert counted.headers["x-brimful-count"] == "upstream"
+
+
 async def test_count_tokens_errors_are_anthropic_shaped(qwen3_dir: Path) -> None:
     app, _ = app_for(Upstream(), qwen3_dir)
 
