@@ -113,6 +113,7 @@ class BrimfulApp:
         self._passthrough = Passthrough(self.backends, config.server.shutdown_timeout, config.upstream.models_timeout)
         self._background: set[asyncio.Task[Any]] = set()
         self._preloads: dict[str, asyncio.Task[None]] = {}     # each upstream's latest start-up probes
+        self._listed: dict[str, set[str]] = {}                  # each upstream's model list, as last read
         # Whether the server was asked to stop (proxy.cli sets it to uvicorn's flag): ends a wait at start-up.
         self.stop_requested: Callable[[], bool] = lambda: False
         self._api_keys = [k.encode() for k in config.server.api_keys]
@@ -176,14 +177,20 @@ class BrimfulApp:
     def _models_changed(self, backend: Backend, models: dict[str, ModelInfo]) -> None:
         for name, info in models.items():
             self.recorder.metrics.set_limit_unknown(name, info.limit_problem is not None and info.source != "config")
-        # This upstream's models, and those no upstream serves any more, start again; the
-        # others keep what their own probes and answers taught.
-        self.counter.forget(set(models) | {m for m in self.counter.known() if self.backends.for_model(m) is None})
+        # This upstream's models start again, and so do those it no longer lists that another
+        # upstream serves (probed there now) and those no upstream serves any more; the others
+        # keep what their own probes and answers taught.
+        listed = set(models)
+        moved = sorted(m for m in self._listed.get(backend.name, set()) - listed
+                       if self.backends.for_model(m) is not None)
+        self._listed[backend.name] = listed
+        self.counter.forget(listed | set(moved)
+                            | {m for m in self.counter.known() if self.backends.for_model(m) is None})
         self.sizing.forget_configs()
         earlier = self._preloads.pop(backend.name, None)
         if earlier is not None:
             earlier.cancel()            # its probes went to the server this list replaces
-        task = asyncio.ensure_future(self.counter.preload(list(models)))
+        task = asyncio.ensure_future(self.counter.preload(list(models) + moved))
         self._preloads[backend.name] = task
         self._background.add(task)
         task.add_done_callback(self._background.discard)

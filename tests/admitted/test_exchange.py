@@ -502,6 +502,41 @@ async def test_another_upstreams_new_model_list_keeps_what_was_learnt_of_this_on
     assert answer.headers["x-brimful-count"] == "upstream"
 
 
+async def test_a_model_another_upstream_takes_over_is_probed_there(qwen3_dir: Path, qwen3: Any) -> None:
+    """Two upstreams serve the model and the first answers it; it restarts without the model.
+    What its probes taught (a match) is not the second one's: that one is probed now."""
+    from proxy.config import UpstreamEntry
+
+    class Serving(CountingUpstream):
+        def __init__(self, served: list[str], offset: int) -> None:
+            super().__init__(qwen3, tokenize_offset=offset, usage_offset=offset)
+            self.served = served
+
+        def handle(self, sent: SentRequest) -> MockResponse:
+            if sent.path == "/v1/models":
+                data = [{"id": name, "object": "model", "max_model_len": MML} for name in self.served]
+                return MockResponse.json({"object": "list", "data": data})
+            return super().handle(sent)
+
+    first, second = Serving([MODEL, "first-other"], 0), Serving([MODEL], -3)    # the second counts 3 fewer
+    config = make_config("http://first.test", qwen3_dir)
+    config.upstreams.append(UpstreamEntry(name="second", url="http://second.test"))
+    app = BrimfulApp(config, ListRecorder(),
+                     transport_for=lambda url: second.transport if "second" in url else first.transport)
+    await started(app)
+    assert app.counter.trust(MODEL).parity is True
+    assert not any(s.path == "/tokenize" for s in second.transport.sent)
+
+    first.served[:] = ["first-other"]
+    await app.backends.items[0].registry.refresh()
+    await started(app)
+    answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=65535))
+
+    local = qwen3.count_chat({"messages": [{"role": "user", "content": "Hello!"}]})
+    assert (app.counter.trust(MODEL).parity, answer.headers["x-brimful-count"]) == (False, "upstream")
+    assert second.chats()[0].json()["max_tokens"] == MML - (local - 3)      # what the second alone grants
+
+
 async def test_probes_of_a_replaced_model_list_are_dropped(qwen3_dir: Path, qwen3: Any) -> None:
     """A probe the old server answers after its list was replaced would teach the new one its counts."""
     import asyncio
