@@ -27,11 +27,11 @@ from ._chat_cache import DEFAULT_MAX_ENTRIES as DEFAULT_CHAT_ENTRIES
 from ._chat_cache import ChatCountCache
 from ._family import check_tokenizer_mode
 from ._loader import AUTO, check_loader
-from ._model import load_model_tokenizer
+from ._model import folder_signature, load_model_tokenizer
 from ._piece_cache import DEFAULT_MAX_ENTRIES, PieceCountCache
 from ._protocol import CountingModel
 
-_Key = tuple[pathlib.Path, str, str, str | None]
+_Key = tuple[pathlib.Path, str, str, str | None, tuple[tuple[str, int, int], ...]]
 Loader = Callable[..., CountingModel]  # (directory[, tokenizer_mode=, tokenizer_loader=, name_or_path=]) -> model
 
 
@@ -76,8 +76,11 @@ class TokenizerCache:
         name_or_path: str | None = None,
     ) -> CountingModel:
         """`name_or_path`: the name transformers is to see, when not this folder (`load_model_tokenizer`)."""
-        key = (pathlib.Path(directory).expanduser().resolve(), check_tokenizer_mode(tokenizer_mode),
-               check_loader(tokenizer_loader), name_or_path)
+        path = pathlib.Path(directory).expanduser().resolve()
+        # The files' sizes and times too: a folder whose template or tokenizer was replaced
+        # (vLLM restarted on it) is loaded again, not answered from memory.
+        key = (path, check_tokenizer_mode(tokenizer_mode), check_loader(tokenizer_loader), name_or_path,
+               folder_signature(path))
         with self._lock:
             cached = self._entries.get(key)
             if cached is not None:
@@ -102,6 +105,8 @@ class TokenizerCache:
             pending.set_exception(exc)
             raise
         with self._lock:
+            for stale in [k for k in self._entries if k[:4] == key[:4]]:
+                del self._entries[stale]        # the same folder as its files were before
             self._entries[key] = model
             self._entries.move_to_end(key)
             while len(self._entries) > self.max_entries:

@@ -767,9 +767,11 @@ def _build_key(source_dir: pathlib.Path, name_or_path: str | None) -> tuple[Any,
     return digest.digest(), json.dumps(fields, sort_keys=True, default=str), name_or_path
 
 
-def _folder_signature(source_dir: pathlib.Path) -> tuple[tuple[str, int, int], ...]:
+def folder_signature(source_dir: pathlib.Path) -> tuple[tuple[str, int, int], ...]:
+    """The size and modification time of each file a tokenizer or renderer is built from."""
     names = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json",
-             "preprocessor_config.json", "processor_config.json")
+             "preprocessor_config.json", "processor_config.json", "tokenizer.model", "tekken.json",
+             "special_tokens_map.json", "added_tokens.json", "chat_template.json")
     signature = []
     for name in names:
         try:
@@ -796,7 +798,7 @@ def _kept(table: OrderedDict[_K, _V], key: _K, build: Callable[[], _V]) -> _V:
 
 
 def _load_hf_shared(source_dir: pathlib.Path, engine: str, loader: str, name_or_path: str | None) -> ModelTokenizer:
-    key = (source_dir, engine, loader, name_or_path, _folder_signature(source_dir))
+    key = (source_dir, engine, loader, name_or_path, folder_signature(source_dir))
     return _kept(_loaded, key, lambda: _load_hf(source_dir, engine, loader, name_or_path))
 
 

@@ -537,6 +537,38 @@ async def test_a_model_another_upstream_takes_over_is_probed_there(qwen3_dir: Pa
     assert second.chats()[0].json()["max_tokens"] == MML - (local - 3)      # what the second alone grants
 
 
+async def test_a_template_replaced_on_disk_is_read_again_with_the_new_model_list(
+        tmp_path: Path, qwen3_dir: Path) -> None:
+    """vLLM restarted on an edited template (and an adapter): brimful counts with the new one."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "tokenizer.json").symlink_to(qwen3_dir / "tokenizer.json")
+    settings = json.loads((qwen3_dir / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    served = [MODEL]
+
+    class Restarted(Upstream):
+        def handle(self, sent: SentRequest) -> MockResponse:
+            if sent.path == "/v1/models":
+                data = [{"id": name, "object": "model", "max_model_len": MML} for name in served]
+                return MockResponse.json({"object": "list", "data": data})
+            return MockResponse.json({"detail": "Not Found"}, status=404)
+
+    app, _ = app_for(Restarted(), folder)
+    await started(app)
+    hello = {"messages": [{"role": "user", "content": "Hello!"}]}
+    before = (await app.counter.tokenizer(MODEL)).count_chat(hello)
+
+    settings["chat_template"] = "PREAMBLE PREAMBLE PREAMBLE " + settings["chat_template"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    served.append("adapter")
+    await app.backends.default.registry.refresh()
+    await started(app)
+
+    after = (await app.counter.tokenizer(MODEL)).count_chat(hello)
+    assert after > before
+
+
 async def test_probes_of_a_replaced_model_list_are_dropped(qwen3_dir: Path, qwen3: Any) -> None:
     """A probe the old server answers after its list was replaced would teach the new one its counts."""
     import asyncio

@@ -44,6 +44,23 @@ def test_cache_returns_the_same_object_for_the_same_directory(tmp_path):
     assert loader.loaded == [tmp_path.resolve()]
 
 
+def test_cache_loads_a_folder_again_once_its_files_changed_and_keeps_one_load_of_it(tmp_path):
+    """A chat template replaced on disk (vLLM restarted on it) is read again, not kept from before."""
+    import os
+
+    loader = FakeLoader()
+    cache = TokenizerCache(loader=loader)
+    template = tmp_path / "chat_template.jinja"
+    template.write_text("{{ messages }}")
+    first = cache.get(tmp_path)
+    assert cache.get(tmp_path) is first
+    template.write_text("{{ messages }} and more")
+    os.utime(template, ns=(1, 1))        # size and time both differ, whatever the file system's clock
+    second = cache.get(tmp_path)
+    assert second is not first and cache.get(tmp_path) is second
+    assert loader.loaded == [tmp_path.resolve()] * 2 and len(cache) == 1
+
+
 def test_cache_is_bounded_and_evicts_least_recently_used(tmp_path):
     loader = FakeLoader()
     cache = TokenizerCache(max_entries=2, loader=loader)
