@@ -209,9 +209,12 @@ class ModelRegistry:
         self._tell_recovery()
         self.last_error = None
         self.last_exception = None
-        if self._fetch_version is not None and (not self._loaded or models != self._models):
+        # The version on every list read: vLLM upgraded in place comes back with the same list,
+        # and its tokenizer is built by another transformers (the loader's rules).
+        known = self.version
+        if self._fetch_version is not None:
             await self._read_version()
-        changed = models != self._models
+        changed = models != self._models or (self._loaded and self.version != known)
         self._models = models
         self._order = list(models)
         self._loaded = True
@@ -229,9 +232,10 @@ class ModelRegistry:
         assert self._fetch_version is not None
         try:
             payload = await self._fetch_version()
-        except Exception as exc:  # not vLLM, or too old: the loader falls back to vLLM 0.32's rules
+        except Exception as exc:
+            # Not vLLM, or too old: the loader falls back to vLLM 0.32's rules. A read that
+            # fails once the version is known keeps it (a timeout is no upgrade).
             log.debug("upstream %s: no version (%s)", self.name, describe_error(exc))
-            self.version = None
             return
         version = payload.get("version") if isinstance(payload, dict) else None
         self.version = version if isinstance(version, str) else None

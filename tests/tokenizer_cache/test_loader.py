@@ -62,14 +62,36 @@ async def test_the_registry_reads_the_upstream_version_with_its_first_model_list
 
     registry = ModelRegistry(Config(), models, fetch_version=version)
     assert await registry.refresh() and registry.version == "0.32.0"
-    assert await registry.refresh()                       # same list: the version is not asked again
-    assert calls == ["models", "version", "models"]
+    assert await registry.refresh()                       # asked again with every list
+    assert calls == ["models", "version", "models", "version"]
 
     async def no_route() -> Any:
         raise RuntimeError("404 Not Found")
 
     old = ModelRegistry(Config(), models, fetch_version=no_route)
     assert await old.refresh() and old.version is None    # then vLLM 0.32's rules apply
+
+
+async def test_a_vllm_upgraded_in_place_is_a_new_model_list_and_a_failed_version_read_is_not() -> None:
+    """Same models, another vLLM: its tokenizers are built by other rules, so its models start over."""
+    answers: list[Any] = [{"version": "0.18.0"}, {"version": "0.18.0"}, RuntimeError("timed out"),
+                          {"version": "0.32.0"}]
+
+    async def models() -> Any:
+        return {"data": [{"id": "m", "max_model_len": 4096}]}
+
+    async def version() -> Any:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    registry = ModelRegistry(Config(), models, fetch_version=version)
+    changes: list[str | None] = []
+    registry.on_change.append(lambda _: changes.append(registry.version))
+    for _ in range(4):
+        assert await registry.refresh()
+    assert changes == ["0.18.0", "0.32.0"]
 
 
 @pytest.fixture(scope="module")
