@@ -52,6 +52,7 @@ from proxy.errors import BrimfulError
 from proxy.recording.record import Action
 from proxy.sizing.lengths import IMPLICIT_MAX_TOKENS
 from tokenizer_cache import (
+    CountError,
     CountingModel,
     HarmonyTokenizer,
     ModelTokenizer,
@@ -779,6 +780,11 @@ class EmbeddingsSurface(PoolingSurface):
                     for conversation in _conversations(messages)]
         if isinstance(raw, list) and raw and all(isinstance(x, (str, list)) for x in raw):
             return list(raw)
+        if raw is None:
+            raise CountError("'input' is required: the text, texts or token ids to embed.", "input")
+        if not isinstance(raw, (str, list)):
+            raise CountError("'input' must be a string, a list of strings, a list of token ids or a list of "
+                             "lists of token ids.", "input")
         return [raw]
 
 

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from proxy.app import BrimfulApp
 from tests.support.stack import MODEL, ListRecorder, call_app, make_config
 from tests.support.transport import MockResponse, MockTransport, SentRequest
@@ -355,6 +357,20 @@ async def test_count_tokens_errors_are_anthropic_shaped(qwen3_dir: Path) -> None
 def embeddings(prompt: int, n: int) -> MockResponse:
     return MockResponse.json({"object": "list", "data": [{"index": i, "embedding": [0.1]} for i in range(n)],
                               "usage": {"prompt_tokens": prompt, "total_tokens": prompt, "completion_tokens": 0}})
+
+
+@pytest.mark.parametrize("fields,said", [({}, "'input' is required"), ({"input": 5}, "'input' must be"),
+                                          ({"input": {"a": 1}}, "'input' must be")])
+async def test_an_embeddings_input_of_no_shape_is_refused_naming_input(
+        qwen3_dir: Path, fields: dict[str, Any], said: str) -> None:
+    upstream = Upstream()
+    app, _ = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/embeddings", body(**fields))
+
+    error = json.loads(answer.body)["error"]
+    assert (answer.status, error["param"]) == (400, "input") and said in error["message"]
+    assert upstream.sent("/v1/embeddings") == []
 
 
 async def test_embeddings_that_fit_pass_and_the_longest_input_is_recorded(qwen3_dir: Path) -> None:
