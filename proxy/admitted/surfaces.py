@@ -364,6 +364,13 @@ class CompletionsSurface(TruncatedPrompt, OpenAIStreamUsage, Surface):
         return not ("max_tokens" in request and request["max_tokens"] is None) or (
             policy.default_max_tokens is not None)
 
+    def uncounted(self, body: Mapping[str, Any]) -> str | None:
+        """`prompt_embeds` (vLLM's --enable-prompt-embeds): tensors whose lengths brimful does not
+        read; vLLM serves them as prompts of their own, before the text ones (online_renderer.py
+        `preprocess_completion`), and its usage counts them, so no count of `prompt` is whole."""
+        embeds = body.get("prompt_embeds")
+        return "prompt_embeds" if embeds is not None and embeds != [] else None
+
     def count(self, tokenizer: CountingModel, body: dict[str, Any]) -> int | list[int]:
         return tokenizer.count_completion(body)
 

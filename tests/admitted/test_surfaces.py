@@ -354,6 +354,36 @@ async def test_count_tokens_errors_are_anthropic_shaped(qwen3_dir: Path) -> None
 # Pooling
 # ---------------------------------------------------------------------------
 
+# ---------------------------------------------------------------------------
+# Completions with prompt_embeds: served by vLLM, counted by nothing here
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("prompt", [None, "Hello there"])
+async def test_prompt_embeds_are_forwarded_uncounted_and_their_usage_moves_no_trust(
+        qwen3_dir: Path, prompt: str | None) -> None:
+    """vLLM (--enable-prompt-embeds) serves the tensors as prompts of their own, beside any text
+    prompt; brimful cannot read their lengths, so it neither refuses them nor counts the text alone."""
+    def served(sent: SentRequest) -> MockResponse:
+        return MockResponse.json({"id": "c", "object": "text_completion", "model": MODEL, "choices": [
+            {"index": 0, "text": "x", "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 50, "completion_tokens": 1, "total_tokens": 51}})
+
+    upstream = Upstream(v1__completions=[served, served, served])
+    app, recorder = app_for(upstream, qwen3_dir)
+    fields = {"prompt_embeds": "UEsDBAAACAgAAAAAAAAAAAAAAAAAAAAAAAAQ", "max_tokens": 65535}
+    if prompt is not None:
+        fields["prompt"] = prompt
+
+    answers = [await call_app(app, "POST", "/v1/completions", body(**fields)) for _ in range(3)]
+
+    assert [a.status for a in answers] == [200] * 3
+    assert answers[0].headers["x-brimful-uncounted"] == "prompt_embeds"
+    assert upstream.sent("/v1/completions")[0].json() == {"model": MODEL, **fields, "max_tokens": MML}
+    trust = app.counter.trust(MODEL)
+    assert (trust.mode, trust.drift_requests) == ("local", 0)
+    assert [r.action for r in recorder.records] == ["uncounted"] * 3
+
+
 def embeddings(prompt: int, n: int) -> MockResponse:
     return MockResponse.json({"object": "list", "data": [{"index": i, "embedding": [0.1]} for i in range(n)],
                               "usage": {"prompt_tokens": prompt, "total_tokens": prompt, "completion_tokens": 0}})
