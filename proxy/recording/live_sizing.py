@@ -135,16 +135,18 @@ class LiveSizing:
         """brimful's gauges from the scrapes; `demand_kv(model)`: the p95 of demanded KV tokens per request."""
         return _SizingCollector(self, demand_kv, label)
 
-    def sections(self, demand_kv: Callable[[str], float | None]) -> Iterator[tuple[str, UpstreamSection]]:
-        """(model, its section) for every model an upstream's last scrape reports."""
+    def sections(self, demand_kv: Callable[[str], float | None]) -> Iterator[tuple[str, str, UpstreamSection]]:
+        """(model, upstream, its section) for every model each upstream's last scrape reports: a model
+        served by pools has one per upstream."""
         for backend in self._backends.items:
             view = self.view(backend)
             if view is None or view.metrics is None:
                 continue
             for model in sorted(view.metrics.models):
                 p95 = demand_kv(model)
-                yield model, upstream_section(view, model, config=self.model_config(model)[0],
-                                              demand_kv_tokens=None if p95 is None else math.ceil(p95))
+                yield model, backend.name, upstream_section(
+                    view, model, config=self.model_config(model)[0],
+                    demand_kv_tokens=None if p95 is None else math.ceil(p95))
 
 
 class _SizingCollector(Collector):
@@ -163,18 +165,18 @@ class _SizingCollector(Collector):
         actual, planned, concurrency, signal, up = families
         for name, scraper in self._sizing.scrapers.items():
             up.add_metric([name], 1 if scraper.latest is not None and scraper.failures == 0 else 0)
-        for model, section in self._sizing.sections(self._demand_kv):
-            label = self._label(model)
+        for model, upstream, section in self._sizing.sections(self._demand_kv):
+            labels = [self._label(model), upstream]
             pool = section.pool
             if pool is not None:
-                actual.add_metric([label], pool.actual_tokens)
+                actual.add_metric(labels, pool.actual_tokens)
                 if pool.planned_tokens is not None:
-                    planned.add_metric([label], pool.planned_tokens)
+                    planned.add_metric(labels, pool.planned_tokens)
                 if pool.concurrency is not None:
-                    concurrency.add_metric([label], pool.concurrency)
+                    concurrency.add_metric(labels, pool.concurrency)
             held = {s.kind for s in section.signals}
             for kind in SIGNAL_KINDS:
-                signal.add_metric([label, kind], 1 if kind in held else 0)
+                signal.add_metric([*labels, kind], 1 if kind in held else 0)
         yield from families
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
@@ -185,16 +187,16 @@ class _SizingCollector(Collector):
         return (
             GaugeMetricFamily("brimful_upstream_kv_cache_tokens",
                               "KV cache tokens the running vLLM allocated (num_gpu_blocks x block_size, engine 0).",
-                              labels=["model"]),
+                              labels=["model", "upstream"]),
             GaugeMetricFamily("brimful_planned_kv_cache_tokens",
                               "KV cache tokens the plan computes for the same configuration (when it can be made).",
-                              labels=["model"]),
+                              labels=["model", "upstream"]),
             GaugeMetricFamily("brimful_upstream_concurrency_at_p95_demand",
                               "Requests of the p95 demanded KV tokens the running vLLM's pool holds at once.",
-                              labels=["model"]),
+                              labels=["model", "upstream"]),
             GaugeMetricFamily("brimful_capacity_signal",
                               "1 while a time-to-add-capacity signal holds (seed 000): kv_usage_pinned, "
-                              "preemptions_rising, requests_waiting.", labels=["model", "signal"]),
+                              "preemptions_rising, requests_waiting.", labels=["model", "upstream", "signal"]),
             GaugeMetricFamily("brimful_upstream_metrics_up",
                               "1 when the last scrape of the upstream's /metrics succeeded.", labels=["upstream"]),
         )

@@ -122,12 +122,13 @@ async def test_fake_with_known_values_through_stats_and_metrics(qwen3: Any, mode
     assert [s["kind"] for s in up["signals"]] == ["kv_usage_pinned", "requests_waiting"]
     assert up["signals"][1]["action"].startswith("requests queue because max_num_seqs sequences already run")
 
-    assert gauge(metrics, "brimful_upstream_kv_cache_tokens", model=MODEL) == 4000
-    assert gauge(metrics, "brimful_planned_kv_cache_tokens", model=MODEL) == 4000
-    assert gauge(metrics, "brimful_upstream_concurrency_at_p95_demand", model=MODEL) == pool["concurrency"]
-    assert gauge(metrics, "brimful_capacity_signal", model=MODEL, signal="kv_usage_pinned") == 1
-    assert gauge(metrics, "brimful_capacity_signal", model=MODEL, signal="requests_waiting") == 1
-    assert gauge(metrics, "brimful_capacity_signal", model=MODEL, signal="preemptions_rising") == 0
+    assert gauge(metrics, "brimful_upstream_kv_cache_tokens", model=MODEL, upstream="default") == 4000
+    assert gauge(metrics, "brimful_planned_kv_cache_tokens", model=MODEL, upstream="default") == 4000
+    concurrency = gauge(metrics, "brimful_upstream_concurrency_at_p95_demand", model=MODEL, upstream="default")
+    assert concurrency == pool["concurrency"]
+    assert gauge(metrics, "brimful_capacity_signal", model=MODEL, signal="kv_usage_pinned", upstream="default") == 1
+    assert gauge(metrics, "brimful_capacity_signal", model=MODEL, signal="requests_waiting", upstream="default") == 1
+    assert gauge(metrics, "brimful_capacity_signal", model=MODEL, signal="preemptions_rising", upstream="default") == 0
     assert gauge(metrics, "brimful_upstream_metrics_up", upstream="default") == 1
 
     assert [s["detail"] for s in rising["signals"]] == ["5 preemptions since the last scrape (5 in all)"]
@@ -204,8 +205,8 @@ def test_real_vllm_metrics_through_the_wired_scrape(real_vllm: Any) -> None:
     assert kv_p95 is not None and pool["concurrency"] == 1023 * 128 // (math.ceil(kv_p95 / 128) * 128)
     assert up["kv_cache_usage"] == 0.0 and up["waiting"] == 0 and up["signals"] == []
     assert m["model_context"]["key"] == "max_position_embeddings"
-    assert gauge(metrics, "brimful_upstream_kv_cache_tokens", model=real_vllm.model) == 131_072
-    assert gauge(metrics, "brimful_planned_kv_cache_tokens", model=real_vllm.model) == 131_072
+    assert gauge(metrics, "brimful_upstream_kv_cache_tokens", model=real_vllm.model, upstream="default") == 131_072
+    assert gauge(metrics, "brimful_planned_kv_cache_tokens", model=real_vllm.model, upstream="default") == 131_072
     assert gauge(metrics, "brimful_upstream_metrics_up", upstream="default") == 1
 
 
@@ -285,3 +286,37 @@ def test_report_upstream_with_the_gpu_explains_the_difference(tmp_path: Path, ca
     assert pool["plan_basis"].startswith("plan for Qwen3-8B (preset) on H100-80GB: utilization 0.92")
     assert pool["explanation"][0].startswith("non-KV memory as measured: 6.00 GiB")
     assert result["upstreams"][0]["models"][0]["pool"]["concurrency"] is None      # no records given
+
+
+async def test_pools_of_one_model_give_each_upstream_its_own_series(model_dir: Path) -> None:
+    """Two vLLMs serving the model at two windows (pools): each pool's KV cache and signals are its own."""
+    from proxy.config import UpstreamEntry
+    from tests.support.stack import ListRecorder, started_up
+    from tests.support.transport import MockResponse, MockTransport, SentRequest
+
+    def vllm(window: int, blocks: int, waiting: int) -> MockTransport:
+        def handle(sent: SentRequest) -> MockResponse:
+            if sent.path == "/v1/models":
+                return MockResponse.json({"object": "list", "data": [
+                    {"id": MODEL, "object": "model", "max_model_len": window}]})
+            if sent.path == "/metrics":
+                text = metrics_text(0.5, waiting, 1, 0, blocks=blocks)
+                return MockResponse(200, [("content-type", "text/plain")], [text.encode()])
+            return MockResponse.json({"detail": "Not Found"}, status=404)
+        return MockTransport(handle)
+
+    short, long = vllm(2048, 250, 0), vllm(8192, 500, 3)
+    config = scraping(make_config("http://short.test", model_dir))
+    config.upstreams.append(UpstreamEntry(name="long", url="http://long.test"))
+    app = BrimfulApp(config, ListRecorder(), transport_for=lambda url: long if "long" in url else short)
+    await started_up(app)
+    for _ in range(3):                  # a signal holds over scrapes
+        for scraper in app.sizing.scrapers.values():
+            assert await scraper.scrape_once()
+    text = app.recorder.metrics.render()[0].decode()
+
+    kv = [line for line in text.splitlines() if line.startswith("brimful_upstream_kv_cache_tokens{")]
+    assert sorted(kv) == [f'brimful_upstream_kv_cache_tokens{{model="{MODEL}",upstream="default"}} 4000.0',
+                          f'brimful_upstream_kv_cache_tokens{{model="{MODEL}",upstream="long"}} 8000.0']
+    assert gauge(text, "brimful_capacity_signal", model=MODEL, signal="requests_waiting", upstream="long") == 1
+    assert gauge(text, "brimful_capacity_signal", model=MODEL, signal="requests_waiting", upstream="default") == 0
