@@ -179,6 +179,7 @@ class AdmittedExchange:
         assert self.request is not None
         request = self.request      # its fields as trimmed, if they were
         self.changes = {**self.trim_changes, **(decision.rewrite or {})}
+        surface.follow_limit(request.fields, self.changes)
         self.limit_fields = list(decision.rewrite) if decision.rewrite else request.limit.fields_to_set()
         self.strip_usage = (
             request.stream and services.config.upstream.request_stream_usage
@@ -404,6 +405,7 @@ class AdmittedExchange:
         outcome.action = Action.CLAMPED
         self.services.recorder.count_length_retry(self.model)
         self.changes = {**self.changes, **{name: limit for name in self.limit_fields}}
+        self.surface.follow_limit(self.request.fields, self.changes)
         self.outgoing = jsonbody.with_fields(self.request.body, self.request.fields, self.changes)
         self.info = _replace_header(self.info, b"x-brimful-granted-max-tokens", limit)
         self.info = _replace_header(self.info, b"x-brimful-action", Action.CLAMPED)

@@ -178,6 +178,9 @@ class Surface:
         """Add what makes a stream report its usage, if it lacks it; True when added (see `is_usage_only`)."""
         return False
 
+    def follow_limit(self, body: Mapping[str, Any], changes: dict[str, Any]) -> None:
+        """Change the fields a rewritten completion limit would make vLLM refuse (none here)."""
+
     def usage_must_match(self, body: Mapping[str, Any]) -> bool:
         """The upstream's usage must equal brimful's count of this request if the count is right.
 
@@ -529,6 +532,18 @@ _MESSAGES_COUNT_KEYS = ("messages", "system", "tools", "tool_choice", "thinking"
                         "chat_template_kwargs")
 
 
+THINKING_MIN_BUDGET = 1024      # vLLM 0.32's AnthropicThinkingConfigEnabled.budget_tokens (ge=1024)
+
+
+def _thinking_budget(body: Mapping[str, Any]) -> int | None:
+    """`thinking.budget_tokens` of an Anthropic request with extended thinking on, else None."""
+    thinking = body.get("thinking")
+    if not isinstance(thinking, dict) or thinking.get("type") != "enabled":
+        return None
+    budget = thinking.get("budget_tokens")
+    return budget if isinstance(budget, int) and not isinstance(budget, bool) else None
+
+
 class MessagesSurface(Surface):
     """`/v1/messages` (Anthropic): `system`, `messages` with content blocks, `tools`, `max_tokens`.
 
@@ -546,6 +561,33 @@ class MessagesSurface(Surface):
 
     def count(self, tokenizer: CountingModel, body: dict[str, Any]) -> int | list[int]:
         return count_messages(tokenizer, body)
+
+    def decide(self, request: Mapping[str, Any], prompt_tokens: list[int], max_model_len: int,
+               limit: RequestedLimit, policy: Policy, *, model: str, count_exact: bool,
+               drift_margin: int) -> Decision:
+        """Chat's rule, kept valid for extended thinking: vLLM refuses `thinking.budget_tokens`
+        at or above `max_tokens`, and below 1,024 (anthropic/protocol.py). A grant that leaves
+        room for a budget of 1,024 gets the budget lowered under it (`follow_limit`); one that
+        does not is raised to the least limit the budget allows, vLLM 0.32 clamping the output
+        itself (it refuses only a limit above max_model_len), as it would for the client's own."""
+        decision = super().decide(request, prompt_tokens, max_model_len, limit, policy, model=model,
+                                  count_exact=count_exact, drift_margin=drift_margin)
+        budget = _thinking_budget(request)
+        granted = decision.granted
+        if (budget is None or decision.rewrite is None or granted is None or granted > budget
+                or granted - 1 >= THINKING_MIN_BUDGET or budget + 1 > max_model_len
+                or (decision.requested is not None and budget + 1 > decision.requested)):
+            return decision
+        least = budget + 1
+        action = Action.PASS if least == decision.requested else decision.action
+        return replace(decision, action=action, granted=least, rewrite={f: least for f in decision.rewrite})
+
+    def follow_limit(self, body: Mapping[str, Any], changes: dict[str, Any]) -> None:
+        """A lowered `max_tokens` lowers the thinking budget under it, where vLLM allows one."""
+        budget = _thinking_budget(body)
+        limit = changes.get("max_tokens")
+        if budget is not None and isinstance(limit, int) and THINKING_MIN_BUDGET <= limit - 1 < budget:
+            changes["thinking"] = {**body["thinking"], "budget_tokens": limit - 1}
 
     def prompt_texts(self, tokenizer: CountingModel, body: dict[str, Any]) -> list[str]:
         """The converted chat's text, as vLLM renders and checks it (none without a chat template)."""

@@ -211,6 +211,33 @@ async def test_messages_max_tokens_is_clamped_and_recorded(qwen3_dir: Path, qwen
     assert (rec.granted_max_tokens, rec.finish_reasons) == (MML - prompt, ["length"])
 
 
+@pytest.mark.parametrize("words,max_tokens,budget", [
+    (600, 2000, 1500),          # the grant leaves room for a budget: the budget goes under it
+    (600, 32000, 31999),        # Claude Code's ask (vLLM alone refuses 32,000 > 2,048): saved the same way
+    (1200, 2000, 1024),         # no room for vLLM's least budget (1,024): the least valid limit, vLLM clamps
+])
+async def test_a_clamp_keeps_the_thinking_budget_below_max_tokens_as_vllm_requires(
+        qwen3_dir: Path, qwen3: Any, words: int, max_tokens: int, budget: int) -> None:
+    """vLLM 0.32 refuses budget_tokens >= max_tokens and budget_tokens < 1,024 (anthropic/protocol.py)."""
+    messages = [{"role": "user", "content": " ".join(["hello"] * words)}]
+    thinking = {"type": "enabled", "budget_tokens": budget}
+    prompt = qwen3.count_messages({"messages": messages, "thinking": thinking})
+    upstream = Upstream(v1__messages=[MockResponse.json(message_object(prompt, 4))])
+    app, _ = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/messages", body(messages=messages, max_tokens=max_tokens,
+                                                                 thinking=thinking))
+
+    sent = upstream.sent("/v1/messages")[0].json()
+    assert 1024 <= sent["thinking"]["budget_tokens"] < sent["max_tokens"] <= MML
+    room = MML - prompt
+    if room - 1 >= 1024:
+        assert (sent["max_tokens"], sent["thinking"]) == (room, {"type": "enabled", "budget_tokens": room - 1})
+    else:
+        assert (sent["max_tokens"], sent["thinking"]) == (budget + 1, thinking)
+    assert answer.headers["x-brimful-granted-max-tokens"] == str(sent["max_tokens"])
+
+
 async def test_a_messages_refusal_is_in_anthropics_envelope(qwen3_dir: Path) -> None:
     upstream = Upstream()
     app, recorder = app_for(upstream, qwen3_dir)
