@@ -302,12 +302,15 @@ def _tool_result(block: Mapping[str, Any], role: str, chat: list[dict[str, Any]]
         text = content
     elif isinstance(content, list):
         texts = []
-        for item in content:
+        for i, item in enumerate(content):
             if not isinstance(item, dict):
                 continue
             kind = item.get("type")
             if kind == "text":
-                texts.append(item.get("text", ""))
+                value = item.get("text", "")
+                if not isinstance(value, str):      # vLLM's join of the texts fails on it: a 400
+                    raise _bad(f"{where}.content[{i}].text", "a string", value)
+                texts.append(value)
             elif kind == "image":
                 url = _image_url(item.get("source", {}), where)
                 if url:

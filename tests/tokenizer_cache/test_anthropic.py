@@ -117,6 +117,11 @@ def test_tool_additions_and_removals_resolve_the_tools_in_effect() -> None:
     ({"messages": [user("x")], "tools": [{"name": "a"}]}, "tools[0].input_schema"),
     ({"messages": [user([{"type": "tool_use", "name": "f", "input": "not an object"}])]},
      "messages[0].content[0].input"),
+    # vLLM joins a tool result's texts: a text that is not a string fails there (its 400)
+    ({"messages": [user([{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": None}]}])]},
+     "messages[0].content[0].content[0].text"),
+    ({"messages": [user([{"type": "tool_result", "tool_use_id": "t", "content": [
+        {"type": "text", "text": "a"}, {"type": "text", "text": 5}]}])]}, "messages[0].content[0].content[1].text"),
 ])
 def test_what_vllm_refuses_is_refused(body: dict[str, Any], param: str) -> None:
     with pytest.raises(CountError) as info:
