@@ -31,6 +31,7 @@ from ._build_store import default_directory as default_build_cache_dir
 from ._build_store import use_build_store
 from ._cache import TokenizerCache
 from ._char_bound import CharBoundExceeded, char_bound, char_bound_message
+from ._chat import lax_bool
 from ._chat_cache import DEFAULT_MAX_ENTRIES as DEFAULT_CHAT_CACHE_ENTRIES
 from ._chat_cache import ChatCacheStats, ChatCountCache
 from ._errors import CountError, MediaNotCountable
@@ -81,6 +82,7 @@ __all__ = [
     "find_tokenizer_dir",
     "holds_tokenizer",
     "json_loads",
+    "lax_bool",
     "load_model_tokenizer",
     "loader_for_vllm",
     "plain_json",

@@ -125,20 +125,33 @@ def _bad_type(param: str, expected: str, value: Any) -> CountError:
     return CountError(f"'{param}' must be {expected}, got {_type_name(value)}.", param=param)
 
 
-def _lax_bool(value: Any, where: str) -> bool | None:
-    """pydantic's lax `bool | None` (vLLM's request models): booleans, 0/1, and
-    the usual yes/no strings; anything else is a 400 naming the field."""
+def lax_bool(value: Any) -> bool | None:
+    """A `bool | None` field's value as pydantic's lax mode reads it (vLLM's request models);
+    ValueError for what vLLM refuses.
+
+    Checked against pydantic 2.14 (vLLM 0.32's): booleans; 0, 1, 0.0 and 1.0; the words
+    "1", "on", "t", "true", "y", "yes" and "0", "off", "f", "false", "n", "no" in any case and
+    without spaces around them. 2, 1.5, "", " true", "1.0" are refused.
+    """
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, (int, float)) and value in (0, 1):
         return bool(value)
     if isinstance(value, str):
-        lowered = value.strip().lower()
+        lowered = value.lower()
         if lowered in _TRUE_STRINGS:
             return True
         if lowered in _FALSE_STRINGS:
             return False
-    raise _bad_type(where, "a boolean", value)
+    raise ValueError("is not a boolean")
+
+
+def _lax_bool(value: Any, where: str) -> bool | None:
+    """`lax_bool`, anything else a 400 naming the field."""
+    try:
+        return lax_bool(value)
+    except ValueError:
+        raise _bad_type(where, "a boolean", value) from None
 
 
 def _as_bool(body: Mapping[str, Any], key: str, default: bool) -> bool:

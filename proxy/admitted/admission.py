@@ -138,31 +138,6 @@ def lax_int(value: Any) -> int:
     return int(text)
 
 
-_TRUE_WORDS = frozenset({"1", "on", "t", "true", "y", "yes"})
-_FALSE_WORDS = frozenset({"0", "off", "f", "false", "n", "no"})
-
-
-def lax_bool(value: Any) -> bool | None:
-    """A `bool | None` field's value as pydantic's lax mode reads it (vLLM's `stream`,
-    `stream_options.include_usage`); ValueError for what vLLM refuses.
-
-    Checked against pydantic 2.14 (vLLM 0.32's): booleans; 0, 1, 0.0 and 1.0; the words
-    "1", "on", "t", "true", "y", "yes" and "0", "off", "f", "false", "n", "no" in any case and
-    without spaces around them. 2, 1.5, "", " true", "1.0" are refused.
-    """
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str):
-        word = value.lower()
-        if word in _TRUE_WORDS:
-            return True
-        if word in _FALSE_WORDS:
-            return False
-    raise ValueError("is not a boolean")
-
-
 def _clean_int_str(text: str) -> str | None:
     """What pydantic-core makes of a string that is not a JSON integer as it stands (None: nothing)."""
     s = text.strip(_PYDANTIC_WS)

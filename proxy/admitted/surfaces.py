@@ -42,7 +42,6 @@ from proxy.admitted.admission import (
     RequestedLimit,
     decide,
     decide_inputs,
-    lax_bool,
     lax_int,
     read_requested_limit,
 )
@@ -58,6 +57,7 @@ from tokenizer_cache import (
     ModelTokenizer,
     count_messages,
     count_responses,
+    lax_bool,
     responses_to_chat,
 )
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from proxy.admitted.admission import RequestedLimit, decide, lax_bool, lax_int, parse_limit_field
+from proxy.admitted.admission import RequestedLimit, decide, lax_int, parse_limit_field
 from proxy.admitted.surfaces import CHAT as CHAT_SURFACE
 from proxy.admitted.surfaces import COMPLETIONS as COMPLETIONS_SURFACE
 from proxy.config import Policy
@@ -321,32 +321,6 @@ def test_lax_int_reads_every_value_as_pydantic_does() -> None:
     cases: list[object] = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 7))) for _ in range(4000)]
     cases += ["1" * 4300, "1" * 4301, "+" + "1" * 4301, "-" + "1" * 4300, "1" * 4300 + ".0", 1e20, 2.0 ** 63,
               -(2.0 ** 63), 2.0 ** 62, float("nan"), float("inf"), True, 10 ** 30, -0.0, "0-4", "00-_9"]
-    assert [c for c in cases if theirs(c) != ours(c)] == []
-
-
-def test_lax_bool_reads_every_value_as_pydantic_does() -> None:
-    """vLLM 0.32's `stream` and `stream_options.include_usage` are `bool | None`, read in lax mode."""
-    pydantic = pytest.importorskip("pydantic")
-    import itertools
-
-    reference = pydantic.TypeAdapter(bool | None)
-
-    def theirs(value: object) -> object:
-        try:
-            return reference.validate_python(value)
-        except pydantic.ValidationError:
-            return "refused"
-
-    def ours(value: object) -> object:
-        try:
-            return lax_bool(value)
-        except ValueError:
-            return "refused"
-
-    words = ["".join(c) for n in range(1, 4) for c in itertools.product("01tfnoyesrua ", repeat=n)]
-    cases: list[object] = words + [w.upper() for w in words] + [
-        "true", "TRUE", "tRuE", "false", "yes", "No", "on", "OFF", "", " true", "true ", "1.0", "01", "\u0661",
-        True, False, None, 0, 1, 2, -1, 0.0, 1.0, -0.0, 0.5, float("nan"), 10 ** 30, [], {}, [True]]
     assert [c for c in cases if theirs(c) != ours(c)] == []
 
 

@@ -17,7 +17,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 
 from proxy.admitted.heap import HeapTrimmer
 from tests.conftest import MODELS
-from tokenizer_cache import CountError, MediaNotCountable, load_model_tokenizer
+from tokenizer_cache import CountError, MediaNotCountable, lax_bool, load_model_tokenizer
 from tokenizer_cache._content_format import detect_content_format
 from tokenizer_cache._jinja import parse_template
 
@@ -242,6 +242,32 @@ def test_a_strict_that_is_not_a_boolean_is_refused(model, field):
     with pytest.raises(CountError) as caught:
         model().count_chat(chat(user("x"), tools=[tool]))
     assert caught.value.param == f"tools[0].function.{field}"
+
+
+def test_lax_bool_reads_every_value_as_pydantic_does() -> None:
+    """vLLM 0.32's `bool | None` fields (`stream`, `include_usage`, a tool's `strict`) are read in lax mode."""
+    pydantic = pytest.importorskip("pydantic")
+    import itertools
+
+    reference = pydantic.TypeAdapter(bool | None)
+
+    def theirs(value: object) -> object:
+        try:
+            return reference.validate_python(value)
+        except pydantic.ValidationError:
+            return "refused"
+
+    def ours(value: object) -> object:
+        try:
+            return lax_bool(value)
+        except ValueError:
+            return "refused"
+
+    words = ["".join(c) for n in range(1, 4) for c in itertools.product("01tfnoyesrua ", repeat=n)]
+    cases: list[object] = words + [w.upper() for w in words] + [
+        "true", "TRUE", "tRuE", "false", "yes", "No", "on", "OFF", "", " true", "true ", "1.0", "01", "\u0661",
+        True, False, None, 0, 1, 2, -1, 0.0, 1.0, -0.0, 0.5, float("nan"), 10 ** 30, [], {}, [True]]
+    assert [c for c in cases if theirs(c) != ours(c)] == []
 
 
 def test_empty_tools_list_is_rejected(model):
