@@ -166,12 +166,23 @@ def _item(item: Any, previous: dict[str, Any] | None, where: str) -> dict[str, A
 
 def _parts(content: Any) -> Any:
     """Responses' text parts (`input_text`, `output_text`) as chat `text` parts: vLLM's chat parser
-    reads them alike, and the /tokenize route (which counts when no tokenizer is local) only takes `text`."""
+    reads them alike, and the /tokenize route (which counts when no tokenizer is local) only takes `text`.
+    An `input_image` without `detail` gets the API's "auto", as vLLM 0.32's request model gives it
+    (responses/protocol.py `_default_input_image_details`)."""
     if not isinstance(content, list):
         return content
-    return [{"type": "text", "text": part.get("text")}
-            if isinstance(part, dict) and part.get("type") in ("input_text", "output_text") else part
-            for part in content]
+    return [_part(part) for part in content]
+
+
+def _part(part: Any) -> Any:
+    if not isinstance(part, dict):
+        return part
+    kind = part.get("type")
+    if kind in ("input_text", "output_text"):
+        return {"type": "text", "text": part.get("text")}
+    if kind == "input_image" and "detail" not in part:
+        return {**part, "detail": "auto"}
+    return part
 
 
 def _tool_call(item: Mapping[str, Any], kind: str, where: str) -> dict[str, Any]:

@@ -63,6 +63,15 @@ def test_an_assistant_message_keeps_only_its_first_parts_text() -> None:
     assert out["messages"] == [{"role": "assistant", "content": "one"}]
 
 
+def test_an_input_image_without_detail_gets_auto_as_vllms_request_model_gives_it() -> None:
+    image = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
+    body = {"input": [{"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "What is this?"}, image, {**image, "detail": "low"}]}]}
+    [message] = chat(body)["messages"]
+    assert [part.get("detail") for part in message["content"]] == [None, "auto", "low"]
+    assert "detail" not in body["input"][0]["content"][1]       # the request itself is left as it came
+
+
 def test_a_custom_tool_call_is_a_call_of_its_one_string_shim() -> None:
     out = chat({"input": [{"type": "custom_tool_call", "call_id": "c", "name": "patch", "input": "diff é"},
                           {"type": "custom_tool_call_output", "call_id": "c", "output": "ok"}]})
