@@ -162,7 +162,9 @@ def to_chat_request(
         request["reasoning_effort"] = effort
     tools = _tools(body, parsed)
     if tools is not None:
-        request["tools"] = tools
+        # None left: vLLM sets `req.tools = []` on the chat request it already validated, so the
+        # chat's refusal of an empty list never runs; a tuple says so to `_chat.parse_tools`.
+        request["tools"] = tools if tools else ()
     return request
 
 

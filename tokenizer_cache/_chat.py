@@ -214,6 +214,8 @@ def parse_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     tools = body.get("tools")
     if tools is None:
         return None
+    if tools == () and isinstance(tools, tuple):
+        return []           # a conversion's empty list (Anthropic's): rendered as vLLM renders it
     if not isinstance(tools, list):
         raise _bad_type("tools", "an array of tool objects", tools)
     if not tools:

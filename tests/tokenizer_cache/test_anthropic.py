@@ -94,6 +94,24 @@ def test_tools_are_chat_tools_with_a_defaulted_schema_type_and_only_set_flags() 
     assert list(chat["tools"][0]["function"]["parameters"]) == ["properties", "type"]
 
 
+def test_no_tools_left_reach_the_template_as_an_empty_list_as_vllm_sets_them() -> None:
+    """vLLM sets `req.tools = []` after the chat request's validation (anthropic/serving.py
+    `_convert_tools`): served with an empty list, where a chat request's own `tools: []` is refused."""
+    from tokenizer_cache._chat import parse_tools
+
+    removed = {"tools": [{"name": "a", "input_schema": {"type": "object"}}], "messages": [
+        {"role": "system", "content": [{"type": "tool_removal", "tool": {"type": "tool_reference", "name": "a"}}]},
+        user("x")]}
+    for body in ({"messages": [user("x")], "tools": []}, removed):
+        chat = convert(body)
+        assert chat["tools"] == () and parse_tools(chat) == []
+    with pytest.raises(CountError):
+        parse_tools({"tools": []})
+    qwen3 = load_model_tokenizer(MODELS / "Qwen--Qwen3-8B")
+    assert qwen3.count_messages({"messages": [user("x")], "tools": []}) == qwen3.count_messages(
+        {"messages": [user("x")]})        # Qwen3's template: `if tools`, an empty list shows nothing
+
+
 def test_tool_additions_and_removals_resolve_the_tools_in_effect() -> None:
     tools = [{"name": "a", "input_schema": {"type": "object"}, "defer_loading": True},
              {"name": "b", "input_schema": {"type": "object"}}]
