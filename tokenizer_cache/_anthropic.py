@@ -33,6 +33,7 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from ._chat import BILLING_HEADER
 from ._chat import _bad_type as _bad
 from ._errors import CountError
 
@@ -43,7 +44,6 @@ BLOCK_TYPES = frozenset({
 })
 ROLES = frozenset({"user", "assistant", "system"})
 # Claude Code puts a per-request hash in a system block with this prefix; vLLM drops the block.
-BILLING_HEADER = "x-anthropic-billing-header"
 # thinking.type=disabled is probed against these efforts (AnthropicEffort).
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 

@@ -353,9 +353,10 @@ def _parse_message(
             param=f"{where}.content",
         )
 
-    content = _parse_content(
-        message.get("content"), f"{where}.content", content_format, role in _OPENAI_ROLES, media, placeholders
-    )
+    raw = message.get("content")
+    if role == "system":
+        raw = _without_billing_header(raw)
+    content = _parse_content(raw, f"{where}.content", content_format, role in _OPENAI_ROLES, media, placeholders)
     result: dict[str, Any] = {"role": role, "content": content}
 
     if role == "assistant":
@@ -387,6 +388,33 @@ def _parse_message(
     if role == "developer":
         result["tools"] = message.get("tools")
     return result
+
+
+BILLING_HEADER = "x-anthropic-billing-header"
+
+
+def _without_billing_header(content: Any) -> Any:
+    """A system message's content without Claude Code's attribution line: vLLM 0.32 drops the
+    first line of each text that starts with it, and the text when nothing follows
+    (renderers/chat_utils.py `_strip_claude_code_billing_header`, system messages only)."""
+    if isinstance(content, str):
+        if not content.startswith(BILLING_HEADER):
+            return content
+        rest = content.partition("\n")[2]
+        return rest if rest else []
+    if not isinstance(content, list):
+        return content
+    out: list[Any] = []
+    for part in content:
+        text = part if isinstance(part, str) else (
+            part.get("text") if isinstance(part, dict) and part.get("type") == "text" else None)
+        if not (isinstance(text, str) and text.startswith(BILLING_HEADER)):
+            out.append(part)
+            continue
+        rest = text.partition("\n")[2]
+        if rest:
+            out.append(rest if isinstance(part, str) else {**part, "text": rest})
+    return out
 
 
 def _parse_content(

@@ -160,6 +160,27 @@ def test_string_format_turns_null_content_into_empty_string(model):
     assert tok.render_chat(body) == 'user="hi";assistant="";'
 
 
+HEADER = "x-anthropic-billing-header: cc_version=2.0.14; cch=5f3c2;"
+
+
+def test_a_system_messages_billing_header_line_is_dropped_as_vllm_drops_it(model):
+    """vLLM 0.32 (chat_utils.py `_strip_claude_code_billing_header`): the first line of a system
+    text that starts with Claude Code's attribution header, and the text when nothing follows."""
+    body = chat({"role": "system", "content": HEADER + "\nBe brief."}, user(HEADER + "\nq"),
+                add_generation_prompt=False)
+    assert model(PARTS_AS_JSON).render_chat(body) == f'system="Be brief.";user="{HEADER}\\nq";'
+    parts = [{"type": "text", "text": HEADER}, {"type": "text", "text": HEADER + "\nOne."},
+             {"type": "text", "text": "Two."}]
+    body = chat({"role": "system", "content": parts}, user("q"), add_generation_prompt=False)
+    assert model(PARTS_AS_JSON).render_chat(body) == 'system="One.\\nTwo.";user="q";'
+    assert model(OPENAI_PARTS_AS_JSON).render_chat(body) == (
+        'system=[{"type": "text", "text": "One."}, {"type": "text", "text": "Two."}];'
+        'user=[{"type": "text", "text": "q"}];')
+    only = chat({"role": "system", "content": HEADER}, user("q"), add_generation_prompt=False)
+    assert model(PARTS_AS_JSON).render_chat(only) == 'system="";user="q";'
+    assert model(OPENAI_PARTS_AS_JSON).render_chat(only) == 'system=[];user=[{"type": "text", "text": "q"}];'
+
+
 def test_openai_format_keeps_parts_including_empty_ones(model):
     tok = model(OPENAI_PARTS_AS_JSON)
     body = chat(user([{"type": "text", "text": "a"}, {"type": "text", "text": ""}]), {"role": "user", "content": "b"},

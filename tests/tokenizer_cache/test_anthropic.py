@@ -32,6 +32,15 @@ def test_system_blocks_join_without_separator_and_drop_the_billing_header() -> N
     assert chat["messages"] == [{"role": "system", "content": "One. Two."}, {"role": "user", "content": "Hi"}]
 
 
+def test_a_string_system_keeps_its_billing_header_for_the_chat_parser_to_drop() -> None:
+    """vLLM's conversion keeps a string `system` whole; its chat parser then drops the header line."""
+    header = "x-anthropic-billing-header: cch=1;"
+    body = {"system": header + "\nYou are helpful.", "messages": [user("hi")]}
+    assert convert(body)["messages"][0] == {"role": "system", "content": header + "\nYou are helpful."}
+    qwen3 = load_model_tokenizer(MODELS / "Qwen--Qwen3-8B")
+    assert qwen3.count_messages(body) == qwen3.count_messages({**body, "system": "You are helpful."})
+
+
 def test_a_single_text_block_becomes_a_string_and_several_stay_parts() -> None:
     chat = convert({"messages": [user([{"type": "text", "text": "a"}]),
                                  user([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}])]})
