@@ -721,17 +721,32 @@ def template_kwargs(body: Mapping[str, Any], options: ChatOptions) -> dict[str, 
     if reasoning_effort is not None and not isinstance(reasoning_effort, str):
         raise _bad_type("reasoning_effort", "a string", reasoning_effort)
 
-    merged = {key: value for key, value in raw.items() if value is not None}
+    # vLLM's merge_kwargs drops a request value that is null or "auto" (renderers/params.py).
+    merged = {key: value for key, value in raw.items() if value is not None and not _is_auto(value)}
     overrides = {
         "add_generation_prompt": options.add_generation_prompt,
         "continue_final_message": options.continue_final_message,
         "documents": documents,
         "reasoning_effort": reasoning_effort,
     }
-    merged.update({key: value for key, value in overrides.items() if value is not None})
-    if reasoning_effort is not None and raw.get("enable_thinking") is None:
+    merged.update({key: value for key, value in overrides.items() if value is not None and not _is_auto(value)})
+    if reasoning_effort is not None and "enable_thinking" not in raw:
         merged["enable_thinking"] = reasoning_effort != "none"
     return merged
+
+
+def _is_auto(value: Any) -> bool:
+    return isinstance(value, str) and value == "auto"
+
+
+def kwargs_tools(value: Any) -> list[dict[str, Any]]:
+    """`chat_template_kwargs.tools`, which replace the request's own (vLLM's merge_kwargs), as
+    transformers' apply_chat_template takes them: each a JSON schema (an object), passed as sent."""
+    items = list(value) if isinstance(value, (list, tuple, str, dict)) else None
+    if items is None or not all(isinstance(item, dict) for item in items):
+        raise CountError("Tools should either be a JSON schema, or a callable function with type hints and a "
+                         "docstring suitable for auto-conversion to a schema.", param="chat_template_kwargs")
+    return items
 
 
 def split_kwargs(

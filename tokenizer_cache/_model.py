@@ -361,7 +361,9 @@ class ModelTokenizer:
         if not isinstance(messages, list) or len(messages) < self.floor_min_messages:
             return 0
         try:
-            template = self._select_template(_chat.parse_tools(body))
+            tools = _chat.parse_tools(body)
+            kwargs = _chat.template_kwargs(body, _chat.chat_options(body))
+            template = self._select_template(_chat.kwargs_tools(kwargs["tools"]) if "tools" in kwargs else tools)
         except CountError:
             return 0
         roles = Counter(m.get("role") if isinstance(m, dict) else None for m in messages)
@@ -583,12 +585,15 @@ class ModelTokenizer:
         _chat.check_no_request_template(body)
         options = _chat.chat_options(body)
         tools = _chat.parse_tools(body)
+        kwargs = _chat.template_kwargs(body, options)
+        if "tools" in kwargs:       # chat_template_kwargs' own tools win (vLLM's merge_kwargs)
+            tools = _chat.kwargs_tools(kwargs["tools"])
         template = self._select_template(tools)
         placeholders = self._media_model.placeholders if self._media_model is not None else None
         conversation = _chat.parse_messages(
             body, template.content_format, template.knows_developer, placeholders
         )
-        named, extra = _chat.split_kwargs(_chat.template_kwargs(body, options), template.variables)
+        named, extra = _chat.split_kwargs(kwargs, template.variables)
         variables = {**self._special_tokens, **extra}
         variables.update(
             messages=conversation.messages,

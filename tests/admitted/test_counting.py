@@ -467,6 +467,35 @@ def test_null_kwargs_are_dropped(model):
     assert "think=unset effort=unset x=unset" in model(FLAGS).render_chat(body)
 
 
+def test_null_and_auto_kwargs_are_dropped_and_a_null_enable_thinking_still_stops_the_effort(model):
+    """vLLM's merge_kwargs drops null and "auto"; `"enable_thinking" in chat_template_kwargs` (even
+    null) keeps reasoning_effort from setting it (chat_completion/protocol.py build_chat_params)."""
+    body = chat(user("q"), reasoning_effort="high", chat_template_kwargs={"x": "auto", "enable_thinking": None})
+    assert "think=unset effort=high x=unset" in model(FLAGS).render_chat(body)
+
+
+TOOLS_AS_JSON = "{{ tools | tojson }}"
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("kwargs_tools,rendered", [
+    ([], "[]"),                                                         # replaces the request's
+    ([{"type": "function", "function": {"name": "g"}}],                 # as sent: no request-model dump
+     '[{"type": "function", "function": {"name": "g"}}]'),
+    ("auto", None), (None, None),                                       # dropped: the request's stay
+])
+def test_chat_template_kwargs_tools_replace_the_requests_as_vllm_merges_them(model, kwargs_tools, rendered):
+    tok = model(TOOLS_AS_JSON)
+    own = tok.render_chat(chat(user("q"), tools=[TOOL]))
+    body = chat(user("q"), tools=[TOOL], chat_template_kwargs={"tools": kwargs_tools})
+    assert tok.render_chat(body) == (own if rendered is None else rendered)
+    assert tok.render_chat(chat(user("q"), chat_template_kwargs={"tools": [TOOL["function"]]})) == (
+        '[{"name": "f", "parameters": {"type": "object"}}]')        # tools in kwargs only: still rendered
+    with pytest.raises(CountError) as info:
+        tok.render_chat(chat(user("q"), chat_template_kwargs={"tools": [5]}))
+    assert info.value.param == "chat_template_kwargs"
+
+
 def test_kwargs_may_override_special_tokens(model):
     body = chat(user("q"), chat_template_kwargs={"bos_token": "B"})
     assert model(FLAGS).render_chat(body).endswith("bos=B")
