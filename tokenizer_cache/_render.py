@@ -41,11 +41,10 @@ def render(
     continue_final_message: bool,
 ) -> str:
     """Render; with `continue_final_message`, cut right after the final message's content."""
-    with _template_errors():
-        text = _render(template, variables)
     if continue_final_message:
-        text = cut_after_final_message(text, variables["messages"][-1].get("content"))
-    return text
+        return _render_continued(template, variables)
+    with _template_errors():
+        return _render(template, variables)
 
 
 def rendered_length(
@@ -103,29 +102,37 @@ def new_render_context(template: jinja2.Template, variables: dict[str, Any]) -> 
     return new_context(template.environment, template.name, template.blocks, {**base, **variables}, True, base)
 
 
-def cut_after_final_message(rendered: str, final_content: Any) -> str:
-    """transformers' rule (`render_jinja_template`): find the final message's
-    stripped text at its last occurrence and cut right after it, keeping the
-    message's own trailing whitespace only if the template kept it too."""
-    final = final_content
-    if isinstance(final, (list, tuple)):
-        for block in reversed(final):
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+def _render_continued(template: jinja2.Template, variables: dict[str, Any]) -> str:
+    """transformers 5.19's rule (`render_jinja_template`, vLLM 0.32's): a marker appended to the
+    final message's text (a list's last part with a text), the chat rendered, and the text cut
+    where the marker's last occurrence starts, trailing spaces dropped if the template ate the
+    marker's own."""
+    messages = variables["messages"]
+    final_message = messages[-1]
+    content = final_message.get("content")
+    if content is None:
+        raise CountError('continue_final_message is set but the final message has no "content" to continue!',
+                         param="continue_final_message")
+    if isinstance(content, (list, tuple)):
+        blocks = [dict(block) if isinstance(block, dict) else block for block in content]
+        for block in reversed(blocks):
             if isinstance(block, dict) and "text" in block:
                 final = block["text"]
+                block["text"] = _with_tag(final)
                 break
         else:
             raise CountError(
-                "continue_final_message is set but we could not find any text to continue in the "
-                "final message!",
-                param="continue_final_message",
-            )
-    if not isinstance(final, str):
-        raise CountError(
-            "continue_final_message is set but the final message has no text content.",
-            param="continue_final_message",
-        )
-    stripped = final.strip()
-    if stripped not in rendered:
+                "continue_final_message is set but we could not find any text to continue in the final message!",
+                param="continue_final_message")
+        marked: Any = blocks
+    else:
+        final, marked = content, _with_tag(content)
+    with _template_errors():
+        rendered = _render(template, {**variables, "messages": [*messages[:-1], {**final_message, "content": marked}]})
+    if not isinstance(final, str) or final.strip() not in rendered or _CONTINUE_TAG.strip() not in rendered:
         raise CountError(
             "continue_final_message is set but the final message does not appear in the chat after "
             "applying the chat template! This can happen if the chat template deletes portions of the "
@@ -133,8 +140,14 @@ def cut_after_final_message(rendered: str, final_content: Any) -> str:
             "they are compatible.",
             param="continue_final_message",
         )
-    at = rendered.rindex(stripped)
-    kept = final.lstrip()
-    if rendered[at : at + len(kept)] == final:
-        return rendered[: at + len(kept)]
-    return rendered[: at + len(stripped)]
+    at = rendered.rindex(_CONTINUE_TAG.strip())
+    if rendered[at:at + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
+        return rendered[:at]
+    return rendered[:at].rstrip()
+
+
+def _with_tag(text: Any) -> str:
+    if not isinstance(text, str):       # transformers' concatenation fails: vLLM's 400
+        raise CountError("continue_final_message is set but the final message's text is not a string.",
+                         param="continue_final_message")
+    return text + _CONTINUE_TAG

@@ -543,6 +543,28 @@ def test_continue_drops_trailing_space_the_template_trimmed(model):
     assert model(trimming).render_chat(continue_body("  The answer is \n")).endswith("assistant\nThe answer is")
 
 
+@pytest.mark.parametrize("template", [CHATML, CHATML.replace("{{ m.content }}", "{{ m.content | trim }}")],
+                         ids=["kept", "trimmed"])
+@pytest.mark.parametrize("final", ["The answer is", "", " ", "im_end", "  x \n", "q", "The answer is "])
+def test_continue_cuts_where_transformers_cuts(model, template, final):
+    """Differential, against transformers 5.19 itself (vLLM 0.32's): the cut is at a marker appended to
+    the final text, so an empty text, a text the template also prints elsewhere ("q"), or one inside
+    the template's own markup ("im_end") cut where vLLM cuts, not at the text's last occurrence."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    body = continue_body(final)
+    try:
+        [theirs] = render_jinja_template(conversations=[body["messages"]], chat_template=template,
+                                         continue_final_message=True, add_generation_prompt=False)[0]
+    except ValueError:
+        theirs = None
+    try:
+        ours = model(template).render_chat(body)
+    except CountError:
+        ours = None
+    assert ours == theirs
+
+
 def test_continue_when_template_deletes_the_message_is_rejected(model):
     deleting = CHATML.replace("{{ m.content }}", "{{ m.content[:3] }}")
     with pytest.raises(CountError, match="does not appear"):
