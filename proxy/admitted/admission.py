@@ -178,12 +178,14 @@ def _strip_leading_zeros(s: str) -> str | None:
     return s[-1]
 
 
-def parse_limit_field(name: str, value: Any) -> int | None:
+def parse_limit_field(name: str, value: Any, *, in_force: bool = True) -> int | None:
     """Read `max_tokens` / `max_completion_tokens` the way vLLM's pydantic model accepts it.
 
     vLLM 0.32 (captures/c12_*) accepts what pydantic's lax int does (`lax_int`:
     2.0, "10", "1_000", "10.0", true → 1) and answers 400 for 1.5, "abc",
-    "+-5" and values below 1; null means "not sent".  Raises the 400 for anything else.
+    "+-5" and, for the field in force, values below 1; null means "not sent".
+    A field another one overrides (chat's `max_tokens` beside `max_completion_tokens`)
+    is only typed: vLLM never reads its value.  Raises the 400 for anything else.
     """
     if value is None:
         return None
@@ -191,7 +193,7 @@ def parse_limit_field(name: str, value: Any) -> int | None:
         number = lax_int(value)
     except ValueError as exc:
         raise errors.invalid_field(name, str(exc), value) from None
-    if number < 1:
+    if in_force and number < 1:
         raise errors.invalid_field(name, "must be at least 1", value)
     return number
 
@@ -208,8 +210,11 @@ def decide_uncounted(requested: RequestedLimit, max_model_len: int) -> Decision:
 
 def read_requested_limit(body: Mapping[str, Any], fields: tuple[str, ...], default_field: str) -> RequestedLimit:
     """A surface's completion-limit fields of a request body (precedence order), validated (400 on bad values)."""
-    return RequestedLimit.of(*((name, parse_limit_field(name, body.get(name))) for name in fields),
-                             default_field=default_field)
+    read: list[tuple[str, int | None]] = []
+    for name in fields:
+        in_force = all(value is None for _, value in read)
+        read.append((name, parse_limit_field(name, body.get(name), in_force=in_force)))
+    return RequestedLimit.of(*read, default_field=default_field)
 
 
 def decide(
@@ -255,6 +260,9 @@ def decide(
         return Decision(Action.PASS, asked, asked, margin=margin)
 
     room = max_model_len - longest
+    # vLLM 0.32 clamps each prompt of a batch to its own room: a limit that fits the shortest
+    # prompt serves every prompt as vLLM alone would (an older engine refuses any overflow).
+    fits = max_model_len - min(prompt_tokens) if policy.upstream_clamps_overflow else room
     if target is None or effective is None:
         # Chat without a limit: vLLM grants max_model_len − prompt itself, which always fits.
         if policy.max_tokens_ceiling is not None and policy.max_tokens_ceiling < room:
@@ -270,7 +278,7 @@ def decide(
             return Decision(Action.REJECTED, asked, error=error, margin=margin)
         # The whole room, less the margin; a margin shortens a completion, it never refuses one
         # (nor lowers it below the floor, nor below what vLLM alone would grant: the room).
-        target = max(room - margin, least if room >= least else 1)
+        target = max(min(target, fits - margin) if target > fits else target, least if room >= least else 1)
 
     if target == effective and source == "client":
         return Decision(Action.PASS, asked, asked, None, margin=margin)

@@ -179,7 +179,17 @@ class Surface:
         return False
 
     def follow_limit(self, body: Mapping[str, Any], changes: dict[str, Any]) -> None:
-        """Change the fields a rewritten completion limit would make vLLM refuse (none here)."""
+        """Change the fields a rewritten completion limit would make vLLM refuse: `min_tokens`
+        above it (vLLM's SamplingParams refuses min_tokens > max_tokens) comes down to it."""
+        limits = [changes[name] for name in self.limit_fields if isinstance(changes.get(name), int)]
+        if not limits or body.get("min_tokens") is None:
+            return
+        try:
+            least = lax_int(body["min_tokens"])
+        except ValueError:
+            return                  # vLLM refuses it whatever the limit
+        if least > min(limits):
+            changes["min_tokens"] = min(limits)
 
     def usage_must_match(self, body: Mapping[str, Any]) -> bool:
         """The upstream's usage must equal brimful's count of this request if the count is right.
@@ -363,9 +373,21 @@ class CompletionsSurface(TruncatedPrompt, OpenAIStreamUsage, Surface):
     implicit_max_tokens = IMPLICIT_MAX_TOKENS["completions"]
 
     def output_limit(self, request: Mapping[str, Any], limit: RequestedLimit, policy: Policy) -> bool:
-        """`max_tokens` defaults to 16 in vLLM's completions model: only an explicit null is none."""
-        return not ("max_tokens" in request and request["max_tokens"] is None) or (
-            policy.default_max_tokens is not None)
+        """`max_tokens` is 16 in vLLM 0.32's completions model when absent or null
+        (`normalize_null_max_tokens`): only echo's 0 sets no output limit (`max_tokens or 0`)."""
+        return limit.value != 0
+
+    def read_limit(self, body: Mapping[str, Any]) -> RequestedLimit:
+        """As chat's, except that `echo` with `max_tokens` 0 is vLLM's echo without generation
+        (it samples 1 token and returns the prompt): served as sent."""
+        try:
+            echo = lax_bool(body.get("echo"))
+            zero = body.get("max_tokens") is not None and lax_int(body["max_tokens"]) == 0
+        except ValueError:
+            echo = zero = False
+        if echo and zero:
+            return RequestedLimit.of(("max_tokens", 0), default_field="max_tokens")
+        return super().read_limit(body)
 
     def uncounted(self, body: Mapping[str, Any]) -> str | None:
         """`prompt_embeds` (vLLM's --enable-prompt-embeds): tensors whose lengths brimful does not
@@ -584,6 +606,7 @@ class MessagesSurface(Surface):
 
     def follow_limit(self, body: Mapping[str, Any], changes: dict[str, Any]) -> None:
         """A lowered `max_tokens` lowers the thinking budget under it, where vLLM allows one."""
+        super().follow_limit(body, changes)
         budget = _thinking_budget(body)
         limit = changes.get("max_tokens")
         if budget is not None and isinstance(limit, int) and THINKING_MIN_BUDGET <= limit - 1 < budget:

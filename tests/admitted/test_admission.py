@@ -251,9 +251,15 @@ def test_completions_implicit_16_overflowing_is_clamped() -> None:
     assert (d.action, d.requested, d.granted, d.rewrite) == ("clamped", None, 6, {"max_tokens": 6})
 
 
-def test_batch_is_limited_by_longest_prompt() -> None:
-    d = decide([10, 1500, 300], 2048, mt(1000), Policy(margin_tokens=0), **CMPL)
-    assert d.granted == 548
+def test_a_batch_limit_fits_the_shortest_prompt_where_vllm_clamps_each_prompt_itself() -> None:
+    """vLLM 0.32 grants each prompt of a batch min(max_tokens, its own room) (completion/serving.py,
+    get_max_tokens per prompt); an older engine refuses any prompt that overflows."""
+    passed = decide([10, 1500, 300], 2048, mt(1000), Policy(margin_tokens=0), **CMPL)
+    assert (passed.action, passed.granted, passed.rewrite) == ("pass", 1000, None)
+    lowered = decide([10, 1500, 300], 2048, mt(5000), Policy(margin_tokens=0), **CMPL)
+    assert (lowered.action, lowered.granted) == ("clamped", 2048 - 10)
+    older = decide([10, 1500, 300], 2048, mt(1000), Policy(margin_tokens=0, upstream_clamps_overflow=False), **CMPL)
+    assert older.granted == 548
 
 
 def test_batch_with_one_prompt_over_is_rejected() -> None:

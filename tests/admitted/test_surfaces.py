@@ -538,3 +538,60 @@ async def test_a_responses_prompt_vllm_truncates_is_served(qwen3_dir: Path) -> N
     [rec] = recorder.records
     assert (rec.action, rec.prompt_tokens, rec.upstream_prompt_tokens, rec.granted_max_tokens) == (
         "clamped", MML - 1, MML - 1, 1)
+
+
+# ---------------------------------------------------------------------------
+# Completion limits read, and companions kept valid, as vLLM 0.32 reads them
+# ---------------------------------------------------------------------------
+
+def served(sent: SentRequest) -> MockResponse:
+    return MockResponse.json({"id": "x", "object": "text_completion", "model": MODEL, "choices": [
+        {"index": 0, "text": "hi", "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+
+
+async def forwarded(qwen3_dir: Path, path: str, fields: dict[str, Any], **policy: Any) -> tuple[int, dict[str, Any]]:
+    """The status brimful answered and the body it sent on."""
+    upstream = Upstream(**{path.strip("/").replace("/", "__"): [served]})
+    app, _ = app_for(upstream, qwen3_dir, **policy)
+    answer = await call_app(app, "POST", path, body(**fields))
+    sent = upstream.sent(path)
+    return answer.status, sent[0].json() if sent else {}
+
+
+@pytest.mark.parametrize("losing", [0, -3])
+async def test_a_limit_field_another_overrides_is_never_range_checked(qwen3_dir: Path, losing: int) -> None:
+    """Chat's max_completion_tokens wins; vLLM never reads the losing max_tokens' value."""
+    status, sent = await forwarded(qwen3_dir, "/v1/chat/completions", {
+        "messages": MESSAGE, "max_completion_tokens": 5, "max_tokens": losing})
+    assert (status, sent["max_completion_tokens"], sent["max_tokens"]) == (200, 5, losing)
+
+
+async def test_echo_with_max_tokens_zero_is_forwarded_as_vllms_echo_without_generation(qwen3_dir: Path) -> None:
+    status, sent = await forwarded(qwen3_dir, "/v1/completions", {"prompt": "Hello there", "echo": True,
+                                                                  "max_tokens": 0})
+    assert (status, sent["max_tokens"]) == (200, 0)
+    status, _ = await forwarded(qwen3_dir, "/v1/completions", {"prompt": "Hello there", "max_tokens": 0})
+    assert status == 400                        # without echo vLLM refuses 0 too
+
+
+async def test_a_null_completions_limit_is_vllms_16_so_truncating_to_the_window_leaves_it_room(
+        qwen3_dir: Path) -> None:
+    """normalize_null_max_tokens: null is 16; truncate_prompt_tokens -1 then keeps max_model_len - 1."""
+    status, sent = await forwarded(qwen3_dir, "/v1/completions", {
+        "prompt": WORDS_2100, "max_tokens": None, "truncate_prompt_tokens": -1})
+    assert status == 200 and sent["truncate_prompt_tokens"] == -1
+
+
+@pytest.mark.parametrize("fields,policy,limit", [
+    ({"messages": [{"role": "user", "content": " ".join(["hello"] * 1900)}], "max_tokens": 1000,
+      "min_tokens": 130}, {"margin_tokens": 16}, 2048 - 1908 - 16),
+    ({"messages": MESSAGE, "min_tokens": 100}, {"max_tokens_ceiling": 50}, 50),
+])
+async def test_min_tokens_follows_a_limit_brimful_lowers_below_it(
+        qwen3_dir: Path, fields: dict[str, Any], policy: dict[str, Any], limit: int) -> None:
+    """vLLM's SamplingParams refuses min_tokens > max_tokens."""
+    status, sent = await forwarded(qwen3_dir, "/v1/chat/completions", fields, **policy)
+    assert (status, sent["max_tokens"], sent["min_tokens"]) == (200, limit, limit)
+    status, sent = await forwarded(qwen3_dir, "/v1/chat/completions", {**fields, "min_tokens": 3}, **policy)
+    assert sent["min_tokens"] == 3              # under the limit: untouched
