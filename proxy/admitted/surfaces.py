@@ -277,6 +277,9 @@ class OpenAIStreamUsage:
         if asked:
             return False
         changes["stream_options"] = {**(options or {}), "include_usage": True}
+        if options is not None and options.get("continuous_usage_stats") not in (None, False):
+            # inert without include_usage; with it, vLLM would put usage on every chunk
+            changes["stream_options"]["continuous_usage_stats"] = False
         return True
 
     def is_usage_only(self, event: bytes) -> bool:

@@ -193,6 +193,19 @@ async def test_stream_and_include_usage_are_read_as_vllm_reads_them(
     assert rec.completion_tokens == 1
 
 
+async def test_usage_brimful_asks_for_does_not_wake_the_clients_inert_continuous_usage(qwen3_dir: Path) -> None:
+    """continuous_usage_stats does nothing without include_usage (should_include_usage); brimful's
+    include_usage would make vLLM put usage on every chunk the client receives."""
+    upstream = Upstream(MockResponse.events([{"id": "c", "object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": {"content": "hi"}, "finish_reason": "length"}], "usage": None}]))
+    app, _ = app_for(upstream, qwen3_dir)
+
+    await call_app(app, "POST", CHAT, chat_body(max_tokens=5, stream=True, stream_options={
+        "include_usage": False, "continuous_usage_stats": True}))
+
+    assert upstream.chats()[0].json()["stream_options"] == {"include_usage": True, "continuous_usage_stats": False}
+
+
 async def test_a_stream_that_breaks_off_ends_with_an_error_event(qwen3_dir: Path) -> None:
     chunk = {"id": "c", "object": "chat.completion.chunk", "choices": [
         {"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}
