@@ -774,9 +774,7 @@ def _build_key(source_dir: pathlib.Path, name_or_path: str | None) -> tuple[Any,
 
 def folder_signature(source_dir: pathlib.Path) -> tuple[tuple[str, int, int], ...]:
     """The size and modification time of each file a tokenizer or renderer is built from."""
-    names = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json",
-             "preprocessor_config.json", "processor_config.json", "tokenizer.model", "tekken.json",
-             "special_tokens_map.json", "added_tokens.json", "chat_template.json")
+    names = (*_TOKENIZER_FILES, "config.json", "preprocessor_config.json", "processor_config.json", "tekken.json")
     signature = []
     for name in names:
         try:

@@ -264,21 +264,23 @@ class OpenAIStreamUsage:
     def ask_for_usage(self, body: Mapping[str, Any], changes: dict[str, Any]) -> bool:
         """Whether brimful asked for the usage chunk the client did not (it is removed again).
 
-        `include_usage` is read as vLLM reads it (1 and "true" ask too); a value vLLM refuses
-        is left for vLLM to refuse, not replaced by one it accepts.
+        The options are read as vLLM reads them (1 and "true" ask too); a value vLLM refuses
+        is left for vLLM to refuse, not replaced by one it accepts. The client's
+        `continuous_usage_stats`, inert without `include_usage`, is turned off: with it vLLM
+        would put usage on every chunk the client receives.
         """
         options = body.get("stream_options")
         if options is not None and not isinstance(options, dict):
             return False
         try:
             asked = lax_bool(options.get("include_usage")) if options is not None else None
+            continuous = lax_bool(options.get("continuous_usage_stats")) if options is not None else None
         except ValueError:
             return False
         if asked:
             return False
         changes["stream_options"] = {**(options or {}), "include_usage": True}
-        if options is not None and options.get("continuous_usage_stats") not in (None, False):
-            # inert without include_usage; with it, vLLM would put usage on every chunk
+        if continuous:
             changes["stream_options"]["continuous_usage_stats"] = False
         return True
 
@@ -565,8 +567,10 @@ def _thinking_budget(body: Mapping[str, Any]) -> int | None:
     thinking = body.get("thinking")
     if not isinstance(thinking, dict) or thinking.get("type") != "enabled":
         return None
-    budget = thinking.get("budget_tokens")
-    return budget if isinstance(budget, int) and not isinstance(budget, bool) else None
+    try:
+        return lax_int(thinking.get("budget_tokens"))      # pydantic's lax int: 1500.0 and "1500" too
+    except ValueError:
+        return None                                         # vLLM refuses it whatever the limit
 
 
 class MessagesSurface(Surface):
@@ -599,9 +603,11 @@ class MessagesSurface(Surface):
                                   count_exact=count_exact, drift_margin=drift_margin)
         budget = _thinking_budget(request)
         granted = decision.granted
+        ceiling = policy.max_tokens_ceiling
         if (budget is None or decision.rewrite is None or granted is None or granted > budget
                 or granted - 1 >= THINKING_MIN_BUDGET or budget + 1 > max_model_len
-                or (decision.requested is not None and budget + 1 > decision.requested)):
+                or (decision.requested is not None and budget + 1 > decision.requested)
+                or (ceiling is not None and budget + 1 > ceiling)):     # the operator's ceiling holds
             return decision
         least = budget + 1
         action = Action.PASS if least == decision.requested else decision.action

@@ -204,6 +204,11 @@ async def test_usage_brimful_asks_for_does_not_wake_the_clients_inert_continuous
         "include_usage": False, "continuous_usage_stats": True}))
 
     assert upstream.chats()[0].json()["stream_options"] == {"include_usage": True, "continuous_usage_stats": False}
+    refused = Upstream(MockResponse.events([]))
+    app, _ = app_for(refused, qwen3_dir)
+    await call_app(app, "POST", CHAT, chat_body(max_tokens=5, stream=True, stream_options={
+        "continuous_usage_stats": 2}))           # vLLM refuses 2: left for it to refuse
+    assert refused.chats()[0].json()["stream_options"] == {"continuous_usage_stats": 2}
 
 
 async def test_a_stream_that_breaks_off_ends_with_an_error_event(qwen3_dir: Path) -> None:
@@ -580,6 +585,59 @@ async def test_a_template_replaced_on_disk_is_read_again_with_the_new_model_list
 
     after = (await app.counter.tokenizer(MODEL)).count_chat(hello)
     assert after > before
+
+
+async def test_a_moved_model_is_still_probed_where_it_went_when_its_list_changes_again(
+        qwen3_dir: Path, qwen3: Any) -> None:
+    """The first preload after the move is cancelled by the next list; the moved model goes with the next."""
+    import asyncio
+
+    from proxy.config import ModelConfig, UpstreamEntry
+    block, blocked = asyncio.Event(), asyncio.Event()
+    block.set()
+
+    class Serving(CountingUpstream):
+        def __init__(self, served, offset):
+            super().__init__(qwen3, tokenize_offset=offset, usage_offset=offset)
+            self.served = served
+
+        async def slow(self, sent):
+            blocked.set()
+            await block.wait()
+            return CountingUpstream.handle(self, sent)
+
+        def handle(self, sent: SentRequest):
+            if sent.path == "/v1/models":
+                data = [{"id": n, "object": "model", "max_model_len": MML,
+                         **({"parent": "first-other"} if n == "first-lora" else {})} for n in self.served]
+                return MockResponse.json({"object": "list", "data": data})
+            if sent.path == "/tokenize" and sent.json().get("model") == "first-other" and not block.is_set():
+                return self.slow(sent)
+            return super().handle(sent)
+
+    first, second = Serving([MODEL, "first-other"], 0), Serving([MODEL], -3)
+    config = make_config("http://first.test", qwen3_dir)
+    config.models["first-other"] = ModelConfig(tokenizer=str(qwen3_dir))
+    config.upstreams.append(UpstreamEntry(name="second", url="http://second.test"))
+    app = BrimfulApp(config, ListRecorder(),
+                     transport_for=lambda url: second.transport if "second" in url else first.transport)
+    await started(app)
+    assert app.counter.trust(MODEL).parity is True
+
+    block.clear()
+    first.served[:] = ["first-other"]                 # MODEL moves to the second upstream
+    await app.backends.items[0].registry.refresh()
+    await blocked.wait()                              # preload(["first-other", MODEL]) is probing first-other
+    first.served[:] = ["first-other", "first-lora"]   # an adapter loaded on the first a moment later
+    await app.backends.items[0].registry.refresh()
+    block.set()
+    await started(app)
+
+    probed_at_second = [s for s in second.transport.sent if s.path == "/tokenize"]
+    answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=65535))
+    local = qwen3.count_chat({"messages": [{"role": "user", "content": "Hello!"}]})
+    assert probed_at_second and answer.headers["x-brimful-count"] == "upstream"
+    assert second.chats()[0].json()["max_tokens"] == MML - (local - 3)      # what the second alone grants
 
 
 async def test_probes_of_a_replaced_model_list_are_dropped(qwen3_dir: Path, qwen3: Any) -> None:

@@ -213,6 +213,8 @@ async def test_messages_max_tokens_is_clamped_and_recorded(qwen3_dir: Path, qwen
 
 @pytest.mark.parametrize("words,max_tokens,budget", [
     (600, 2000, 1500),          # the grant leaves room for a budget: the budget goes under it
+    (600, 2000, 1500.0),        # pydantic's lax int: vLLM reads 1500.0 and "1500" as 1500
+    (600, 2000, "1500"),
     (600, 32000, 31999),        # Claude Code's ask (vLLM alone refuses 32,000 > 2,048): saved the same way
     (1200, 2000, 1024),         # no room for vLLM's least budget (1,024): the least valid limit, vLLM clamps
 ])
@@ -229,13 +231,24 @@ async def test_a_clamp_keeps_the_thinking_budget_below_max_tokens_as_vllm_requir
                                                                  thinking=thinking))
 
     sent = upstream.sent("/v1/messages")[0].json()
-    assert 1024 <= sent["thinking"]["budget_tokens"] < sent["max_tokens"] <= MML
+    assert 1024 <= int(sent["thinking"]["budget_tokens"]) < sent["max_tokens"] <= MML
     room = MML - prompt
     if room - 1 >= 1024:
         assert (sent["max_tokens"], sent["thinking"]) == (room, {"type": "enabled", "budget_tokens": room - 1})
     else:
-        assert (sent["max_tokens"], sent["thinking"]) == (budget + 1, thinking)
+        assert (sent["max_tokens"], sent["thinking"]) == (int(budget) + 1, thinking)
     assert answer.headers["x-brimful-granted-max-tokens"] == str(sent["max_tokens"])
+
+
+async def test_the_operators_ceiling_is_not_raised_for_a_thinking_budget(qwen3_dir: Path, qwen3: Any) -> None:
+    messages = [{"role": "user", "content": " ".join(["hello"] * 1200)}]
+    thinking = {"type": "enabled", "budget_tokens": 1500}
+    upstream = Upstream(v1__messages=[MockResponse.json(message_object(1208, 4))])
+    app, _ = app_for(upstream, qwen3_dir, max_tokens_ceiling=1000)
+
+    await call_app(app, "POST", "/v1/messages", body(messages=messages, max_tokens=2000, thinking=thinking))
+
+    assert upstream.sent("/v1/messages")[0].json()["max_tokens"] <= 1000
 
 
 async def test_a_messages_refusal_is_in_anthropics_envelope(qwen3_dir: Path) -> None:

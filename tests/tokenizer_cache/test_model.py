@@ -59,6 +59,8 @@ def test_cache_loads_a_folder_again_once_its_files_changed_and_keeps_one_load_of
     second = cache.get(tmp_path)
     assert second is not first and cache.get(tmp_path) is second
     assert loader.loaded == [tmp_path.resolve()] * 2 and len(cache) == 1
+    (tmp_path / "merges.txt").write_text("a b")            # a BPE folder without tokenizer.json
+    assert cache.get(tmp_path) is not second
 
 
 def test_cache_is_bounded_and_evicts_least_recently_used(tmp_path):
