@@ -14,7 +14,6 @@ request; Starlette still serves brimful's own pages.
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
 import hmac
 import logging
@@ -115,7 +114,7 @@ class BrimfulApp:
         self._background: set[asyncio.Task[Any]] = set()
         self._preloads: dict[str, asyncio.Task[None]] = {}     # each upstream's latest start-up probes
         self._listed: dict[str, set[str]] = {}                  # each upstream's model list, as last read
-        self._moving: dict[str, set[str]] = {}                  # models it dropped, probed where served now
+        self._moving: dict[str, set[str]] = {}                  # models its latest preload probes elsewhere
         # Whether the server was asked to stop (proxy.cli sets it to uvicorn's flag): ends a wait at start-up.
         self.stop_requested: Callable[[], bool] = lambda: False
         self._api_keys = [k.encode() for k in config.server.api_keys]
@@ -183,33 +182,28 @@ class BrimfulApp:
         # upstream serves (probed there now) and those no upstream serves any more; the others
         # keep what their own probes and answers taught.
         listed = set(models)
-        # The moved ones an earlier preload, cancelled below, had not probed yet go too.
-        earlier_moved = self._moving.pop(backend.name, set())
+        earlier = self._preloads.pop(backend.name, None)
+        unfinished = earlier is not None and not earlier.done()
+        if earlier is not None:
+            earlier.cancel()            # its probes went to the server this list replaces
+        # The moved ones an unfinished earlier preload may not have probed yet go too.
+        earlier_moved = self._moving.get(backend.name, set()) if unfinished else set()
         moved = sorted(m for m in (self._listed.get(backend.name, set()) | earlier_moved) - listed
                        if self.backends.for_model(m) is not None)
         self._listed[backend.name] = listed
+        self._moving[backend.name] = set(moved)
         self.counter.forget(listed | set(moved)
                             | {m for m in self.counter.known() if self.backends.for_model(m) is None})
         self.sizing.forget_configs()
-        earlier = self._preloads.pop(backend.name, None)
-        if earlier is not None:
-            earlier.cancel()            # its probes went to the server this list replaces
         task = asyncio.ensure_future(self.counter.preload(list(models) + moved))
         self._preloads[backend.name] = task
-        self._moving[backend.name] = set(moved)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-        task.add_done_callback(functools.partial(self._preloaded, backend.name))
         # Once tokenizers and templates are loaded, move everything alive to the
         # GC's permanent generation: full collections then skip those objects.
         # Measured (bench/proxy_bench.py, 197 B at 1 connection, 2 A/B pairs):
         # p99 1.6-4.9 ms → 1.2-1.3 ms; p50 and CPU per request unchanged.
         task.add_done_callback(lambda _: gc.freeze())
-
-    def _preloaded(self, name: str, task: asyncio.Task[None]) -> None:
-        """An upstream's preload ended: its moved models are probed, unless a newer list took over."""
-        if self._preloads.get(name) is task and not task.cancelled():
-            self._moving.pop(name, None)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
