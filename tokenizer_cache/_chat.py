@@ -739,9 +739,14 @@ def _is_auto(value: Any) -> bool:
     return isinstance(value, str) and value == "auto"
 
 
-def kwargs_tools(value: Any) -> list[dict[str, Any]]:
-    """`chat_template_kwargs.tools`, which replace the request's own (vLLM's merge_kwargs), as
-    transformers' apply_chat_template takes them: each a JSON schema (an object), passed as sent."""
+def rendered_tools(tools: list[dict[str, Any]] | None, kwargs: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The tools the template gets: `chat_template_kwargs.tools` when set (`template_kwargs`), which
+    replace the request's own (`parse_tools`; vLLM's merge_kwargs), else the request's."""
+    return _kwargs_tools(kwargs["tools"]) if "tools" in kwargs else tools
+
+
+def _kwargs_tools(value: Any) -> list[dict[str, Any]]:
+    """As transformers' apply_chat_template takes them: each a JSON schema (an object), passed as sent."""
     items = list(value) if isinstance(value, (list, tuple, str, dict)) else None
     if items is None or not all(isinstance(item, dict) for item in items):
         raise CountError("Tools should either be a JSON schema, or a callable function with type hints and a "

@@ -363,7 +363,7 @@ class ModelTokenizer:
         try:
             tools = _chat.parse_tools(body)
             kwargs = _chat.template_kwargs(body, _chat.chat_options(body))
-            template = self._select_template(_chat.kwargs_tools(kwargs["tools"]) if "tools" in kwargs else tools)
+            template = self._select_template(_chat.rendered_tools(tools, kwargs))
         except CountError:
             return 0
         roles = Counter(m.get("role") if isinstance(m, dict) else None for m in messages)
@@ -586,8 +586,7 @@ class ModelTokenizer:
         options = _chat.chat_options(body)
         tools = _chat.parse_tools(body)
         kwargs = _chat.template_kwargs(body, options)
-        if "tools" in kwargs:       # chat_template_kwargs' own tools win (vLLM's merge_kwargs)
-            tools = _chat.kwargs_tools(kwargs["tools"])
+        tools = _chat.rendered_tools(tools, kwargs)
         template = self._select_template(tools)
         placeholders = self._media_model.placeholders if self._media_model is not None else None
         conversation = _chat.parse_messages(
