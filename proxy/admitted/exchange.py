@@ -426,7 +426,7 @@ class AdmittedExchange:
             await self.answer_error(err, Action.UPSTREAM_ERROR)
             return
         if not whole:
-            await self.relay_large(response, headers, parts)
+            await self.relay_large(response, headers, parts, scanned=not content_type or "json" in content_type)
             return
         payload = parts[0] if len(parts) == 1 else b"".join(parts)
         data = parse_json_payload(payload)
@@ -463,13 +463,16 @@ class AdmittedExchange:
         response.release()
         return parts, True
 
-    async def relay_large(self, response: UpstreamResponse, headers: Headers, parts: list[bytes]) -> None:
+    async def relay_large(self, response: UpstreamResponse, headers: Headers, parts: list[bytes],
+                          *, scanned: bool) -> None:
         """A large non-streamed answer, relayed as it arrives (proxy.admitted.answer scans it on the way).
 
         The latest chunk is held back until the next one comes: an answer whose
         end turns out incomplete (cut short, the upstream gone) is then cut
         before its last bytes, which the client sees as a broken response, never
-        as a complete success.
+        as a complete success.  `scanned` False: the answer is not JSON (the pooling
+        routes' `encoding_format: "bytes"` is raw octets, as a small one is relayed
+        unread), so only a failure of the upstream can cut it.
         """
         assert self.backend is not None
         upstream, outcome, send = self.backend.upstream, self.outcome, self.send
@@ -480,12 +483,14 @@ class AdmittedExchange:
         await send_start(send, response.status, headers)
         scanner = AnswerScanner()
         held = b"".join(parts)
-        scanner.feed(held)
+        if scanned:
+            scanner.feed(held)
         size = len(held)
         failure: BrimfulError | None = None
         try:
             while chunk := await response.next_chunk():
-                scanner.feed(chunk)
+                if scanned:
+                    scanner.feed(chunk)
                 size += len(chunk)
                 await send_chunk(send, held)
                 held = chunk
@@ -499,7 +504,7 @@ class AdmittedExchange:
             response.close()
         finally:
             response.release()
-        if failure is None and not scanner.complete:
+        if failure is None and scanned and not scanner.complete:
             failure = errors.upstream_invalid_answer(upstream.public_url, response.status, size,
                                                      "a large body that is not complete JSON")
         if failure is not None:

@@ -749,9 +749,15 @@ class PoolingSurface(Surface):
         raise NotImplementedError
 
     def truncation(self, body: Mapping[str, Any], index: int, max_model_len: int) -> int | None:
-        """The tokens vLLM keeps of input `index` (None: all of it)."""
-        limit = body.get(self.truncate_field)
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit == 0 or limit < -1:
+        """The tokens vLLM keeps of input `index` (None: all of it).  Read as pydantic's lax int, as
+        vLLM reads it ("512" and 512.0 truncate too); ValueError where vLLM refuses the value."""
+        raw = body.get(self.truncate_field)
+        if raw is None:
+            return None
+        limit = lax_int(raw)
+        if limit < -1:
+            raise ValueError(f"{self.truncate_field} must be -1 or more")
+        if limit == 0:
             return None
         return max_model_len if limit == -1 else limit
 
@@ -822,7 +828,10 @@ class PoolingSurface(Surface):
     def decide(self, request: Mapping[str, Any], prompt_tokens: list[int], max_model_len: int,
                limit: RequestedLimit, policy: Policy, *, model: str, count_exact: bool,
                drift_margin: int) -> Decision:
-        kept = [self.truncation(request, i, max_model_len) for i in range(len(prompt_tokens))]
+        try:
+            kept = [self.truncation(request, i, max_model_len) for i in range(len(prompt_tokens))]
+        except ValueError:
+            return Decision(Action.PASS, None)     # a value vLLM's request model refuses: its 400, not ours
         if any(k is not None and k > max_model_len for k in kept):
             return Decision(Action.PASS, None)     # vLLM refuses a truncation above max_model_len itself
         effective = [n if k is None else min(n, k) for n, k in zip(prompt_tokens, kept, strict=True)]
@@ -832,6 +841,13 @@ class PoolingSurface(Surface):
         if decision.counted is None and effective != prompt_tokens:
             return replace(decision, counted=sum(effective))
         return decision
+
+
+def _chat_messages(value: Any) -> bool:
+    """A non-empty list of objects with a string role, as vLLM 0.32's embeddings tell a conversation
+    in `input` from texts (pooling/embed/protocol.py `_is_chat_messages`)."""
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) for m in value)
 
 
 def _conversations(messages: Any) -> list[Any]:
@@ -850,9 +866,11 @@ class EmbeddingsSurface(PoolingSurface):
     def inputs(self, body: Mapping[str, Any]) -> list[Input]:
         messages = body.get("messages")
         raw = body.get("input")
-        if messages is None and isinstance(raw, list) and raw and all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) for m in raw):
-            messages = raw                      # EmbeddingChatInputRequest: a conversation in `input`
+        if messages is None and (_chat_messages(raw) or (
+                isinstance(raw, list) and raw and all(_chat_messages(c) for c in raw))):
+            # EmbeddingChatInputRequest, EmbeddingBatchChatInputRequest: a conversation, or a batch of them,
+            # in `input` (a batch's lists of messages are no token ids)
+            messages = raw
         if messages is not None:
             options = {k: body[k] for k in ("add_generation_prompt", "continue_final_message",
                                             "chat_template_kwargs") if k in body}
@@ -870,10 +888,15 @@ class EmbeddingsSurface(PoolingSurface):
 
 
 class PoolingRouteSurface(EmbeddingsSurface):
-    """`/pooling`: the same inputs as embeddings."""
+    """`/pooling`: the same inputs as embeddings, or an IO-processor plugin's `data`."""
 
     name = "pooling"
     path = "/pooling"
+
+    def uncounted(self, body: Mapping[str, Any]) -> str | None:
+        """vLLM 0.32's IOProcessorRequest (pooling/pooling/protocol.py): `data` of the plugin's own
+        shape, which only the plugin turns into prompts."""
+        return "data" if "data" in body and "input" not in body and "messages" not in body else None
 
 
 def _texts(value: Any) -> list[Any]:
@@ -915,8 +938,9 @@ class ScoreSurface(PoolingSurface):
 
     def truncation(self, body: Mapping[str, Any], index: int, max_model_len: int) -> int | None:
         base = super().truncation(body, index, max_model_len)
-        per = body.get("max_tokens_per_query" if index < len(self._sides(body)[0]) else "max_tokens_per_doc")
-        if isinstance(per, int) and not isinstance(per, bool) and per > 0:
+        name = "max_tokens_per_query" if index < len(self._sides(body)[0]) else "max_tokens_per_doc"
+        per = lax_int(body[name]) if name in body else 0     # a plain int field in vLLM: lax, "100" too
+        if per > 0:
             return per if base is None else min(per, base)
         return base
 

@@ -480,6 +480,102 @@ async def test_the_clients_truncation_is_counted_as_vllm_applies_it(qwen3_dir: P
     assert (rec.action, rec.prompt_tokens, rec.upstream_prompt_tokens) == ("pass", 2049, 2049)   # no drift
 
 
+@pytest.mark.parametrize("value", ["-1", " 2048 ", 2048.0, "512"])
+async def test_a_truncation_sent_as_text_or_float_is_read_as_vllm_reads_it(qwen3_dir: Path, value: Any) -> None:
+    """vLLM 0.32's `truncate_prompt_tokens: Annotated[int, Field(ge=-1)]` is lax: "-1" and 2048.0 truncate."""
+    upstream = Upstream(v1__embeddings=[embeddings(2049, 2)])
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/embeddings", body(input=["ok", WORDS_2100], truncate_prompt_tokens=value))
+
+    assert answer.status == 200 and upstream.sent("/v1/embeddings")[0].json()["truncate_prompt_tokens"] == value
+    kept = 512 if value == "512" else MML
+    assert recorder.records[0].prompt_tokens == 1 + kept
+
+
+@pytest.mark.parametrize("value", ["-2", "1.5", None, [1]])
+async def test_a_truncation_vllm_refuses_is_left_to_vllm(qwen3_dir: Path, value: Any) -> None:
+    refusal = MockResponse.json({"error": {"message": "truncate_prompt_tokens: invalid", "type": "BadRequestError",
+                                           "param": None, "code": 400}}, status=400)
+    upstream = Upstream(v1__embeddings=[refusal])
+    app, _ = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/embeddings", body(input=["ok", WORDS_2100], truncate_prompt_tokens=value))
+
+    assert len(upstream.sent("/v1/embeddings")) == (0 if value is None else 1)
+    assert answer.status == 400
+    if value is None:       # null is "no truncation": the 2,100-token input is brimful's to refuse
+        assert json.loads(answer.body)["error"]["code"] == "context_length_exceeded"
+
+
+async def test_rerank_reads_a_per_document_limit_sent_as_text(qwen3_dir: Path) -> None:
+    """ScoreRequestMixin's `max_tokens_per_doc: int = 0` is lax too: "100" truncates each document."""
+    upstream = Upstream(v1__rerank=[MockResponse.json({"id": "rerank-1", "results": [],
+                                                       "usage": {"prompt_tokens": 101, "total_tokens": 101}})])
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/rerank", body(query="q", documents=[WORDS_2100],
+                                                             max_tokens_per_doc="100"))
+
+    assert answer.status == 200 and len(upstream.sent("/v1/rerank")) == 1
+    assert recorder.records[0].prompt_tokens == 101
+
+
+async def test_a_batch_of_conversations_in_input_is_counted_as_conversations(qwen3_dir: Path, qwen3: Any) -> None:
+    """EmbeddingBatchChatInputRequest: lists of messages in `input` are conversations, not token ids."""
+    batch = [[{"role": "user", "content": "Hello there, how are you?"}],
+             [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]]
+    counts = [qwen3.count_chat({"messages": c, "add_generation_prompt": False, "add_special_tokens": False})
+              for c in batch]
+    upstream = Upstream(v1__embeddings=[embeddings(sum(counts), 2)])
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/embeddings", body(input=batch))
+
+    assert answer.status == 200
+    [rec] = recorder.records
+    assert (rec.prompt_tokens, rec.longest_prompt_tokens, rec.upstream_prompt_tokens) == (
+        sum(counts), max(counts), sum(counts))
+    assert min(counts) > 2          # a count of messages (1 and 2) would be taken for drift
+
+
+async def test_a_pooling_plugins_data_is_forwarded_uncounted(qwen3_dir: Path) -> None:
+    """vLLM 0.32's IOProcessorRequest: `/pooling` with the plugin's `data` and no `input`."""
+    sent = body(data={"url": "https://example.test/tile.tiff", "out_format": "b64_json"}, task="plugin")
+    upstream = Upstream(pooling=[MockResponse.json({"request_id": "p-1", "created_at": 1, "data": {"ok": 1}})])
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/pooling", sent)
+
+    assert answer.status == 200 and upstream.sent("/pooling")[0].body == sent
+    assert recorder.records[0].action == "uncounted"
+
+
+async def test_a_large_binary_embeddings_answer_reaches_the_client_whole(qwen3_dir: Path) -> None:
+    """`encoding_format: "bytes"` answers are raw octets (vLLM 0.32 pooling/utils.py); past 1 MiB they are
+    relayed as they come, and not being JSON does not cut them."""
+    chunks = [bytes(range(256)) * 1024] * 6                  # 1.5 MiB of float32s
+    octets = MockResponse(200, [("content-type", "application/octet-stream")], list(chunks))
+    upstream = Upstream(v1__embeddings=[octets])
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/embeddings", body(input=["hi"] * 384, encoding_format="bytes"))
+
+    assert answer.status == 200 and answer.body == b"".join(chunks)
+    assert recorder.records[0].error_code is None
+
+
+async def test_a_large_json_answer_cut_short_is_still_cut(qwen3_dir: Path) -> None:
+    whole = json.dumps({"object": "list", "data": [{"index": 0, "embedding": [0.5] * 400_000}]}).encode()
+    cut = MockResponse(200, [("content-type", "application/json")], [whole[:1_200_000], whole[1_200_000:-3]])
+    upstream = Upstream(v1__embeddings=[cut])
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/embeddings", body(input="hi"))
+
+    assert len(answer.body) < len(whole) - 3 and recorder.records[0].error_code is not None
+
+
 async def test_the_operator_may_opt_into_truncation_and_it_is_flagged(qwen3_dir: Path) -> None:
     upstream = Upstream(v1__embeddings=[embeddings(2049, 2)])
     app, recorder = app_for(upstream, qwen3_dir, truncate_inputs=True)
