@@ -385,9 +385,13 @@ class PromptCounter:
     def trust_states(self) -> dict[str, CountTrust]:
         return dict(self._trust)
 
-    def answered(self, model: str, counted: int, reported: int) -> None:
-        """The upstream's usage for a request counted with `counted` tokens."""
+    def answered(self, model: str, counted: int, reported: int, *, under: CountTrust | None = None) -> None:
+        """The upstream's usage for a request counted with `counted` tokens, `under` the trust it was
+        counted with: if the model's list changed since (`forget`), the answer came from a server that
+        is gone, and says nothing of the new one's count."""
         trust = self.trust(model)
+        if under is not None and under is not trust:
+            return
         self._changed(trust, trust.answered(counted, reported))
 
     def _changed(self, trust: CountTrust, change: str | None) -> None:
@@ -564,7 +568,7 @@ class PromptCounter:
                 if exc.status < 500:
                     raise      # /tokenize refused the request: vLLM's chat would refuse it too
                 # /tokenize unavailable: the local count, held for what it is, not exact.
-                return Count(local, False, max(trust.max_under, 1), "local")
+                return Count(local, False, max(trust.under_now, 1), "local")
             self._changed(trust, trust.shadow(sum(local), sum(counted)))
             return Count(counted, True, 0, "upstream")
         return Count(local, trust.exact, trust.margin, "local")

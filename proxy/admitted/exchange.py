@@ -38,6 +38,7 @@ from proxy.admitted.counting import Count, PromptCounter
 from proxy.admitted.request import AdmittedRequest, Counted, Outcome, length_record
 from proxy.admitted.sse import EventStreamScanner
 from proxy.admitted.surfaces import Surface, Usage, parse_json_payload
+from proxy.admitted.trust import CountTrust
 from proxy.asgi import (
     ClientGone,
     Headers,
@@ -105,6 +106,7 @@ class AdmittedExchange:
         self.model: str | None = None                 # the served model it resolved to
         self.max_model_len: int | None = None
         self.counted = Counted()
+        self.counted_under: CountTrust | None = None   # the model's count trust as the prompt was counted
         self.decision: Decision | None = None
         self.outgoing = b""                # what is sent upstream (the client's bytes unless rewritten)
         self.changes: dict[str, Any] = {}  # the fields rewritten
@@ -216,6 +218,8 @@ class AdmittedExchange:
             return decide_uncounted(limit, max_model_len)
         policy = services.policy_for(model)
         strategy = self.trim_strategy(request, policy)
+        # Its usage may move only this trust: a list change meanwhile (another server) starts a new one.
+        self.counted_under = services.counter.trust(model)
         # A conversation to trim may be over vLLM's character bound until it is trimmed.
         count = await services.counter.count(model, surface, request.fields, len(request.body),
                                              None if strategy else max_model_len)
@@ -630,7 +634,8 @@ class AdmittedExchange:
                     "prompt-token drift on model %s: brimful counted %d, the upstream reported %d",
                     record.model, record.prompt_tokens, record.upstream_prompt_tokens,
                 )
-            self.services.counter.answered(record.model, record.prompt_tokens, record.upstream_prompt_tokens)
+            self.services.counter.answered(record.model, record.prompt_tokens, record.upstream_prompt_tokens,
+                                           under=self.counted_under)
         try:
             self.services.recorder.record(record, self.counted.source)
         except Exception:  # recording must never fail a request

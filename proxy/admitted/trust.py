@@ -42,6 +42,7 @@ class CountTrust:
     reason: str | None = None               # why the mode is not "local"
     max_under: int = 0                      # most tokens brimful counted below the upstream
     max_over: int = 0                       # most tokens brimful counted above it
+    under_now: int = 0                      # most counted below it since the count was last trusted
     drift_requests: int = 0                 # requests whose count differed, in all
     agreeing: int = 0                       # consecutive agreements while counting upstream
     _recent: deque[bool] = field(default_factory=lambda: deque(maxlen=DRIFT_WINDOW))
@@ -54,7 +55,7 @@ class CountTrust:
     @property
     def margin(self) -> int:
         """Tokens to hold back when clamping: the under-count seen, when the count is not exact."""
-        return 0 if self.exact else max(self.max_under, 1)
+        return 0 if self.exact else max(self.under_now, 1)
 
     def probes(self, matched: bool | None, *, by_tokenize: bool = True) -> str | None:
         """The start-up parity result; returns the change to log, if any.
@@ -78,12 +79,13 @@ class CountTrust:
         self._recent.append(drift != 0)
         if drift == 0:
             if self.mode == "margin" and len(self._recent) == DRIFT_WINDOW and not any(self._recent):
-                self.mode, self.reason = "local", None
+                self.mode, self.reason, self.under_now = "local", None, 0
                 return f"counting locally again: its last {DRIFT_WINDOW} answers reported the same count"
             return None
         self.drift_requests += 1
         self.max_under = max(self.max_under, -drift)
         self.max_over = max(self.max_over, drift)
+        self.under_now = max(self.under_now, -drift)
         if self.mode == "upstream":
             # The upstream's /tokenize disagrees with its own usage (a renderer
             # /tokenize does not use): nothing counts exactly.
@@ -104,7 +106,7 @@ class CountTrust:
         self.agreeing += 1
         if self.agreeing < RECOVER_AFTER:
             return None
-        self.mode, self.reason, self.agreeing = "local", None, 0
+        self.mode, self.reason, self.agreeing, self.under_now = "local", None, 0, 0
         self._recent.clear()
         return f"counting locally again: {RECOVER_AFTER} requests in a row counted as the upstream counts them"
 

@@ -10,6 +10,7 @@ and the one length record.
 from __future__ import annotations
 
 import ast
+import asyncio
 import json
 from dataclasses import fields
 from pathlib import Path
@@ -845,3 +846,64 @@ async def test_no_media_part_is_a_400_from_brimful(qwen3_dir: Path, part: dict[s
     assert answer.status == 200, answer.body
     assert answer.headers["x-brimful-action"] == "uncounted"
     assert upstream.chats()[0].body == body
+
+
+class ReplacedServer:
+    """One upstream URL behind which the server is replaced mid-flight (a rolling update): the old
+    one renders 40 tokens more than brimful and still answers the chats it holds; the new one counts
+    as brimful does."""
+
+    def __init__(self, qwen3: Any, holding: int) -> None:
+        self.qwen3, self.holding = qwen3, holding
+        self.version = "0.32.0"
+        self.held: list[SentRequest] = []
+        self.all_held = asyncio.Event()
+        self.release = asyncio.Event()
+        self.transport = MockTransport(self.handle)
+
+    def count(self, sent: SentRequest) -> int:
+        return int(self.qwen3.count_chat({k: v for k, v in sent.json().items() if k != "model"}))
+
+    async def old_chat(self, sent: SentRequest) -> MockResponse:
+        self.held.append(sent)
+        if len(self.held) == self.holding:
+            self.all_held.set()
+        await self.release.wait()
+        return completion(self.count(sent) + 40)
+
+    def handle(self, sent: SentRequest) -> Any:
+        if sent.path == "/v1/models":
+            return models_card()
+        if sent.path == "/version":
+            return MockResponse.json({"version": self.version})
+        old = self.version == "0.32.0"
+        if sent.path == "/tokenize":
+            if old:         # the old server's /tokenize is not routed: its parity stays unknown
+                return MockResponse.json({"detail": "Not Found"}, status=404)
+            return MockResponse.json({"count": self.count(sent), "max_model_len": MML, "tokens": []})
+        return self.old_chat(sent) if old else completion(self.count(sent))
+
+
+async def test_usage_from_a_server_replaced_meanwhile_does_not_move_the_new_ones_trust(
+        qwen3_dir: Path, qwen3: Any) -> None:
+    upstream = ReplacedServer(qwen3, holding=2)
+    app = BrimfulApp(make_config("http://upstream.test", qwen3_dir), ListRecorder(),
+                     transport_for=lambda url: upstream.transport)
+    await started(app)
+    hello = {"messages": [{"role": "user", "content": "Hello!"}]}
+    small = json.dumps({"model": MODEL, **hello, "max_tokens": 10}).encode()
+    in_flight = [asyncio.ensure_future(call_app(app, "POST", CHAT, small)) for _ in range(2)]
+    await upstream.all_held.wait()
+
+    upstream.version = "0.32.1"                        # the server behind the URL is replaced
+    await app.backends.default.registry.refresh()      # its models start over, new probes run
+    upstream.release.set()                             # the old server answers 40 tokens over, twice
+    await asyncio.gather(*in_flight)
+    await started(app)
+
+    trust = app.counter.trust(MODEL)
+    assert (trust.mode, trust.drift_requests, trust.parity) == ("local", 0, True)
+    prompt = qwen3.count_chat(hello)
+    await call_app(app, "POST", CHAT, json.dumps({"model": MODEL, **hello, "max_tokens": 2040}).encode())
+    last = [s for s in upstream.transport.sent if s.path == CHAT][-1].json()
+    assert last["max_tokens"] == MML - prompt          # what vLLM alone grants: no 40-token margin

@@ -65,3 +65,32 @@ def test_when_even_the_upstreams_tokenize_drifts_nothing_is_exact() -> None:
     trust.probes(False)
     trust.answered(120, 128)
     assert (trust.mode, trust.exact, trust.margin) == ("margin", False, 8)
+
+
+def test_a_margin_is_the_under_count_since_the_count_was_last_trusted() -> None:
+    """An episode's worst under-count does not come back with a later, smaller drift."""
+    trust = CountTrust("m")
+    trust.answered(100, 1828)
+    trust.answered(100, 1828)
+    assert trust.margin == 1728
+    for _ in range(DRIFT_WINDOW):
+        trust.answered(5, 5)
+    assert (trust.mode, trust.margin) == ("local", 0)
+    trust.answered(100, 101)
+    trust.answered(100, 101)
+    assert (trust.mode, trust.margin) == ("margin", 1)
+    assert trust.describe()["max_under_count"] == 1728       # the history is still reported
+
+
+def test_counting_locally_again_forgets_the_upstreams_under_count() -> None:
+    """What the /tokenize-less fallback of `upstream` mode holds back (`under_now`) starts again too."""
+    trust = CountTrust("m")
+    trust.probes(False)
+    trust.answered(100, 140)          # the upstream's /tokenize differs from its usage: margin 40
+    assert trust.margin == 40
+    for _ in range(DRIFT_WINDOW):
+        trust.answered(5, 5)
+    assert trust.mode == "local"
+    trust.answered(100, 103)
+    trust.answered(100, 103)
+    assert (trust.mode, trust.under_now) == ("upstream", 3)
