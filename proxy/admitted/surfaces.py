@@ -422,12 +422,27 @@ class CompletionsSurface(TruncatedPrompt, OpenAIStreamUsage, Surface):
 
 
 _CHAT_TOKENIZE_KEYS = ("messages", "tools", "add_generation_prompt", "continue_final_message",
-                       "chat_template_kwargs", "add_special_tokens", "chat_template", "documents")
+                       "chat_template_kwargs", "add_special_tokens", "chat_template", "mm_processor_kwargs",
+                       "media_io_kwargs")
 
 
 def _chat_tokenize_body(model: str, chat: Mapping[str, Any]) -> dict[str, Any]:
-    """A chat request as vLLM's /tokenize takes it (it renders like the chat route, limit unchecked)."""
-    return {"model": model, **{k: chat[k] for k in _CHAT_TOKENIZE_KEYS if k in chat}}
+    """A chat request as vLLM's /tokenize takes it, rendering what the chat route renders.
+
+    vLLM 0.32's TokenizeChatRequest has no `documents` or `reasoning_effort`: the chat route
+    hands them to the template as kwargs that win over `chat_template_kwargs`, with
+    `enable_thinking` = effort != "none" unless the client set it
+    (ChatCompletionRequest.build_chat_params), so they go there.
+    """
+    body = {"model": model, **{k: chat[k] for k in _CHAT_TOKENIZE_KEYS if k in chat}}
+    kwargs = chat.get("chat_template_kwargs")
+    overrides = {k: chat[k] for k in ("documents", "reasoning_effort") if chat.get(k) not in (None, "auto")}
+    effort = chat.get("reasoning_effort")
+    if effort is not None and not (isinstance(kwargs, dict) and "enable_thinking" in kwargs):
+        overrides["enable_thinking"] = effort != "none"
+    if overrides:
+        body["chat_template_kwargs"] = {**(kwargs if isinstance(kwargs, dict) else {}), **overrides}
+    return body
 
 
 # ---------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from proxy.admitted import surfaces
 from proxy.app import BrimfulApp
 from tests.support.stack import MODEL, ListRecorder, call_app, make_config
 from tests.support.transport import MockResponse, MockTransport, SentRequest
@@ -704,3 +705,40 @@ async def test_min_tokens_follows_a_limit_brimful_lowers_below_it(
     assert (status, sent["max_tokens"], sent["min_tokens"]) == (200, limit, limit)
     status, sent = await forwarded(qwen3_dir, "/v1/chat/completions", {**fields, "min_tokens": 3}, **policy)
     assert sent["min_tokens"] == 3              # under the limit: untouched
+
+
+# vLLM 0.32's TokenizeChatRequest (entrypoints/serve/tokenize/protocol.py): every other field is ignored.
+TOKENIZE_CHAT_FIELDS = ("messages", "add_generation_prompt", "return_token_strs", "continue_final_message",
+                        "add_special_tokens", "chat_template", "chat_template_kwargs", "media_io_kwargs",
+                        "mm_processor_kwargs", "tools")
+
+
+@pytest.mark.parametrize("fields", [
+    {"reasoning_effort": "none"},
+    {"reasoning_effort": "high"},
+    {"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}},
+    {"reasoning_effort": "low", "chat_template_kwargs": {"reasoning_effort": "high", "x": 1}},
+    {"chat_template_kwargs": {"enable_thinking": False}},
+])
+def test_the_tokenize_request_renders_what_the_chat_route_renders(qwen3: Any, fields: dict[str, Any]) -> None:
+    """In `upstream` mode /tokenize's count is taken as exact: its body must carry what the chat route
+    hands the template, reasoning_effort and documents included, though /tokenize has no such fields."""
+    chat = {"messages": [{"role": "user", "content": "Hello!"}], **fields}
+    [call] = surfaces.CHAT.tokenize_calls(MODEL, chat)
+    assert isinstance(call, surfaces.UpstreamCount)
+    as_vllm_reads_it = {k: v for k, v in call.body.items() if k in TOKENIZE_CHAT_FIELDS}
+
+    assert qwen3.count_chat(as_vllm_reads_it) == qwen3.count_chat(chat)
+
+
+def test_the_tokenize_request_carries_documents_and_the_processors_kwargs() -> None:
+    documents = [{"title": "a", "text": "b"}]
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "documents": documents,
+            "chat_template_kwargs": {"documents": [], "k": 1}, "mm_processor_kwargs": {"num_crops": 16},
+            "media_io_kwargs": {"video": {"num_frames": 8}}}
+    [call] = surfaces.CHAT.tokenize_calls(MODEL, chat)
+    assert isinstance(call, surfaces.UpstreamCount)
+    assert call.body["chat_template_kwargs"] == {"documents": documents, "k": 1}
+    assert call.body["mm_processor_kwargs"] == {"num_crops": 16}
+    assert call.body["media_io_kwargs"] == {"video": {"num_frames": 8}}
+    assert set(call.body) <= {"model", *TOKENIZE_CHAT_FIELDS}
