@@ -59,11 +59,17 @@ OPEN_ROUTES = frozenset({("GET", "/health"), ("GET", "/ping"), ("POST", "/ping")
 
 
 def is_open_route(method: str, path: str, raw_path: bytes | None, query: bytes, has_body: bool) -> bool:
-    """A request relayed without an API key: one of OPEN_ROUTES exactly as written.  Pure.
+    """A request relayed without an API key: one of OPEN_ROUTES exactly as written, or a CORS
+    preflight.  Pure.
 
     `/heal%74h` decodes to /health but is not written so, `/health?x=1` and a
-    GET with a body carry more than a probe needs: each needs a key.
+    GET with a body carry more than a probe needs: each needs a key.  A browser
+    never sends credentials with a preflight (OPTIONS), and vLLM's own key check
+    lets every OPTIONS through (serve/middleware/authenticate.py): refused here,
+    no browser app could call brimful at all.
     """
+    if method == "OPTIONS":
+        return not has_body
     return (method, path) in OPEN_ROUTES and raw_path in (None, path.encode()) and not query and not has_body
 
 

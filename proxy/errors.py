@@ -234,7 +234,7 @@ def body_too_large(size: int, limit: int) -> BrimfulError:
     return BrimfulError(
         413,
         f"The request body is {size} bytes, more than the {limit} bytes this brimful accepts "
-        "(limits.max_body_bytes in the configuration).",
+        "(server.max_body_bytes in the configuration).",
         code=ErrorCode.REQUEST_TOO_LARGE,
         details={"body_bytes": size, "max_body_bytes": limit},
     )

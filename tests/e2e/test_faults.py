@@ -703,6 +703,7 @@ def test_body_over_the_limit_is_413(stack: Stack) -> None:
     error = assert_openai_error(stack.http.post(CHAT, content=body), 413)
     assert error["brimful"]["max_body_bytes"] == MAX_BODY
     assert str(MAX_BODY) in error["message"]
+    assert "server.max_body_bytes" in error["message"]           # the key that exists (proxy.config)
 
     def chunks() -> Iterator[bytes]:                 # no content-length: counted while read
         for i in range(0, len(body), 65536):
@@ -1220,7 +1221,8 @@ def test_health_stays_open_with_api_keys(keyed_stack: Stack) -> None:
     assert keyed_stack.http.get("/health").status_code == 200
 
 
-OPEN_PROBES = [b"GET /health", b"GET /version", b"GET /ping", b"POST /ping"]
+OPEN_PROBES = [b"GET /health", b"GET /version", b"GET /ping", b"POST /ping",
+               b"OPTIONS /v1/chat/completions", b"OPTIONS /tokenize"]      # CORS preflights carry no key
 NOT_OPEN = [
     b"POST /health", b"DELETE /version", b"PUT /ping", b"HEAD /health",   # another method
     b"GET /heal%74h", b"GET /%68ealth", b"GET //health",                  # another spelling
@@ -1252,6 +1254,7 @@ def test_a_probe_with_a_body_needs_a_key(keyed_stack: Stack) -> None:
         response = keyed_stack.http.request("GET", "/health", content=body)
         assert response.status_code == 401
     assert keyed_stack.http.post("/ping", content=b"ping").status_code == 401
+    assert keyed_stack.http.request("OPTIONS", CHAT, content=json.dumps(chat())).status_code == 401
     assert keyed_stack.fake.requests[before:] == []
 
 
