@@ -375,6 +375,9 @@ class AdmittedExchange:
                 max_tokens_param=self.limit_fields[0],
                 surface=self.surface.name,
             )
+            # vLLM's CORS middleware (--allowed-origins) allowed the browser to read its answer:
+            # the explanation built from that answer must stay readable to it.
+            self.info += [(k, v) for k, v in response.raw_headers if k.lower().startswith(b"access-control-")]
             await self.answer_error(err, Action.UPSTREAM_ERROR)
             return None
 

@@ -907,3 +907,19 @@ async def test_usage_from_a_server_replaced_meanwhile_does_not_move_the_new_ones
     await call_app(app, "POST", CHAT, json.dumps({"model": MODEL, **hello, "max_tokens": 2040}).encode())
     last = [s for s in upstream.transport.sent if s.path == CHAT][-1].json()
     assert last["max_tokens"] == MML - prompt          # what vLLM alone grants: no 40-token margin
+
+
+async def test_an_explained_upstream_refusal_keeps_vllms_cors_headers(qwen3_dir: Path) -> None:
+    """vLLM run with --allowed-origins lets the browser read its 400; brimful's explanation of that
+    400 keeps the headers that allow it, or the browser could read nothing."""
+    refusal = json.dumps({"error": {"message": "bad temperature", "type": "BadRequestError", "param": None,
+                                    "code": 400}}).encode()
+    cors = [("access-control-allow-origin", "https://app.example"), ("access-control-allow-credentials", "true")]
+    upstream = Upstream(MockResponse(400, [("content-type", "application/json"), *cors], [refusal]))
+    app, _ = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=5, temperature=-3),
+                            headers=[(b"origin", b"https://app.example")])
+
+    assert answer.status == 400
+    assert {k: answer.headers.get(k) for k, _ in cors} == dict(cors)
