@@ -183,7 +183,8 @@ class BrimfulApp:
 
     def _models_changed(self, backend: Backend, models: dict[str, ModelInfo]) -> None:
         for name, info in models.items():
-            self.recorder.metrics.set_limit_unknown(name, info.limit_problem is not None and info.source != "config")
+            self.recorder.metrics.set_limit_unknown(name, backend.name,
+                                                    info.limit_problem is not None and info.source != "config")
         # This upstream's models start again, and so do those it no longer lists that another
         # upstream serves (probed there now) and those no upstream serves any more; the others
         # keep what their own probes and answers taught.

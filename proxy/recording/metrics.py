@@ -255,8 +255,8 @@ class Metrics:
             "brimful_model_limit_unknown",
             "1 for a served model whose /v1/models card gives no usable max_model_len (missing, 0, negative, "
             "a string): its requests are not clamped unless upstream.fallback_max_model_len or a per-model "
-            "max_model_len says otherwise; 0 once it gives one.",
-            ["model"], registry=self.registry,
+            "max_model_len says otherwise; 0 once it gives one. Per upstream: pools of one model are read apart.",
+            ["model", "upstream"], registry=self.registry,
         )
 
     def model_label(self, model: str | None) -> str:
@@ -318,9 +318,9 @@ class Metrics:
         for name in ("local", "upstream", "margin"):
             self.count_mode.labels(label, name).set(1 if name == mode else 0)
 
-    def set_limit_unknown(self, model: str, unknown: bool) -> None:
-        """Whether the upstream's card for `model` lacks a usable max_model_len (proxy.upstream.models)."""
-        self.limit_unknown.labels(self.model_label(model)).set(1 if unknown else 0)
+    def set_limit_unknown(self, model: str, upstream: str, unknown: bool) -> None:
+        """Whether `upstream`'s card for `model` lacks a usable max_model_len (proxy.upstream.models)."""
+        self.limit_unknown.labels(self.model_label(model), upstream).set(1 if unknown else 0)
 
     def count_unauthorized(self, route: str) -> None:
         """A 401 answered by brimful (its route is one of a few fixed names)."""

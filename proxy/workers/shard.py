@@ -39,6 +39,7 @@ GAUGE_MERGE: dict[str, Callable[[Iterable[float]], float]] = {
     "brimful_tokenizer_parity": min,
     "brimful_count_mode": max,
     "brimful_count_engine": max,
+    "brimful_model_limit_unknown": max,    # every worker reads the same lists
 }
 
 # proxy.admitted.trust's modes, most trusting first: the merged state is the last one any worker is in.

@@ -412,7 +412,7 @@ def test_an_invalid_max_model_len_is_warned_counted_and_falls_back(
     else:
         assert response.status_code == 200, response.text[:300]
         assert response.headers["x-brimful-action"] == "clamped" and forwarded < fallback
-    assert 'brimful_model_limit_unknown{model="tiny-qwen"} 1.0' in metrics
+    assert 'brimful_model_limit_unknown{model="tiny-qwen",upstream="default"} 1.0' in metrics
     warned = [r.getMessage() for r in caplog.records if r.name == "brimful.models" and r.levelname == "WARNING"]
     assert any("tiny-qwen" in m and "max_model_len" in m and str(value) in m for m in warned), warned
 

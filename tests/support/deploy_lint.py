@@ -591,7 +591,7 @@ def brimful_exposition() -> dict[str, set[str]]:
     metrics.count_pool_route("m", "default", 2048)
     metrics.count_pool_fallback("m", "default", "long")
     metrics.count_unauthorized("chat")
-    metrics.set_limit_unknown("m", False)
+    metrics.set_limit_unknown("m", "default", False)
     metrics.set_tokenizer_parity("m", True)
     metrics.set_count_mode("m", "local")
     body, _ = metrics.render()

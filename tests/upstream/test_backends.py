@@ -12,7 +12,8 @@ from proxy.app import BrimfulApp
 from proxy.config import Config, ConfigError, ModelConfig, UpstreamConfig, UpstreamEntry, load_config
 from tests.support.fakevllm import FakeVLLM
 from tests.support.servers import serve_in_thread
-from tests.support.stack import fake_counter
+from tests.support.stack import MODEL, ListRecorder, fake_counter, make_config
+from tests.support.transport import MockResponse, MockTransport, SentRequest
 from tokenizer_cache import load_model_tokenizer
 
 HELLO = [{"role": "user", "content": "Hello!"}]
@@ -97,3 +98,34 @@ def test_upstreams_config_from_toml(tmp_path: Path) -> None:
     path.write_text('[[upstreams]]\nname = "x"\nurll = "http://b"\n')
     with pytest.raises(ConfigError, match=r"did you mean 'upstreams\[0\].url'"):
         load_config(path, env={})
+
+
+async def test_each_upstreams_card_has_its_own_limit_unknown_series() -> None:
+    """Two pools of one model: the one whose card lacks max_model_len stays 1 whatever the other lists."""
+    def lister(cards: list[dict[str, object]]) -> MockTransport:
+        def handle(sent: SentRequest) -> MockResponse:
+            if sent.path == "/v1/models":
+                return MockResponse.json({"object": "list", "data": cards})
+            return MockResponse.json({"detail": "Not Found"}, status=404)
+        return MockTransport(handle)
+
+    a_cards: list[dict[str, object]] = [{"id": MODEL, "object": "model", "max_model_len": 4096}]
+    a, b = lister(a_cards), lister([{"id": MODEL, "object": "model"}])
+    config = make_config("http://a.test", None)
+    config.upstreams.append(UpstreamEntry(name="b", url="http://b.test"))
+    recorder = ListRecorder()
+    app = BrimfulApp(config, recorder, transport_for=lambda url: b if "b.test" in url else a)
+
+    def series() -> dict[str, float]:
+        return {s.labels["upstream"]: s.value for f in recorder.metrics.registry.collect() for s in f.samples
+                if s.name == "brimful_model_limit_unknown"}
+
+    try:
+        await app.backends.items[0].registry.refresh()
+        await app.backends.items[1].registry.refresh()
+        assert series() == {"default": 0, "b": 1}
+        a_cards.append({"id": "other", "object": "model", "max_model_len": 4096})
+        await app.backends.items[0].registry.refresh()
+        assert series() == {"default": 0, "b": 1}
+    finally:
+        await app.shutdown()

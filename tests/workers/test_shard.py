@@ -87,6 +87,16 @@ def test_created_keeps_the_earliest_and_states_merge_by_their_rule() -> None:
     assert modes == {"local": 1, "upstream": 1, "margin": 0}                         # the modes some worker is in
 
 
+def test_a_model_without_a_limit_is_one_whichever_many_workers_read_its_card() -> None:
+    shares = []
+    for _ in range(4):
+        metrics = Metrics()
+        metrics.set_limit_unknown("qwen", "default", True)
+        shares.append(families_to_wire(metrics.registry.collect()))
+    merged = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in merge_families(shares) for s in f.samples}
+    assert merged[("brimful_model_limit_unknown", (("model", "qwen"), ("upstream", "default")))] == 1
+
+
 def test_gauges_that_count_add_up() -> None:
     first, second = Metrics(), Metrics()
     first.attach_gates(lambda: [("default", type("G", (), {"in_flight": 3, "waiting": 1})())])
