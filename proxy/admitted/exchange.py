@@ -158,7 +158,7 @@ class AdmittedExchange:
         services, surface = self.services, self.surface
         body = await read_body(self.receive, services.config.server.max_body_bytes, self.scope)
         request = self.request = surface.read(body, jsonbody.parse_object(body))
-        self.model, self.backend = await services.backends.resolve(request.fields.get("model"))
+        self.model, self.backend = await services.backends.resolve(request.fields.get("model"), unlisted=True)
         self.pools = services.backends.pools(self.model)
         if self.pools:
             decision = self.decision = await self.route(request, self.model)
@@ -364,6 +364,13 @@ class AdmittedExchange:
                 retried = True
                 self.retry_with(corrected)
                 continue
+            if (failure.kind == "not_found" and "model" in failure.message.lower()
+                    and self.backend.registry.get(self.model or "") is None):
+                # A name no upstream lists, which this vLLM does not serve either: the 404 names
+                # every upstream's models, in vLLM's words.
+                await self.answer_error(errors.model_not_found(self.model or "", self.services.backends.names),
+                                        Action.REJECTED)
+                return None
             err = explain_upstream_error(
                 failure,
                 upstream=upstream.public_url,

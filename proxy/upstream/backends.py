@@ -110,12 +110,15 @@ class Backends:
         calls = [b.registry.refresh_for_unknown() if unknown else b.registry.refresh() for b in self.items]
         await asyncio.gather(*calls)
 
-    async def resolve(self, model: object) -> tuple[str, Backend]:
+    async def resolve(self, model: object, *, unlisted: bool = False) -> tuple[str, Backend]:
         """The served model a request's `model` field names (or vLLM's default) and its backend.
 
         Refreshes the model lists once when nothing is known yet, or when the
         name is not served (coalesced); 404 in vLLM's own words when it still
-        is not, 503 while no upstream has answered.
+        is not, 503 while no upstream has answered.  `unlisted`: a name no list
+        holds goes to the first upstream instead, whose vLLM may serve it all
+        the same (VLLM_SKIP_MODEL_NAME_VALIDATION, a LoRA resolver) or answer
+        its own 404.
         """
         if model is not None and not isinstance(model, str):
             raise errors.invalid_field("model", "must be a string naming a served model", model)
@@ -137,6 +140,8 @@ class Backends:
             await self.refresh_all(unknown=True)
             found = self.for_model(model)
             if found is None:
+                if unlisted:
+                    return model, self.default
                 raise errors.model_not_found(model, self.names)
         return model, found
 

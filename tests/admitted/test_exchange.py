@@ -923,3 +923,31 @@ async def test_an_explained_upstream_refusal_keeps_vllms_cors_headers(qwen3_dir:
 
     assert answer.status == 400
     assert {k: answer.headers.get(k) for k, _ in cors} == dict(cors)
+
+
+async def test_a_model_name_no_list_holds_is_left_to_vllm_to_serve(qwen3_dir: Path) -> None:
+    """vLLM with VLLM_SKIP_MODEL_NAME_VALIDATION=1 (or a LoRA resolver) serves names it does not list,
+    such as an app's hard-coded "gpt-4o-mini": brimful forwards them untouched instead of a 404."""
+    upstream = Upstream(completion(9))
+    app, recorder = app_for(upstream, qwen3_dir)
+    sent = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hello!"}],
+                       "max_tokens": 65535}).encode()
+
+    answer = await call_app(app, "POST", CHAT, sent)
+
+    assert answer.status == 200 and upstream.chats()[0].body == sent
+    assert recorder.records[0].action == "pass"
+
+
+async def test_a_model_name_vllm_does_not_serve_either_gets_vllms_404_naming_every_model(qwen3_dir: Path) -> None:
+    refusal = MockResponse.json({"error": {"message": "The model `gpt-4o-mini` does not exist.",
+                                           "type": "NotFoundError", "param": "model", "code": 404}}, status=404)
+    upstream = Upstream(refusal)
+    app, _ = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", CHAT, json.dumps({"model": "gpt-4o-mini", "messages": []}).encode())
+
+    error = json.loads(answer.body)["error"]
+    assert answer.status == 404 and len(upstream.chats()) == 1
+    assert (error["message"], error["param"], error["code"]) == (
+        f"The model `gpt-4o-mini` does not exist. Valid aliases: {MODEL}.", "model", 404)
