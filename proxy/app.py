@@ -202,7 +202,7 @@ class BrimfulApp:
         self.counter.forget(listed | set(moved)
                             | {m for m in self.counter.known() if self.backends.for_model(m) is None})
         self.sizing.forget_configs()
-        task = asyncio.ensure_future(self.counter.preload(list(models) + moved))
+        task = self.counter.preload(list(models) + moved)
         self._preloads[backend.name] = task
         self._background.add(task)
         task.add_done_callback(self._background.discard)

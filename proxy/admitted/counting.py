@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import os
@@ -70,6 +71,10 @@ from tokenizer_cache import char_bound as tokenizer_char_bound
 
 log = logging.getLogger("brimful.counting")
 _T = TypeVar("_T")
+
+# A request for a model whose start-up probes are under way waits this long at most for them:
+# they take a few /tokenize round trips, and a count they may find off is worse than the wait.
+PROBE_WAIT_S = 2.0
 
 
 # Long prompts are counted on threads the OS runs only when the event loop does
@@ -291,6 +296,7 @@ class PromptCounter:
         self.on_parity: list[Callable[[str, bool], None]] = []
         self.on_trust: list[Callable[[CountTrust], None]] = []
         self._trust: dict[str, CountTrust] = {}
+        self._probing: dict[str, asyncio.Event] = {}   # model -> set once its preload's probes are done
         self._policies: dict[str, Policy] = {}     # Config.policy_for rebuilds a dataclass each call
         # model -> how it is counted once its tokenizer was looked for: "local"
         # (loaded) or "upstream" (POST /tokenize).  Kept across model-list
@@ -425,29 +431,54 @@ class PromptCounter:
             self._ready.popitem(last=False)
         return tok
 
-    async def preload(self, models: list[str]) -> None:
+    def preload(self, models: list[str]) -> asyncio.Task[None]:
         """Load every served model's tokenizer once, before the first request needs it,
-        then compare its counts with the upstream's own /tokenize (the parity check)."""
+        then compare its counts with the upstream's own /tokenize (the parity check).
+
+        The models are marked as being probed at once, before the task runs: a request
+        for one of them then waits for its probes (`PROBE_WAIT_S` at most) rather than
+        clamp with a count its probes may find off.  However the task ends (cancelled
+        before it ran too), no request waits for it any longer.
+        """
+        events = {model: asyncio.Event() for model in models}
+        self._probing.update(events)
+
+        def done(_: asyncio.Task[None]) -> None:
+            for model, event in events.items():
+                event.set()
+                if self._probing.get(model) is event:
+                    del self._probing[model]
+
+        task = asyncio.ensure_future(self._preload(models, events))
+        task.add_done_callback(done)
+        return task
+
+    async def _preload(self, models: list[str], events: dict[str, asyncio.Event]) -> None:
         for model in models:
-            tok = await self.tokenizer(model)
-            log.info(
-                "model %s: tokenizer %s%s",
-                model,
-                tok.source_dir if tok is not None else "not found locally; counting via upstream /tokenize",
-                _loader_note(tok) if tok is not None else "",
-            )
-            if tok is not None and tok.piece_fallback:
-                log.info("model %s: counting whole prompts (no per-piece cache): %s", model, tok.piece_fallback)
-            if tok is not None and self._config.tokenizers.parity_check:
-                # vLLM's /tokenize renders the HF template even for gpt-oss, whose chats
-                # it renders with harmony: those probes are checked against usage instead.
-                by_tokenize = tok.family != "harmony"
-                result = await (self.parity_check(model, tok) if by_tokenize else self.parity_by_usage(model, tok))
-                trust = self.trust(model)
-                self._changed(trust, trust.probes(result, by_tokenize=by_tokenize))
-                if result is not None:
-                    for callback in self.on_parity:
-                        callback(model, result)
+            await self._preload_one(model)
+            events[model].set()
+
+    async def _preload_one(self, model: str) -> None:
+        """One model's tokenizer loaded and, when asked for, its counts probed."""
+        tok = await self.tokenizer(model)
+        log.info(
+            "model %s: tokenizer %s%s",
+            model,
+            tok.source_dir if tok is not None else "not found locally; counting via upstream /tokenize",
+            _loader_note(tok) if tok is not None else "",
+        )
+        if tok is not None and tok.piece_fallback:
+            log.info("model %s: counting whole prompts (no per-piece cache): %s", model, tok.piece_fallback)
+        if tok is not None and self._config.tokenizers.parity_check:
+            # vLLM's /tokenize renders the HF template even for gpt-oss, whose chats
+            # it renders with harmony: those probes are checked against usage instead.
+            by_tokenize = tok.family != "harmony"
+            result = await (self.parity_check(model, tok) if by_tokenize else self.parity_by_usage(model, tok))
+            trust = self.trust(model)
+            self._changed(trust, trust.probes(result, by_tokenize=by_tokenize))
+            if result is not None:
+                for callback in self.on_parity:
+                    callback(model, result)
 
     async def parity_check(self, model: str, tok: CountingModel) -> bool | None:
         """Count a few built-in conversations locally and with the upstream's /tokenize.
@@ -548,6 +579,10 @@ class PromptCounter:
         request uncounted (it is forwarded as it is); False where the count is the answer
         (count_tokens), which then fails as the upstream's count failed.
         """
+        probing = self._probing.get(model)
+        if probing is not None and not probing.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(probing.wait(), PROBE_WAIT_S)
         tok = await self.tokenizer(model)
         trust = self.trust(model)
         if tok is None:

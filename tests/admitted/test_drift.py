@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -9,7 +11,9 @@ import os
 import httpx
 import pytest
 
+from proxy.admitted import counting
 from proxy.admitted.counting import PromptCounter
+from proxy.admitted.surfaces import CHAT
 from proxy.app import BrimfulApp
 from proxy.config import Config
 from proxy.upstream.backends import Backends
@@ -123,6 +127,24 @@ async def test_startup_parity_check(qwen3, qwen3_dir, offset: int, expected: boo
     assert seen == [("tiny-qwen", expected)]
     warned = any("differ from the upstream's /tokenize" in r.getMessage() for r in caplog.records)
     assert warned is (not expected)
+
+
+async def test_a_preload_cancelled_before_it_ran_keeps_no_request_waiting(
+        qwen3, qwen3_dir, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A list change cancels the previous list's preload, maybe before it started: requests for its
+    models must not wait for probes that will never run."""
+    monkeypatch.setattr(counting, "PROBE_WAIT_S", 3600.0)
+    config = make_config("http://127.0.0.1:9", qwen3_dir)
+    counter = PromptCounter(config, Backends(config))
+    preload = counter.preload(["tiny-qwen"])
+    preload.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await preload
+    body = {"model": "tiny-qwen", "messages": [{"role": "user", "content": "Hello!"}]}
+
+    count = await asyncio.wait_for(counter.count("tiny-qwen", CHAT, body, 100), 60)    # a guard, not a wait
+
+    assert count.per_prompt == [qwen3.count_chat(body)]
 
 
 def test_parity_result_reaches_metrics(qwen3_dir) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from proxy.admitted import counting
 from proxy.admitted.counting import PARITY_PROBES
 from proxy.app import BrimfulApp
 from proxy.recording.record import LengthRecord
@@ -471,6 +472,22 @@ async def test_probes_that_differ_make_the_upstream_count(qwen3_dir: Path, qwen3
     stats = app.recorder.stats()["counting"][MODEL]
     assert (stats["mode"], stats["parity"]) == ("upstream", False)
     assert b'brimful_count_mode{mode="upstream",model="tiny-qwen"} 1.0' in app.recorder.metrics.render()[0]
+
+
+async def test_a_request_waits_for_its_models_probes_before_clamping(
+        qwen3_dir: Path, qwen3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first request of a fresh brimful (or a restarted worker) reads the model list, which starts
+    the probes; it is counted once they have run, not with the local count they find 3 off."""
+    monkeypatch.setattr(counting, "PROBE_WAIT_S", 60.0)      # never the limit on a loaded machine
+    upstream = CountingUpstream(qwen3, tokenize_offset=3, usage_offset=3)
+    app, _ = app_for(upstream, qwen3_dir)                     # not started: this request starts it
+    local = qwen3.count_chat({"messages": [{"role": "user", "content": "Hello!"}]})
+
+    answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=65535))
+
+    assert answer.status == 200 and answer.headers["x-brimful-count"] == "upstream"
+    assert upstream.chats()[0].json()["max_tokens"] == MML - local - 3      # what vLLM alone grants
+    await app.shutdown()
 
 
 async def test_recurring_drift_that_tokenize_cannot_fix_holds_the_drift_back(qwen3_dir: Path, qwen3: Any) -> None:
