@@ -75,6 +75,7 @@ _T = TypeVar("_T")
 # A request for a model whose start-up probes are under way waits this long at most for them:
 # they take a few /tokenize round trips, and a count they may find off is worse than the wait.
 PROBE_WAIT_S = 2.0
+TOKENIZE_REFUSED = "tokenize_refused"     # x-brimful-uncounted: the upstream's /tokenize refused the request
 
 
 # Long prompts are counted on threads the OS runs only when the event loop does
@@ -586,7 +587,14 @@ class PromptCounter:
         tok = await self.tokenizer(model)
         trust = self.trust(model)
         if tok is None:
-            counted = await self._count_upstream(model, surface, body)
+            try:
+                counted = await self._count_upstream(model, surface, body)
+            except errors.BrimfulError as exc:
+                if exc.status >= 500 or not may_go_uncounted:
+                    raise
+                # /tokenize takes other fields than the route does: the route's own vLLM
+                # serves the request, or refuses it in its own words.
+                return Count([], False, 0, "upstream", uncounted=TOKENIZE_REFUSED)
             return Count(counted, trust.exact, trust.margin, "upstream")
         if max_model_len is not None and surface.operator_truncates(self._policy(model)):
             max_model_len = None        # brimful has vLLM truncate instead: no character bound
@@ -599,10 +607,9 @@ class PromptCounter:
         if trust.mode == "upstream":
             try:
                 counted = await self._count_upstream(model, surface, body)
-            except errors.BrimfulError as exc:
-                if exc.status < 500:
-                    raise      # /tokenize refused the request: vLLM's chat would refuse it too
-                # /tokenize unavailable: the local count, held for what it is, not exact.
+            except errors.BrimfulError:
+                # /tokenize unavailable, or refusing what the route may serve (it takes other
+                # fields): the local count, held for what it is, not exact (so no refusal on it).
                 return Count(local, False, max(trust.under_now, 1), "local")
             self._changed(trust, trust.shadow(sum(local), sum(counted)))
             return Count(counted, True, 0, "upstream")
@@ -632,7 +639,7 @@ class PromptCounter:
             else:
                 result = await self._small_counts.call(functools.partial(surface.count, tok, body))
         except CountError as exc:
-            raise errors.invalid_prompt(exc.message, getattr(exc, "param", None) or surface.prompt_param) from None
+            raise surface.invalid_prompt(exc, body) from None
         return [result] if isinstance(result, int) else list(result)
 
     async def _count_long(self, tok: CountingModel, surface: Surface, body: dict[str, Any], body_size: int,
@@ -695,7 +702,7 @@ class PromptCounter:
         try:
             calls = surface.tokenize_calls(model, body)
         except CountError as exc:
-            raise errors.invalid_prompt(exc.message, exc.param or surface.prompt_param) from None
+            raise surface.invalid_prompt(exc, body) from None
         for call in calls:
             if isinstance(call, int):
                 counts.append(call)

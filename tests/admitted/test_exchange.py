@@ -490,6 +490,30 @@ async def test_a_request_waits_for_its_models_probes_before_clamping(
     await app.shutdown()
 
 
+async def test_counting_upstream_a_tokenize_refusal_is_no_refusal_of_the_request(qwen3_dir: Path, qwen3: Any) -> None:
+    """/tokenize may refuse what the chat route serves (it takes other fields): the request is served on
+    the local count, held for what it is (a margin, no refusal), not refused with /tokenize's words."""
+    class Refusing(CountingUpstream):
+        refuse = False
+
+        def handle(self, sent: SentRequest) -> MockResponse:
+            if self.refuse and sent.path == "/tokenize":
+                return MockResponse.json({"error": {"message": "body.prompt: Field required", "type": "Bad Request",
+                                                    "param": "body.prompt", "code": 400}}, status=400)
+            return super().handle(sent)
+
+    upstream = Refusing(qwen3, tokenize_offset=3, usage_offset=3)
+    app, _ = app_for(upstream, qwen3_dir)
+    await started(app)
+    assert app.counter.trust(MODEL).mode == "upstream"
+    upstream.refuse = True
+
+    answer = await call_app(app, "POST", CHAT, chat_body(max_tokens=5))
+
+    assert answer.status == 200 and answer.headers["x-brimful-count"] == "margin"
+    assert len(upstream.chats()) == 1
+
+
 async def test_recurring_drift_that_tokenize_cannot_fix_holds_the_drift_back(qwen3_dir: Path, qwen3: Any) -> None:
     # /tokenize agrees with brimful, the answers do not (gpt-oss: /tokenize renders another template).
     upstream = CountingUpstream(qwen3, tokenize_offset=0, usage_offset=5)
