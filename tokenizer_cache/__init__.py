@@ -50,6 +50,7 @@ from ._piece_cache import PieceCacheStats, PieceCountCache
 from ._piece_count import PieceCounter, PieceTally, encoded_chars, start_encode_meter
 from ._protocol import CountingModel
 from ._responses import count_responses
+from ._responses import in_request_terms as responses_terms
 from ._responses import to_chat_request as responses_to_chat
 
 __all__ = [
@@ -87,6 +88,7 @@ __all__ = [
     "loader_for_vllm",
     "plain_json",
     "read_json",
+    "responses_terms",
     "responses_to_chat",
     "start_encode_meter",
     "use_build_store",

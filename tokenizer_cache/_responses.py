@@ -20,6 +20,7 @@ counted here, and the caller does not ask this module to.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,25 +63,13 @@ def to_chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
     """The chat request vLLM renders for this Responses request."""
     if not isinstance(body, Mapping):
         raise CountError("The request body must be a JSON object.")
+    if body.get("prompt") is not None:
+        # ResponsesRequest.validate_prompt (responses/protocol.py), before anything else is read
+        raise CountError("prompt template is not supported", param="prompt")
     if "input" not in body:
         raise CountError("'input' is required for a Responses request.", param="input")
     request_input = body["input"]
-    messages: list[dict[str, Any]] = []
-    instructions = body.get("instructions")
-    if instructions is not None and not isinstance(instructions, str):
-        raise _bad("instructions", "a string", instructions)
-    if instructions:
-        messages.append({"role": "system", "content": instructions})
-    if isinstance(request_input, str):
-        messages.append({"role": "user", "content": request_input})
-    elif isinstance(request_input, list):
-        for i, item in enumerate(request_input):
-            message = _item(item, messages[-1] if messages else None, f"input[{i}]")
-            if message is not None:
-                messages.append(message)
-    else:
-        raise _bad("input", "a string or an array of input items", request_input)
-
+    messages, _ = _messages(body)
     cont = _continues_final_message(request_input)
     chat: dict[str, Any] = {
         "messages": messages,
@@ -95,6 +84,67 @@ def to_chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
     if tools:
         chat["tools"] = tools
     return chat
+
+
+def _messages(body: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The chat messages, and where each came from: "instructions", "input" or "input[i]" (the
+    first of the items merged into it)."""
+    request_input = body["input"]
+    messages: list[dict[str, Any]] = []
+    origins: list[str] = []
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise _bad("instructions", "a string", instructions)
+    if instructions:
+        messages.append({"role": "system", "content": instructions})
+        origins.append("instructions")
+    if isinstance(request_input, str):
+        messages.append({"role": "user", "content": request_input})
+        origins.append("input")
+    elif isinstance(request_input, list):
+        for i, item in enumerate(request_input):
+            message = _item(item, messages[-1] if messages else None, f"input[{i}]")
+            if message is not None:
+                messages.append(message)
+                origins.append(f"input[{i}]")
+    else:
+        raise _bad("input", "a string or an array of input items", request_input)
+    return messages, origins
+
+
+_CHAT_PATH = re.compile(r"\bmessages\[(\d+)\]((?:\.[A-Za-z_]+|\[\d+\])*)")
+_CHAT_TOOL_PATH = re.compile(r"\btools\[(\d+)\]\.function\b")
+_OUTPUT_FIELDS = {".content": ".output", ".tool_call_id": ".call_id"}
+
+
+def in_request_terms(body: Mapping[str, Any], text: str) -> str:
+    """`text` (a CountError's message or param, which name the converted chat's paths) with
+    the Responses request's own: `messages[3].content` → `input[2].content` (or
+    `instructions`, or a tool output's `.output`), `tools[0].function.description` →
+    `tools[0].description`, a bare `messages` → `input`."""
+    origins: list[str] = []
+    if "input" in body:
+        try:
+            _, origins = _messages(body)
+        except CountError:
+            pass
+    items = body.get("input")
+
+    def one(match: re.Match[str]) -> str:
+        index, rest = int(match.group(1)), match.group(2)
+        origin = origins[index] if index < len(origins) else "input"
+        if origin == "instructions" or rest.startswith((".tool_calls", ".reasoning")):
+            return origin
+        position = re.fullmatch(r"input\[(\d+)\]", origin)
+        item = items[int(position.group(1))] if position and isinstance(items, list) else None
+        if isinstance(item, dict) and item.get("type") in ("function_call_output", "custom_tool_call_output"):
+            for chat_field, own in _OUTPUT_FIELDS.items():
+                if rest.startswith(chat_field):
+                    rest = own + rest[len(chat_field):]
+        return origin + rest
+
+    text = _CHAT_TOOL_PATH.sub(r"tools[\1]", _CHAT_PATH.sub(one, text))
+    return "input" if text == "messages" else text.replace("'messages'", "'input'")
 
 
 def _continues_final_message(request_input: Any) -> bool:

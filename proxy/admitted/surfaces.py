@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from proxy import errors
 from proxy.admitted import jsonbody
 from proxy.admitted.admission import (
     Decision,
@@ -58,6 +59,7 @@ from tokenizer_cache import (
     count_messages,
     count_responses,
     lax_bool,
+    responses_terms,
     responses_to_chat,
 )
 
@@ -138,6 +140,10 @@ class Surface:
     def count(self, tokenizer: CountingModel, body: dict[str, Any]) -> int | list[int]:
         """Prompt tokens with the model's own tokenizer (one figure per prompt); raises CountError."""
         raise NotImplementedError
+
+    def invalid_prompt(self, exc: CountError, body: Mapping[str, Any]) -> BrimfulError:
+        """A count's refusal as this surface's client reads it (the field it names, its own)."""
+        return errors.invalid_prompt(exc.message, exc.param or self.prompt_param)
 
     def decide(self, request: Mapping[str, Any], prompt_tokens: list[int], max_model_len: int,
                limit: RequestedLimit, policy: Policy, *, model: str, count_exact: bool,
@@ -488,6 +494,11 @@ class ResponsesSurface(Surface):
 
     def uncounted(self, body: Mapping[str, Any]) -> str | None:
         return "previous_response_id" if body.get("previous_response_id") is not None else None
+
+    def invalid_prompt(self, exc: CountError, body: Mapping[str, Any]) -> BrimfulError:
+        """The converted chat's paths (`messages[3].content`) told as the request's (`input[2].content`)."""
+        return errors.invalid_prompt(responses_terms(body, exc.message),
+                                     responses_terms(body, exc.param) if exc.param else self.prompt_param)
 
     def client_truncates(self, body: Mapping[str, Any]) -> bool:
         return "truncation" in body and body.get("truncation") != "disabled"

@@ -185,6 +185,66 @@ async def test_responses_are_counted_by_the_upstreams_tokenize_without_a_local_t
     assert recorder.records[0].prompt_tokens == prompt
 
 
+async def test_responses_the_tokenize_route_refuses_goes_to_vllms_own_route(qwen3: Any) -> None:
+    """/tokenize takes other fields than /v1/responses: its refusal is no verdict on the request, which
+    goes uncounted to the route whose vLLM serves it or words its own refusal."""
+    tokenize_refusal = MockResponse.json({"error": {"message": "1 validation error: body.prompt Field required",
+                                                    "type": "Bad Request", "param": "body.prompt", "code": 400}},
+                                         status=400)
+    upstream = Upstream(tokenize=[tokenize_refusal], v1__responses=[MockResponse.json(response_object(9, 3))])
+    app, recorder = app_for(upstream, None)
+    sent = body(input="Hello!", max_output_tokens=100)
+
+    answer = await call_app(app, "POST", "/v1/responses", sent)
+
+    assert answer.status == 200 and upstream.sent("/v1/responses")[0].body == sent
+    assert answer.headers["x-brimful-uncounted"] == "tokenize_refused"
+    assert recorder.records[0].action == "uncounted"
+
+
+INSTRUCTED = {"instructions": "Be brief.", "input": [{"role": "user", "content": "a"},
+                                                     {"role": "assistant", "content": "b"}]}
+
+
+@pytest.mark.parametrize("extra,param", [
+    ([{"role": "user", "content": None}], "input[2].content"),
+    ([{"role": "user", "content": [{"type": "input_text", "text": None}]}], "input[2].content[0].text"),
+    ([{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+      {"type": "function_call_output", "call_id": "c1", "output": 5}], "input[3].output"),
+])
+async def test_a_responses_refusal_names_the_requests_own_fields(
+        qwen3_dir: Path, extra: list[Any], param: str) -> None:
+    """The conversion's chat paths (`messages[3].content`, shifted by the instructions) are not the client's."""
+    app, _ = app_for(Upstream(), qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/responses", body(**{**INSTRUCTED,
+                                                                  "input": INSTRUCTED["input"] + extra}))
+
+    error = json.loads(answer.body)["error"]
+    assert answer.status == 400 and error["param"] == param
+    assert "messages[" not in error["message"], error["message"]
+
+
+async def test_a_responses_tool_refusal_names_the_responses_tool_field(qwen3_dir: Path) -> None:
+    app, _ = app_for(Upstream(), qwen3_dir)
+    tool = {"type": "function", "name": "f", "description": 5, "parameters": {"type": "object"}}
+
+    answer = await call_app(app, "POST", "/v1/responses", body(input="hi", tools=[tool]))
+
+    error = json.loads(answer.body)["error"]
+    assert answer.status == 400 and error["param"] == "tools[0].description"
+
+
+async def test_a_responses_prompt_template_is_refused_as_vllm_refuses_it(qwen3_dir: Path) -> None:
+    """ResponsesRequest.validate_prompt (vLLM 0.32): "prompt template is not supported", param prompt."""
+    app, _ = app_for(Upstream(), qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/responses", body(prompt={"id": "pmpt_1"}))
+
+    error = json.loads(answer.body)["error"]
+    assert (answer.status, error["param"], error["message"]) == (400, "prompt", "prompt template is not supported")
+
+
 # ---------------------------------------------------------------------------
 # Anthropic Messages
 # ---------------------------------------------------------------------------

@@ -242,6 +242,7 @@ def test_the_public_surface_is_what_the_package_exports() -> None:
         "MistralTokenizer", "ModelTokenizer", "PieceCacheStats", "PieceCountCache", "PieceCounter", "PieceTally",
         "TOKENIZER_LOADERS", "TOKENIZER_MODES", "TokenizerCache", "MediaNotCountable", "detect_family",
         "find_tokenizer_dir", "holds_tokenizer", "load_model_tokenizer", "loader_for_vllm", "responses_to_chat",
+        "responses_terms",
         "count_messages", "count_responses", "default_build_cache_dir", "use_build_store",
         "encoded_chars", "start_encode_meter", "json_loads", "lax_bool", "plain_json", "read_json",
     }
