@@ -114,6 +114,7 @@ class AdmittedExchange:
         self.strip_usage = False           # brimful asked for the stream's usage: remove it again
         self.trim_changes: dict[str, Any] = {}  # the conversation (and Responses' truncation) as trimmed
         self.truncation_auto = False           # Responses' truncation "auto", done here
+        self.unconfirmed_refusal: BrimfulError | None = None   # answered if the upstream refuses for length
         self.trimmed: tuple[int, int] | None = None   # (messages, tokens) dropped
         self.backend: Backend | None = None
         self.holds_slot = False            # one of the backend's gate slots is taken
@@ -168,6 +169,11 @@ class AdmittedExchange:
             info = self.backend.registry.get(self.model)
             self.max_model_len = info.max_model_len if info else None
             decision = self.decision = await self.decide(request, self.model, self.max_model_len)
+        if decision.error is not None and surface.window_may_be_wider and decision.action == Action.REJECTED:
+            # The upstream's pooler config may take inputs longer than its card's window: the
+            # refusal stands only if the upstream refuses for length too (`forward`).
+            self.unconfirmed_refusal = decision.error
+            decision = self.decision = Decision(Action.PASS, None)
         counted = self.counted
         self.info = brimful_headers(counted.prompt_tokens, self.max_model_len, decision, self.request_id,
                                      counted.source)
@@ -345,6 +351,9 @@ class AdmittedExchange:
                 await self.answer_error(broken, Action.UPSTREAM_ERROR)
                 return None
             failure = parse_upstream_error(response.status, raw, response.headers.get("content-type"))
+            if failure.kind in _LENGTH_KINDS and self.unconfirmed_refusal is not None:
+                await self.answer_error(self.unconfirmed_refusal, Action.REJECTED)
+                return None
             if failure.kind in _LENGTH_KINDS and self.pool < len(self.pools) - 1:
                 try:
                     upstream = await self.fall_back()

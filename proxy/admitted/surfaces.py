@@ -141,6 +141,10 @@ class Surface:
         """Prompt tokens with the model's own tokenizer (one figure per prompt); raises CountError."""
         raise NotImplementedError
 
+    # The upstream may serve prompts longer than its /v1/models window here, which brimful cannot see:
+    # a length refusal of brimful's is then sent on and answered only when the upstream refuses too.
+    window_may_be_wider = False
+
     def invalid_prompt(self, exc: CountError, body: Mapping[str, Any]) -> BrimfulError:
         """A count's refusal as this surface's client reads it (the field it names, its own)."""
         return errors.invalid_prompt(exc.message, exc.param or self.prompt_param)
@@ -888,6 +892,9 @@ class EmbeddingsSurface(PoolingSurface):
 
     name = "embeddings"
     path = "/v1/embeddings"
+    # vLLM 0.32 holds embeddings to the pooler config's max_embed_len where one is set (chunked
+    # processing splits longer inputs): EmbeddingTokenizeParamsMixin, pooling/base/protocol.py.
+    window_may_be_wider = True
 
     def inputs(self, body: Mapping[str, Any]) -> list[Input]:
         messages = body.get("messages")
@@ -918,6 +925,7 @@ class PoolingRouteSurface(EmbeddingsSurface):
 
     name = "pooling"
     path = "/pooling"
+    window_may_be_wider = False      # FixedMaxLenTokenizeParamsMixin: max_model_len, whatever the pooler
 
     def uncounted(self, body: Mapping[str, Any]) -> str | None:
         """vLLM 0.32's IOProcessorRequest (pooling/pooling/protocol.py): `data` of the plugin's own

@@ -19,6 +19,7 @@ from tests.support.stack import MODEL, ListRecorder, call_app, make_config
 from tests.support.transport import MockResponse, MockTransport, SentRequest
 
 MML = 2048
+SURFACE_CAPTURES = Path(__file__).resolve().parents[1] / "data" / "vllm032_surfaces"
 
 
 class Upstream:
@@ -517,17 +518,47 @@ async def test_embeddings_that_fit_pass_and_the_longest_input_is_recorded(qwen3_
         "embeddings", "pass", 4, 2, 4)
 
 
+def vllm_input_too_long() -> MockResponse:
+    """vLLM 0.32's answer to an embeddings input over its window (captures p02_embeddings_input_over)."""
+    capture = json.loads((SURFACE_CAPTURES / "p02_embeddings_input_over.json").read_text())
+    return MockResponse.json(capture["body"], status=capture["status"])
+
+
 async def test_an_input_longer_than_max_model_len_is_named(qwen3_dir: Path) -> None:
-    upstream = Upstream()
+    """vLLM may take longer embeddings than its card's window (the pooler's max_embed_len): the input is
+    sent on, and where vLLM refuses it for length, the answer is brimful's, naming each input."""
+    upstream = Upstream(v1__embeddings=[vllm_input_too_long()])
     app, recorder = app_for(upstream, qwen3_dir)
 
     answer = await call_app(app, "POST", "/v1/embeddings", body(input=["ok", WORDS_2100, " ".join(["hi"] * 2048)]))
 
-    assert answer.status == 400 and upstream.sent("/v1/embeddings") == []
+    assert answer.status == 400 and len(upstream.sent("/v1/embeddings")) == 1
     error = json.loads(answer.body)["error"]
     assert error["brimful"]["inputs"] == [{"index": 1, "prompt_tokens": 2100, "tokens_to_remove": 52}]
     assert "input 1 of 'input' is 2100 tokens" in error["message"]
     assert recorder.records[0].action == "rejected"
+
+
+async def test_an_input_longer_than_the_cards_window_is_served_where_vllm_chunks_it(qwen3_dir: Path) -> None:
+    """`--pooler-config '{"enable_chunked_processing": true, "max_embed_len": 8192}'`: vLLM embeds a
+    2,100-token input on a 2,048-token card; brimful does not refuse it."""
+    upstream = Upstream(v1__embeddings=[embeddings(2101, 2)])
+    app, recorder = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/embeddings", body(input=["ok", WORDS_2100]))
+
+    assert answer.status == 200 and answer.headers["x-brimful-action"] == "pass"
+    assert recorder.records[0].action == "pass"
+
+
+async def test_a_rerank_document_longer_than_the_window_is_refused_without_the_upstream(qwen3_dir: Path) -> None:
+    """Scoring holds every input to max_model_len (no pooler override there): brimful's refusal stands."""
+    upstream = Upstream()
+    app, _ = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/rerank", body(query="q", documents=[WORDS_2100]))
+
+    assert answer.status == 400 and upstream.sent("/v1/rerank") == []
 
 
 async def test_the_clients_truncation_is_counted_as_vllm_applies_it(qwen3_dir: Path) -> None:
@@ -558,12 +589,12 @@ async def test_a_truncation_sent_as_text_or_float_is_read_as_vllm_reads_it(qwen3
 async def test_a_truncation_vllm_refuses_is_left_to_vllm(qwen3_dir: Path, value: Any) -> None:
     refusal = MockResponse.json({"error": {"message": "truncate_prompt_tokens: invalid", "type": "BadRequestError",
                                            "param": None, "code": 400}}, status=400)
-    upstream = Upstream(v1__embeddings=[refusal])
+    upstream = Upstream(v1__embeddings=[vllm_input_too_long() if value is None else refusal])
     app, _ = app_for(upstream, qwen3_dir)
 
     answer = await call_app(app, "POST", "/v1/embeddings", body(input=["ok", WORDS_2100], truncate_prompt_tokens=value))
 
-    assert len(upstream.sent("/v1/embeddings")) == (0 if value is None else 1)
+    assert len(upstream.sent("/v1/embeddings")) == 1
     assert answer.status == 400
     if value is None:       # null is "no truncation": the 2,100-token input is brimful's to refuse
         assert json.loads(answer.body)["error"]["code"] == "context_length_exceeded"
