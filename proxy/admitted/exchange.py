@@ -226,9 +226,10 @@ class AdmittedExchange:
         strategy = self.trim_strategy(request, policy)
         # Its usage may move only this trust: a list change meanwhile (another server) starts a new one.
         self.counted_under = services.counter.trust(model)
-        # A conversation to trim may be over vLLM's character bound until it is trimmed.
-        count = await services.counter.count(model, surface, request.fields, len(request.body),
-                                             None if strategy else max_model_len)
+        # A conversation to trim may be over vLLM's character bound until it is trimmed; a window
+        # the upstream may widen has a bound brimful does not know.
+        bound_by = None if strategy or surface.window_may_be_wider else max_model_len
+        count = await services.counter.count(model, surface, request.fields, len(request.body), bound_by)
         if count.uncounted is not None:
             self.counted = Counted(uncounted=count.uncounted)
             return decide_uncounted(limit, max_model_len)

@@ -833,3 +833,14 @@ def test_the_tokenize_request_carries_documents_and_the_processors_kwargs() -> N
     assert call.body["mm_processor_kwargs"] == {"num_crops": 16}
     assert call.body["media_io_kwargs"] == {"video": {"num_frames": 8}}
     assert set(call.body) <= {"model", *TOKENIZE_CHAT_FIELDS}
+
+
+async def test_an_embeddings_input_over_the_cards_character_bound_goes_to_vllm(qwen3_dir: Path) -> None:
+    """vLLM's character bound follows max_embed_len where the pooler sets one: brimful counts instead."""
+    long_text = "hello " * 50_000             # 300,000 characters: over Qwen3's 2,048 x 128
+    upstream = Upstream(v1__embeddings=[embeddings(50_000, 1)])
+    app, _ = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/embeddings", body(input=long_text))
+
+    assert answer.status == 200 and len(upstream.sent("/v1/embeddings")) == 1
