@@ -72,8 +72,9 @@ from tokenizer_cache import char_bound as tokenizer_char_bound
 log = logging.getLogger("brimful.counting")
 _T = TypeVar("_T")
 
-# A request for a model whose start-up probes are under way waits this long at most for them:
-# they take a few /tokenize round trips, and a count they may find off is worse than the wait.
+# Requests for a model whose start-up probes are under way wait for them, until this long after
+# the probes began at most: they take a few /tokenize round trips, and a count they may find off
+# is worse than the wait; probes that take longer (a stalled upstream) make nobody wait longer.
 PROBE_WAIT_S = 2.0
 TOKENIZE_REFUSED = "tokenize_refused"     # x-brimful-uncounted: the upstream's /tokenize refused the request
 
@@ -297,7 +298,8 @@ class PromptCounter:
         self.on_parity: list[Callable[[str, bool], None]] = []
         self.on_trust: list[Callable[[CountTrust], None]] = []
         self._trust: dict[str, CountTrust] = {}
-        self._probing: dict[str, asyncio.Event] = {}   # model -> set once its preload's probes are done
+        # model -> (set once its preload's probes are done, when waiting for them ends)
+        self._probing: dict[str, tuple[asyncio.Event, float]] = {}
         self._policies: dict[str, Policy] = {}     # Config.policy_for rebuilds a dataclass each call
         # model -> how it is counted once its tokenizer was looked for: "local"
         # (loaded) or "upstream" (POST /tokenize).  Kept across model-list
@@ -437,17 +439,18 @@ class PromptCounter:
         then compare its counts with the upstream's own /tokenize (the parity check).
 
         The models are marked as being probed at once, before the task runs: a request
-        for one of them then waits for its probes (`PROBE_WAIT_S` at most) rather than
-        clamp with a count its probes may find off.  However the task ends (cancelled
-        before it ran too), no request waits for it any longer.
+        for one of them then waits for its probes (`probed`) rather than clamp with a
+        count its probes may find off.  However the task ends (cancelled before it ran
+        too), no request waits for it any longer.
         """
         events = {model: asyncio.Event() for model in models}
-        self._probing.update(events)
+        until = asyncio.get_running_loop().time() + PROBE_WAIT_S
+        self._probing.update({model: (event, until) for model, event in events.items()})
 
         def done(_: asyncio.Task[None]) -> None:
             for model, event in events.items():
                 event.set()
-                if self._probing.get(model) is event:
+                if self._probing.get(model, (None, 0.0))[0] is event:
                     del self._probing[model]
 
         task = asyncio.ensure_future(self._preload(models, events))
@@ -571,6 +574,17 @@ class PromptCounter:
 
     # -- counting -------------------------------------------------------------
 
+    async def probed(self, model: str) -> None:
+        """Once `model`'s start-up probes are done, or `PROBE_WAIT_S` after they began: called once
+        per request, before it takes a slot of the upstream's gate."""
+        probing = self._probing.get(model)
+        if probing is None or probing[0].is_set():
+            return
+        left = probing[1] - asyncio.get_running_loop().time()
+        if left > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(probing[0].wait(), left)
+
     async def count(self, model: str, surface: Surface, body: dict[str, Any], body_size: int,
                     max_model_len: int | None = None, *, may_go_uncounted: bool = True) -> Count:
         """The request's prompt tokens, one figure per prompt: locally, else by the upstream.
@@ -580,10 +594,6 @@ class PromptCounter:
         request uncounted (it is forwarded as it is); False where the count is the answer
         (count_tokens), which then fails as the upstream's count failed.
         """
-        probing = self._probing.get(model)
-        if probing is not None and not probing.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(probing.wait(), PROBE_WAIT_S)
         tok = await self.tokenizer(model)
         trust = self.trust(model)
         if tok is None:

@@ -160,6 +160,7 @@ class AdmittedExchange:
         body = await read_body(self.receive, services.config.server.max_body_bytes, self.scope)
         request = self.request = surface.read(body, jsonbody.parse_object(body))
         self.model, self.backend = await services.backends.resolve(request.fields.get("model"), unlisted=True)
+        await services.counter.probed(self.model)
         self.pools = services.backends.pools(self.model)
         if self.pools:
             decision = self.decision = await self.route(request, self.model)
@@ -304,15 +305,17 @@ class AdmittedExchange:
         counter, surface, items = self.services.counter, self.surface, request.fields[plan.field]
 
         async def attempt(k: int) -> tuple[list[Any], Count | None]:
-            """The conversation without k units, and its count (None: the template refused it)."""
+            """The conversation without k units, and its count (None: the template, or the upstream's
+            /tokenize counting for it, refused it)."""
             kept = plan.without(items, k)
             try:
-                return kept, await counter.count(model, surface, {**request.fields, plan.field: kept},
-                                                 len(request.body))
+                counted = await counter.count(model, surface, {**request.fields, plan.field: kept},
+                                              len(request.body))
             except errors.BrimfulError as refused:
                 if refused.status >= 500:
                     raise
                 return kept, None
+            return kept, (None if counted.uncounted is not None else counted)
 
         lo, hi = 1, len(plan.order)
         kept, counted = await attempt(hi)

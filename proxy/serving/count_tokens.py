@@ -32,6 +32,7 @@ async def answer_count_tokens(services: ExchangeServices, surface: Surface, scop
         body = await read_body(receive, services.config.server.max_body_bytes, scope)
         request = jsonbody.parse_object(body)
         model, _ = await services.backends.resolve(request.get("model"))
+        await services.counter.probed(model)
         count = await services.counter.count(model, surface, request, len(body), may_go_uncounted=False)
     except ClientGone:
         log.debug("client left before sending the whole body of %s", scope["path"])

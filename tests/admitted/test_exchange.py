@@ -992,3 +992,34 @@ async def test_a_model_name_vllm_does_not_serve_either_gets_vllms_404_naming_eve
     assert answer.status == 404 and len(upstream.chats()) == 1
     assert (error["message"], error["param"], error["code"]) == (
         f"The model `gpt-4o-mini` does not exist. Valid aliases: {MODEL}.", "model", 404)
+
+
+async def test_a_trimming_candidate_the_upstreams_tokenize_refuses_is_not_taken(qwen3: Any) -> None:
+    """Counting by /tokenize (no local tokenizer), a candidate it refuses does not fit: it is never read
+    as an empty prompt (which once became a 500)."""
+    per_message = 300
+
+    def handle(sent: SentRequest) -> MockResponse:
+        if sent.path == "/v1/models":
+            return models_card()
+        messages = sent.json()["messages"]
+        if sent.path == "/tokenize" and len(messages) < 8:      # the shorter candidates: refused
+            return MockResponse.json({"error": {"message": "System message must be first", "type": "BadRequestError",
+                                                "param": None, "code": 400}}, status=400)
+        if sent.path == "/tokenize":
+            return MockResponse.json({"count": per_message * len(messages), "max_model_len": MML, "tokens": []})
+        return completion(per_message * len(messages))
+
+    transport = MockTransport(handle)
+    app = BrimfulApp(make_config("http://upstream.test", None, policy={"trim": "oldest"}), ListRecorder(),
+                     transport_for=lambda url: transport)
+    messages: list[dict[str, str]] = [{"role": "system", "content": "s"}]
+    for i in range(6):
+        messages += [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]
+    messages.append({"role": "user", "content": "last"})        # 14 x 300 = 4,200 tokens > 2,048
+
+    answer = await call_app(app, "POST", CHAT, json.dumps({"model": MODEL, "messages": messages,
+                                                           "max_tokens": 100}).encode())
+
+    assert answer.status == 400 and json.loads(answer.body)["error"]["code"] == "context_length_exceeded"
+    assert not [s for s in transport.sent if s.path == CHAT]
