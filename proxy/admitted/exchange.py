@@ -62,7 +62,7 @@ from proxy.sizing.lengths import IMPLICIT_MAX_TOKENS, plausible_usage
 from proxy.upstream.backends import Backend, Backends
 from proxy.upstream.client import DROP_REQUEST_ID, Upstream, UpstreamResponse, client_headers, forwardable
 from proxy.upstream.explain import explain_upstream_error
-from proxy.upstream.failure import parse_upstream_error
+from proxy.upstream.failure import UpstreamFailure, parse_upstream_error
 from proxy.upstream.pools import choose_pool
 
 log = logging.getLogger("brimful")
@@ -115,6 +115,7 @@ class AdmittedExchange:
         self.trim_changes: dict[str, Any] = {}  # the conversation (and Responses' truncation) as trimmed
         self.truncation_auto = False           # Responses' truncation "auto", done here
         self.unconfirmed_refusal: BrimfulError | None = None   # answered if the upstream refuses for length
+        self.per_prompt: list[int] = []        # the counts decided on, one per prompt
         self.trimmed: tuple[int, int] | None = None   # (messages, tokens) dropped
         self.backend: Backend | None = None
         self.holds_slot = False            # one of the backend's gate slots is taken
@@ -159,17 +160,25 @@ class AdmittedExchange:
         services, surface = self.services, self.surface
         body = await read_body(self.receive, services.config.server.max_body_bytes, self.scope)
         request = self.request = surface.read(body, jsonbody.parse_object(body))
-        self.model, self.backend = await services.backends.resolve(request.fields.get("model"), unlisted=True)
-        await services.counter.probed(self.model)
-        self.pools = services.backends.pools(self.model)
-        if self.pools:
-            decision = self.decision = await self.route(request, self.model)
+        model, self.backend = await services.backends.resolve(request.fields.get("model"), unlisted=True)
+        if services.backends.for_model(model) is None:
+            # A name no upstream lists, left to the first upstream's vLLM: forwarded untouched, and
+            # recorded under no model (any client may send any name; the per-model tables are bounded).
+            await self.backend.gate.acquire()
+            self.holds_slot = True
+            decision = self.decision = Decision(Action.PASS, request.limit.value, request.limit.value)
+        elif pools := services.backends.pools(model):
+            self.model, self.pools = model, pools
+            await services.counter.probed(model)
+            decision = self.decision = await self.route(request, model)
         else:
+            self.model = model
+            await services.counter.probed(model)
             await self.backend.gate.acquire()      # 503 upstream_busy when no slot frees in time
             self.holds_slot = True
-            info = self.backend.registry.get(self.model)
+            info = self.backend.registry.get(model)
             self.max_model_len = info.max_model_len if info else None
-            decision = self.decision = await self.decide(request, self.model, self.max_model_len)
+            decision = self.decision = await self.decide(request, model, self.max_model_len)
         if decision.error is not None and surface.window_may_be_wider and decision.action == Action.REJECTED:
             # The upstream's pooler config may take inputs longer than its card's window: the
             # refusal stands only if the upstream refuses for length too (`forward`).
@@ -237,6 +246,7 @@ class AdmittedExchange:
         if strategy is not None:
             count = await self.trim(request, model, strategy, count, policy, max_model_len)
             request = self.request = replace(request, fields={**request.fields, **self.trim_changes})
+        self.per_prompt = count.per_prompt
         decision = surface.decide(request.fields, count.per_prompt, max_model_len, limit,
                                   policy, model=model, count_exact=count.exact,
                                   drift_margin=count.margin)
@@ -355,9 +365,6 @@ class AdmittedExchange:
                 await self.answer_error(broken, Action.UPSTREAM_ERROR)
                 return None
             failure = parse_upstream_error(response.status, raw, response.headers.get("content-type"))
-            if failure.kind in _LENGTH_KINDS and self.unconfirmed_refusal is not None:
-                await self.answer_error(self.unconfirmed_refusal, Action.REJECTED)
-                return None
             if failure.kind in _LENGTH_KINDS and self.pool < len(self.pools) - 1:
                 try:
                     upstream = await self.fall_back()
@@ -365,6 +372,13 @@ class AdmittedExchange:
                     await self.answer_error(busy, Action.UPSTREAM_ERROR)
                     return None
                 continue
+            # vLLM's CORS middleware (--allowed-origins) allowed the browser to read its answer:
+            # an answer built from that answer must stay readable to it.
+            self.info += [(k, v) for k, v in response.raw_headers if k.lower().startswith(b"access-control-")]
+            confirmed = self.confirmed_refusal(failure) if failure.kind in _LENGTH_KINDS else None
+            if confirmed is not None:
+                await self.answer_error(confirmed, Action.REJECTED)
+                return None
             corrected = None if retried else retry_limit(
                 failure, prompt_tokens=self.counted.prompt_tokens, max_model_len=self.max_model_len,
                 granted_max_tokens=self.granted_max_tokens,
@@ -377,11 +391,11 @@ class AdmittedExchange:
                 retried = True
                 self.retry_with(corrected)
                 continue
-            if (failure.kind == "not_found" and "model" in failure.message.lower()
-                    and self.backend.registry.get(self.model or "") is None):
+            if failure.kind == "not_found" and "model" in failure.message.lower() and self.model is None:
                 # A name no upstream lists, which this vLLM does not serve either: the 404 names
                 # every upstream's models, in vLLM's words.
-                await self.answer_error(errors.model_not_found(self.model or "", self.services.backends.names),
+                asked = self.request.fields.get("model") if self.request else None
+                await self.answer_error(errors.model_not_found(str(asked), self.services.backends.names),
                                         Action.REJECTED)
                 return None
             err = explain_upstream_error(
@@ -395,11 +409,22 @@ class AdmittedExchange:
                 max_tokens_param=self.limit_fields[0],
                 surface=self.surface.name,
             )
-            # vLLM's CORS middleware (--allowed-origins) allowed the browser to read its answer:
-            # the explanation built from that answer must stay readable to it.
-            self.info += [(k, v) for k, v in response.raw_headers if k.lower().startswith(b"access-control-")]
             await self.answer_error(err, Action.UPSTREAM_ERROR)
             return None
+
+    def confirmed_refusal(self, failure: UpstreamFailure) -> BrimfulError | None:
+        """brimful's own refusal, held back (`unconfirmed_refusal`), now that the upstream refused for
+        length too: worked out again with the window the upstream names (its pooler's, not the card's);
+        None when nothing was held back, or nothing is too long for that window (then the upstream's
+        own words explain it)."""
+        held, window = self.unconfirmed_refusal, failure.max_model_len
+        if held is None or window is None or window == self.max_model_len:
+            return held
+        assert self.request is not None and self.model is not None
+        again = self.surface.decide(self.request.fields, self.per_prompt, window, self.request.limit,
+                                    self.services.policy_for(self.model), model=self.model,
+                                    count_exact=True, drift_margin=0)
+        return again.error
 
     @property
     def granted_max_tokens(self) -> int | None:

@@ -844,3 +844,37 @@ async def test_an_embeddings_input_over_the_cards_character_bound_goes_to_vllm(q
     answer = await call_app(app, "POST", "/v1/embeddings", body(input=long_text))
 
     assert answer.status == 200 and len(upstream.sent("/v1/embeddings")) == 1
+
+
+def vllm_input_too_long_for(window: int, tokens: int) -> MockResponse:
+    """vLLM 0.32's words (captures p02) for an input over its pooler's window."""
+    capture = json.loads((SURFACE_CAPTURES / "p02_embeddings_input_over.json").read_text())
+    message = capture["body"]["error"]["message"].replace("2048", str(window)).replace("2049", str(tokens))
+    return MockResponse.json({"error": {**capture["body"]["error"], "message": message}}, status=400)
+
+
+async def test_a_confirmed_embeddings_refusal_uses_vllms_window_not_the_cards(qwen3_dir: Path) -> None:
+    """max_embed_len 4096 on a 2,048 card: vLLM refuses for the 4,200-token input only, so the answer
+    names that one, against 4,096, and never tells the client to cut the 2,100-token one."""
+    upstream = Upstream(v1__embeddings=[vllm_input_too_long_for(4096, 4200)])
+    app, _ = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/embeddings", body(input=[WORDS_2100, " ".join(["hello"] * 4200)]))
+
+    error = json.loads(answer.body)["error"]
+    assert answer.status == 400 and error["code"] == "context_length_exceeded"
+    assert error["brimful"]["inputs"] == [{"index": 1, "prompt_tokens": 4200, "tokens_to_remove": 104}]
+    assert error["brimful"]["max_model_len"] == 4096
+
+
+async def test_answers_built_from_vllms_refusal_keep_its_cors_headers(qwen3_dir: Path) -> None:
+    capture = json.loads((SURFACE_CAPTURES / "p02_embeddings_input_over.json").read_text())
+    refusal = MockResponse(400, [("content-type", "application/json"),
+                                 ("access-control-allow-origin", "https://app.example")],
+                           [json.dumps(capture["body"]).encode()])
+    upstream = Upstream(v1__embeddings=[refusal])
+    app, _ = app_for(upstream, qwen3_dir)
+
+    answer = await call_app(app, "POST", "/v1/embeddings", body(input=["ok", WORDS_2100]))
+
+    assert answer.status == 400 and answer.headers["access-control-allow-origin"] == "https://app.example"
