@@ -128,12 +128,18 @@ def in_request_terms(body: Mapping[str, Any], text: str) -> str:
             _, origins = _messages(body)
         except CountError:
             pass
+    tool_origins: list[str] = []
+    if body.get("tools") is not None:
+        try:
+            _, tool_origins = _tools_and_origins(body["tools"])
+        except CountError:
+            pass
     items = body.get("input")
 
     def one(match: re.Match[str]) -> str:
         index, rest = int(match.group(1)), match.group(2)
         origin = origins[index] if index < len(origins) else "input"
-        if origin == "instructions" or rest.startswith((".tool_calls", ".reasoning")):
+        if origin in ("instructions", "input") or rest.startswith((".tool_calls", ".reasoning")):
             return origin
         position = re.fullmatch(r"input\[(\d+)\]", origin)
         item = items[int(position.group(1))] if position and isinstance(items, list) else None
@@ -143,7 +149,11 @@ def in_request_terms(body: Mapping[str, Any], text: str) -> str:
                     rest = own + rest[len(chat_field):]
         return origin + rest
 
-    text = _CHAT_TOOL_PATH.sub(r"tools[\1]", _CHAT_PATH.sub(one, text))
+    def tool(match: re.Match[str]) -> str:
+        index = int(match.group(1))
+        return tool_origins[index] if index < len(tool_origins) else f"tools[{index}]"
+
+    text = _CHAT_TOOL_PATH.sub(tool, _CHAT_PATH.sub(one, text))
     return "input" if text == "messages" else text.replace("'messages'", "'input'")
 
 
@@ -265,17 +275,22 @@ def _reasoning_text(item: Mapping[str, Any], where: str) -> str:
 def _tools(tools: Any) -> list[dict[str, Any]] | None:
     """`construct_tool_dicts`: function tools (namespaces flattened, custom tools as a
     one-string function) as chat tools; tools of other types are not shown to the model."""
-    if tools is None:
-        return None
+    return None if tools is None else _tools_and_origins(tools)[0]
+
+
+def _tools_and_origins(tools: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    """The chat tools, and the request path each came from (`tools[1]`, `tools[0].tools[2]`)."""
     if not isinstance(tools, list):
         raise _bad("tools", "an array of tool objects", tools)
     functions: list[dict[str, Any]] = []
+    origins: list[str] = []
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
             raise _bad(f"tools[{i}]", "an object", tool)
         kind = tool.get("type")
         if kind == "function":
             functions.append(_function(tool, tool.get("name"), f"tools[{i}]"))
+            origins.append(f"tools[{i}]")
         elif kind == "namespace":
             namespace = _string(tool, "name", f"tools[{i}]")
             inner = tool.get("tools")
@@ -286,11 +301,13 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
                     where = f"tools[{i}].tools[{j}]"
                     name = f"{namespace}{NAMESPACE_SEPARATOR}{_string(member, 'name', where)}"
                     functions.append(_function(member, name, where))
+                    origins.append(where)
         elif kind == "custom":
             name = _string(tool, "name", f"tools[{i}]")
             functions.append({"type": "function", "function": {
                 "name": name, "description": tool.get("description"), "parameters": CUSTOM_TOOL_PARAMETERS}})
-    return functions
+            origins.append(f"tools[{i}]")
+    return functions, origins
 
 
 def _function(tool: Mapping[str, Any], name: Any, where: str) -> dict[str, Any]:

@@ -16,11 +16,14 @@ from __future__ import annotations
 import json
 import logging
 
+from proxy import errors
 from proxy.admitted import jsonbody
 from proxy.admitted.exchange import ExchangeServices
 from proxy.admitted.surfaces import Surface
-from proxy.asgi import ClientGone, Receive, Scope, Send, read_body, request_id, send_whole
+from proxy.asgi import ClientGone, Receive, Scope, Send, path_qs, read_body, request_id, send_whole
 from proxy.errors import BrimfulError
+from proxy.upstream.backends import Backend
+from proxy.upstream.client import DROP_REQUEST_ID, client_headers, forwardable
 
 log = logging.getLogger("brimful")
 
@@ -31,7 +34,10 @@ async def answer_count_tokens(services: ExchangeServices, surface: Surface, scop
     try:
         body = await read_body(receive, services.config.server.max_body_bytes, scope)
         request = jsonbody.parse_object(body)
-        model, _ = await services.backends.resolve(request.get("model"))
+        model, backend = await services.backends.resolve(request.get("model"), unlisted=True)
+        if services.backends.for_model(model) is None:
+            await _relay_unlisted(services, surface, backend, scope, body, send, rid)
+            return
         await services.counter.probed(model)
         count = await services.counter.count(model, surface, request, len(body), may_go_uncounted=False)
     except ClientGone:
@@ -49,3 +55,23 @@ async def answer_count_tokens(services: ExchangeServices, surface: Surface, scop
         (b"x-brimful-count", (count.source if count.exact else "margin").encode()),
     ]
     await send_whole(send, 200, json.dumps(answer).encode(), headers)
+
+
+async def _relay_unlisted(services: ExchangeServices, surface: Surface, backend: Backend, scope: Scope, body: bytes,
+                          send: Send, rid: bytes) -> None:
+    """A name no upstream lists goes to the first upstream's own route, as `/v1/messages` does
+    (its vLLM may serve any name); its answer is relayed, a model 404 worded as brimful's."""
+    upstream = backend.upstream
+    headers = [*forwardable(scope["headers"], DROP_REQUEST_ID | {b"accept-encoding"}), (b"x-request-id", rid)]
+    try:
+        response = await upstream.send("POST", path_qs(scope), headers, body)
+        answer = await upstream.read_body(response)
+    except BrimfulError as err:
+        await send_whole(send, err.status, surface.error_body(err), err.response_headers([(b"x-request-id", rid)]))
+        return
+    if response.status == 404 and b"model" in answer.lower():
+        missing = errors.model_not_found(str(jsonbody.parse_object(body).get("model")), services.backends.names)
+        await send_whole(send, 404, surface.error_body(missing), missing.response_headers([(b"x-request-id", rid)]))
+        return
+    relayed = client_headers(forwardable(response.raw_headers, DROP_REQUEST_ID), upstream.base_url)
+    await send_whole(send, response.status, answer, [*relayed, (b"x-request-id", rid)])

@@ -226,14 +226,22 @@ async def test_a_responses_refusal_names_the_requests_own_fields(
     assert "messages[" not in error["message"], error["message"]
 
 
-async def test_a_responses_tool_refusal_names_the_responses_tool_field(qwen3_dir: Path) -> None:
+@pytest.mark.parametrize("tools,param", [
+    ([{"type": "function", "name": "f", "description": 5}], "tools[0].description"),
+    ([{"type": "web_search"}, {"type": "function", "name": "f", "description": 5}], "tools[1].description"),
+    ([{"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "ok", "description": "d"},
+                                                   {"type": "function", "name": "g", "description": 5}]}],
+     "tools[0].tools[1].description"),
+])
+async def test_a_responses_tool_refusal_names_the_responses_tool_field(
+        qwen3_dir: Path, tools: list[Any], param: str) -> None:
+    """The chat's tools are the function tools only, namespaces flattened: their index is not the request's."""
     app, _ = app_for(Upstream(), qwen3_dir)
-    tool = {"type": "function", "name": "f", "description": 5, "parameters": {"type": "object"}}
 
-    answer = await call_app(app, "POST", "/v1/responses", body(input="hi", tools=[tool]))
+    answer = await call_app(app, "POST", "/v1/responses", body(input="hi", tools=tools))
 
     error = json.loads(answer.body)["error"]
-    assert answer.status == 400 and error["param"] == "tools[0].description"
+    assert answer.status == 400 and error["param"] == param
 
 
 async def test_a_responses_prompt_template_is_refused_as_vllm_refuses_it(qwen3_dir: Path) -> None:
@@ -424,6 +432,25 @@ async def test_count_tokens_asks_vllms_own_route_without_a_local_tokenizer() -> 
     assert json.loads(answer.body)["input_tokens"] == 10 and answer.headers["x-brimful-count"] == "upstream"
     assert upstream.sent("/v1/messages/count_tokens")[0].json() == {"model": MODEL, "messages": MESSAGE,
                                                                      "system": "s"}
+
+
+async def test_count_tokens_for_a_name_no_list_holds_is_vllms_to_answer(qwen3_dir: Path) -> None:
+    """As /v1/messages: vLLM with VLLM_SKIP_MODEL_NAME_VALIDATION counts for any name; else its 404,
+    worded as brimful's (every upstream's models)."""
+    missing = MockResponse.json({"error": {"message": "The model `claude-x` does not exist.",
+                                           "type": "NotFoundError", "param": "model", "code": 404}}, status=404)
+    upstream = Upstream(v1__messages__count_tokens=[MockResponse.json({"input_tokens": 42}), missing])
+    app, _ = app_for(upstream, qwen3_dir)
+    sent = json.dumps({"model": "claude-x", "messages": MESSAGE}).encode()
+
+    counted = await call_app(app, "POST", "/v1/messages/count_tokens", sent)
+    refused = await call_app(app, "POST", "/v1/messages/count_tokens", sent)
+
+    assert (counted.status, json.loads(counted.body)) == (200, {"input_tokens": 42})
+    assert upstream.sent("/v1/messages/count_tokens")[0].body == sent
+    assert refused.status == 404 and json.loads(refused.body)["type"] == "error"
+    said = json.loads(refused.body)["error"]["message"]
+    assert said == f"The model `claude-x` does not exist. Valid aliases: {MODEL}."
 
 
 async def test_count_tokens_of_media_nobody_counted_is_the_upstreams_failure_never_zero(qwen3_dir: Path) -> None:
