@@ -372,11 +372,12 @@ class AdmittedExchange:
                     await self.answer_error(busy, Action.UPSTREAM_ERROR)
                     return None
                 continue
-            # vLLM's CORS middleware (--allowed-origins) allowed the browser to read its answer:
-            # an answer built from that answer must stay readable to it.
-            self.info += [(k, v) for k, v in response.raw_headers if k.lower().startswith(b"access-control-")]
+            # vLLM's CORS middleware (--allowed-origins) allowed the browser to read its answer: an
+            # answer built from it must stay readable (a retry's answer brings its own headers).
+            cors = [(k, v) for k, v in response.raw_headers if k.lower().startswith(b"access-control-")]
             confirmed = self.confirmed_refusal(failure) if failure.kind in _LENGTH_KINDS else None
             if confirmed is not None:
+                self.info += cors
                 await self.answer_error(confirmed, Action.REJECTED)
                 return None
             corrected = None if retried else retry_limit(
@@ -395,6 +396,7 @@ class AdmittedExchange:
                 # A name no upstream lists, which this vLLM does not serve either: the 404 names
                 # every upstream's models, in vLLM's words.
                 asked = self.request.fields.get("model") if self.request else None
+                self.info += cors
                 await self.answer_error(errors.model_not_found(str(asked), self.services.backends.names),
                                         Action.REJECTED)
                 return None
@@ -409,6 +411,7 @@ class AdmittedExchange:
                 max_tokens_param=self.limit_fields[0],
                 surface=self.surface.name,
             )
+            self.info += cors
             await self.answer_error(err, Action.UPSTREAM_ERROR)
             return None
 

@@ -1024,3 +1024,39 @@ async def test_a_trimming_candidate_the_upstreams_tokenize_refuses_is_not_taken(
 
     assert answer.status == 400 and json.loads(answer.body)["error"]["code"] == "context_length_exceeded"
     assert not [s for s in transport.sent if s.path == CHAT]
+
+
+async def test_a_retried_answer_carries_only_its_own_cors_headers(qwen3_dir: Path, qwen3: Any) -> None:
+    """The refusal's access-control-* headers are for an answer built from it; after a retry the relayed
+    answer has vLLM's own, and a browser refuses an Access-Control-Allow-Origin sent twice."""
+    prompt = qwen3.count_chat({"messages": [{"role": "user", "content": "Hello!"}]})
+    theirs = prompt + 40
+    cors = ("access-control-allow-origin", "https://app.example")
+    refusal = json.dumps({"error": {
+        "message": f"'max_tokens' or 'max_completion_tokens' is too large: {MML - prompt - 16}. This model's "
+                   f"maximum context length is {MML} tokens and your request has {theirs} input tokens "
+                   f"({MML - prompt - 16} > {MML} - {theirs}).",
+        "type": "BadRequestError", "param": "max_tokens", "code": 400}}).encode()
+    served = json.dumps({"id": "chatcmpl-1", "object": "chat.completion", "model": MODEL, "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": theirs, "completion_tokens": 3, "total_tokens": theirs + 3}}).encode()
+    upstream = Upstream(MockResponse(400, [("content-type", "application/json"), cors], [refusal]),
+                        MockResponse(200, [("content-type", "application/json"), cors], [served]))
+    app, _ = app_for(upstream, qwen3_dir, margin_tokens=16)
+    started: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": chat_body(max_tokens=65535), "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            started.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": CHAT, "raw_path": CHAT.encode(), "query_string": b"",
+             "headers": [(b"content-type", b"application/json")], "http_version": "1.1", "scheme": "http",
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+    await app(scope, receive, send)
+
+    [start] = started
+    assert start["status"] == 200 and len(upstream.chats()) == 2
+    assert [v for k, v in start["headers"] if k == b"access-control-allow-origin"] == [b"https://app.example"]
