@@ -26,6 +26,7 @@ from proxy.upstream.backends import Backend
 from proxy.upstream.client import DROP_REQUEST_ID, client_headers, forwardable
 
 log = logging.getLogger("brimful")
+MAX_ANSWER = 1024 * 1024      # the most of an upstream's count_tokens answer read (exchange's MAX_WHOLE_ANSWER)
 
 
 async def answer_count_tokens(services: ExchangeServices, surface: Surface, scope: Scope, receive: Receive,
@@ -65,13 +66,19 @@ async def _relay_unlisted(services: ExchangeServices, surface: Surface, backend:
     headers = [*forwardable(scope["headers"], DROP_REQUEST_ID | {b"accept-encoding"}), (b"x-request-id", rid)]
     try:
         response = await upstream.send("POST", path_qs(scope), headers, body)
-        answer = await upstream.read_body(response)
+        answer = await upstream.read_body(response, MAX_ANSWER + 1)
+        if len(answer) > MAX_ANSWER:      # a count is a few bytes: read no more than this of anything
+            raise errors.upstream_invalid_answer(upstream.public_url, response.status, len(answer),
+                                                 "a body larger than a count answer can be")
     except BrimfulError as err:
         await send_whole(send, err.status, surface.error_body(err), err.response_headers([(b"x-request-id", rid)]))
         return
+    # vLLM's CORS headers (--allowed-origins) stay on an answer brimful builds from its answer.
+    cors = [(k, v) for k, v in response.raw_headers if k.lower().startswith(b"access-control-")]
     if response.status == 404 and b"model" in answer.lower():
         missing = errors.model_not_found(str(jsonbody.parse_object(body).get("model")), services.backends.names)
-        await send_whole(send, 404, surface.error_body(missing), missing.response_headers([(b"x-request-id", rid)]))
+        await send_whole(send, 404, surface.error_body(missing),
+                         missing.response_headers([(b"x-request-id", rid), *cors]))
         return
     relayed = client_headers(forwardable(response.raw_headers, DROP_REQUEST_ID), upstream.base_url)
     await send_whole(send, response.status, answer, [*relayed, (b"x-request-id", rid)])

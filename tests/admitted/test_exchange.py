@@ -1060,3 +1060,33 @@ async def test_a_retried_answer_carries_only_its_own_cors_headers(qwen3_dir: Pat
     [start] = started
     assert start["status"] == 200 and len(upstream.chats()) == 2
     assert [v for k, v in start["headers"] if k == b"access-control-allow-origin"] == [b"https://app.example"]
+
+
+async def test_requests_wait_for_the_probes_before_taking_a_slot_of_the_gate(
+        qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With one slot, a request waiting for stalled probes must not hold it: the next one would wait out
+    the queue timeout and get 503 upstream_busy, where vLLM alone serves both."""
+    monkeypatch.setattr(counting, "PROBE_WAIT_S", 1.0)
+    stalled = asyncio.Event()
+
+    class StalledProbes(Upstream):
+        def handle(self, sent: SentRequest) -> Any:
+            if sent.path == "/tokenize":
+                async def never() -> MockResponse:
+                    await stalled.wait()
+                    return MockResponse.json({"detail": "Not Found"}, status=404)
+                return never()
+            return super().handle(sent)
+
+    upstream = StalledProbes(completion(9), completion(9))
+    recorder = ListRecorder()
+    config = make_config("http://upstream.test", qwen3_dir, max_concurrent_requests=1, queue_timeout=0.3)
+    app = BrimfulApp(config, recorder, transport_for=lambda url: upstream.transport)
+    await app.backends.default.registry.refresh()              # the list read: its probes start, and stall
+    try:
+        answers = await asyncio.gather(*(call_app(app, "POST", CHAT, chat_body(max_tokens=5)) for _ in range(2)))
+    finally:
+        stalled.set()
+        await app.shutdown()
+
+    assert [a.status for a in answers] == [200, 200]

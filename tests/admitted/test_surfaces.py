@@ -453,6 +453,23 @@ async def test_count_tokens_for_a_name_no_list_holds_is_vllms_to_answer(qwen3_di
     assert said == f"The model `claude-x` does not exist. Valid aliases: {MODEL}."
 
 
+async def test_count_tokens_for_an_unlisted_name_keeps_vllms_cors_and_reads_a_bounded_answer(qwen3_dir: Path) -> None:
+    refusal = json.dumps({"error": {"message": "The model `claude-x` does not exist.", "type": "NotFoundError",
+                                    "param": "model", "code": 404}}).encode()
+    missing = MockResponse(404, [("content-type", "application/json"),
+                                 ("access-control-allow-origin", "https://app.example")], [refusal])
+    huge = MockResponse(200, [("content-type", "application/json")], [b"[" + b"0," * 600_000 + b"0]"])
+    upstream = Upstream(v1__messages__count_tokens=[missing, huge])
+    app, _ = app_for(upstream, qwen3_dir)
+    sent = json.dumps({"model": "claude-x", "messages": MESSAGE}).encode()
+
+    refused = await call_app(app, "POST", "/v1/messages/count_tokens", sent)
+    oversized = await call_app(app, "POST", "/v1/messages/count_tokens", sent)
+
+    assert refused.status == 404 and refused.headers["access-control-allow-origin"] == "https://app.example"
+    assert oversized.status == 502 and len(oversized.body) < 10_000
+
+
 async def test_count_tokens_of_media_nobody_counted_is_the_upstreams_failure_never_zero(qwen3_dir: Path) -> None:
     """A chat whose image nothing counts is forwarded uncounted; a count of it cannot be answered
     at all: the upstream's own count failing is the answer, in Anthropic's shape."""
