@@ -60,7 +60,15 @@ from proxy.recording.record import Action
 from proxy.recording.recorder import Recorder
 from proxy.sizing.lengths import IMPLICIT_MAX_TOKENS, plausible_usage
 from proxy.upstream.backends import Backend, Backends
-from proxy.upstream.client import DROP_REQUEST_ID, Upstream, UpstreamResponse, client_headers, forwardable
+from proxy.upstream.client import (
+    DROP_ADMITTED,
+    DROP_REQUEST_ID,
+    Upstream,
+    UpstreamResponse,
+    access_control,
+    client_headers,
+    forwardable,
+)
 from proxy.upstream.explain import explain_upstream_error
 from proxy.upstream.failure import UpstreamFailure, parse_upstream_error
 from proxy.upstream.pools import choose_pool
@@ -72,8 +80,6 @@ MAX_ERROR_BODY = 1024 * 1024      # how much of an upstream error body is read
 # larger one is relayed as it arrives (`relay_large`), so its size never
 # becomes brimful's memory (a 500 MB answer peaked at 1,130 MiB when held).
 MAX_WHOLE_ANSWER = 1024 * 1024
-# brimful reads an admitted answer (usage, finish reasons), so it asks for it uncompressed.
-_DROP_ADMITTED = DROP_REQUEST_ID | {b"accept-encoding"}
 # An upstream's refusals for length (proxy.upstream.failure): a larger pool may take the request.
 _LENGTH_KINDS = frozenset({"context_length", "prompt_too_long"})
 
@@ -352,7 +358,7 @@ class AdmittedExchange:
         """Send the request; at most one retry after a length refusal.  None: an error was answered."""
         assert self.backend is not None
         upstream = self.backend.upstream
-        headers = forwardable(self.scope["headers"], _DROP_ADMITTED)
+        headers = forwardable(self.scope["headers"], DROP_ADMITTED)
         headers.append((b"x-request-id", self.request_id.encode()))
         retried = False
         while True:
@@ -374,7 +380,7 @@ class AdmittedExchange:
                 continue
             # vLLM's CORS middleware (--allowed-origins) allowed the browser to read its answer: an
             # answer built from it must stay readable (a retry's answer brings its own headers).
-            cors = [(k, v) for k, v in response.raw_headers if k.lower().startswith(b"access-control-")]
+            cors = access_control(response.raw_headers)
             confirmed = self.confirmed_refusal(failure) if failure.kind in _LENGTH_KINDS else None
             if confirmed is not None:
                 self.info += cors

@@ -23,7 +23,7 @@ from proxy.admitted.surfaces import Surface
 from proxy.asgi import ClientGone, Receive, Scope, Send, path_qs, read_body, request_id, send_whole
 from proxy.errors import BrimfulError
 from proxy.upstream.backends import Backend
-from proxy.upstream.client import DROP_REQUEST_ID, client_headers, forwardable
+from proxy.upstream.client import DROP_ADMITTED, DROP_REQUEST_ID, access_control, client_headers, forwardable
 
 log = logging.getLogger("brimful")
 MAX_ANSWER = 1024 * 1024      # the most of an upstream's count_tokens answer read (exchange's MAX_WHOLE_ANSWER)
@@ -63,7 +63,7 @@ async def _relay_unlisted(services: ExchangeServices, surface: Surface, backend:
     """A name no upstream lists goes to the first upstream's own route, as `/v1/messages` does
     (its vLLM may serve any name); its answer is relayed, a model 404 worded as brimful's."""
     upstream = backend.upstream
-    headers = [*forwardable(scope["headers"], DROP_REQUEST_ID | {b"accept-encoding"}), (b"x-request-id", rid)]
+    headers = [*forwardable(scope["headers"], DROP_ADMITTED), (b"x-request-id", rid)]
     try:
         response = await upstream.send("POST", path_qs(scope), headers, body)
         answer = await upstream.read_body(response, MAX_ANSWER + 1)
@@ -74,7 +74,7 @@ async def _relay_unlisted(services: ExchangeServices, surface: Surface, backend:
         await send_whole(send, err.status, surface.error_body(err), err.response_headers([(b"x-request-id", rid)]))
         return
     # vLLM's CORS headers (--allowed-origins) stay on an answer brimful builds from its answer.
-    cors = [(k, v) for k, v in response.raw_headers if k.lower().startswith(b"access-control-")]
+    cors = access_control(response.raw_headers)
     if response.status == 404 and b"model" in answer.lower():
         missing = errors.model_not_found(str(jsonbody.parse_object(body).get("model")), services.backends.names)
         await send_whole(send, 404, surface.error_body(missing),

@@ -55,6 +55,8 @@ HOP_BY_HOP = frozenset(
 
 # brimful sets X-Request-Id itself (the client's when sane, else its own).
 DROP_REQUEST_ID = frozenset({b"x-request-id"})
+# brimful reads an admitted answer (usage, finish reasons), so it asks for it uncompressed.
+DROP_ADMITTED = DROP_REQUEST_ID | {b"accept-encoding"}
 CAUSE_CHARS = 200            # how much of a transport error's text an explanation quotes
 Body = bytes | AsyncIterator[bytes] | None
 
@@ -145,6 +147,12 @@ class Transport(Protocol):
     ) -> UpstreamResponse: ...
 
     async def close(self) -> None: ...
+
+
+def access_control(headers: Iterable[tuple[bytes, bytes]]) -> Headers:
+    """An upstream answer's CORS headers (vLLM's --allowed-origins): an answer brimful builds from
+    that answer carries them, so a browser reads it as it would have read the upstream's."""
+    return [(k, v) for k, v in headers if k.lower().startswith(b"access-control-")]
 
 
 def forwardable(headers: Iterable[tuple[bytes, bytes]], extra_drop: frozenset[bytes] = frozenset()) -> Headers:
